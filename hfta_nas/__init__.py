@@ -1,0 +1,16 @@
+"""hfta-nas: train many candidate models at once as one horizontally fused array."""
+
+from hfta_nas import optim
+from hfta_nas._array import FusionSignature, ModelArray, check_fusable
+from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
+
+__all__ = [
+    "FusionError",
+    "FusionFallbackWarning",
+    "FusionSignature",
+    "HftaNasError",
+    "ModelArray",
+    "check_fusable",
+    "optim",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,225 @@
+"""Drop-in replacements for layers that plain `vmap` cannot fuse correctly.
+
+`ModelArray` runs one template copy of the user's model under `vmap`. Most
+layers batch as they are; these do not:
+
+- Dropout draws from torch's global generator, which vmap cannot split per
+  slot. `SlotDropout` draws from the slot's own dropout seed instead.
+- `nn.GRU` / `nn.LSTM` call fused ATen kernels that have no batching rule.
+  `FusableGRU` / `FusableLSTM` compute the same equations with ordinary ops and
+  keep the parameter names, so state_dicts stay interchangeable.
+
+`make_fusable` swaps them into the template and refuses what it cannot fuse
+exactly, naming the layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hfta_nas._slot_random import slot_keys, uniform_like
+from hfta_nas.errors import FusionError
+
+
+class SlotDropout(nn.Module):
+    """Dropout whose masks come from per-slot buffers `slot_key` and `calls`.
+
+    Under `vmap` both buffers are [B]-stacked, so each slot sees its own
+    scalars; `calls` counts this module's training forwards per slot so that
+    every step draws a fresh mask, and restarts when a slot is replaced.
+    `channel_dims` > 0 drops whole channels (Dropout1d/2d/3d semantics).
+    """
+
+    def __init__(self, p: float, channel_dims: int = 0) -> None:
+        super().__init__()
+        self.p = p
+        self.channel_dims = channel_dims
+        self.register_buffer("slot_key", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        self.calls.add_(1)
+        if self.p == 1.0:
+            return x * 0.0
+        # Channel dropout keeps one draw per (sample, channel): the trailing
+        # spatial dims of the mask have size 1 and broadcast.
+        mask_shape = x.shape if self.channel_dims == 0 else x.shape[: x.dim() - self.channel_dims] + (1,) * self.channel_dims
+        u = uniform_like(x.new_empty(mask_shape), self.slot_key, self.calls)
+        keep = (u >= self.p).to(x.dtype)
+        return x * keep * (1.0 / (1.0 - self.p))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, channel_dims={self.channel_dims}"
+
+
+class _FusableRecurrent(nn.Module):
+    """Shared machinery of the GRU/LSTM rewrites: parameters named as in torch."""
+
+    gates: int = 0
+
+    def __init__(self, source: nn.RNNBase) -> None:
+        super().__init__()
+        if getattr(source, "proj_size", 0):
+            raise FusionError("nn.LSTM with proj_size > 0 cannot be fused; use proj_size=0.")
+        self.input_size = source.input_size
+        self.hidden_size = source.hidden_size
+        self.num_layers = source.num_layers
+        self.bias = source.bias
+        self.batch_first = source.batch_first
+        self.bidirectional = source.bidirectional
+        self.directions = 2 if source.bidirectional else 1
+        # Parameters are supplied by ModelArray through functional_call; these
+        # copies only fix names, shapes and dtypes.
+        for name, param in source.named_parameters(recurse=False):
+            self.register_parameter(name, nn.Parameter(param.detach().clone()))
+        self.inter_layer_dropout = SlotDropout(source.dropout) if source.dropout > 0 and source.num_layers > 1 else None
+
+    def _weights(self, layer: int, direction: int) -> tuple[torch.Tensor, ...]:
+        suffix = f"_l{layer}" + ("_reverse" if direction == 1 else "")
+        w_ih = getattr(self, "weight_ih" + suffix)
+        w_hh = getattr(self, "weight_hh" + suffix)
+        b_ih = getattr(self, "bias_ih" + suffix) if self.bias else None
+        b_hh = getattr(self, "bias_hh" + suffix) if self.bias else None
+        return w_ih, w_hh, b_ih, b_hh
+
+    def _cell(self, gi: torch.Tensor, h: torch.Tensor, c, w_hh, b_hh):
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, hx=None):
+        unbatched = x.dim() == 2
+        if unbatched:
+            x = x.unsqueeze(0 if self.batch_first else 1)
+        if not self.batch_first:
+            x = x.transpose(0, 1)  # -> [N, L, F]
+        n = x.shape[0]
+        h0, c0 = self._initial_state(hx, n, x, unbatched)
+        finals_h, finals_c = [], []
+        layer_input = x
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction in range(self.directions):
+                index = layer * self.directions + direction
+                w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
+                gi = torch.nn.functional.linear(layer_input, w_ih, b_ih)  # all steps at once
+                h = h0[index]
+                c = c0[index] if c0 is not None else None
+                steps = range(gi.shape[1]) if direction == 0 else reversed(range(gi.shape[1]))
+                out_steps = [None] * gi.shape[1]
+                for t in steps:
+                    h, c = self._cell(gi[:, t], h, c, w_hh, b_hh)
+                    out_steps[t] = h
+                outputs.append(torch.stack(out_steps, dim=1))
+                finals_h.append(h)
+                finals_c.append(c)
+            layer_input = torch.cat(outputs, dim=2) if self.directions == 2 else outputs[0]
+            if self.inter_layer_dropout is not None and layer < self.num_layers - 1:
+                layer_input = self.inter_layer_dropout(layer_input)
+        output = layer_input if self.batch_first else layer_input.transpose(0, 1)
+        h_n = torch.stack(finals_h)
+        c_n = torch.stack(finals_c) if c0 is not None else None
+        if unbatched:
+            output = output.squeeze(0 if self.batch_first else 1)
+            h_n = h_n.squeeze(1)
+            c_n = c_n.squeeze(1) if c_n is not None else None
+        return output, self._final_state(h_n, c_n)
+
+    def _zeros(self, n: int, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(self.num_layers * self.directions, n, self.hidden_size)
+
+    def _as_batched(self, state: torch.Tensor, unbatched: bool) -> torch.Tensor:
+        return state.unsqueeze(1) if unbatched else state
+
+
+class FusableGRU(_FusableRecurrent):
+    """nn.GRU's equations (gate order r, z, n) with ops that vmap batches."""
+
+    def _initial_state(self, hx, n, x, unbatched):
+        return (self._zeros(n, x) if hx is None else self._as_batched(hx, unbatched)), None
+
+    def _cell(self, gi, h, c, w_hh, b_hh):
+        gh = torch.nn.functional.linear(h, w_hh, b_hh)
+        i_r, i_z, i_n = gi.chunk(3, dim=-1)
+        h_r, h_z, h_n = gh.chunk(3, dim=-1)
+        r = torch.sigmoid(i_r + h_r)
+        z = torch.sigmoid(i_z + h_z)
+        candidate = torch.tanh(i_n + r * h_n)
+        return (1 - z) * candidate + z * h, None
+
+    def _final_state(self, h_n, c_n):
+        return h_n
+
+
+class FusableLSTM(_FusableRecurrent):
+    """nn.LSTM's equations (gate order i, f, g, o) with ops that vmap batches."""
+
+    def _initial_state(self, hx, n, x, unbatched):
+        if hx is None:
+            return self._zeros(n, x), self._zeros(n, x)
+        return self._as_batched(hx[0], unbatched), self._as_batched(hx[1], unbatched)
+
+    def _cell(self, gi, h, c, w_hh, b_hh):
+        gates = gi + torch.nn.functional.linear(h, w_hh, b_hh)
+        i, f, g, o = gates.chunk(4, dim=-1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+    def _final_state(self, h_n, c_n):
+        return h_n, c_n
+
+
+_CHANNEL_DROPOUT_DIMS = {nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}
+_REFUSED = {
+    nn.AlphaDropout: "AlphaDropout is not supported in arrays; use nn.Dropout",
+    nn.FeatureAlphaDropout: "FeatureAlphaDropout is not supported in arrays; use nn.Dropout",
+    nn.RNN: "nn.RNN is not supported in arrays; use nn.GRU or nn.LSTM",
+}
+
+
+def _replacement(module: nn.Module, path: str) -> nn.Module | None:
+    """The fusable stand-in for `module`, None to keep it, or a FusionError."""
+    where = path or "<root>"
+    for refused, reason in _REFUSED.items():
+        if type(module) is refused:
+            raise FusionError(f"layer '{where}' ({type(module).__name__}): {reason}.")
+    if type(module) in _CHANNEL_DROPOUT_DIMS:
+        return SlotDropout(module.p, _CHANNEL_DROPOUT_DIMS[type(module)])
+    if type(module) is nn.Dropout:
+        return SlotDropout(module.p)
+    if type(module) is nn.GRU:
+        return FusableGRU(module)
+    if type(module) is nn.LSTM:
+        return FusableLSTM(module)
+    if isinstance(module, nn.MultiheadAttention) and module.dropout > 0:
+        raise FusionError(
+            f"layer '{where}' (MultiheadAttention) has attention dropout={module.dropout}: its masks come "
+            "from torch's global generator inside a fused kernel and cannot be drawn per slot. "
+            "Build it with dropout=0 (nn.Dropout modules elsewhere are fine)."
+        )
+    return None
+
+
+def make_fusable(template: nn.Module) -> nn.Module:
+    """Swap un-fusable layers of `template` (in place) for exact stand-ins."""
+    root_replacement = _replacement(template, "")
+    if root_replacement is not None:
+        return root_replacement
+    for path, module in list(template.named_modules()):
+        for child_name, child in list(module.named_children()):
+            child_path = f"{path}.{child_name}" if path else child_name
+            replacement = _replacement(child, child_path)
+            if replacement is not None:
+                setattr(module, child_name, replacement)
+    return template
+
+
+def init_slot_randomness(template: nn.Module, dropout_seeds: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Stacked `slot_key` / `calls` buffers for every SlotDropout of the template."""
+    buffers: dict[str, torch.Tensor] = {}
+    for stream, (path, module) in enumerate(m for m in template.named_modules() if isinstance(m[1], SlotDropout)):
+        prefix = f"{path}." if path else ""
+        buffers[prefix + "slot_key"] = slot_keys(dropout_seeds, stream)
+        buffers[prefix + "calls"] = torch.zeros_like(dropout_seeds)
+    return buffers

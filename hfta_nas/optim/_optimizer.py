@@ -1,0 +1,196 @@
+"""The base of the array optimizers: per-slot hyper-parameters as [B] tensors.
+
+`torch.optim` cannot give each slot its own lr (a tensor lr must have one
+element), so the array has its own optimizers. Each works on the array's
+single [B, P] parameter tensor: every hyper-parameter is a [B] tensor viewed
+as [B, 1] and broadcast over a slot's row (contract 5), and one update is a
+few element-wise ops whatever the number of layers or slots.
+
+The formulas follow torch.optim's single-tensor implementations line by line,
+so slot b ends where `torch.optim` would have taken the same model (tests
+check every optimizer to 1e-10 in float64).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hfta_nas._array import ModelArray
+from hfta_nas.errors import HftaNasError
+
+PerSlot = float | Sequence[float] | torch.Tensor
+
+
+def per_slot_tensor(value: Any, count: int, name: str, device: torch.device) -> torch.Tensor:
+    """A float64 [count] tensor from a float (shared) or a length-count sequence/tensor."""
+    if isinstance(value, bool):
+        raise HftaNasError(f"hyper-parameter '{name}' must be a number or {count} numbers, got {value!r}.")
+    try:
+        tensor = torch.as_tensor(value, dtype=torch.float64).detach().to(device)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise HftaNasError(f"hyper-parameter '{name}' must be a number or {count} numbers, got {value!r}.") from error
+    if tensor.dim() == 0:
+        return tensor.expand(count).clone()
+    if tensor.shape != (count,):
+        raise HftaNasError(f"hyper-parameter '{name}' has {tensor.numel()} values but the array has {count} slots.")
+    return tensor.clone()
+
+
+class ArrayOptimizer:
+    """Shared machinery: hyper-parameters, state, freezing and slot surgery.
+
+    Subclasses set `defaults` (name -> default, as in torch.optim), validate
+    values in `_validate` and implement `_update(param, grad, hp, state)` on the
+    [B, P] tensors, where `hp[name]` is a [B, 1] tensor in the parameter dtype.
+    """
+
+    defaults: dict[str, float] = {}
+    flags: dict[str, bool] = {}
+
+    def __init__(self, array: ModelArray, **kwargs: Any) -> None:
+        if not isinstance(array, ModelArray):
+            raise HftaNasError(f"{type(self).__name__} optimizes a ModelArray, got {type(array).__name__}.")
+        self.array = array
+        count = len(array)
+        self.options = {name: bool(kwargs.pop(name, default)) for name, default in self.flags.items()}
+        unknown = set(kwargs) - set(self.defaults) - {"betas"}
+        if unknown:
+            raise HftaNasError(f"{type(self).__name__} got unknown arguments {sorted(unknown)}; it takes {sorted([*self.defaults, *self.flags])}.")
+        if "betas" in kwargs:  # torch.optim spelling: betas=(beta1, beta2), each may be per slot
+            betas = kwargs.pop("betas")
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise HftaNasError(f"betas must be a pair (beta1, beta2), got {betas!r}.")
+            kwargs["beta1"], kwargs["beta2"] = betas
+        self.hparams = {
+            name: per_slot_tensor(kwargs.get(name, default), count, name, array.device) for name, default in self.defaults.items()
+        }
+        self._validate_all()
+        self.state: dict[str, torch.Tensor] = {}
+        self.steps = torch.zeros(count, dtype=torch.float64, device=array.device)
+        self.active = torch.ones(count, dtype=torch.bool, device=array.device)
+        self._any_frozen = False
+        self._followers: list[Any] = []
+        array.attach(self)
+
+    # ---------------------------------------------------------- hyper-parameters
+    def _validate_all(self) -> None:
+        for name, values in self.hparams.items():
+            self._validate(name, values)
+
+    def _validate(self, name: str, values: torch.Tensor) -> None:
+        if not torch.isfinite(values).all() or (values < 0).any():
+            raise HftaNasError(f"{type(self).__name__}: '{name}' must be finite and >= 0, got {values.tolist()}.")
+
+    def set_hparams(self, slot: int, **values: float) -> None:
+        """Give one slot new hyper-parameters (used when a slot is refilled)."""
+        slot = self.array._check_slot(slot)
+        if "betas" in values:
+            values["beta1"], values["beta2"] = values.pop("betas")
+        for name, value in values.items():
+            if name not in self.hparams:
+                raise HftaNasError(f"{type(self).__name__} has no hyper-parameter '{name}'; it has {sorted(self.hparams)}.")
+            updated = self.hparams[name].clone()
+            updated[slot] = float(value)
+            self._validate(name, updated)
+            self.hparams[name] = updated
+        for follower in self._followers:
+            follower.hparams_changed(slot, set(values))
+
+    def follow(self, follower: Any) -> None:
+        """Register a schedule that must hear about surgery and new hyper-parameters."""
+        self._followers.append(follower)
+
+    # ------------------------------------------------------------------ stepping
+    def zero_grad(self) -> None:
+        self.array.flat.grad = None
+
+    def freeze_slot(self, slot: int) -> None:
+        """Stop updating one slot (e.g. it diverged); the others are untouched."""
+        slot = self.array._check_slot(slot)
+        self.active[slot] = False
+        self._any_frozen = True
+        for value in self.state.values():
+            value[slot] = 0
+
+    @torch.no_grad()
+    def step(self) -> None:
+        param = self.array.flat
+        grad = param.grad
+        if grad is None:
+            return
+        if self._any_frozen:
+            # A frozen slot may hold NaN: zero its gradient and lr so it stays put.
+            grad = torch.where(self.active.unsqueeze(1), grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+        self.steps += self.active.to(self.steps.dtype)
+        # Per-slot scalars stay float64 until they meet the parameters, as
+        # torch.optim computes them in Python floats.
+        hp = {name: value.unsqueeze(1) for name, value in self.hparams.items()}
+        if self._any_frozen:
+            hp["lr"] = hp["lr"] * self.active.to(torch.float64).unsqueeze(1)
+        self._update(param, grad, hp)
+
+    def _state(self, name: str, like: torch.Tensor, fill: float | torch.Tensor = 0.0) -> torch.Tensor:
+        """Lazily created [B, P] state, as torch.optim creates it on the first step."""
+        if name not in self.state:
+            self.state[name] = torch.zeros_like(like, memory_format=torch.contiguous_format) + fill
+        return self.state[name]
+
+    def _update(self, param: torch.Tensor, grad: torch.Tensor, hp: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def _first_step(self) -> torch.Tensor:
+        """[B, 1] bool: slots taking their first step since (re)start."""
+        return (self.steps == 1).unsqueeze(1)
+
+    def _step_count(self) -> torch.Tensor:
+        """[B, 1] float64 step number of each slot (at least 1, so a frozen
+        slot that never stepped does not divide by zero)."""
+        return self.steps.clamp(min=1).unsqueeze(1)
+
+    # ------------------------------------------------------------- slot surgery
+    def keep_slots(self, keep: Sequence[int]) -> None:
+        index = torch.tensor(list(keep), device=self.steps.device)
+        self.hparams = {name: value.index_select(0, index) for name, value in self.hparams.items()}
+        self.state = {name: value.index_select(0, index) for name, value in self.state.items()}
+        self.steps = self.steps.index_select(0, index)
+        self.active = self.active.index_select(0, index)
+        self._any_frozen = bool((~self.active).any())
+        for follower in self._followers:
+            follower.keep_slots(keep)
+
+    def reset_slot(self, slot: int) -> None:
+        """Fresh optimizer state for a replaced slot, as a new torch.optim would have."""
+        for name, value in self.state.items():
+            value[slot] = self._initial_state(name, slot)
+        self.steps[slot] = 0
+        self.active[slot] = True
+        self._any_frozen = bool((~self.active).any())
+        for follower in self._followers:
+            follower.reset_slot(slot)
+
+    def _initial_state(self, name: str, slot: int) -> float | torch.Tensor:
+        """The value a fresh torch.optim state tensor starts from (zero for most)."""
+        return 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "hparams": {k: v.clone() for k, v in self.hparams.items()},
+            "state": {k: v.clone() for k, v in self.state.items()},
+            "steps": self.steps.clone(),
+            "active": self.active.clone(),
+            "options": dict(self.options),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.hparams = {k: v.clone().to(self.steps.device) for k, v in state["hparams"].items()}
+        self.state = {k: v.clone().to(self.array.flat.device) for k, v in state["state"].items()}
+        self.steps = state["steps"].clone().to(self.steps.device)
+        self.active = state["active"].clone().to(self.steps.device)
+        self._any_frozen = bool((~self.active).any())
+
+    def __repr__(self) -> str:
+        shown = {k: (v[0].item() if bool((v == v[0]).all()) else v.tolist()) for k, v in self.hparams.items()}
+        return f"{type(self).__name__}(slots={len(self.steps)}, {shown}, {self.options})"
