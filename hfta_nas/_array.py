@@ -58,7 +58,8 @@ class FusionSignature:
                     f"{kind} '{name}' has shape {list(shape)} in slot {slot} but {list(shape0)} in slot 0; "
                     "only models with equal shapes can be fused into one array."
                 )
-            if dtype0 != dtype:
+            if dtype0 != dtype and not (dtype0.is_floating_point and dtype.is_floating_point):
+                # Floating tensors are all cast to the array's dtype; others must agree.
                 raise FusionError(f"{kind} '{name}' is {dtype} in slot {slot} but {dtype0} in slot 0.")
         if len(described) != len(self.tensors):
             longer = slot if len(described) > len(self.tensors) else 0

@@ -1,0 +1,274 @@
+"""`ArrayTrainer`: the training loop of a ModelArray, read top to bottom.
+
+One epoch: each slot walks the training set in its own order (its data seed)
+or all share one order; every step gathers the batch as [B, N, ...], runs the
+fused forward, sums the slots' own mean losses (so each slot gets exactly the
+gradient it would get alone, contract 6) and takes one array optimizer step.
+Metrics accumulate on the device; the host synchronises once per epoch, when
+it evaluates every slot, checks for divergence and calls the caller back.
+
+Slots are addressed by stable ids (their position at start, or the id given
+when a slot is refilled), so results survive drops and replacements.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hfta_nas._array import ModelArray
+from hfta_nas.data import Dataset, EpochOrder, gather
+from hfta_nas.errors import HftaNasError
+from hfta_nas.optim import ArrayOptimizer, LRSchedule
+
+
+@dataclass
+class SlotResult:
+    """Everything the trainer knows about one slot when it ends (or now)."""
+
+    slot_id: Any
+    status: str = "running"  # running -> completed | stopped | failed
+    reason: str = ""
+    epochs: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1] if self.history else {}
+
+
+@dataclass
+class EpochReport:
+    """Per-slot metrics of one epoch, handed to the caller's callback."""
+
+    epoch: int
+    metrics: dict[Any, dict[str, float]]  # slot id -> {"train_loss", "val_loss", "val_acc", ...}
+    failed: dict[Any, str]  # slot ids that diverged this epoch -> reason
+    seconds: float
+
+
+class ArrayTrainer:
+    """Trains an array with its optimizer (and schedule) on a Dataset.
+
+    `data_seeds`: one per slot (each slot its own shuffling, as a DataLoader
+    with `generator=torch.Generator().manual_seed(seed)` would) or None with
+    `shared_order_seed` for one order shared by all slots (cheaper: one batch
+    is broadcast to every slot).
+    """
+
+    def __init__(
+        self,
+        array: ModelArray,
+        optimizer: ArrayOptimizer,
+        data: Dataset,
+        *,
+        batch_size: int = 100,
+        data_seeds: Sequence[int] | None = None,
+        shared_order_seed: int | None = None,
+        schedule: LRSchedule | None = None,
+        schedule_interval: str = "epoch",
+        eval_batch_size: int = 1000,
+        evaluate_test: bool = True,
+        slot_ids: Sequence[Any] | None = None,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    ) -> None:
+        if optimizer.array is not array:
+            raise HftaNasError("the optimizer was built for a different ModelArray.")
+        if schedule is not None and schedule.optimizer is not optimizer:
+            raise HftaNasError("the schedule was built for a different optimizer.")
+        if schedule_interval not in ("epoch", "step"):
+            raise HftaNasError(f"schedule_interval must be 'epoch' or 'step', got {schedule_interval!r}.")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise HftaNasError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        if data_seeds is not None and shared_order_seed is not None:
+            raise HftaNasError("give either data_seeds (one order per slot) or shared_order_seed, not both.")
+        if data_seeds is None and shared_order_seed is None:
+            data_seeds = list(range(len(array)))
+        self.array, self.optimizer, self.schedule, self.data = array, optimizer, schedule, data
+        self.schedule_interval = schedule_interval
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.evaluate_test = evaluate_test
+        self.loss_fn = loss_fn
+        self.shared_order = shared_order_seed is not None
+        self.order = EpochOrder(
+            len(data.y_train), batch_size, None if self.shared_order else list(data_seeds),
+            shared_seed=shared_order_seed, device=data.x_train.device,
+        )
+        self.slot_ids: list[Any] = list(slot_ids) if slot_ids is not None else list(range(len(array)))
+        if len(self.slot_ids) != len(array):
+            raise HftaNasError(f"slot_ids has {len(self.slot_ids)} entries but the array has {len(array)} slots.")
+        self.results: dict[Any, SlotResult] = {sid: SlotResult(sid) for sid in self.slot_ids}
+        self.epoch = 0
+
+    # ---------------------------------------------------------------- the loop
+    def fit(self, epochs: int, on_epoch: Callable[[EpochReport, "ArrayTrainer"], Any] | None = None) -> dict[Any, SlotResult]:
+        """Train every slot for `epochs` epochs of its own.
+
+        After each epoch, `on_epoch(report, trainer)` may stop slots
+        (`trainer.stop`) or refill them (`trainer.replace`); a refilled slot
+        trains its own `epochs` epochs, so the loop runs while any slot does.
+        Slots that completed and were not refilled leave the array; failed
+        slots stay frozen in place so the others' numbers do not change.
+        """
+        if not isinstance(epochs, int) or epochs < 0:
+            raise HftaNasError(f"epochs must be a non-negative integer, got {epochs!r}.")
+        while epochs > 0 and self._running():
+            started = time.perf_counter()
+            train_loss, train_acc = self._train_one_epoch()
+            metrics = {"train_loss": train_loss, "train_acc": train_acc, **self.evaluate()}
+            report = self._record_epoch(metrics, time.perf_counter() - started)
+            for sid in self._running():
+                if self.results[sid].epochs >= epochs:
+                    self.results[sid].status = "completed"
+            if on_epoch is not None:
+                on_epoch(report, self)
+            finished = [sid for sid in self.slot_ids if self.results[sid].status in ("completed", "stopped")]
+            if finished and self._running():
+                self.stop(finished)
+        return self.results
+
+    def _running(self) -> list[Any]:
+        return [sid for sid in self.slot_ids if self.results[sid].status == "running"]
+
+    def _train_one_epoch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.array.train()
+        x_all, y_all = self.data.x_train, self.data.y_train
+        loss_sum = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
+        correct = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
+        seen = 0
+        for index in self.order.next_epoch():
+            x, y = gather(x_all, index), gather(y_all, index)
+            logits = self.array(x, shared_input=self.shared_order)
+            if self.shared_order:
+                y = y.expand(len(self.array), *y.shape)
+            losses = self.slot_losses(logits, y)
+            self.optimizer.zero_grad()
+            losses.sum().backward()
+            self.optimizer.step()
+            if self.schedule is not None and self.schedule_interval == "step":
+                self.schedule.step()
+            loss_sum += losses.detach().to(torch.float64) * y.shape[1]
+            correct += (logits.detach().argmax(-1) == y).sum(1).to(torch.float64)
+            seen += y.shape[1]
+        if self.schedule is not None and self.schedule_interval == "epoch":
+            self.schedule.step()
+        return loss_sum / seen, correct / seen
+
+    def slot_losses(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """[B] each slot's own loss (its mean over its batch)."""
+        batch, n = y.shape[:2]
+        flat = self.loss_fn(logits.reshape(batch * n, *logits.shape[2:]), y.reshape(batch * n, *y.shape[2:]), reduction="none")
+        return flat.reshape(batch, n, -1).mean(dim=(1, 2))
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, torch.Tensor]:
+        """Loss and accuracy of every slot on validation (and test) data: [B] tensors."""
+        self.array.eval()
+        splits = [("val", self.data.x_val, self.data.y_val)]
+        if self.evaluate_test:
+            splits.append(("test", self.data.x_test, self.data.y_test))
+        metrics = {}
+        for name, x_all, y_all in splits:
+            if len(y_all) == 0:
+                continue
+            loss_sum = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
+            correct = torch.zeros_like(loss_sum)
+            for start in range(0, len(y_all), self.eval_batch_size):
+                x, y = x_all[start : start + self.eval_batch_size], y_all[start : start + self.eval_batch_size]
+                logits = self.array(x, shared_input=True)
+                y = y.expand(len(self.array), *y.shape)
+                loss_sum += self.slot_losses(logits, y).to(torch.float64) * y.shape[1]
+                correct += (logits.argmax(-1) == y).sum(1).to(torch.float64)
+            metrics[f"{name}_loss"] = loss_sum / len(y_all)
+            metrics[f"{name}_acc"] = correct / len(y_all)
+        return metrics
+
+    def _record_epoch(self, metrics: dict[str, torch.Tensor], seconds: float) -> EpochReport:
+        """The one host synchronisation per epoch: metrics, divergence checks, history."""
+        self.epoch += 1
+        weights_finite = torch.isfinite(self.array.flat.detach()).all(dim=1)
+        host = {name: value.tolist() for name, value in metrics.items()}
+        finite = weights_finite.tolist()
+        per_slot, failed = {}, {}
+        for position, sid in enumerate(self.slot_ids):
+            result = self.results[sid]
+            if result.status != "running":
+                continue
+            row = {name: values[position] for name, values in host.items()}
+            row["epoch"] = self.epoch
+            row["lr"] = float(self.optimizer.hparams["lr"][position])
+            result.history.append(row)
+            result.epochs += 1
+            per_slot[sid] = row
+            if not math.isfinite(row["train_loss"]) or not finite[position]:
+                what = "loss" if not math.isfinite(row["train_loss"]) else "weights"
+                reason = f"{what} became non-finite (NaN/inf) in epoch {self.epoch}"
+                self._fail(position, reason)
+                failed[sid] = reason
+        return EpochReport(self.epoch, per_slot, failed, seconds)
+
+    def _fail(self, position: int, reason: str) -> None:
+        # The slot stays in the array (frozen) so the others keep exactly the
+        # same array size and numbers; callers may drop it with `stop`.
+        result = self.results[self.slot_ids[position]]
+        result.status, result.reason = "failed", reason
+        self.optimizer.freeze_slot(position)
+
+    # ------------------------------------------------------------- slot surgery
+    def position_of(self, slot_id: Any) -> int:
+        try:
+            return self.slot_ids.index(slot_id)
+        except ValueError:
+            raise HftaNasError(f"no slot with id {slot_id!r} in this array (ids: {self.slot_ids}).") from None
+
+    def stop(self, slot_ids: Iterable[Any], reason: str = "stopped by caller") -> None:
+        """Remove slots from the array (pruned or failed); the rest train on unchanged."""
+        slot_ids = list(slot_ids)
+        positions = [self.position_of(sid) for sid in slot_ids]
+        for sid in slot_ids:
+            if self.results[sid].status == "running":
+                self.results[sid].status, self.results[sid].reason = "stopped", reason
+        if len(positions) == len(self.slot_ids):
+            self.slot_ids = []
+            return
+        keep = self.array.drop_slots(positions)
+        if not self.shared_order:
+            self.order.drop_slots(keep)
+        self.slot_ids = [sid for sid in self.slot_ids if sid not in slot_ids]
+
+    def replace(
+        self,
+        old_id: Any,
+        new_id: Any,
+        model: nn.Module,
+        *,
+        data_seed: int | None = None,
+        dropout_seed: int | None = None,
+        hparams: dict[str, float] | None = None,
+        schedule_params: dict[str, Any] | None = None,
+    ) -> None:
+        """Refill a slot with a fresh model and hyper-parameters: fresh optimizer
+        state, schedule position 0 and its own data order from `data_seed`."""
+        if new_id in self.results:
+            raise HftaNasError(f"slot id {new_id!r} is already used in this array.")
+        position = self.position_of(old_id)
+        if self.results[old_id].status == "running":
+            self.results[old_id].status, self.results[old_id].reason = "stopped", "replaced"
+        self.array.replace_slot(position, model, dropout_seed=dropout_seed)
+        if hparams:
+            self.optimizer.set_hparams(position, **hparams)
+        if schedule_params:
+            if self.schedule is None:
+                raise HftaNasError("schedule_params given but this trainer has no schedule.")
+            self.schedule.set_params(position, **schedule_params)
+        if not self.shared_order:
+            self.order.replace_slot(position, data_seed if data_seed is not None else position)
+        self.slot_ids[position] = new_id
+        self.results[new_id] = SlotResult(new_id)
