@@ -13,6 +13,7 @@ code is never edited: it sees one slot's batch [N, ...] as it would alone.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from collections import OrderedDict
@@ -125,7 +126,7 @@ class ModelArray:
         device = torch.device(device) if device is not None else first_param.device
         self.device, self.dtype = device, dtype
         self._listeners: list[Any] = []
-        self._compiled_modes: set[tuple[bool, bool]] = set()
+        self._checked_modes: set[tuple[bool, bool]] = set()
 
         # The template keeps the original module's names (state_dict keys) and
         # its non-tensor attributes; its own tensors are never used.
@@ -235,10 +236,11 @@ class ModelArray:
         in_dims = (0,) + ((None if shared_input else 0),) * len(inputs)
         fused = vmap(one_slot, in_dims=in_dims, randomness="error")
         mode = (self.training, shared_input)
-        if mode in self._compiled_modes:
-            return fused(state, *inputs)
-        self._compiled_modes.add(mode)
-        return self._first_call(fused, state, inputs)
+        with _no_attention_fast_path():
+            if mode in self._checked_modes:
+                return fused(state, *inputs)
+            self._checked_modes.add(mode)
+            return self._first_call(fused, state, inputs)
 
     def _first_call(self, fused, state, inputs):
         """Run once while watching for vmap's per-slot-loop fallbacks and
@@ -347,6 +349,18 @@ class ModelArray:
             self._slot_random[name][slot] = value[0]
         for listener in self._listeners:
             listener.reset_slot(slot)
+
+
+@contextlib.contextmanager
+def _no_attention_fast_path():
+    """Turn off torch's fused inference kernels for attention/transformer layers
+    (they have no vmap batching rule and would loop over slots)."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 def _build_seeded(factory: Callable[[], nn.Module], seed: int) -> nn.Module:

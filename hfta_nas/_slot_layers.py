@@ -5,6 +5,10 @@ layers batch as they are; these do not:
 
 - Dropout draws from torch's global generator, which vmap cannot split per
   slot. `SlotDropout` draws from the slot's own dropout seed instead.
+- `nn.MultiheadAttention` without weights calls a fused attention kernel
+  that vmap loops over; `FusableMultiheadAttention` keeps to plain matmuls.
+- `nn.Embedding(padding_idx=...)` would train its padding row under vmap;
+  `FusableEmbedding` keeps it frozen as torch does.
 - `nn.GRU` / `nn.LSTM` call fused ATen kernels that have no batching rule.
   `FusableGRU` / `FusableLSTM` compute the same equations with ordinary ops and
   keep the parameter names, so state_dicts stay interchangeable.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from hfta_nas._slot_random import slot_keys, uniform_like
 from hfta_nas.errors import FusionError
@@ -103,7 +108,7 @@ class _FusableRecurrent(nn.Module):
             for direction in range(self.directions):
                 index = layer * self.directions + direction
                 w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
-                gi = torch.nn.functional.linear(layer_input, w_ih, b_ih)  # all steps at once
+                gi = F.linear(layer_input, w_ih, b_ih)  # all steps at once
                 h = h0[index]
                 c = c0[index] if c0 is not None else None
                 steps = range(gi.shape[1]) if direction == 0 else reversed(range(gi.shape[1]))
@@ -140,7 +145,7 @@ class FusableGRU(_FusableRecurrent):
         return (self._zeros(n, x) if hx is None else self._as_batched(hx, unbatched)), None
 
     def _cell(self, gi, h, c, w_hh, b_hh):
-        gh = torch.nn.functional.linear(h, w_hh, b_hh)
+        gh = F.linear(h, w_hh, b_hh)
         i_r, i_z, i_n = gi.chunk(3, dim=-1)
         h_r, h_z, h_n = gh.chunk(3, dim=-1)
         r = torch.sigmoid(i_r + h_r)
@@ -161,13 +166,61 @@ class FusableLSTM(_FusableRecurrent):
         return self._as_batched(hx[0], unbatched), self._as_batched(hx[1], unbatched)
 
     def _cell(self, gi, h, c, w_hh, b_hh):
-        gates = gi + torch.nn.functional.linear(h, w_hh, b_hh)
+        gates = gi + F.linear(h, w_hh, b_hh)
         i, f, g, o = gates.chunk(4, dim=-1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         return torch.sigmoid(o) * torch.tanh(c), c
 
     def _final_state(self, h_n, c_n):
         return h_n, c_n
+
+
+class FusableMultiheadAttention(nn.MultiheadAttention):
+    """nn.MultiheadAttention that always takes torch's explicit-matmul path.
+
+    nn.MultiheadAttention.forward may pick fused kernels (the inference fast
+    path, or scaled_dot_product_attention when no weights are wanted) that vmap
+    runs as a loop over slots. Calling F.multi_head_attention_forward with
+    need_weights=True selects bmm + softmax, which fuses: same numbers, same
+    parameters, as torch's own slow path.
+    """
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        transpose = self.batch_first and query.dim() == 3
+        if transpose:
+            query, key, value = (t.transpose(1, 0) for t in (query, key, value))
+        separate = not self._qkv_same_embed_dim
+        output, weights = F.multi_head_attention_forward(
+            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias,
+            self.bias_k, self.bias_v, self.add_zero_attn, self.dropout, self.out_proj.weight, self.out_proj.bias,
+            training=self.training, key_padding_mask=key_padding_mask, need_weights=True, attn_mask=attn_mask,
+            use_separate_proj_weight=separate,
+            q_proj_weight=self.q_proj_weight if separate else None,
+            k_proj_weight=self.k_proj_weight if separate else None,
+            v_proj_weight=self.v_proj_weight if separate else None,
+            average_attn_weights=average_attn_weights, is_causal=is_causal,
+        )
+        if transpose:
+            output = output.transpose(1, 0)
+        return output, (weights if need_weights else None)
+
+
+class FusableEmbedding(nn.Embedding):
+    """nn.Embedding whose padding row gets no gradient under vmap too.
+
+    vmap's batching rule for embedding's backward ignores padding_idx, so the
+    padding row would be trained. Detaching that row before the lookup gives
+    the same forward and torch's gradient (zero for the padding row).
+    """
+
+    def forward(self, tokens):
+        weight = self.weight
+        if self.padding_idx is not None:
+            is_padding = torch.zeros(weight.shape[0], 1, dtype=torch.bool, device=weight.device)
+            is_padding[self.padding_idx] = True
+            weight = torch.where(is_padding, weight.detach(), weight)
+        return F.embedding(tokens, weight, self.padding_idx, None, self.norm_type, self.scale_grad_by_freq, False)
 
 
 _CHANNEL_DROPOUT_DIMS = {nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}
@@ -198,6 +251,14 @@ def _replacement(module: nn.Module, path: str) -> nn.Module | None:
             "from torch's global generator inside a fused kernel and cannot be drawn per slot. "
             "Build it with dropout=0 (nn.Dropout modules elsewhere are fine)."
         )
+    if type(module) is nn.Embedding:
+        if module.max_norm is not None or module.sparse:
+            raise FusionError(f"layer '{where}' (Embedding): max_norm and sparse=True cannot be fused; use max_norm=None, sparse=False.")
+        module.__class__ = FusableEmbedding  # same state, exact gradient
+        return None
+    if type(module) is nn.MultiheadAttention:
+        module.__class__ = FusableMultiheadAttention  # same state, fusable forward
+        return None
     return None
 
 
