@@ -1,7 +1,8 @@
 """hfta-nas: train many candidate models at once as one horizontally fused array."""
 
-from hfta_nas import optim
+from hfta_nas import data, models, optim
 from hfta_nas._array import FusionSignature, ModelArray, check_fusable
+from hfta_nas._run import TrainRun, train
 from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
 
@@ -14,7 +15,11 @@ __all__ = [
     "HftaNasError",
     "ModelArray",
     "SlotResult",
+    "TrainRun",
     "check_fusable",
+    "data",
+    "models",
     "optim",
+    "train",
 ]
 __version__ = "0.1.0"

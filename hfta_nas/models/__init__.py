@@ -14,6 +14,7 @@ array. A model that is not a built-in family comes from `load_factory`.
 
 from hfta_nas.models._families import FAMILIES, build_model, count_parameters, family_defaults, model_factory
 from hfta_nas.models._loading import load_factory
+from hfta_nas.models._resolve import resolve_model
 
 __all__ = [
     "FAMILIES",
@@ -22,4 +23,5 @@ __all__ = [
     "family_defaults",
     "load_factory",
     "model_factory",
+    "resolve_model",
 ]

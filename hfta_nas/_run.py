@@ -1,0 +1,113 @@
+"""`hfta_nas.train`: one call from names and numbers to a trained array.
+
+It is the Python twin of `hfta-nas train`: resolve the dataset and the model,
+build the array from per-slot init seeds, the optimizer and schedule from
+per-slot hyper-parameters, and let ArrayTrainer run. Everything else
+(search, stability) builds on the same pieces.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hfta_nas._array import ModelArray
+from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
+from hfta_nas.data import Dataset, load_dataset
+from hfta_nas.errors import HftaNasError
+from hfta_nas.models import resolve_model
+from hfta_nas.optim import OPTIMIZERS, LRSchedule
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class TrainRun:
+    """What `train` returns: the trained array, per-slot results and the setup."""
+
+    array: ModelArray
+    results: dict[Any, SlotResult]
+    dataset: Dataset
+    factory: Callable[[], nn.Module]
+    seeds: dict[str, list[int]]  # per source: init, data, dropout
+    seconds: float
+    samples_per_second: float
+
+    def model(self, slot: int) -> nn.Module:
+        """Slot `slot` as a plain nn.Module."""
+        module = self.factory().to(device=self.array.device, dtype=self.array.dtype)
+        return self.array.to_module(slot, module)
+
+
+def train(
+    model: str | Callable[..., nn.Module] = "cnn1d",
+    *,
+    model_config: Mapping[str, Any] | None = None,
+    dataset: str | Dataset = "mnist1d",
+    seeds: Sequence[int] = tuple(range(8)),
+    data_seeds: Sequence[int] | None = None,
+    dropout_seeds: Sequence[int] | None = None,
+    shared_order: bool = False,
+    optimizer: str = "adam",
+    hparams: Mapping[str, Any] | None = None,
+    schedule: Mapping[str, Any] | None = None,
+    epochs: int = 5,
+    batch_size: int = 100,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    on_epoch: Callable[[EpochReport, ArrayTrainer], Any] | None = None,
+) -> TrainRun:
+    """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
+
+    `hparams` values (lr, weight_decay, ...) and `schedule` values are a float
+    for all slots or one per slot; `schedule` holds `kind` plus LRSchedule's
+    arguments. Data order and dropout seeds default to the init seeds; pass
+    them separately to vary one source of randomness at a time.
+    """
+    seeds = list(seeds)
+    if not seeds:
+        raise HftaNasError("train needs at least one seed (one per slot).")
+    if optimizer not in OPTIMIZERS:
+        raise HftaNasError(f"unknown optimizer '{optimizer}'; expected one of {sorted(OPTIMIZERS)}.")
+    torch_dtype = DTYPES.get(dtype) if isinstance(dtype, str) else dtype
+    if torch_dtype not in DTYPES.values():
+        raise HftaNasError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}.")
+    device = _checked_device(device)
+    data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, device=device, dtype=torch_dtype)
+    data = data.to(device=device, dtype=torch_dtype)
+    factory = resolve_model(model, model_config, input_shape=data.input_shape, num_classes=data.num_classes)
+    data_seeds = list(data_seeds) if data_seeds is not None else seeds
+    dropout_seeds = list(dropout_seeds) if dropout_seeds is not None else seeds
+
+    array = ModelArray.from_factory(factory, seeds, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
+    opt = OPTIMIZERS[optimizer](array, **dict(hparams or {}))
+    sched = LRSchedule(opt, **dict(schedule)) if schedule else None
+    trainer = ArrayTrainer(
+        array, opt, data, batch_size=batch_size, schedule=sched,
+        data_seeds=None if shared_order else data_seeds,
+        shared_order_seed=data_seeds[0] if shared_order else None,
+    )
+    started = time.perf_counter()
+    results = trainer.fit(epochs, on_epoch=on_epoch)
+    seconds = time.perf_counter() - started
+    samples = sum(r.epochs for r in results.values()) * len(data.y_train)
+    return TrainRun(
+        array, results, data, factory,
+        {"init": seeds, "data": data_seeds, "dropout": dropout_seeds},
+        seconds, samples / seconds if seconds > 0 else 0.0,
+    )
+
+
+def _checked_device(device: str) -> torch.device:
+    try:
+        result = torch.device(device)
+    except RuntimeError as error:
+        raise HftaNasError(f"unknown device '{device}': {error}") from error
+    if result.type == "cuda" and not torch.cuda.is_available():
+        raise HftaNasError(f"device '{device}' was asked for but torch sees no CUDA GPU here; use --device cpu.")
+    return result

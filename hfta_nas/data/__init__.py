@@ -1,0 +1,11 @@
+"""Data for model arrays: datasets resident on the device and per-slot data order.
+
+`load_dataset` turns a built-in name, a file or a factory into train / val / test
+tensors on the device; `EpochOrder` gives each slot its own shuffling (or one
+shared order), and `gather` picks every slot's batch in one index op.
+"""
+
+from hfta_nas.data._batches import EpochOrder, gather
+from hfta_nas.data._datasets import DATASETS, Dataset, load_dataset
+
+__all__ = ["DATASETS", "Dataset", "EpochOrder", "gather", "load_dataset"]
