@@ -70,6 +70,8 @@ def train(
     them separately to vary one source of randomness at a time.
     """
     seeds = list(seeds)
+    if not isinstance(epochs, int) or epochs < 0:
+        raise HftaNasError(f"epochs must be a non-negative integer, got {epochs!r}.")
     if not seeds:
         raise HftaNasError("train needs at least one seed (one per slot).")
     if optimizer not in OPTIMIZERS:
