@@ -1,0 +1,444 @@
+"""The search loop: Optuna proposes, arrays train, every trial is told.
+
+One round reads top to bottom:
+
+1. Ask one trial freely; the sampler chooses its architecture (every searched
+   parameter that changes the shape signature) and its hyper-parameters.
+2. Fill the array: enqueue trials with that architecture fixed and ask again,
+   so the sampler chooses only the per-slot hyper-parameters of the others.
+   Arrays stay full (occupancy is reported) and the sampler still decides
+   the architecture of every round.
+3. Train the array. Each epoch every slot reports its metric to its trial;
+   a pruned or failed slot is told at once and refilled with a new trial of
+   the same architecture (fresh optimizer state, schedule position and seeds)
+   while budget remains, or the array is compacted.
+4. A slot that finishes its epochs is told COMPLETE with its metric values.
+
+Pruners that compare with completed trials (median, percentile) see none in
+the first array and prune from the second on; successive halving and
+hyperband compare trials at each rung as they report, lockstep or not.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import torch
+from optuna.trial import TrialState
+
+import hfta_nas
+from hfta_nas._array import ModelArray
+from hfta_nas._trainer import ArrayTrainer, EpochReport
+from hfta_nas.data import Dataset, load_dataset
+from hfta_nas.errors import HftaNasError
+from hfta_nas.models import count_parameters, resolve_model
+from hfta_nas.optim import OPTIMIZERS, LRSchedule
+from hfta_nas.search._export import atomic_write_text, save_weights
+from hfta_nas.search._signature import shape_signature
+from hfta_nas.search._storage import dashboard_command, open_storage
+
+# Optimizer hyper-parameters and schedule settings differ per slot; every
+# other searched parameter decides the architecture (the array's shape).
+_PER_SLOT_PREFIXES = ("training.schedule.",)
+_SHARED_OPTIMIZER_KEYS = ("training.optimizer.name", *(f"training.optimizer.{f}" for f in ("amsgrad", "maximize", "nesterov", "centered")))
+INTERRUPTED = "interrupted: the trial was RUNNING when this search (re)started; retried"
+
+
+@dataclass
+class Candidate:
+    """One asked trial, its sampled values, the config they resolve to, and its seeds."""
+
+    trial: optuna.Trial
+    values: dict[str, Any]
+    config: Any
+    seeds: dict[str, int]
+    signature: str = ""
+
+
+@dataclass
+class SearchSummary:
+    """What a search did, for the table, `--json` and the caller."""
+
+    study_name: str
+    storage: str
+    dashboard: str
+    metrics: list[str]
+    directions: list[str]
+    trials: dict[str, int]  # state -> count, this study
+    best: list[dict[str, Any]]  # best trial(s): number, values, params
+    arrays: int
+    mean_occupancy: float
+    seconds: float
+    exported: dict[str, str] = field(default_factory=dict)  # what -> path
+
+
+def trial_seeds(base_seed: int, trial_number: int) -> dict[str, int]:
+    """Independent init / data / dropout seeds for a trial, from the space seed."""
+    states = np.random.SeedSequence([base_seed, trial_number]).spawn(3)
+    return {source: int(s.generate_state(1, dtype=np.uint32)[0]) for source, s in zip(("init", "data", "dropout"), states)}
+
+
+class Search:
+    """Runs a SearchSpace against an Optuna study; see the module docstring."""
+
+    def __init__(
+        self,
+        space: Any,
+        *,
+        storage: str | None = None,
+        study_name: str | None = None,
+        n_trials: int | None = None,
+        timeout: float | None = None,
+        array_size: int | str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        out_dir: str | Path | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.space = space
+        self.n_trials = n_trials if n_trials is not None else space.budget.n_trials
+        self.timeout = timeout if timeout is not None else space.budget.timeout
+        for name, value in (("n_trials", self.n_trials), ("timeout", self.timeout)):
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise HftaNasError(f"{name} must be a positive number, got {value!r}.")
+        size = array_size if array_size is not None else space.array.size
+        if size != "auto" and (not isinstance(size, int) or size < 1):
+            raise HftaNasError(f"array size must be a positive integer or 'auto', got {size!r}.")
+        self.array_size = size
+        self.device, self.dtype = device, hfta_nas._run.DTYPES[dtype]
+        self.metrics = list(space.study.metrics)
+        self.directions = list(space.study.directions)
+        self.study_name = study_name or space.study.name or Path(space.source).stem
+        self.out_dir = Path(out_dir) if out_dir is not None else Path("runs") / self.study_name
+        self.on_event = on_event or (lambda kind, info: None)
+        self.storage, self.dashboard_location = open_storage(storage)
+        self.study = optuna.create_study(
+            storage=self.storage, study_name=self.study_name, directions=self.directions,
+            sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner(), load_if_exists=True,
+        )
+        if list(self.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in self.directions]:
+            raise HftaNasError(f"study '{self.study_name}' exists in the storage with other directions; choose another --study-name.")
+        self.study.set_metric_names(self.metrics)
+        self.study.set_user_attr("space_source", str(space.source))
+        self.study.set_user_attr("space_text", space.text)
+        self.study.set_user_attr("versions", {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__, "optuna": optuna.__version__})
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self._datasets: dict[str, Dataset] = {}
+        self._pending: dict[str, list[Candidate]] = defaultdict(list)
+        self._asked = 0
+        self._arrays = 0
+        self._occupancy: list[float] = []
+        self._exported: dict[str, str] = {}
+        self._best_first_metric = self._current_best()
+
+    # ------------------------------------------------------------------ budget
+    def _finished(self) -> int:
+        """Trials that count against the budget: all ended ones but interrupted retries."""
+        trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+        return sum(1 for t in trials if t.user_attrs.get("fail_reason") != INTERRUPTED)
+
+    def _remaining(self) -> int:
+        return self.n_trials - self._finished_at_start - self._asked
+
+    def _time_left(self) -> bool:
+        return self.timeout is None or time.monotonic() - self._started < self.timeout
+
+    # --------------------------------------------------------------------- run
+    def run(self) -> SearchSummary:
+        self._started = time.monotonic()
+        self._retry_interrupted_trials()
+        self._finished_at_start = self._finished()
+        self.on_event("start", {"study": self.study_name, "storage": self.dashboard_location,
+                                "dashboard": dashboard_command(self.dashboard_location), "done": self._finished_at_start,
+                                "n_trials": self.n_trials})
+        while self._time_left():
+            group = self._next_group()
+            if not group:
+                break
+            self._train_group(group)
+        for candidates in self._pending.values():  # asked but never trained (time ran out)
+            for candidate in candidates:
+                self._tell_fail(candidate, "not trained: the search's timeout ran out before its array started")
+        return self._summary()
+
+    def _retry_interrupted_trials(self) -> None:
+        """Trials left RUNNING by a killed run are failed (never left RUNNING) and
+        their parameters enqueued, so the budget still gets them trained."""
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", INTERRUPTED)
+            self.study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            self.study.enqueue_trial(trial.params, skip_if_exists=False)
+            self.on_event("retry", {"trial": trial.number})
+
+    # -------------------------------------------------------------- candidates
+    def _ask(self, fixed: dict[str, Any] | None = None) -> Candidate:
+        if fixed is not None:
+            self.study.enqueue_trial(fixed, skip_if_exists=False)
+        trial = self.study.ask()
+        self._asked += 1
+        values = self.space.suggest(trial)
+        config = self.space.resolve(values)
+        candidate = Candidate(trial, values, config, trial_seeds(self.space.seed, trial.number))
+        data = self._dataset(config)
+        factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
+        candidate.signature = shape_signature(config, factory)
+        return candidate
+
+    def _architecture(self, candidate: Candidate) -> dict[str, Any]:
+        """The trial's parameters that fix its array (shape signature)."""
+        return {
+            name: value for name, value in candidate.trial.params.items()
+            if not (name.startswith("training.optimizer.") and name not in _SHARED_OPTIMIZER_KEYS)
+            and not name.startswith(_PER_SLOT_PREFIXES)
+        }
+
+    def _size_for(self, remaining: int) -> int:
+        # 'auto': every remaining trial in one array, up to 32 slots (see README).
+        return min(remaining, 32 if self.array_size == "auto" else self.array_size)
+
+    def _next_group(self) -> list[Candidate]:
+        """The candidates of the next array: waiting ones first, else a fresh round."""
+        if self._pending:
+            signature = max(self._pending, key=lambda s: len(self._pending[s]))
+            group = self._pending.pop(signature)
+        elif self._remaining() > 0:
+            group = [self._ask()]
+        else:
+            return []
+        size = self._size_for(len(group) + self._remaining())
+        while len(group) < size and self._remaining() > 0 and self._time_left():
+            candidate = self._ask(self._architecture(group[0]))
+            if candidate.signature == group[0].signature:
+                group.append(candidate)
+            else:  # e.g. a retried trial of another architecture: it waits for its own array
+                self._pending[candidate.signature].append(candidate)
+        extra = group[size:]
+        if extra:
+            self._pending[group[0].signature].extend(extra)
+        return group[:size]
+
+    def _dataset(self, config: Any) -> Dataset:
+        key = repr((str(config.dataset), sorted(config.data.items())))
+        if key not in self._datasets:
+            data = config.data
+            self._datasets[key] = load_dataset(
+                config.dataset, val_fraction=data.get("val_fraction", 0.1), test_fraction=data.get("test_fraction", 0.1),
+                split_seed=data.get("split_seed", 0), num_samples=data.get("num_samples"), device=self.device, dtype=self.dtype,
+            )
+        return self._datasets[key]
+
+    # ----------------------------------------------------------------- training
+    def _train_group(self, group: list[Candidate]) -> None:
+        self._arrays += 1
+        array_id = f"{self.worker}/{self._arrays}"
+        first = group[0].config
+        data = self._dataset(first)
+        factory = resolve_model(first.model, first.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
+        capacity = len(group)
+        by_number = {c.trial.number: c for c in group}
+        started = {c.trial.number: time.monotonic() for c in group}
+        static = self._static_metrics(factory, data)
+        array = ModelArray.from_factory(factory, [c.seeds["init"] for c in group],
+                                        dropout_seeds=[c.seeds["dropout"] for c in group], device=self.device, dtype=self.dtype)
+        optimizer = OPTIMIZERS[first.optimizer](array, **_per_slot_hparams(first.optimizer, [c.config for c in group]))
+        schedule = _per_slot_schedule(optimizer, [c.config for c in group])
+        trainer = ArrayTrainer(array, optimizer, data, batch_size=first.data.get("batch_size", 100), schedule=schedule,
+                               data_seeds=[c.seeds["data"] for c in group], slot_ids=list(by_number))
+        for position, candidate in enumerate(group):
+            self._set_attrs(candidate, array_id=array_id, slot=position, signature=candidate.signature, worker=self.worker,
+                            seed_init=candidate.seeds["init"], seed_data=candidate.seeds["data"], seed_dropout=candidate.seeds["dropout"])
+        self.on_event("array", {"array": self._arrays, "size": capacity, "trials": list(by_number), "signature": group[0].signature})
+
+        def on_epoch(report: EpochReport, trainer: ArrayTrainer) -> None:
+            self._occupancy.append(len(report.metrics) / capacity)
+            for number, metrics in report.metrics.items():
+                candidate = by_number[number]
+                result = trainer.results[number]
+                wall = time.monotonic() - started[number]
+                self._set_attrs(candidate, epochs_run=result.epochs, wall_time_s=round(wall, 3), heartbeat=time.time(),
+                                samples_per_s=round(result.epochs * len(data.y_train) / max(wall, 1e-9), 1))
+                if number in report.failed:
+                    self._tell_fail(candidate, report.failed[number])
+                    self._refill_or_stop(trainer, candidate, by_number, started, "failed")
+                    continue
+                values = [metrics[m] if m in metrics else static[m] for m in self.metrics]
+                if len(self.metrics) == 1:
+                    candidate.trial.report(values[0], result.epochs)
+                if result.status == "completed":
+                    self._tell_complete(candidate, values, trainer)
+                    self._refill_or_stop(trainer, candidate, by_number, started, "completed")
+                elif len(self.metrics) == 1 and candidate.trial.should_prune():
+                    self.study.tell(candidate.trial, state=TrialState.PRUNED)
+                    self.on_event("trial", {"trial": number, "state": "PRUNED", "epoch": result.epochs})
+                    self._refill_or_stop(trainer, candidate, by_number, started, "pruned")
+            self.on_event("epoch", {"array": self._arrays, "epoch": report.epoch, "running": len(report.metrics),
+                                    "finished": self._finished_at_start + self._asked - len(trainer.slot_ids)})
+
+        try:
+            trainer.fit(first.epochs, on_epoch=on_epoch)
+        except HftaNasError:
+            raise
+        except (RuntimeError, torch.OutOfMemoryError) as error:
+            for number in list(trainer.slot_ids):
+                candidate = by_number[number]
+                if self.study._storage.get_trial(candidate.trial._trial_id).state == TrialState.RUNNING:
+                    self._tell_fail(candidate, f"array {array_id} failed: {type(error).__name__}: {error}")
+            self.on_event("array_failed", {"array": self._arrays, "error": str(error)})
+
+    def _refill_or_stop(self, trainer: ArrayTrainer, ended: Candidate, by_number, started, why: str) -> None:
+        number = ended.trial.number
+        if self._remaining() > 0 and self._time_left():
+            candidate = self._ask(self._architecture(ended))
+            if candidate.signature == ended.signature:
+                position = trainer.position_of(number)
+                data = self._dataset(candidate.config)
+                factory = resolve_model(candidate.config.model, candidate.config.model_config,
+                                        input_shape=data.input_shape, num_classes=data.num_classes)
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(candidate.seeds["init"])
+                    model = factory()
+                trainer.replace(number, candidate.trial.number, model, data_seed=candidate.seeds["data"],
+                                dropout_seed=candidate.seeds["dropout"], hparams=_slot_hparams(candidate.config),
+                                schedule_params=_slot_schedule(candidate.config) if trainer.schedule is not None else None)
+                by_number[candidate.trial.number] = candidate
+                started[candidate.trial.number] = time.monotonic()
+                self._set_attrs(candidate, array_id=f"{self.worker}/{self._arrays}", slot=position, signature=candidate.signature,
+                                worker=self.worker, refilled_after=number, seed_init=candidate.seeds["init"],
+                                seed_data=candidate.seeds["data"], seed_dropout=candidate.seeds["dropout"])
+                self.on_event("refill", {"slot": position, "old": number, "new": candidate.trial.number, "why": why})
+                return
+            self._pending[candidate.signature].append(candidate)
+        if why != "completed":
+            trainer.stop([number], reason=why)
+
+    # ------------------------------------------------------------------ telling
+    def _set_attrs(self, candidate: Candidate, **attrs: Any) -> None:
+        for key, value in attrs.items():
+            candidate.trial.set_user_attr(key, value)
+
+    def _tell_fail(self, candidate: Candidate, reason: str) -> None:
+        candidate.trial.set_user_attr("fail_reason", reason)
+        self.study.tell(candidate.trial, state=TrialState.FAIL)
+        self.on_event("trial", {"trial": candidate.trial.number, "state": "FAIL", "reason": reason})
+
+    def _tell_complete(self, candidate: Candidate, values: list[float], trainer: ArrayTrainer) -> None:
+        if not all(math.isfinite(v) for v in values):
+            self._tell_fail(candidate, f"non-finite metric values {values}")
+            return
+        self.study.tell(candidate.trial, values if len(values) > 1 else values[0])
+        self.on_event("trial", {"trial": candidate.trial.number, "state": "COMPLETE", "values": values})
+        if self._improves(values[0]):
+            self._best_first_metric = values[0]
+            position = trainer.position_of(candidate.trial.number)
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            weights = self.out_dir / "best_weights.pt"
+            config_path = self.out_dir / "best_config.yaml"
+            save_weights(trainer.array.slot_state_dict(position), weights)
+            atomic_write_text(config_path, candidate.config.to_yaml(
+                seeds=candidate.seeds, trial=candidate.trial.number, study=self.study_name, values=dict(zip(self.metrics, values))))
+            self._exported = {"config": str(config_path), "weights": str(weights)}
+
+    def _improves(self, value: float) -> bool:
+        best = self._best_first_metric
+        if best is None:
+            return True
+        return value > best if self.directions[0] == "maximize" else value < best
+
+    def _current_best(self) -> float | None:
+        done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if not done:
+            return None
+        pick = max if self.directions[0] == "maximize" else min
+        return pick(t.values[0] for t in done)
+
+    def _static_metrics(self, factory: Callable[[], torch.nn.Module], data: Dataset) -> dict[str, float]:
+        """Metrics that do not depend on training: parameter count and latency."""
+        static: dict[str, float] = {}
+        if "params" in self.metrics or "latency_ms" in self.metrics:
+            with torch.random.fork_rng(devices=[]):
+                model = factory().to(device=self.device, dtype=self.dtype).eval()
+            static["params"] = float(count_parameters(model))
+            if "latency_ms" in self.metrics:
+                static["latency_ms"] = _latency_ms(model, data)
+        return static
+
+    # ------------------------------------------------------------------ summary
+    def _summary(self) -> SearchSummary:
+        trials = self.study.get_trials(deepcopy=False)
+        counts: dict[str, int] = defaultdict(int)
+        for trial in trials:
+            counts[trial.state.name] += 1
+        best = []
+        if counts.get("COMPLETE"):
+            chosen = self.study.best_trials if len(self.metrics) > 1 else [self.study.best_trial]
+            best = [{"number": t.number, "values": dict(zip(self.metrics, t.values)), "params": t.params,
+                     "seeds": {s: t.user_attrs.get(f"seed_{s}") for s in ("init", "data", "dropout")}} for t in chosen]
+        summary = SearchSummary(
+            self.study_name, self.dashboard_location, dashboard_command(self.dashboard_location), self.metrics,
+            self.directions, dict(counts), best, self._arrays,
+            float(np.mean(self._occupancy)) if self._occupancy else 0.0, time.monotonic() - self._started,
+            dict(self._exported),
+        )
+        return summary
+
+
+def _slot_hparams(config: Any) -> dict[str, float]:
+    hparams = {k: v for k, v in config.hparams.items() if k not in OPTIMIZERS[config.optimizer].flags}
+    if "betas" in hparams:
+        hparams["beta1"], hparams["beta2"] = hparams.pop("betas")
+    return hparams
+
+
+def _per_slot_hparams(optimizer: str, configs: list[Any]) -> dict[str, Any]:
+    """Per-slot lists of every hyper-parameter any slot sets (defaults fill the rest)."""
+    cls = OPTIMIZERS[optimizer]
+    per_slot = [_slot_hparams(c) for c in configs]
+    names = sorted({name for hp in per_slot for name in hp})
+    result: dict[str, Any] = {name: [hp.get(name, cls.defaults.get(name)) for hp in per_slot] for name in names}
+    result.update({flag: bool(configs[0].hparams.get(flag, default)) for flag, default in cls.flags.items()})
+    return result
+
+
+def _slot_schedule(config: Any) -> dict[str, Any]:
+    schedule = dict(config.schedule or {"kind": "constant"})
+    return schedule
+
+
+def _per_slot_schedule(optimizer: Any, configs: list[Any]) -> LRSchedule | None:
+    """One LRSchedule with each slot's kind and arguments; None when no slot schedules."""
+    if not any(c.schedule for c in configs):
+        return None
+    schedules = [_slot_schedule(c) for c in configs]
+    names = sorted({k for s in schedules for k in s if k != "kind"})
+    defaults = {"step_size": 1, "gamma": 0.1, "t_max": 1, "eta_min": 0.0, "warmup_steps": 0, "warmup_start_factor": 1.0 / 3.0}
+    args = {name: [s.get(name, defaults[name]) for s in schedules] for name in names}
+    return LRSchedule(optimizer, [s["kind"] for s in schedules], **args)
+
+
+def _latency_ms(model: torch.nn.Module, data: Dataset, repeats: int = 20) -> float:
+    """Median inference time of one model on one sample, in milliseconds."""
+    x = data.x_val[:1]
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(x)
+            times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1000)
+
+
+def describe_machine() -> dict[str, Any]:
+    return {"host": platform.node(), "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}

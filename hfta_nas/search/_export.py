@@ -1,0 +1,35 @@
+"""Writes that a re-run may trust: write to a temporary file, then rename.
+
+A kill in the middle leaves the old file (or none), never a truncated one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _atomic(path: Path, write: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            write(stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    _atomic(Path(path), lambda stream: stream.write(text.encode()))
+
+
+def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
+    _atomic(Path(path), lambda stream: torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, stream))
