@@ -163,5 +163,123 @@ def _print_train_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> N
                   f"summed over slots ({summary['threads']} torch threads, {summary['device']})")
 
 
+@main.command()
+@click.argument("space", type=click.Path(dir_okay=False))
+@click.option("--n-trials", type=int, default=None, help="Trials in the study when done [default: the space's budget.n_trials]; finished trials of an earlier run count.")
+@click.option("--timeout", type=float, default=None, help="Stop starting new arrays after this many seconds [default: the space's budget.timeout].")
+@click.option("--array-size", default=None, help="Slots per array: an integer or 'auto' [default: the space's array.size].")
+@click.option("--storage", default=None, help="Optuna storage URL (sqlite:///f.db, postgresql://...) or a journal file path [default: runs/hfta-nas.journal].")
+@click.option("--study-name", default=None, help="[default: the space's study.name, else the file name].")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Where the best config and weights go [default: runs/<study>].")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]))
+@click.option("--threads", default=None, type=int, help="torch CPU threads [default: torch's choice].")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines).")
+@_friendly_errors
+def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, device, dtype, threads, as_json) -> None:
+    """Search SPACE (a YAML file, see search_spaces/README.md) with Optuna, training
+    candidates of equal shape together as arrays. Re-running resumes the study."""
+    import dataclasses
+
+    import optuna
+    import torch
+
+    from hfta_nas._run import _checked_device
+    from hfta_nas.search import run_search
+    from search_spaces import load_space
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if array_size is not None and array_size != "auto":
+        try:
+            array_size = int(array_size)
+        except ValueError:
+            raise click.BadParameter(f"expected an integer or 'auto', got {array_size!r}", param_hint="--array-size") from None
+    _checked_device(device)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    loaded = load_space(space)
+    with _SearchProgress(enabled=not as_json) as progress:
+        summary = run_search(loaded, storage=storage, study_name=study_name, n_trials=n_trials, timeout=timeout,
+                             array_size=array_size, device=device, dtype=dtype, out_dir=out_dir, on_event=progress.event)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str))
+        return
+    _print_search_summary(summary)
+
+
+class _SearchProgress:
+    """Prints where to watch, then one progress bar over the study's trials."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[status]}"), console=self.console, disable=not enabled)
+        self.task = None
+        self.best: float | None = None
+
+    def __enter__(self) -> "_SearchProgress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def event(self, kind: str, info: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if kind == "start":
+            self.console.print(f"study [bold]{info['study']}[/] in {info['storage']} ({info['done']} trials already done)")
+            self.console.print(f"watch it live: [bold]{info['dashboard']}[/]")
+            self.task = self.progress.add_task("trials", total=info["n_trials"], completed=info["done"], status="")
+        elif kind == "trial" and self.task is not None:
+            status = info["state"].lower()
+            self.progress.advance(self.task)
+            self.progress.update(self.task, status=f"last: trial {info['trial']} {status}")
+        elif kind == "array":
+            self.progress.console.print(f"array {info['array']}: {info['size']} slots, trials {info['trials']}")
+
+
+def _print_search_summary(summary: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"study {summary.study_name}: best trial(s)")
+    table.add_column("trial", justify="right")
+    for metric in summary.metrics:
+        table.add_column(metric, justify="right")
+    table.add_column("parameters")
+    for best in summary.best:
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["params"].items())
+        table.add_row(str(best["number"]), *(f"{best['values'][m]:.4g}" for m in summary.metrics), params)
+    console.print(table)
+    states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(summary.trials.items()))
+    console.print(f"trials: {states}; {summary.arrays} arrays this run, mean occupancy {summary.mean_occupancy:.0%}, "
+                  f"{summary.seconds:.1f} s")
+    for what, path in summary.exported.items():
+        console.print(f"best {what}: {path}")
+    console.print(f"dashboard: {summary.dashboard}")
+
+
+@main.command()
+@click.option("--storage", default=None, help="Optuna storage URL or journal file [default: runs/hfta-nas.journal].")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=int)
+@_friendly_errors
+def dashboard(storage, host, port) -> None:
+    """Start optuna-dashboard on a search's storage."""
+    import optuna_dashboard
+
+    from hfta_nas.search import open_storage
+
+    opened, location = open_storage(storage)
+    click.echo(f"optuna-dashboard on {location}: http://{host}:{port}/")
+    optuna_dashboard.run_server(opened, host=host, port=port)
+
+
 if __name__ == "__main__":
     main()

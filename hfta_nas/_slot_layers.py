@@ -111,10 +111,13 @@ class _FusableRecurrent(nn.Module):
                 gi = F.linear(layer_input, w_ih, b_ih)  # all steps at once
                 h = h0[index]
                 c = c0[index] if c0 is not None else None
-                steps = range(gi.shape[1]) if direction == 0 else reversed(range(gi.shape[1]))
-                out_steps = [None] * gi.shape[1]
+                # unbind once: indexing gi[:, t] in the loop would make every
+                # step's backward zero-fill a gi-sized gradient (quadratic in L).
+                gi_steps = gi.unbind(1)
+                steps = range(len(gi_steps)) if direction == 0 else reversed(range(len(gi_steps)))
+                out_steps = [None] * len(gi_steps)
                 for t in steps:
-                    h, c = self._cell(gi[:, t], h, c, w_hh, b_hh)
+                    h, c = self._cell(gi_steps[t], h, c, w_hh, b_hh)
                     out_steps[t] = h
                 outputs.append(torch.stack(out_steps, dim=1))
                 finals_h.append(h)

@@ -26,6 +26,7 @@ import os
 import platform
 import socket
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,7 +130,9 @@ class Search:
         )
         if list(self.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in self.directions]:
             raise HftaNasError(f"study '{self.study_name}' exists in the storage with other directions; choose another --study-name.")
-        self.study.set_metric_names(self.metrics)
+        with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.study.set_metric_names(self.metrics)
         self.study.set_user_attr("space_source", str(space.source))
         self.study.set_user_attr("space_text", space.text)
         self.study.set_user_attr("versions", {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__, "optuna": optuna.__version__})

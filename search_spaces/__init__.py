@@ -1,0 +1,55 @@
+"""Search spaces: the YAML file that says what to search, its validation, and its Optuna form.
+
+>>> from search_spaces import load_space, SHIPPED_SPACES
+>>> space = load_space(SHIPPED_SPACES["mnist1d_cnn"])
+>>> study = optuna.create_study(sampler=space.make_sampler(), pruner=space.make_pruner(),
+...                             directions=space.directions)
+>>> trial = study.ask()
+>>> config = space.resolve(space.suggest(trial))      # a ResolvedConfig: one candidate
+>>> config.train_kwargs()["hparams"]["lr"]
+
+Every problem with a file raises `SpaceError` (an `HftaNasError`) whose
+message reads `file:line: dotted.key: what was expected (got ...)`.
+The schema is documented key by key in search_spaces/README.md.
+"""
+
+from pathlib import Path
+
+from search_spaces._errors import Problem, SpaceError
+from search_spaces._resolved import ResolvedConfig
+from search_spaces._schema import (
+    DISTRIBUTIONS,
+    METRICS,
+    PRUNERS,
+    SAMPLERS,
+    Categorical,
+    Fixed,
+    IntLogUniform,
+    IntUniform,
+    LogUniform,
+    Uniform,
+)
+from search_spaces._space import SearchSpace, load_space, parse_space
+
+SHIPPED_SPACES: dict[str, Path] = {path.stem: path for path in sorted(Path(__file__).parent.glob("*.yaml"))}
+"""Name (file stem) -> path of every search space shipped in this folder."""
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "METRICS",
+    "PRUNERS",
+    "SAMPLERS",
+    "SHIPPED_SPACES",
+    "Categorical",
+    "Fixed",
+    "IntLogUniform",
+    "IntUniform",
+    "LogUniform",
+    "Problem",
+    "ResolvedConfig",
+    "SearchSpace",
+    "SpaceError",
+    "Uniform",
+    "load_space",
+    "parse_space",
+]

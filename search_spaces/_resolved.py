@@ -1,0 +1,298 @@
+"""One candidate, fully specified: what `hfta_nas.train` needs, and its config file.
+
+A `ResolvedConfig` is what a search space becomes once every searched
+parameter has a value (`SearchSpace.resolve`), and what `hfta-nas stability`
+reads back (`ResolvedConfig.from_file`). Defaults are written out (the
+family's config keys, the optimizer's hyper-parameters and flags, the
+schedule's arguments), so a saved config reproduces the run even if a
+default changes later.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfta_nas.models import FAMILIES, family_defaults
+from hfta_nas.optim import OPTIMIZERS, LRSchedule
+from search_spaces._checks import validate
+from search_spaces._errors import Problem, SpaceError
+from search_spaces._schema import SpaceFile, short, unknown_key_message
+from search_spaces._yaml import Loc, Where, dump_yaml, parse_yaml
+
+FILE_KEYS = ("model", "model_config", "dataset", "data", "optimizer", "hparams", "schedule", "epochs", "origin")
+DATA_KEYS = ("batch_size", "val_fraction", "test_fraction", "split_seed", "num_samples")
+_SCHEDULE_DEFAULTS = {
+    name: p.default for name, p in inspect.signature(LRSchedule.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
+}
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """Everything one candidate needs; the arguments of `hfta_nas.train` (plus the data split).
+
+    - model: a built-in family name or a user factory 'module:function' / 'file.py:function'
+    - model_config: the family's full config (defaults filled in) or the factory's keyword arguments
+    - dataset: a built-in dataset, a .npz/.csv path or 'module:function' (for `hfta_nas.data.load_dataset`)
+    - data: batch_size, val_fraction, test_fraction, split_seed, num_samples
+    - optimizer: a name in `hfta_nas.optim.OPTIMIZERS`
+    - hparams: every hyper-parameter and flag of that optimizer (betas split into beta1 / beta2)
+    - schedule: None, or `kind` plus every LRSchedule argument (cosine's t_max defaults to epochs)
+    - epochs: training epochs
+    - origin: where the config came from (study, trial, values, seeds, ...); informational,
+      not compared by `==`
+    """
+
+    model: str
+    model_config: dict[str, Any]
+    dataset: str
+    data: dict[str, Any]
+    optimizer: str
+    hparams: dict[str, Any]
+    schedule: dict[str, Any] | None
+    epochs: int
+    origin: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    # ------------------------------------------------------------ for the engine
+    def train_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `hfta_nas.train` except `dataset` and `seeds`.
+
+        Load the data with `load_dataset(cfg.dataset, **cfg.dataset_kwargs())` and
+        pass the `Dataset` (train's own `dataset=` string would ignore the split).
+        """
+        return {
+            "model": self.model,
+            "model_config": copy.deepcopy(self.model_config),
+            "optimizer": self.optimizer,
+            "hparams": dict(self.hparams),
+            "schedule": dict(self.schedule) if self.schedule is not None else None,
+            "epochs": self.epochs,
+            "batch_size": self.data["batch_size"],
+        }
+
+    def dataset_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `hfta_nas.data.load_dataset` after `source`."""
+        return {k: self.data[k] for k in ("val_fraction", "test_fraction", "split_seed", "num_samples")}
+
+    def optimizer_flags(self) -> dict[str, bool]:
+        """The optimizer's options shared by the whole array (nesterov, amsgrad, ...)."""
+        return {k: v for k, v in self.hparams.items() if k in OPTIMIZERS[self.optimizer].flags}
+
+    def slot_hparams(self) -> dict[str, float]:
+        """The hyper-parameters an array keeps per slot (lr, weight_decay, betas, ...)."""
+        return {k: v for k, v in self.hparams.items() if k not in OPTIMIZERS[self.optimizer].flags}
+
+    def shared_key(self) -> tuple:
+        """Candidates can share one array only when these are equal (and their models fuse).
+
+        The array has one dataset split, one batch size, one epoch count, one
+        optimizer class with one set of flags; lr, weight decay, schedule
+        arguments and model seeds may differ per slot.
+        """
+        return (
+            self.dataset,
+            tuple(sorted(self.data.items())),
+            self.epochs,
+            self.optimizer,
+            tuple(sorted(self.optimizer_flags().items())),
+            self.schedule is not None,
+        )
+
+    # --------------------------------------------------------------- as a file
+    def to_dict(self) -> dict[str, Any]:
+        data = copy.deepcopy(asdict(self))
+        if not data["origin"]:
+            del data["origin"]
+        return data
+
+    def to_yaml(self, header: str | None = None, **origin: Any) -> str:
+        """The config as YAML that `from_yaml` / `from_file` read back to an equal config.
+
+        `header` becomes comment lines on top; keyword arguments (e.g. `study=`,
+        `trial=`, `values=`, `seeds=`) are added to the `origin` mapping, which
+        is written last and read back as `origin`.
+        """
+        data = self.to_dict()
+        merged = {**self.origin, **origin}
+        data.pop("origin", None)
+        if merged:
+            data["origin"] = merged
+        text = dump_yaml(_plain(data))
+        if header:
+            text = "".join(f"# {line}\n" for line in header.splitlines()) + text
+        return text
+
+    def save(self, path: str | Path, header: str | None = None, **origin: Any) -> Path:
+        path = Path(path)
+        path.write_text(self.to_yaml(header, **origin), encoding="utf-8")
+        return path
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<string>") -> ResolvedConfig:
+        located = parse_yaml(text, source)
+        where = Where(source, located.lines, _to_file_loc)
+        file = validate(_as_space(located.data, where), where).file
+        origin = located.data.get("origin") or {}
+        return dataclasses.replace(build(file, {}), origin=origin)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ResolvedConfig:
+        """Read a config written by `to_yaml` (or by hand); `SpaceError` naming file, line and key."""
+        return cls.from_yaml(read_text(path), str(path))
+
+
+def read_text(path: str | Path) -> str:
+    source = str(path)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpaceError(Problem(source, None, "", f"file not found (looked for {Path(path).resolve()})")) from None
+    except IsADirectoryError:
+        raise SpaceError(Problem(source, None, "", "is a directory; expected a YAML file")) from None
+    except UnicodeDecodeError as error:
+        raise SpaceError(Problem(source, None, "", f"is not UTF-8 text ({error.reason} at byte {error.start})")) from None
+    except OSError as error:
+        raise SpaceError(Problem(source, None, "", f"cannot be read: {error.strerror or error}")) from None
+
+
+def _plain(value: Any) -> Any:
+    """Values safe for YAML: NumPy / torch scalars as Python numbers, tuples as lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if type(value) in (type(None), bool, int, float, str):  # exact: np.float64 is a float subclass
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if hasattr(value, "item"):
+        try:
+            return _plain(value.item())
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(value)
+
+
+# ---------------------------------------------------------------- file layout
+def _to_file_loc(loc: Loc) -> Loc:
+    """A location in the search-space layout -> the same setting in a config file."""
+    head, rest = loc[:2], loc[2:]
+    if loc[:1] == ("model",):
+        if loc[1:2] == ("config",):
+            return ("model_config", *rest)
+        return ("model",)
+    if loc[:1] == ("data",):
+        return ("dataset",) if loc[1:2] == ("dataset",) else loc
+    if loc[:1] == ("training",):
+        if head == ("training", "epochs"):
+            return ("epochs",)
+        if head == ("training", "optimizer"):
+            return ("optimizer",) if rest[:1] == ("name",) else ("hparams", *rest)
+        if head == ("training", "schedule"):
+            return ("schedule", *rest)
+        return ()
+    return loc
+
+
+def _as_space(data: Any, where: Where) -> dict[str, Any]:
+    """A config file's mapping in the search-space layout, so one validator checks both."""
+    if data is None:
+        raise where.error((), f"the file is empty; expected a config with keys {', '.join(FILE_KEYS)}")
+    if not isinstance(data, dict):
+        raise where.error((), f"expected a mapping with keys {', '.join(FILE_KEYS)}, got {type(data).__name__} {short(data)}")
+    problems = []
+    for key in data:
+        if key not in FILE_KEYS:
+            problems.append(where.problem((str(key),), unknown_key_message(key, list(FILE_KEYS))))
+    if "model" not in data:
+        problems.append(where.problem((), "missing required key 'model' (a family such as cnn1d, or 'module:function')"))
+    for key in ("model_config", "data", "hparams", "origin"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            problems.append(where.problem((key,), f"expected a mapping, got {short(data[key])} ({type(data[key]).__name__})"))
+    if data.get("schedule") is not None and not isinstance(data["schedule"], dict):
+        problems.append(where.problem(("schedule",), f"expected a mapping with 'kind' or null, got {short(data['schedule'])}"))
+    if isinstance(data.get("data"), dict) and "dataset" in data["data"]:
+        problems.append(where.problem(("data", "dataset"), "the dataset is the top-level key 'dataset', not data.dataset"))
+    if problems:
+        raise SpaceError(problems)
+    model = data["model"]
+    space: dict[str, Any] = {"model": {("factory" if isinstance(model, str) and ":" in model else "family"): model}}
+    if data.get("model_config") is not None:
+        space["model"]["config"] = data["model_config"]
+    space["data"] = dict(data.get("data") or {})
+    if "dataset" in data:
+        space["data"]["dataset"] = data["dataset"]
+    training: dict[str, Any] = {}
+    if "epochs" in data:
+        training["epochs"] = data["epochs"]
+    optimizer = dict(data.get("hparams") or {})
+    if "optimizer" in data:
+        optimizer["name"] = data["optimizer"]
+    training["optimizer"] = optimizer
+    if data.get("schedule") is not None:
+        training["schedule"] = data["schedule"]
+    space["training"] = training
+    return space
+
+
+# ------------------------------------------------------------- construction
+def _set(tree: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = tree
+    for part in parts[:-1]:
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = copy.deepcopy(value)
+
+
+def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
+    """The config of one candidate: `file`'s sections with `values` set at their dotted paths."""
+    training = file.training
+    tree: dict[str, Any] = {
+        "data": file.data.model_dump(),
+        "model": {"config": copy.deepcopy(file.model.config)},
+        "training": {
+            "epochs": training.epochs,
+            "optimizer": {"name": training.optimizer.name, **copy.deepcopy(training.optimizer.hparams)},
+            "schedule": (
+                {"kind": training.schedule.kind, **copy.deepcopy(training.schedule.args)}
+                if training.schedule is not None else None
+            ),
+        },
+    }
+    for path, value in values.items():
+        _set(tree, path, value)
+
+    family, factory = file.model.family, file.model.factory
+    config = tree["model"]["config"]
+    if family in FAMILIES and factory is None:
+        config = {**family_defaults(family), **config}
+    epochs = tree["training"]["epochs"]
+    hparams = dict(tree["training"]["optimizer"])
+    name = hparams.pop("name")
+    if "betas" in hparams:
+        hparams["beta1"], hparams["beta2"] = hparams.pop("betas")
+    cls = OPTIMIZERS[name]
+    hparams = {**cls.defaults, **cls.flags, **hparams}
+    schedule = tree["training"]["schedule"]
+    if schedule is not None:
+        schedule = {"kind": schedule["kind"], **_SCHEDULE_DEFAULTS, "t_max": epochs,
+                    **{k: v for k, v in schedule.items() if k != "kind"}}
+    data = {k: tree["data"][k] for k in DATA_KEYS}
+    return ResolvedConfig(
+        model=factory if factory is not None else family,
+        model_config=config,
+        dataset=tree["data"]["dataset"],
+        data=data,
+        optimizer=name,
+        hparams=hparams,
+        schedule=schedule,
+        epochs=epochs,
+    )
+

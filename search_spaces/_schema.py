@@ -1,0 +1,352 @@
+"""The search space file's sections and parameter distributions as pydantic models.
+
+Every model forbids unknown keys (a misspelt key is an error, never a silently
+ignored default) and is strict (`epochs: "10"` or `epochs: 10.5` is an error,
+not a guess). Values that depend on other sections (optimizer arguments,
+schedule arguments, model config keys) are checked afterwards by `_checks`,
+which knows the optimizer, schedule and family in use.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from search_spaces._yaml import Loc, Where
+
+# ------------------------------------------------------------------ value types
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
+UnitFactor = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+Metric = Literal["val_acc", "val_loss", "test_acc", "test_loss", "train_loss", "train_acc", "params", "latency_ms"]
+Direction = Literal["minimize", "maximize"]
+SamplerName = Literal["tpe", "random", "cmaes", "gp", "grid", "nsga2"]
+PrunerName = Literal["none", "median", "successive_halving", "hyperband"]
+
+METRICS: tuple[str, ...] = get_args(Metric)
+SAMPLERS: tuple[str, ...] = get_args(SamplerName)
+PRUNERS: tuple[str, ...] = get_args(PrunerName)
+DEFAULT_DIRECTION = {m: ("maximize" if m.endswith("_acc") else "minimize") for m in METRICS}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --------------------------------------------------------------------- sections
+class StudySpec(_Strict):
+    """What is optimised: metric names and their directions (filled in from the metrics)."""
+
+    name: str | None = None
+    metrics: Annotated[list[Metric], Field(min_length=1)] = ["val_acc"]
+    directions: list[Direction] | None = None
+
+
+class SamplerSpec(_Strict):
+    """The Optuna sampler; `kwargs` go to its class (defaults merged for tpe)."""
+
+    name: SamplerName = "tpe"
+    kwargs: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:  # `sampler: tpe` is short for `sampler: {name: tpe}`
+        return {"name": value} if isinstance(value, str) else value
+
+
+class PrunerSpec(_Strict):
+    """The Optuna pruner (None until filled: median, or none for multi-objective studies)."""
+
+    name: PrunerName | None = None
+    kwargs: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:  # `sampler: tpe` is short for `sampler: {name: tpe}`
+        return {"name": value} if isinstance(value, str) else value
+
+
+class BudgetSpec(_Strict):
+    """When the search stops: after `n_trials` trials or `timeout` seconds, whichever is first."""
+
+    n_trials: PositiveInt | None = 32
+    timeout: PositiveFloat | None = None
+
+
+class ArraySpec(_Strict):
+    """How many candidates train at once in one array ("auto": as many as fit)."""
+
+    size: int | str = 8
+
+    @field_validator("size", mode="plain")
+    @classmethod
+    def _size(cls, value: Any) -> int | str:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError("expected an integer >= 1 or 'auto'")
+
+
+class DataSpec(_Strict):
+    """The dataset and its split; `dataset` is a name, a .npz/.csv path or 'module:function'."""
+
+    dataset: str = "mnist1d"
+    batch_size: PositiveInt = 100
+    val_fraction: Fraction = 0.1
+    test_fraction: Fraction = 0.1
+    split_seed: NonNegativeInt = 0
+    num_samples: PositiveInt | None = None
+
+
+def _split_off(value: Any, main: str, rest: str) -> Any:
+    """`{main: x, a: 1}` -> `{main: x, rest: {a: 1}}`: flat in the file, split in Python."""
+    if isinstance(value, str):
+        return {main: value, rest: {}}
+    if isinstance(value, dict):
+        out = {rest: {k: v for k, v in value.items() if k != main}}
+        if main in value:
+            out[main] = value[main]
+        return out
+    return value
+
+
+class OptimizerSpec(_Strict):
+    """`{name: adam, lr: 1e-3, ...}`: the array optimizer and its hyper-parameters."""
+
+    name: str = "adam"
+    hparams: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, value: Any) -> Any:
+        return _split_off(value, "name", "hparams")
+
+
+class ScheduleSpec(_Strict):
+    """`{kind: cosine, t_max: 10, ...}`: an LRSchedule kind and its arguments."""
+
+    kind: str | None = None
+    args: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, value: Any) -> Any:
+        return _split_off(value, "kind", "args")
+
+
+class TrainingSpec(_Strict):
+    epochs: PositiveInt = 10
+    optimizer: OptimizerSpec = OptimizerSpec()
+    schedule: ScheduleSpec | None = None
+
+
+class ModelSpec(_Strict):
+    """A built-in `family` or a user `factory` ('module:function' or 'file.py:function'), and its config."""
+
+    family: str | None = None
+    factory: str | None = None
+    config: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"factory": value} if ":" in value else {"family": value}
+        if isinstance(value, dict) and value.get("config", 0) is None:
+            return {**value, "config": {}}
+        return value
+
+
+# ---------------------------------------------------------------- distributions
+class _Distribution(_Strict):
+    distribution: str
+
+
+class Uniform(_Distribution):
+    """Floats in [min, max] (on a grid of `step` from min when step is given)."""
+
+    distribution: Literal["uniform"]
+    min: FiniteFloat
+    max: FiniteFloat
+    step: PositiveFloat | None = None
+
+
+class LogUniform(_Distribution):
+    """Floats in [min, max], uniform in log space (min > 0)."""
+
+    distribution: Literal["log_uniform"]
+    min: FiniteFloat
+    max: FiniteFloat
+
+
+class IntUniform(_Distribution):
+    """Integers min, min+step, ..., max: both ends included."""
+
+    distribution: Literal["int_uniform"]
+    min: int
+    max: int
+    step: PositiveInt = 1
+
+
+class IntLogUniform(_Distribution):
+    """Integers in [min, max] (both included), uniform in log space (min >= 1)."""
+
+    distribution: Literal["int_log_uniform"]
+    min: int
+    max: int
+
+
+class Categorical(_Distribution):
+    """One of `values`; a value may be a list or mapping (e.g. a channels list)."""
+
+    distribution: Literal["categorical"]
+    values: Annotated[list[Any], Field(min_length=1)]
+
+
+class Fixed(_Strict):
+    """A parameter set to one value (written as a plain value in the file)."""
+
+    value: Any
+
+
+Distribution = Uniform | LogUniform | IntUniform | IntLogUniform | Categorical
+Param = Distribution | Fixed
+
+DISTRIBUTIONS: dict[str, type[_Distribution]] = {
+    "uniform": Uniform,
+    "log_uniform": LogUniform,
+    "int_uniform": IntUniform,
+    "int_log_uniform": IntLogUniform,
+    "categorical": Categorical,
+}
+
+# Names other tools use, so the error can say what this one is called.
+FOREIGN_DISTRIBUTIONS = {
+    "loguniform": "log_uniform",
+    "log-uniform": "log_uniform",
+    "reciprocal": "log_uniform",
+    "float": "uniform",
+    "quniform": "uniform (with 'step')",
+    "q_uniform": "uniform (with 'step')",
+    "randint": "int_uniform (note: here 'max' is included)",
+    "int": "int_uniform",
+    "integer": "int_uniform",
+    "qrandint": "int_uniform (with 'step')",
+    "int_loguniform": "int_log_uniform",
+    "lograndint": "int_log_uniform",
+    "choice": "categorical",
+    "choices": "categorical",
+    "constant": "a plain value (a fixed parameter)",
+    "fixed": "a plain value (a fixed parameter)",
+}
+FOREIGN_KEYS = {"low": "min", "high": "max", "lower": "min", "upper": "max", "choices": "values", "q": "step", "log": None}
+
+
+# --------------------------------------------------------- error descriptions
+_ROOT_KEYS = ("study", "sampler", "pruner", "budget", "array", "data", "training", "model", "seed", "params")
+
+
+def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str] | None:
+    """Keys accepted at `loc` (a path into `model`), for unknown-key messages."""
+    current: Any = model
+    for part in loc:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        info = current.model_fields.get(str(part))
+        if info is None:
+            return None
+        current = next((a for a in (info.annotation, *get_args(info.annotation)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        return None
+    if current is OptimizerSpec:
+        return None
+    return list(current.model_fields)
+
+
+def short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def unknown_key_message(key: Any, allowed: list[str], hints: dict[str, str | None] | None = None) -> str:
+    hint = ""
+    if hints and str(key) in hints and hints[str(key)]:
+        hint = f" (did you mean '{hints[str(key)]}'?)"
+    else:
+        close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+        if close:
+            hint = f" (did you mean '{close[0]}'?)"
+    return f"unknown key '{key}'{hint}; allowed keys: {', '.join(allowed)}"
+
+
+def describe_error(item: dict[str, Any], allowed: list[str] | None) -> str:
+    """One pydantic error as `what was expected, got what`."""
+    kind, got = item["type"], item.get("input")
+    loc = item["loc"]
+    if kind == "extra_forbidden":
+        return unknown_key_message(loc[-1] if loc else "?", allowed or [], FOREIGN_KEYS)
+    if kind == "missing":
+        return f"missing required key '{loc[-1]}'" if loc else "missing value"
+    message = item["msg"].removeprefix("Value error, ")
+    message = message.replace("Input should be", "expected").replace("input should be", "expected")
+    if kind == "literal_error":
+        choices = [c.strip("'") for c in item.get("ctx", {}).get("expected", "").replace(" or ", ", ").split(", ")]
+        close = difflib.get_close_matches(str(got), choices, n=1) if isinstance(got, str) else []
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return f"expected one of {', '.join(repr(c) for c in choices)}, got {short(got)}{hint}"
+    ctx = item.get("ctx") or {}
+    plain = {
+        "dict_type": "expected a mapping (key: value lines)",
+        "model_type": "expected a mapping (key: value lines)",
+        "model_attributes_type": "expected a mapping (key: value lines)",
+        "list_type": "expected a list",
+        "tuple_type": "expected a list",
+        "int_type": "expected an integer",
+        "float_type": "expected a number",
+        "string_type": "expected a string",
+        "bool_type": "expected true or false",
+        "finite_number": "expected a finite number",
+        "greater_than_equal": f"expected a value >= {ctx.get('ge')}",
+        "greater_than": f"expected a value > {ctx.get('gt')}",
+        "less_than_equal": f"expected a value <= {ctx.get('le')}",
+        "less_than": f"expected a value < {ctx.get('lt')}",
+        "too_short": f"expected at least {ctx.get('min_length')} item(s)",
+        "too_long": f"expected at most {ctx.get('max_length')} item(s)",
+    }
+    message = plain.get(kind, message)
+    return f"{message}, got {short(got)} ({type(got).__name__})"
+
+
+def validation_problems(where: Where, error: ValidationError, model: type[BaseModel], prefix: Loc = ()) -> list:
+    problems = []
+    for item in error.errors():
+        loc = tuple(p for p in item["loc"] if p != "[key]")
+        allowed = _allowed_keys(model, loc[:-1]) if item["type"] == "extra_forbidden" else None
+        if item["type"] == "extra_forbidden" and not prefix and len(loc) == 1:
+            allowed = list(_ROOT_KEYS)
+        # An unknown key first: it usually explains the missing one next to it (low: -> min).
+        rank = 0 if item["type"] == "extra_forbidden" else 1
+        problems.append((rank, where.problem((*prefix, *loc), describe_error(item, allowed))))
+    problems.sort(key=lambda p: (p[1].line or 0, p[0]))
+    return [problem for _, problem in problems]
+
+
+class SpaceFile(_Strict):
+    """The top level of a search space file (what the YAML may contain)."""
+
+    study: StudySpec = StudySpec()
+    sampler: SamplerSpec = SamplerSpec()
+    pruner: PrunerSpec = PrunerSpec()
+    budget: BudgetSpec = BudgetSpec()
+    array: ArraySpec = ArraySpec()
+    data: DataSpec = DataSpec()
+    training: TrainingSpec = TrainingSpec()
+    model: ModelSpec = ModelSpec()
+    seed: NonNegativeInt | None = 0
+    params: dict[str, Any] = {}

@@ -1,0 +1,266 @@
+"""`SearchSpace`: a validated search space file and its conversion to Optuna.
+
+Parameter names in Optuna (and so in the storage and the dashboard) are the
+dotted paths of the file, e.g. `training.optimizer.lr`. Categorical choices
+that are lists or mappings (a `channels` list) are stored in Optuna as their
+JSON text ("[16, 32]"), because Optuna choices must be None, bool, int, float
+or str; `suggest`, `decode` and `resolve` give the original values back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from pydantic import PrivateAttr
+
+from search_spaces import _optuna
+from search_spaces._checks import encode_choice, grid_space, json_able, validate
+from search_spaces._errors import Problem, SpaceError
+from search_spaces._resolved import ResolvedConfig, build, read_text
+from search_spaces._schema import (
+    ArraySpec,
+    BudgetSpec,
+    Categorical,
+    DataSpec,
+    Distribution,
+    Fixed,
+    IntLogUniform,
+    IntUniform,
+    LogUniform,
+    ModelSpec,
+    NonNegativeInt,
+    Param,
+    PrunerSpec,
+    SamplerSpec,
+    SpaceFile,
+    StudySpec,
+    TrainingSpec,
+    Uniform,
+    _Strict,
+    short,
+)
+from search_spaces._yaml import Loc, Where, parse_yaml
+
+
+class SearchSpace(_Strict):
+    """A search space file, validated. Build one with `load_space` or `parse_space`.
+
+    The sections hold the fixed settings; `params` maps dotted paths to a
+    distribution (searched) or a `Fixed` value, which override the sections.
+    `text` is the file as written (store it with the study), `source` its name.
+    """
+
+    study: StudySpec
+    sampler: SamplerSpec
+    pruner: PrunerSpec
+    budget: BudgetSpec
+    array: ArraySpec
+    data: DataSpec
+    training: TrainingSpec
+    model: ModelSpec
+    seed: NonNegativeInt | None
+    params: dict[str, Param]
+    text: str
+    source: str
+    _lines: dict[Loc, int] = PrivateAttr(default_factory=dict)  # key lines, for errors found later
+
+    # ------------------------------------------------------------- the params
+    @property
+    def searched(self) -> dict[str, Distribution]:
+        """The searched params (those with a distribution), in file order."""
+        return {path: p for path, p in self.params.items() if not isinstance(p, Fixed)}
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        """The params given a plain value in the file."""
+        return {path: p.value for path, p in self.params.items() if isinstance(p, Fixed)}
+
+    @property
+    def directions(self) -> list[str]:
+        """One Optuna direction per metric (always filled in)."""
+        return list(self.study.directions or [])
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        """Optuna distributions of the searched params, keyed by dotted path."""
+        return {path: _distribution(param) for path, param in self.searched.items()}
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        """Ask `trial` for every searched param; {dotted path: value} with list/dict choices decoded."""
+        values: dict[str, Any] = {}
+        for path, param in self.searched.items():
+            if isinstance(param, Uniform):
+                values[path] = trial.suggest_float(path, param.min, param.max, step=param.step)
+            elif isinstance(param, LogUniform):
+                values[path] = trial.suggest_float(path, param.min, param.max, log=True)
+            elif isinstance(param, IntUniform):
+                values[path] = trial.suggest_int(path, param.min, param.max, step=param.step)
+            elif isinstance(param, IntLogUniform):
+                values[path] = trial.suggest_int(path, param.min, param.max, log=True)
+            else:
+                choices = [encode_choice(v) for v in param.values]
+                values[path] = _decode_choice(param, trial.suggest_categorical(path, choices))
+        return values
+
+    def encode(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """{dotted path: value} as Optuna stores it (for FixedTrial, enqueue_trial, ...)."""
+        return {
+            path: encode_choice(value) if isinstance(self.params.get(path), Categorical) else value
+            for path, value in values.items()
+        }
+
+    def decode(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Optuna's `trial.params` back to file values (JSON text of list/dict choices -> the list/dict)."""
+        return {
+            path: _decode_choice(param, value) if isinstance(param := self.params.get(path), Categorical) else value
+            for path, value in params.items()
+        }
+
+    def resolve(self, values: Mapping[str, Any]) -> ResolvedConfig:
+        """The candidate with these searched values: fixed settings and `values` merged at their paths.
+
+        `values` must give every searched param (as `suggest` returns them, or
+        Optuna's `trial.params`); a value outside its distribution is an error.
+        """
+        if not isinstance(values, Mapping):
+            message = f"resolve needs a mapping of dotted paths to values, got {type(values).__name__}"
+            raise SpaceError(Problem(self.source, None, "", message))
+        where = Where(self.source, self._lines)
+        searched = self.searched
+        problems = []
+        for path in values:
+            if path not in searched:
+                what = "is fixed in the file" if path in self.params else "is not a param of this space"
+                problems.append(where.problem(("params", str(path)), f"got a value for '{path}', which {what}; "
+                                              f"searched params: {', '.join(searched) or 'none'}"))
+        for path in searched:
+            if path not in values:
+                problems.append(where.problem(("params", path), f"no value given for searched param '{path}'"))
+        if problems:
+            raise SpaceError(problems)
+        chosen: dict[str, Any] = dict(self.fixed)
+        for path, param in searched.items():
+            value, message = _checked_value(param, values[path])
+            if message:
+                problems.append(where.problem(("params", path), message))
+            chosen[path] = value
+        if problems:
+            raise SpaceError(problems)
+        return build(self._file(), chosen)
+
+    def default_config(self) -> ResolvedConfig | None:
+        """The config when nothing is searched (every param fixed); None otherwise."""
+        return None if self.searched else self.resolve({})
+
+    # --------------------------------------------------------------- Optuna
+    def make_sampler(self, seed: int | None = None) -> optuna.samplers.BaseSampler:
+        """The configured sampler, seeded with `seed` (default: the file's `seed`)."""
+        name = self.sampler.name
+        missing = _optuna.missing_packages(name)
+        if missing:
+            raise Where(self.source, self._lines).error(
+                ("sampler", "name"), f"sampler '{name}' needs the package(s) {', '.join(missing)}: "
+                                     f"pip install {' '.join(missing)}")
+        grid = grid_space(self.params) if name == "grid" else None
+        return _optuna.build_sampler(name, self.sampler.kwargs, self.seed if seed is None else seed, grid)
+
+    def make_pruner(self) -> optuna.pruners.BasePruner:
+        """The configured pruner (NopPruner for 'none' and, by default, for multi-objective studies)."""
+        return _optuna.build_pruner(self.pruner.name or "median", self.pruner.kwargs)
+
+    @property
+    def grid_size(self) -> int | None:
+        """Number of grid points for the grid sampler (None for other samplers)."""
+        if self.sampler.name != "grid":
+            return None
+        return math.prod(len(v) for v in grid_space(self.params).values())
+
+    def _file(self) -> SpaceFile:
+        return SpaceFile.model_construct(
+            study=self.study, sampler=self.sampler, pruner=self.pruner, budget=self.budget, array=self.array,
+            data=self.data, training=self.training, model=self.model, seed=self.seed, params={},
+        )
+
+
+def _distribution(param: Distribution) -> BaseDistribution:
+    if isinstance(param, Uniform):
+        return FloatDistribution(param.min, param.max, step=param.step)
+    if isinstance(param, LogUniform):
+        return FloatDistribution(param.min, param.max, log=True)
+    if isinstance(param, IntUniform):
+        return IntDistribution(param.min, param.max, step=param.step)
+    if isinstance(param, IntLogUniform):
+        return IntDistribution(param.min, param.max, log=True)
+    return CategoricalDistribution([encode_choice(v) for v in param.values])
+
+
+def _decode_choice(param: Categorical, value: Any) -> Any:
+    if isinstance(value, str):
+        for choice in param.values:
+            if not isinstance(choice, str) and encode_choice(choice) == value:
+                return choice
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """NumPy scalars (from a sampler or a dataframe) as Python scalars; tuples as lists."""
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _choice_key(value: Any) -> Any:
+    return encode_choice(value) if json_able(value) else ("not a choice", id(value))
+
+
+def _checked_value(param: Distribution, value: Any) -> tuple[Any, str | None]:
+    """(the value as the file writes it, or the problem with it)."""
+    number = _plain(value)
+    if isinstance(param, Categorical):
+        key = _choice_key(_decode_choice(param, number))
+        for choice in param.values:
+            if _choice_key(choice) == key:
+                return choice, None
+        return value, f"{short(value)} is not one of the choices {short(param.values, 120)}"
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        return value, f"expected a number, got {short(value)} ({type(value).__name__})"
+    if isinstance(param, (IntUniform, IntLogUniform)):
+        if not float(number).is_integer():
+            return value, f"expected an integer, got {short(value)}"
+        number = int(number)
+        step = param.step if isinstance(param, IntUniform) else 1
+        if not param.min <= number <= param.max or (number - param.min) % step:
+            grid = f" with step {step}" if step != 1 else ""
+            return value, f"{number} is outside [{param.min}, {param.max}]{grid}"
+        return number, None
+    number = float(number)
+    tolerance = 1e-12 * max(1.0, abs(param.min), abs(param.max))
+    if not param.min - tolerance <= number <= param.max + tolerance:
+        return value, f"{number} is outside [{param.min}, {param.max}]"
+    return number, None
+
+
+def parse_space(text: str, source: str = "<string>") -> SearchSpace:
+    """Validate search space YAML `text`; `source` names it in errors (a file path)."""
+    located = parse_yaml(text, source)
+    where = Where(source, located.lines)
+    checked = validate(located.data, where)
+    file = checked.file
+    space = SearchSpace(
+        study=file.study, sampler=file.sampler, pruner=file.pruner, budget=file.budget, array=file.array,
+        data=file.data, training=file.training, model=file.model, seed=file.seed, params=checked.params,
+        text=text, source=source,
+    )
+    space._lines = located.lines
+    return space
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Read and validate the search space file at `path`; `SpaceError` names the file, line and key."""
+    return parse_space(read_text(path), str(path))

@@ -1,0 +1,193 @@
+"""The search driver against Optuna: every trial told, arrays grouped by shape,
+results equal to training the same candidate alone, resume and retry."""
+
+import json
+
+import optuna
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from optuna.trial import TrialState
+
+import hfta_nas
+from cli import main
+from hfta_nas.search import run_search, trial_seeds
+from search_spaces import parse_space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def space_text(**overrides):
+    space = {
+        "study": {"name": "tiny", "metrics": ["val_acc"]},
+        "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 2}},
+        "pruner": {"name": "none"},
+        "budget": {"n_trials": 6},
+        "array": {"size": 3},
+        "data": {"dataset": "digits", "batch_size": 64},
+        "training": {"epochs": 2, "optimizer": {"name": "adam", "lr": 1e-3}},
+        "model": {"family": "mlp", "config": {"depth": 1}},
+        "seed": 7,
+        "params": {
+            "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
+            "model.config.width": {"distribution": "categorical", "values": [16, 32]},
+        },
+    }
+    for key, value in overrides.items():
+        space[key] = value
+    return yaml.safe_dump(space)
+
+
+def search(tmp_path, text=None, **options):
+    space = parse_space(text or space_text(), source=str(tmp_path / "space.yaml"))
+    options.setdefault("storage", str(tmp_path / "study.journal"))
+    options.setdefault("out_dir", tmp_path / "out")
+    return run_search(space, **options)
+
+
+def load_study(tmp_path, name="tiny"):
+    from hfta_nas.search import open_storage
+
+    return optuna.load_study(study_name=name, storage=open_storage(str(tmp_path / "study.journal"))[0])
+
+
+def test_every_trial_is_told_with_its_attributes(tmp_path):
+    summary = search(tmp_path)
+    study = load_study(tmp_path)
+    assert len(study.trials) == 6
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    for trial in study.trials:
+        attrs = trial.user_attrs
+        for key in ("array_id", "slot", "signature", "seed_init", "seed_data", "seed_dropout", "epochs_run", "wall_time_s", "samples_per_s"):
+            assert key in attrs, key
+        assert attrs["epochs_run"] == 2
+        assert sorted(trial.intermediate_values) == [1, 2]
+    assert study.metric_names == ["val_acc"]
+    assert "model" in study.user_attrs["space_text"] and "torch" in study.user_attrs["versions"]
+    # trials sharing an array share a signature (same width), and arrays were full
+    by_array = {}
+    for trial in study.trials:
+        by_array.setdefault(trial.user_attrs["array_id"], set()).add(trial.user_attrs["signature"])
+    assert all(len(signatures) == 1 for signatures in by_array.values())
+    assert summary.mean_occupancy == pytest.approx(1.0)
+    assert summary.trials == {"COMPLETE": 6} and summary.best[0]["number"] == study.best_trial.number
+
+
+def test_a_trial_equals_its_candidate_trained_alone(tmp_path):
+    search(tmp_path, dtype="float64")
+    study = load_study(tmp_path)
+    trial = study.trials[4]
+    seeds = trial_seeds(7, trial.number)
+    assert seeds == {s: trial.user_attrs[f"seed_{s}"] for s in ("init", "data", "dropout")}
+    alone = hfta_nas.train(
+        "mlp", model_config={"depth": 1, "width": trial.params["model.config.width"]}, dataset="digits",
+        seeds=[seeds["init"]], data_seeds=[seeds["data"]], dropout_seeds=[seeds["dropout"]],
+        optimizer="adam", hparams={"lr": trial.params["training.optimizer.lr"]}, epochs=2, batch_size=64, dtype="float64",
+    )
+    assert trial.value == pytest.approx(alone.results[0].final["val_acc"], abs=1e-12)
+    assert trial.intermediate_values[1] == pytest.approx(alone.results[0].history[0]["val_acc"], abs=1e-12)
+
+
+def test_best_trial_is_exported_as_config_and_weights(tmp_path):
+    from search_spaces import ResolvedConfig
+
+    search(tmp_path)
+    study = load_study(tmp_path)
+    config = ResolvedConfig.from_file(tmp_path / "out" / "best_config.yaml")
+    assert config.hparams["lr"] == pytest.approx(study.best_trial.params["training.optimizer.lr"])
+    assert config.model_config["width"] == study.best_trial.params["model.config.width"]
+    state = torch.load(tmp_path / "out" / "best_weights.pt")
+    model = hfta_nas.models.build_model("mlp", config.model_config, input_shape=(1, 8, 8), num_classes=10)
+    model.load_state_dict(state)
+
+
+def test_rerun_resumes_and_the_budget_counts_finished_trials(tmp_path):
+    search(tmp_path, n_trials=3)
+    first = [(t.number, t.value) for t in load_study(tmp_path).trials]
+    summary = search(tmp_path, n_trials=5)
+    study = load_study(tmp_path)
+    assert len(study.trials) == 5 and summary.trials == {"COMPLETE": 5}
+    assert [(t.number, t.value) for t in study.trials[:3]] == first
+
+
+def test_trials_left_running_by_a_killed_run_are_failed_and_retried(tmp_path):
+    search(tmp_path, n_trials=2)
+    study = load_study(tmp_path)
+    orphan = study.ask()  # what a SIGKILL mid-array leaves behind
+    orphan.suggest_float("training.optimizer.lr", 1e-3, 3e-2, log=True)
+    search(tmp_path, n_trials=4)
+    study = load_study(tmp_path)
+    states = [t.state for t in study.trials]
+    assert TrialState.RUNNING not in states
+    assert study.trials[orphan.number].state == TrialState.FAIL
+    assert "interrupted" in study.trials[orphan.number].user_attrs["fail_reason"]
+    assert sum(s == TrialState.COMPLETE for s in states) == 4  # the retry does not eat the budget
+    retried = [t for t in study.trials if t.number > orphan.number and t.params.get("training.optimizer.lr") == orphan.params["training.optimizer.lr"]]
+    assert retried
+
+
+def test_pruned_slots_are_refilled_with_new_trials(tmp_path):
+    text = space_text(pruner={"name": "successive_halving", "kwargs": {"min_resource": 1, "reduction_factor": 3}},
+                      training={"epochs": 3, "optimizer": {"name": "adam", "lr": 1e-3}}, budget={"n_trials": 9})
+    summary = search(tmp_path, text)
+    study = load_study(tmp_path)
+    states = [t.state for t in study.trials]
+    assert len(states) == 9 and TrialState.RUNNING not in states
+    assert TrialState.PRUNED in states
+    assert any("refilled_after" in t.user_attrs for t in study.trials)
+    assert summary.trials.get("PRUNED", 0) == states.count(TrialState.PRUNED)
+
+
+def test_diverging_trials_fail_with_a_reason(tmp_path):
+    text = space_text(params={"training.optimizer.lr": {"distribution": "categorical", "values": [1e-3, 1e12]}},
+                      training={"epochs": 2, "optimizer": {"name": "sgd", "lr": 1e-3}}, budget={"n_trials": 6})
+    search(tmp_path, text)
+    study = load_study(tmp_path)
+    for trial in study.trials:
+        if trial.params["training.optimizer.lr"] > 1:
+            assert trial.state == TrialState.FAIL and "non-finite" in trial.user_attrs["fail_reason"]
+        else:
+            assert trial.state == TrialState.COMPLETE
+
+
+def test_multi_objective_search_has_a_pareto_front(tmp_path):
+    text = space_text(study={"name": "tiny", "metrics": ["val_acc", "params"], "directions": ["maximize", "minimize"]},
+                      sampler={"name": "nsga2", "kwargs": {"population_size": 4}})
+    summary = search(tmp_path, text)
+    study = load_study(tmp_path)
+    assert all(len(t.values) == 2 for t in study.trials)
+    widths = {t.params["model.config.width"]: t.values[1] for t in study.trials}
+    assert all(widths[w] == hfta_nas.models.count_parameters(hfta_nas.models.build_model(
+        "mlp", {"depth": 1, "width": w}, input_shape=(1, 8, 8), num_classes=10)) for w in widths)
+    assert summary.best and all(set(b["values"]) == {"val_acc", "params"} for b in summary.best)
+
+
+def test_cli_search_json_and_dashboard_hint(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(space_text(budget={"n_trials": 3}))
+    result = CliRunner().invoke(main, ["search", str(path), "--storage", str(tmp_path / "s.journal"), "--out", str(tmp_path / "o"), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["trials"] == {"COMPLETE": 3}
+    assert summary["dashboard"] == f"optuna-dashboard {tmp_path / 's.journal'}"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot open storage"),
+    (["--array-size", "many"], "expected an integer or 'auto'"),
+    (["--n-trials", "0"], "n_trials must be a positive number"),
+])
+def test_cli_search_errors_exit_2(tmp_path, args, message):
+    path = tmp_path / "space.yaml"
+    path.write_text(space_text())
+    result = CliRunner().invoke(main, ["search", str(path), "--storage", str(tmp_path / "s.journal"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_cli_search_bad_yaml_names_the_line(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text("study:\n  name: x\nparams:\n  training.optimizer.lr: {distribution: log_uniform, min: 0.1, max: 0.01}\n")
+    result = CliRunner().invoke(main, ["search", str(path)])
+    assert result.exit_code == 2 and "space.yaml:4" in result.output and "Traceback" not in result.output
