@@ -3,7 +3,7 @@
 The default is an Optuna journal file (`runs/hfta-nas.journal`): no server,
 append-only writes under a file lock, safe for several processes on one
 machine, and optuna-dashboard opens it directly. Measured on this project's
-2-core CI machine (`python -m benchmarks.storage`): about 12 ms per trial of
+2-core CI machine (`python benchmarks/storage.py`): about 12 ms per trial of
 21 writes for the journal file against 130 ms for SQLite, and 4 concurrent
 writers lost nothing on either (the journal stayed ~10x cheaper). Any other
 Optuna storage URL (sqlite:///..., postgresql://...) is accepted as it is.
