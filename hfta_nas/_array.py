@@ -25,7 +25,6 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from hfta_nas._slot_layers import init_slot_randomness, make_fusable
-from hfta_nas._slot_random import slot_keys
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
 
 

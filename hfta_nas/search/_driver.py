@@ -21,9 +21,9 @@ hyperband compare trials at each rung as they report, lockstep or not.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
-import platform
 import socket
 import time
 import warnings
@@ -232,13 +232,10 @@ class Search:
         return group[:size]
 
     def _dataset(self, config: Any) -> Dataset:
-        key = repr((str(config.dataset), sorted(config.data.items())))
+        kwargs = config.dataset_kwargs()
+        key = repr((str(config.dataset), sorted(kwargs.items())))
         if key not in self._datasets:
-            data = config.data
-            self._datasets[key] = load_dataset(
-                config.dataset, val_fraction=data.get("val_fraction", 0.1), test_fraction=data.get("test_fraction", 0.1),
-                split_seed=data.get("split_seed", 0), num_samples=data.get("num_samples"), device=self.device, dtype=self.dtype,
-            )
+            self._datasets[key] = load_dataset(config.dataset, **kwargs, device=self.device, dtype=self.dtype)
         return self._datasets[key]
 
     # ----------------------------------------------------------------- training
@@ -397,7 +394,7 @@ class Search:
 
 
 def _slot_hparams(config: Any) -> dict[str, float]:
-    hparams = {k: v for k, v in config.hparams.items() if k not in OPTIMIZERS[config.optimizer].flags}
+    hparams = config.slot_hparams()
     if "betas" in hparams:
         hparams["beta1"], hparams["beta2"] = hparams.pop("betas")
     return hparams
@@ -424,8 +421,8 @@ def _per_slot_schedule(optimizer: Any, configs: list[Any]) -> LRSchedule | None:
         return None
     schedules = [_slot_schedule(c) for c in configs]
     names = sorted({k for s in schedules for k in s if k != "kind"})
-    defaults = {"step_size": 1, "gamma": 0.1, "t_max": 1, "eta_min": 0.0, "warmup_steps": 0, "warmup_start_factor": 1.0 / 3.0}
-    args = {name: [s.get(name, defaults[name]) for s in schedules] for name in names}
+    defaults = inspect.signature(LRSchedule).parameters
+    args = {name: [s.get(name, defaults[name].default) for s in schedules] for name in names}
     return LRSchedule(optimizer, [s["kind"] for s in schedules], **args)
 
 
@@ -441,7 +438,3 @@ def _latency_ms(model: torch.nn.Module, data: Dataset, repeats: int = 20) -> flo
             model(x)
             times.append(time.perf_counter() - start)
     return float(np.median(times) * 1000)
-
-
-def describe_machine() -> dict[str, Any]:
-    return {"host": platform.node(), "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
