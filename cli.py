@@ -74,7 +74,14 @@ def _key_values(pairs: tuple[str, ...], name: str) -> dict[str, Any]:
     return result
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _FriendlyGroup(click.Group):
+    """User errors from any subcommand (nested groups included) end as `error: ...`, exit 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        return _friendly_errors(super().invoke)(ctx)
+
+
+@click.group(cls=_FriendlyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="hfta-nas")
 def main() -> None:
     """hfta-nas: train many candidate models at once as one horizontally fused array.
@@ -267,19 +274,57 @@ def _print_search_summary(summary: Any) -> None:
 
 @main.command()
 @click.option("--storage", default=None, help="Optuna storage URL or journal file [default: runs/hfta-nas.journal].")
+@click.option("--artifact-dir", default=None, type=click.Path(file_okay=False), help="Where stability reports are stored as artifacts [default: artifacts/ beside the journal file, else runs/artifacts].")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
 @_friendly_errors
-def dashboard(storage, host, port) -> None:
-    """Start optuna-dashboard on a search's storage."""
+def dashboard(storage, artifact_dir, host, port) -> None:
+    """Start optuna-dashboard on a search's (or stability study's) storage."""
+    from pathlib import Path
+
     import optuna_dashboard
+    from optuna.artifacts import FileSystemArtifactStore
 
     from hfta_nas.search import open_storage
+    from stability._study import default_artifact_dir
 
     opened, location = open_storage(storage)
-    click.echo(f"optuna-dashboard on {location}: http://{host}:{port}/")
-    optuna_dashboard.run_server(opened, host=host, port=port)
+    artifacts = Path(artifact_dir) if artifact_dir else default_artifact_dir(location)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    click.echo(f"optuna-dashboard on {location} (artifacts in {artifacts}): http://{host}:{port}/")
+    optuna_dashboard.run_server(opened, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts)))
 
+
+_BENCHMARKS = {"throughput": "benchmarks.throughput", "stability": "benchmarks.stability"}
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.argument("which", required=False, default="throughput")
+@click.pass_context
+def bench(ctx: click.Context, which: str) -> None:
+    """Run a benchmark: `throughput` (default; serial, processes, vmap recipe, array and
+    the fused limit) or `stability` (a 32-seed array against 32 plain PyTorch runs).
+    Arguments after it go to the benchmark: `hfta-nas bench throughput --quick`,
+    `hfta-nas bench stability --help`."""
+    import importlib
+
+    args = list(ctx.args)
+    if which not in _BENCHMARKS:
+        if which.startswith("-"):  # `hfta-nas bench --quick`: options of the default benchmark
+            args, which = [which, *args], "throughput"
+        else:
+            raise click.BadParameter(f"expected one of {', '.join(_BENCHMARKS)}, got {which!r}", param_hint="WHICH")
+    sys.exit(importlib.import_module(_BENCHMARKS[which]).main(args))
+
+
+def _add_stability_commands() -> None:
+    from stability._cli import report, stability
+
+    main.add_command(stability)
+    main.add_command(report)
+
+
+_add_stability_commands()
 
 if __name__ == "__main__":
     main()

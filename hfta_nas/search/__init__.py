@@ -1,7 +1,7 @@
 """The Optuna search driver: candidates grouped by shape signature, trained as arrays."""
 
 from hfta_nas.search._driver import Search, SearchSummary, trial_seeds
-from hfta_nas.search._export import atomic_write_text, save_weights
+from hfta_nas._files import atomic_write_text, save_weights
 from hfta_nas.search._signature import shape_signature
 from hfta_nas.search._storage import DEFAULT_STORAGE, dashboard_command, open_storage
 

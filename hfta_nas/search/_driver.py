@@ -45,7 +45,7 @@ from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import count_parameters, resolve_model
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
-from hfta_nas.search._export import atomic_write_text, save_weights
+from hfta_nas._files import atomic_write_text, save_weights
 from hfta_nas.search._signature import shape_signature
 from hfta_nas.search._storage import dashboard_command, open_storage
 

@@ -31,5 +31,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     _atomic(Path(path), lambda stream: stream.write(text.encode()))
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    _atomic(Path(path), lambda stream: stream.write(data))
+
+
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
     _atomic(Path(path), lambda stream: torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, stream))

@@ -1,0 +1,194 @@
+"""From a StabilityResult to its Analysis: the figures of `_stats`, arranged into the frames
+documented on `stability._result.Analysis`.
+
+Only completed seeds enter a figure. A seed that failed, or completed with a non-finite value
+of a metric, is counted in that row's `n_failed` so the report shows it: dropping diverged
+seeds silently would make a fragile configuration look stable. Every frame keeps its
+documented columns even when it has no rows, so the writers never special-case.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from stability import _stats
+from stability._result import METRICS, SOURCES, Analysis, StabilityResult
+
+ALPHA = 0.05  # significance level of the power analysis
+POWER = 0.8  # power the power analysis asks for
+
+SUMMARY_COLUMNS = ("config", "design", "metric", "n", "n_failed", "mean", "std", "sem", "ci_t_low", "ci_t_high",
+                   "ci_bca_low", "ci_bca_high", "median", "q1", "q3", "iqr", "iqm", "min", "max", "range", "cv",
+                   "normality_stat", "normality_p", "n_outliers", "outliers", "best_of_k", "noise_floor_std",
+                   "variance_ratio")
+PER_EPOCH_COLUMNS = ("config", "design", "metric", "epoch", "n", "mean", "std", "ci_low", "ci_high")
+COMPARISON_COLUMNS = ("metric", "a", "b", "mean_diff", "welch_t", "welch_p", "mwu_u", "mwu_p", "cohen_d",
+                      "cliff_delta", "p_a_gt_b", "p_a_gt_b_low", "p_a_gt_b_high", "aso_eps_min", "p_holm")
+RANKING_COLUMNS = ("metric", "rank", "config", "mean", "ci_low", "ci_high")
+POWER_COLUMNS = ("config", "metric", "std", "n", "min_detectable_diff")
+# `config` is not in the contract's list, but a study of several configurations run with
+# --decompose has one decomposition per configuration, and without it their rows would collide.
+DECOMPOSITION_COLUMNS = ("config", "metric", "source", "variance", "ci_low", "ci_high", "share")
+
+
+def analyse(result: StabilityResult, *, confidence: float = 0.95, bootstrap_seed: int | None = None,
+            n_resamples: int = 9999, differences: Sequence[float] = (0.005, 0.01, 0.02)) -> Analysis:
+    """Every statistic of the report, computed once; `bootstrap_seed` defaults to the study's own
+    (metadata "bootstrap_seed", else 0) so a report rebuilt from the saved result is identical."""
+    if bootstrap_seed is None:
+        bootstrap_seed = result.metadata.get("bootstrap_seed") or 0
+    seeds = result.seeds
+    metrics = _metrics(seeds)
+    common = {"confidence": confidence, "bootstrap_seed": int(bootstrap_seed), "n_resamples": n_resamples}
+    summary = _summary(seeds, metrics, result.metadata, **common)
+    return Analysis(
+        summary=summary,
+        per_epoch=_per_epoch(result.curves, seeds, confidence),
+        comparisons=_comparisons(seeds, metrics, **common),
+        ranking=_ranking(summary),
+        power=_power(summary, differences),
+        decomposition=_decomposition(seeds, metrics, confidence),
+        settings={**common, "alpha": ALPHA, "power": POWER},
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _metrics(seeds: pd.DataFrame) -> list[str]:
+    """The metrics this study recorded: the standard ones first, then any other *_acc / *_loss column.
+    A metric no completed seed has a value for (val_* without a validation split) is left out."""
+    extra = [c for c in seeds.columns if c.endswith(("_acc", "_loss")) and c not in METRICS]
+    completed = seeds[seeds["status"] == "completed"]
+    return [m for m in (*METRICS, *extra) if m in seeds.columns
+            and np.isfinite(pd.to_numeric(completed[m], errors="coerce").to_numpy(dtype=np.float64)).any()]
+
+
+def _values(rows: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(finite values of completed seeds, their seed_index, how many seeds gave no value), by seed_index."""
+    rows = rows.sort_values("seed_index", kind="stable")
+    values = pd.to_numeric(rows[metric], errors="coerce").to_numpy(dtype=np.float64)
+    usable = (rows["status"].to_numpy() == "completed") & np.isfinite(values)
+    return values[usable], rows["seed_index"].to_numpy()[usable], int((~usable).sum())
+
+
+def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(columns))
+
+
+def _higher_is_better(metric: str) -> bool:
+    return not metric.endswith("_loss")
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _summary(seeds: pd.DataFrame, metrics: list[str], metadata: dict[str, Any], *, confidence: float,
+             bootstrap_seed: int, n_resamples: int) -> pd.DataFrame:
+    """One row per (config, design, metric). The noise floor of an accuracy needs the size of the
+    split it was measured on: n_test for test_acc (likewise n_val, n_train when recorded)."""
+    rows = []
+    for (config, design), group in seeds.groupby(["config", "design"], sort=False):
+        for metric in metrics:
+            values, seed_index, n_failed = _values(group, metric)
+            split = metric.rsplit("_", 1)[0]
+            row = _stats.summarize(values, n_failed=n_failed, n_test=metadata.get(f"n_{split}"),
+                                   is_accuracy=metric.endswith("_acc"), confidence=confidence,
+                                   bootstrap_seed=bootstrap_seed, n_resamples=n_resamples)
+            row["outliers"] = ",".join(str(seed_index[i]) for i in row["outliers"])
+            row["best_of_k"] = json.dumps({str(k): v for k, v in row["best_of_k"].items()})
+            rows.append({"config": config, "design": design, "metric": metric, **row})
+    return _frame(rows, SUMMARY_COLUMNS)
+
+
+def _per_epoch(curves: pd.DataFrame, seeds: pd.DataFrame, confidence: float) -> pd.DataFrame:
+    """Mean curve with a t interval per epoch, over the seeds that completed (a failed seed's curve
+    stops early and would bias the late epochs towards the survivors' values anyway)."""
+    keys = ["config", "design", "seed_index"]
+    completed = seeds.loc[seeds["status"] == "completed", keys].drop_duplicates()
+    points = curves.merge(completed, on=keys, how="inner")
+    points = points[np.isfinite(pd.to_numeric(points["value"], errors="coerce"))]
+    if points.empty:
+        return _frame([], PER_EPOCH_COLUMNS)
+    table = points.groupby(["config", "design", "metric", "epoch"], sort=False)["value"].agg(
+        n="count", mean="mean", std=lambda v: v.std(ddof=1)).reset_index()
+    table["n"] = table["n"].astype(int)
+    half = stats.t.ppf((1 + confidence) / 2, table["n"] - 1) * table["std"] / np.sqrt(table["n"])
+    table["ci_low"], table["ci_high"] = table["mean"] - half, table["mean"] + half
+    return table[list(PER_EPOCH_COLUMNS)]
+
+
+def _comparisons(seeds: pd.DataFrame, metrics: list[str], *, confidence: float, bootstrap_seed: int,
+                 n_resamples: int) -> pd.DataFrame:
+    """Every pair of configurations on the main design; Holm adjusts the Welch p-values across
+    the pairs of one metric (the family a reader scans when asking "which configs differ?")."""
+    main = seeds[seeds["design"] == "all"]
+    configs = list(pd.unique(main["config"]))
+    rows = []
+    for metric in metrics:
+        family = []
+        for a, b in itertools.combinations(configs, 2):
+            values_a = _values(main[main["config"] == a], metric)[0]
+            values_b = _values(main[main["config"] == b], metric)[0]
+            figures = _stats.compare(values_a, values_b, confidence=confidence, bootstrap_seed=bootstrap_seed,
+                                     n_resamples=n_resamples)
+            family.append({"metric": metric, "a": a, "b": b, **figures})
+        for row, adjusted in zip(family, _stats.holm([r["welch_p"] for r in family])):
+            row["p_holm"] = float(adjusted)
+        rows += family
+    return _frame(rows, COMPARISON_COLUMNS)
+
+
+def _ranking(summary: pd.DataFrame) -> pd.DataFrame:
+    """Configurations by mean on the main design, best first (higher accuracy, lower loss);
+    ties share the better rank, a configuration without values comes last without a rank."""
+    rows = []
+    main = summary[summary["design"] == "all"]
+    for metric, group in main.groupby("metric", sort=False):
+        ascending = not _higher_is_better(metric)
+        ordered = group.sort_values("mean", ascending=ascending, na_position="last", kind="stable")
+        ranks = ordered["mean"].rank(method="min", ascending=ascending)
+        rows += [{"metric": metric, "rank": rank, "config": r["config"], "mean": r["mean"],
+                  "ci_low": r["ci_bca_low"], "ci_high": r["ci_bca_high"]}
+                 for rank, (_, r) in zip(ranks, ordered.iterrows())]
+    frame = _frame(rows, RANKING_COLUMNS)
+    frame["rank"] = frame["rank"].astype("Int64")
+    return frame
+
+
+def _power(summary: pd.DataFrame, differences: Sequence[float]) -> pd.DataFrame:
+    """How small a difference the study can see with its seeds, and how many seeds each of a few
+    differences would need, at the observed seed-to-seed std (alpha 0.05, power 0.8)."""
+    needed = {d: f"seeds_needed_{d:g}" for d in differences}
+    rows = []
+    for _, r in summary[summary["design"] == "all"].iterrows():
+        std, n = float(r["std"]), int(r["n"])
+        rows.append({"config": r["config"], "metric": r["metric"], "std": std, "n": n,
+                     "min_detectable_diff": _stats.min_detectable_difference(std, n, ALPHA, POWER),
+                     **{column: _stats.seeds_needed(d, std, ALPHA, POWER) for d, column in needed.items()}})
+    return _frame(rows, [*POWER_COLUMNS, *needed.values()])
+
+
+def _decomposition(seeds: pd.DataFrame, metrics: list[str], confidence: float) -> pd.DataFrame:
+    """Each source's variance from its only_<source> design, their sum, and the "all" design's
+    total, per configuration that ran --decompose."""
+    rows = []
+    for config, group in seeds.groupby("config", sort=False):
+        designs = set(group["design"])
+        sources = [s for s in SOURCES if f"only_{s}" in designs]
+        if not sources:
+            continue
+        for metric in metrics:
+            by_source = {s: _values(group[group["design"] == f"only_{s}"], metric)[0] for s in sources}
+            total = _values(group[group["design"] == "all"], metric)[0] if "all" in designs else None
+            rows += [{"config": config, "metric": metric, **row}
+                     for row in _stats.decompose_one_at_a_time(by_source, total, confidence)]
+    frame = _frame(rows, DECOMPOSITION_COLUMNS)
+    return frame.astype({c: float for c in ("variance", "ci_low", "ci_high", "share")}) if rows else frame

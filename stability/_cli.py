@@ -1,0 +1,306 @@
+"""`hfta-nas stability [run|compare]` and `hfta-nas report`: the click commands.
+
+They parse options, call `run_stability`, `analyse` and `write_report`, and
+print a short summary. User errors raise HftaNasError; the top-level group in
+cli.py turns them into one `error: ...` line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hfta_nas.errors import HftaNasError
+from stability._study import FORMATS, PLOT_FORMATS
+
+
+def _split(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
+    items = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [t for t in items if t not in allowed]
+    if unknown or not items:
+        raise click.BadParameter(f"expected a comma-separated subset of {', '.join(allowed)}, got {text!r}", param_hint=name)
+    return items
+
+
+def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options shared by `stability run` and `stability compare`."""
+    options = [
+        click.option("--seeds", "n_seeds", default=32, show_default=True, type=int, help="Seeds per configuration (slots of the array)."),
+        click.option("--seed", "base_seed", default=0, show_default=True, type=int, help="Base seed of the per-source seed streams."),
+        click.option("--vary", default="init,data,dropout", show_default=True, help="Sources that change across seeds (init, data, dropout); the others stay fixed."),
+        click.option("--decompose", is_flag=True, help="Also run one design per varied source (only it changes) and report each source's share of the variance."),
+        click.option("--array-size", type=int, default=None, help="At most this many seeds per array [default: all seeds of a configuration in one array]."),
+        click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
+        click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"])),
+        click.option("--threads", type=int, default=None, help="torch CPU threads [default: torch's choice]."),
+        click.option("--storage", default=None, help="Optuna storage URL or journal file where each seed is stored [default: runs/hfta-nas.journal]."),
+        click.option("--artifact-dir", default=None, type=click.Path(file_okay=False), help="Where the report is stored as an Optuna artifact [default: runs/artifacts]."),
+        click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report folder [default: runs/stability/<config>]."),
+        click.option("--format", "formats", default=",".join(FORMATS), show_default=True, help="Report formats: html, md, csv, json, tex."),
+        click.option("--plot-format", "plot_formats", default=",".join(PLOT_FORMATS), show_default=True, help="Plot files: png, svg."),
+        click.option("--metric", default="test_acc", show_default=True, help="Metric of the plots and the printed summary."),
+        click.option("--bootstrap-seed", default=0, show_default=True, type=int, help="Seed of the bootstrap resamples (recorded in the report)."),
+        click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines)."),
+        click.option("--quiet", is_flag=True, help="No progress display."),
+    ]
+    return functools.reduce(lambda cmd, option: option(cmd), reversed(options), command)
+
+
+class _RunByDefault(click.Group):
+    """`hfta-nas stability --seeds 32` means `hfta-nas stability run --seeds 32`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_RunByDefault)
+def stability() -> None:
+    """Seed studies: one configuration across many seeds in one array, with a statistical report.
+
+    `hfta-nas stability [CONFIG] --seeds 32` runs `stability run` (the default);
+    `hfta-nas stability compare A B ...` compares configurations.
+    """
+
+
+@stability.command()
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option("--params", "params", multiple=True, metavar="KEY=VALUE", help="Fix a searched parameter when CONFIG is a search space (repeatable).")
+@click.option("--study", "study_name", default=None, help="Re-run the best trials of this search study (with --top-k and --storage).")
+@click.option("--top-k", default=3, show_default=True, type=int, help="With --study: how many of its best trials to re-run and re-rank.")
+@_study_options
+def run(config: str | None, params: tuple[str, ...], study_name: str | None, top_k: int, **options: Any) -> None:
+    """Train CONFIG across --seeds seeds in one array and report the distribution.
+
+    CONFIG is a config file exported by `hfta-nas search` (runs/<study>/best_config.yaml),
+    or a search space file with --params fixing its searched parameters
+    [default: stability/configs/mnist1d_cnn.yaml]. With --study, the K best trials of
+    a search are re-run across seeds and re-ranked with intervals.
+    """
+    from stability._configs import DEFAULT_CONFIG, LabelledConfig, label_for, load_config, parse_params, top_k_configs
+
+    if study_name is not None:
+        if config is not None:
+            raise HftaNasError("give either CONFIG or --study, not both.")
+        storage, _ = _open(options["storage"])
+        configs = top_k_configs(storage, study_name, top_k)
+    else:
+        path = Path(config) if config is not None else DEFAULT_CONFIG
+        configs = [LabelledConfig(label_for(path), load_config(path, parse_params(params)))]
+    _execute(configs, [], **options)
+
+
+@stability.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@_study_options
+def compare(inputs: tuple[str, ...], **options: Any) -> None:
+    """Compare configurations: each INPUT is a config file (trained across the seeds)
+    or the folder of an earlier stability report (reused without retraining)."""
+    from stability._configs import LabelledConfig, label_for, load_config
+
+    if len(inputs) < 2:
+        raise HftaNasError("compare needs at least two configurations (config files or report folders).")
+    configs, earlier, labels = [], [], []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            earlier.append(_load_result(path))
+        else:
+            label = label_for(path, labels)
+            labels.append(label)
+            configs.append(LabelledConfig(label, load_config(path)))
+    _execute(configs, earlier, **options)
+
+
+@click.command()
+@click.argument("folder", required=False, type=click.Path(file_okay=False))
+@click.option("--study", "studies", multiple=True, help="A stability study in --storage (repeatable) instead of FOLDER.")
+@click.option("--storage", default=None, help="Optuna storage URL or journal file [default: runs/hfta-nas.journal].")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report folder [default: FOLDER, or runs/stability/report].")
+@click.option("--format", "formats", default=",".join(FORMATS), show_default=True, help="Report formats: html, md, csv, json, tex.")
+@click.option("--plot-format", "plot_formats", default=",".join(PLOT_FORMATS), show_default=True, help="Plot files: png, svg.")
+@click.option("--metric", default="test_acc", show_default=True, help="Metric of the plots and the printed summary.")
+@click.option("--bootstrap-seed", default=None, type=int, help="Seed of the bootstrap resamples [default: the one the study recorded].")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines).")
+def report(folder: str | None, studies: tuple[str, ...], storage: str | None, out_dir: str | None, formats: str,
+           plot_formats: str, metric: str, bootstrap_seed: int | None, as_json: bool) -> None:
+    """Regenerate a stability report from stored results, without retraining.
+
+    FOLDER is an earlier report folder (it keeps the raw results in result/);
+    or name the studies with --study (`hfta-nas stability` prints their names).
+    """
+    from stability._result import StabilityResult
+    from stability._store import load_stability_study, result_of
+    from stability._study import report as rebuild
+
+    if (folder is None) == (not studies):
+        raise HftaNasError("give a report FOLDER or at least one --study NAME (not both).")
+    if folder is not None:
+        result = _load_result(Path(folder))
+        out = Path(out_dir or folder)
+    else:
+        opened, _ = _open(storage)
+        result = StabilityResult.combine([result_of(load_stability_study(opened, name)) for name in studies])
+        out = Path(out_dir or Path("runs") / "stability" / "report")
+    done = rebuild(result, out, formats=_split(formats, FORMATS, "--format"),
+                   plot_formats=_split(plot_formats, PLOT_FORMATS, "--plot-format"), metric=metric,
+                   bootstrap_seed=bootstrap_seed)
+    _print(done, metric, as_json)
+
+
+# ----------------------------------------------------------------- the work
+def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary: str, decompose: bool,
+             array_size: int | None, device: str, dtype: str, threads: int | None, storage: str | None,
+             artifact_dir: str | None, out_dir: str | None, formats: str, plot_formats: str, metric: str,
+             bootstrap_seed: int, as_json: bool, quiet: bool) -> None:
+    import optuna
+    import torch
+
+    from stability._study import run_study
+
+    formats_ = _split(formats, FORMATS, "--format")
+    plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
+    if n_seeds < 1:
+        raise HftaNasError(f"--seeds must be at least 1, got {n_seeds}.")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with _Progress(enabled=not (quiet or as_json)) as progress:
+        done = run_study(configs, seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed, device=device,
+                         dtype=dtype, array_size=array_size, storage=storage, out_dir=out_dir, formats=formats_,
+                         plot_formats=plot_formats_, metric=metric, bootstrap_seed=bootstrap_seed,
+                         artifact_dir=artifact_dir, earlier=earlier, on_event=progress.event)
+    _print(done, metric, as_json)
+
+
+def _print(done: Any, metric: str, as_json: bool) -> None:
+    summary = _summary(done, metric)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=_json_default))
+    else:
+        _print_summary(summary, metric)
+
+
+def _summary(done: Any, metric: str) -> dict[str, Any]:
+    analysis, metadata = done.analysis, done.result.metadata
+    rows = analysis.summary[(analysis.summary["metric"] == metric) & (analysis.summary["design"] == "all")]
+    dashboard = None
+    if done.artifacts and metadata.get("storage"):
+        dashboard = f"optuna-dashboard {metadata['storage']} --artifact-dir {done.artifact_dir}"
+    return {
+        "metric": metric,
+        "configs": [_clean(row) for row in rows.to_dict("records")],
+        "comparisons": [_clean(r) for r in analysis.comparisons[analysis.comparisons["metric"] == metric].to_dict("records")],
+        "decomposition": [_clean(r) for r in analysis.decomposition[analysis.decomposition["metric"] == metric].to_dict("records")],
+        "seconds": metadata.get("seconds"),
+        "arrays": metadata.get("arrays", []),
+        "reused_seeds": metadata.get("reused_seeds", 0),
+        "studies": done.studies,
+        "report": str(done.out_dir),
+        "files": {fmt: [str(p) for p in paths] for fmt, paths in done.files.items()},
+        "dashboard": dashboard,
+    }
+
+
+def _print_summary(summary: dict[str, Any], metric: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    scale, unit = (100.0, "%") if metric.endswith("_acc") else (1.0, "")
+    table = Table(title=f"{metric}: distribution over seeds")
+    for column in ("config", "n", "failed", "mean ± std", "95% CI (BCa)", "median [IQR]", "min–max", "noise floor sd"):
+        table.add_column(column, justify="right")
+    for row in summary["configs"]:
+        f = lambda v: "n/a" if v is None else f"{scale * v:.2f}{unit}"  # noqa: E731
+        table.add_row(
+            str(row["config"]), str(row["n"]), str(row["n_failed"]), f"{f(row['mean'])} ± {f(row['std'])}",
+            f"[{f(row['ci_bca_low'])}, {f(row['ci_bca_high'])}]", f"{f(row['median'])} [{f(row['iqr'])}]",
+            f"{f(row['min'])}–{f(row['max'])}", f(row.get("noise_floor_std")),
+        )
+    console.print(table)
+    for c in summary["comparisons"]:
+        console.print(f"{c['a']} vs {c['b']}: diff {scale * c['mean_diff']:+.2f}{unit}, Welch p={c['welch_p']:.3g}, "
+                      f"Holm p={c['p_holm']:.3g}, P(A>B)={c['p_a_gt_b']:.2f}, Cliff's delta={c['cliff_delta']:+.2f}, "
+                      f"ASO eps_min={c['aso_eps_min']:.2f}")
+    for d in summary["decomposition"]:
+        share = "" if d.get("share") is None else f" ({d['share']:.0%} of the sum of sources)"
+        console.print(f"variance from {d['source']}: {d['variance']:.3g}{share}")
+    arrays = summary["arrays"]
+    if arrays:
+        sizes = ", ".join(str(a["size"]) for a in arrays)
+        console.print(f"{len(arrays)} array(s) of {sizes} slots in {summary['seconds']:.1f} s"
+                      + (f"; {summary['reused_seeds']} seeds reused from the storage" if summary["reused_seeds"] else ""))
+    elif summary["reused_seeds"]:
+        console.print(f"all {summary['reused_seeds']} seeds reused from the storage (nothing retrained)")
+    console.print(f"report: {summary['report']}")
+    for name in summary["studies"].values():
+        console.print(f"study: {name}")
+    if summary["dashboard"]:
+        console.print(f"dashboard: {summary['dashboard']}")
+
+
+class _Progress:
+    """One rich progress bar over the epochs of the array being trained."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=self.console, disable=not enabled)
+        self.task = None
+
+    def __enter__(self) -> _Progress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def event(self, kind: str, info: dict[str, Any]) -> None:
+        if kind == "config":
+            reused = f", {info['reused']} reused from the storage" if info["reused"] else ""
+            self.progress.console.print(f"{info['label']}: {info['todo']} seeds to train{reused}")
+        elif kind == "epoch":
+            if self.task is None or info["epoch"] == 1:
+                if self.task is not None:
+                    self.progress.remove_task(self.task)
+                self.task = self.progress.add_task(f"{info['label']} ({info['size']} slots) epochs", total=info["epochs"])
+            self.progress.update(self.task, completed=info["epoch"])
+
+
+def _open(storage: str | None) -> tuple[Any, str]:
+    from hfta_nas.search import open_storage
+
+    return open_storage(storage)
+
+
+def _load_result(folder: Path) -> Any:
+    from stability._result import StabilityResult
+
+    for candidate in (folder / "result", folder):
+        if (candidate / "seeds.csv").exists():
+            try:
+                return StabilityResult.load(candidate)
+            except (OSError, ValueError, KeyError) as error:
+                raise HftaNasError(f"cannot read the stability results in '{candidate}': {error}") from None
+    raise HftaNasError(f"'{folder}' holds no stability results (expected result/seeds.csv, written by `hfta-nas stability --out`).")
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

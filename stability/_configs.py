@@ -1,0 +1,116 @@
+"""Where a stability study's configurations come from.
+
+- a config file exported by `hfta-nas search` (or written by hand, same format);
+- a search space file with every searched parameter fixed by `--params key=value`;
+- the K best trials of a search study (`--study NAME --top-k K`), rebuilt from
+  the space text the search stored in the study;
+- nothing: the shipped default `stability/configs/mnist1d_cnn.yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from hfta_nas.errors import HftaNasError
+from search_spaces import ResolvedConfig, parse_space
+from search_spaces._resolved import read_text
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mnist1d_cnn.yaml"
+_SPACE_KEYS = {"study", "sampler", "pruner", "budget", "array", "training", "params", "seed"}
+
+
+@dataclass(frozen=True)
+class LabelledConfig:
+    label: str
+    config: ResolvedConfig
+
+
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    """['training.optimizer.lr=3e-3', 'model.config.channels=[32, 32]'] -> values (read as YAML)."""
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise HftaNasError(f"--params expects key=value (a dotted path of the space), got {item!r}.")
+        values[key.strip()] = _value(text)
+    return values
+
+
+def _value(text: str) -> Any:
+    """YAML's reading of one value, except that '3e-3' is a number (YAML 1.1 wants '3.0e-3')."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def load_config(path: str | Path, params: Mapping[str, Any] | None = None) -> ResolvedConfig:
+    """A config file, or a search space with its searched parameters fixed by `params`."""
+    text = read_text(path)
+    try:
+        top = yaml.safe_load(text)
+    except yaml.YAMLError:
+        top = None  # the located parser below reports the syntax error
+    if isinstance(top, dict) and _SPACE_KEYS & set(top):
+        space = parse_space(text, str(path))
+        values = dict(params or {})
+        if not values and space.searched:
+            raise HftaNasError(
+                f"{path} is a search space with searched parameters ({', '.join(space.searched)}); "
+                "fix each with --params key=value, or pass the config a search exported (runs/<study>/best_config.yaml).")
+        return space.resolve(values)
+    if params:
+        raise HftaNasError(f"--params fixes the searched parameters of a search space file; {path} is a config file.")
+    return ResolvedConfig.from_yaml(text, str(path))
+
+
+def label_for(path: str | Path, taken: Sequence[str] = ()) -> str:
+    """A short unique label: the file stem, numbered when two files share it."""
+    stem = Path(path).stem
+    label, n = stem, 2
+    while label in taken:
+        label, n = f"{stem}-{n}", n + 1
+    return label
+
+
+def top_k_configs(storage: Any, study_name: str, k: int) -> list[LabelledConfig]:
+    """The K best COMPLETE trials of a search study, as configs labelled 'trial N'."""
+    if k < 1:
+        raise HftaNasError(f"--top-k must be at least 1, got {k}.")
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        names = ", ".join(s.study_name for s in optuna.get_all_study_summaries(storage)) or "none"
+        raise HftaNasError(f"no study named '{study_name}' in this storage (studies: {names}).") from None
+    text = study.user_attrs.get("space_text")
+    if text is None:
+        raise HftaNasError(f"study '{study_name}' was not made by `hfta-nas search` (it has no stored search space).")
+    space = parse_space(text, study.user_attrs.get("space_source", study_name))
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        raise HftaNasError(f"study '{study_name}' has no completed trial to re-run.")
+    if len(study.directions) > 1:
+        ranked = sorted(study.best_trials, key=lambda t: t.number)  # the Pareto front
+    else:
+        sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+        ranked = sorted(complete, key=lambda t: (sign * t.value, t.number))
+    chosen = []
+    for trial in ranked[:k]:
+        config = space.resolve(space.decode(trial.params))
+        origin = {"study": study_name, "trial": trial.number, "values": list(trial.values)}
+        chosen.append(LabelledConfig(f"trial {trial.number}", dataclasses.replace(config, origin=origin)))
+    return chosen

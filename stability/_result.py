@@ -1,0 +1,120 @@
+"""The data a stability study produces, and what its analysis adds.
+
+`StabilityResult` is the raw record of a run: one row per trained seed and
+one row per (seed, epoch, metric). It is all `hfta-nas report` needs to
+rebuild a report without retraining, so it saves to and loads from a folder
+(seeds.csv, curves.csv, metadata.json), written atomically.
+
+`Analysis` is what the statistics add to it (see `_analysis.analyse`); the
+report writers (`_plots`, `_export`) only read these two objects.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from hfta_nas._files import atomic_write_text
+
+# Final metrics recorded per seed; accuracies are fractions in [0, 1].
+METRICS = ("test_acc", "test_loss", "val_acc", "val_loss", "train_acc", "train_loss")
+SOURCES = ("init", "data", "dropout")
+
+# seeds.csv: one row per (config, seed_index).
+#   config       str   label of the configuration ("A", a trial name, ...)
+#   seed_index   int   0..S-1 within its config and design
+#   design       str   "all" for the main study; with --decompose also
+#                      "only_init", "only_data", "only_dropout" (one source varies)
+#   seed_init, seed_data, seed_dropout   int   the seed each source used
+#   status       str   "completed" | "failed"
+#   reason       str   why it failed ("" when completed)
+#   epochs       int   epochs actually run
+#   <metric>     float for every name in METRICS (NaN when failed)
+SEED_COLUMNS = ("config", "seed_index", "design", "seed_init", "seed_data", "seed_dropout", "status", "reason", "epochs")
+
+# curves.csv: long format, one row per (config, design, seed_index, epoch, metric).
+CURVE_COLUMNS = ("config", "design", "seed_index", "epoch", "metric", "value")
+
+
+@dataclass
+class StabilityResult:
+    seeds: pd.DataFrame
+    curves: pd.DataFrame
+    # Protocol metadata: command, versions, device, dtype, determinism settings,
+    # vary, n_test (test-set size), bootstrap_seed, configs {label: resolved config dict},
+    # seeds per source, wall time, array sizes.
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / "seeds.csv", self.seeds.to_csv(index=False))
+        atomic_write_text(folder / "curves.csv", self.curves.to_csv(index=False))
+        atomic_write_text(folder / "metadata.json", json.dumps(self.metadata, indent=2, default=str))
+
+    @classmethod
+    def load(cls, folder: str | Path) -> StabilityResult:
+        folder = Path(folder)
+        seeds = pd.read_csv(folder / "seeds.csv", keep_default_na=False, na_values=[""])
+        seeds["reason"] = seeds["reason"].fillna("").astype(str)
+        seeds["config"] = seeds["config"].astype(str)
+        curves = pd.read_csv(folder / "curves.csv")
+        curves["config"] = curves["config"].astype(str)
+        metadata = json.loads((folder / "metadata.json").read_text())
+        return cls(seeds, curves, metadata)
+
+    @classmethod
+    def combine(cls, results: list[StabilityResult]) -> StabilityResult:
+        """Several studies side by side (for comparisons); configs and studies are merged,
+        the first result's protocol is kept and the others' are listed under `combined`."""
+        labels = [label for r in results for label in r.seeds["config"].unique()]
+        duplicated = sorted({label for label in labels if labels.count(label) > 1})
+        if duplicated:
+            from hfta_nas.errors import HftaNasError
+
+            raise HftaNasError(f"the same configuration label appears in several results: {', '.join(duplicated)}.")
+        metadata = dict(results[0].metadata)
+        for key in ("configs", "studies"):
+            metadata[key] = {k: v for r in results for k, v in r.metadata.get(key, {}).items()}
+        metadata["combined"] = [r.metadata for r in results[1:]]
+        return cls(pd.concat([r.seeds for r in results], ignore_index=True),
+                   pd.concat([r.curves for r in results], ignore_index=True), metadata)
+
+
+@dataclass
+class Analysis:
+    """Statistics of a StabilityResult; every frame uses the columns listed.
+
+    summary:       one row per (config, design, metric) over completed seeds;
+                   columns config, design, metric, n, n_failed, mean, std, sem,
+                   ci_t_low, ci_t_high, ci_bca_low, ci_bca_high, median, q1, q3,
+                   iqr, iqm, min, max, range, cv, normality_stat, normality_p,
+                   n_outliers, outliers (str: comma-separated seed_index values),
+                   best_of_k (str: JSON {k: expected best}), noise_floor_std,
+                   variance_ratio (observed var / noise-floor var; NaN for losses)
+    per_epoch:     config, design, metric, epoch, n, mean, std, ci_low, ci_high (t interval)
+    comparisons:   one row per (metric, a, b) pair of configs (design "all"):
+                   metric, a, b, mean_diff, welch_t, welch_p, mwu_u, mwu_p,
+                   cohen_d, cliff_delta, p_a_gt_b, p_a_gt_b_low, p_a_gt_b_high,
+                   aso_eps_min, p_holm (Holm across the pairs of that metric)
+    ranking:       metric, rank, config, mean, ci_low, ci_high (BCa)
+    power:         config, metric, std, n, min_detectable_diff (at the current n,
+                   alpha 0.05, power 0.8), and seeds_needed_<d> for a few differences d
+    decomposition: metric, source, variance, ci_low, ci_high, share  (empty without --decompose;
+                   one row per source plus source "total" (design "all") and
+                   "sum_of_sources")
+    settings:      confidence, bootstrap_seed, n_resamples, alpha, power
+    """
+
+    summary: pd.DataFrame
+    per_epoch: pd.DataFrame
+    comparisons: pd.DataFrame
+    ranking: pd.DataFrame
+    power: pd.DataFrame
+    decomposition: pd.DataFrame
+    settings: dict[str, Any] = field(default_factory=dict)
+

@@ -1,0 +1,177 @@
+"""`run_stability`: train each configuration across its seeds, in arrays, and
+collect the raw result (`StabilityResult`) the statistics and report read.
+
+All seeds of one configuration have the same shapes, so they train as one
+array (slot b: init seed, data-order seed and dropout seed of plan b); only
+`array_size` (or an out-of-memory split) cuts them into several arrays.
+Seeds already stored for this configuration (an earlier, maybe killed, run
+of the same command) are reused instead of retrained.
+"""
+
+from __future__ import annotations
+
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import optuna
+import pandas as pd
+import scipy
+import torch
+
+import hfta_nas
+from hfta_nas._run import DTYPES, _checked_device
+from hfta_nas.data import Dataset, load_dataset
+from hfta_nas.errors import HftaNasError
+from search_spaces import ResolvedConfig
+from stability._configs import LabelledConfig
+from stability._design import SeedPlan, plan
+from stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, SOURCES, StabilityResult
+from stability._store import SeedOutcome, SeedStore, study_name_for
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+def run_stability(
+    configs: Sequence[LabelledConfig],
+    *,
+    n_seeds: int = 32,
+    vary: Sequence[str] = SOURCES,
+    decompose: bool = False,
+    base_seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    array_size: int | None = None,
+    storage: Any = None,
+    storage_location: str = "",
+    bootstrap_seed: int = 0,
+    on_event: Event | None = None,
+) -> tuple[StabilityResult, dict[str, SeedStore]]:
+    """Train every configuration across `n_seeds` seeds; returns the result and each config's store."""
+    if not configs:
+        raise HftaNasError("no configuration to run.")
+    if array_size is not None and array_size < 1:
+        raise HftaNasError(f"--array-size must be a positive integer, got {array_size}.")
+    if dtype not in DTYPES:
+        raise HftaNasError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}.")
+    device_type = _checked_device(device).type
+    on_event = on_event or (lambda kind, info: None)
+    plans = plan(n_seeds, vary=vary, decompose=decompose, base_seed=base_seed)
+    started = time.perf_counter()
+    datasets: dict[str, Dataset] = {}
+    outcomes: dict[str, list[SeedOutcome]] = {}
+    stores: dict[str, SeedStore] = {}
+    arrays: list[dict[str, Any]] = []
+    for item in configs:
+        config = item.config
+        data = _dataset(config, datasets, device, dtype)
+        store = None
+        if storage is not None:
+            store = SeedStore(storage, study_name_for(item.label, config, dtype), config=config, device=device_type)
+            stores[item.label] = store
+        done = store.finished() if store is not None else {}
+        ready: list[SeedOutcome | None] = [store.lookup(p, done) if store else None for p in plans]
+        todo = [i for i, outcome in enumerate(ready) if outcome is None]
+        on_event("config", {"label": item.label, "todo": len(todo), "reused": len(plans) - len(todo),
+                            "study": store.name if store else None})
+        size = array_size or max(len(todo), 1)
+        for start in range(0, len(todo), size):
+            chunk = todo[start : start + size]
+            trained, info = train_seeds(config, [plans[i] for i in chunk], data, device=device, dtype=dtype,
+                                        on_epoch=lambda epoch, n, label=item.label: on_event(
+                                            "epoch", {"label": label, "epoch": epoch, "epochs": config.epochs, "size": n}))
+            arrays.append({"config": item.label, **info})
+            on_event("array", {"label": item.label, **info})
+            if store is not None:
+                store.add(trained, array=len(arrays), hfta_nas_version=hfta_nas.__version__)
+            for i, outcome in zip(chunk, trained):
+                ready[i] = outcome
+        outcomes[item.label] = ready
+    metadata = protocol(configs, plans, n_seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed,
+                        device=device, dtype=dtype, bootstrap_seed=bootstrap_seed, arrays=arrays,
+                        n_test=_n_test(datasets), seconds=time.perf_counter() - started,
+                        studies={label: s.name for label, s in stores.items()}, storage=storage_location)
+    metadata["reused_seeds"] = sum(o.reused for group in outcomes.values() for o in group)
+    result = StabilityResult(*frames(outcomes), metadata)
+    for store in stores.values():
+        store.set_metadata(metadata)
+    return result, stores
+
+
+def train_seeds(
+    config: ResolvedConfig, plans: Sequence[SeedPlan], data: Dataset, *, device: str = "cpu", dtype: str = "float32",
+    on_epoch: Callable[[int, int], None] | None = None,
+) -> tuple[list[SeedOutcome], dict[str, Any]]:
+    """One array: slot b trains `config` with the seeds of `plans[b]`."""
+    run = hfta_nas.train(
+        dataset=data, device=device, dtype=dtype,
+        seeds=[p.seeds["init"] for p in plans],
+        data_seeds=[p.seeds["data"] for p in plans],
+        dropout_seeds=[p.seeds["dropout"] for p in plans],
+        on_epoch=(lambda report, trainer: on_epoch(report.epoch, len(plans))) if on_epoch else None,
+        **config.train_kwargs(),
+    )
+    outcomes = []
+    for p, result in zip(plans, run.results.values()):
+        status = "completed" if result.status == "completed" else "failed"
+        outcomes.append(SeedOutcome(p, status, result.reason, result.epochs, list(result.history),
+                                    device=torch.device(device).type))
+    info = {"size": len(plans), "seconds": run.seconds, "samples_per_s": run.samples_per_second}
+    return outcomes, info
+
+
+def frames(outcomes: dict[str, list[SeedOutcome]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """seeds.csv and curves.csv rows (columns as documented in stability/_result.py)."""
+    seed_rows, curve_rows = [], []
+    for label, group in outcomes.items():
+        for o in group:
+            final = o.final if o.status == "completed" else {}
+            seed_rows.append({
+                "config": label, "seed_index": o.plan.seed_index, "design": o.plan.design,
+                **{f"seed_{s}": o.plan.seeds[s] for s in SOURCES},
+                "status": o.status, "reason": o.reason, "epochs": o.epochs,
+                **{m: final.get(m, float("nan")) for m in METRICS},
+            })
+            for row in o.history:
+                curve_rows += [{"config": label, "design": o.plan.design, "seed_index": o.plan.seed_index,
+                                "epoch": int(row["epoch"]), "metric": m, "value": row[m]} for m in METRICS if m in row]
+    seeds = pd.DataFrame(seed_rows, columns=[*SEED_COLUMNS, *METRICS])
+    curves = pd.DataFrame(curve_rows, columns=list(CURVE_COLUMNS))
+    return seeds, curves
+
+
+def protocol(configs: Sequence[LabelledConfig], plans: Sequence[SeedPlan], **settings: Any) -> dict[str, Any]:
+    """Everything needed to reproduce and judge the study, for the report's JSON."""
+    device = torch.device(settings["device"])
+    return {
+        "command": shlex.join(["hfta-nas", *sys.argv[1:]]) if sys.argv and "hfta-nas" in sys.argv[0] else shlex.join(sys.argv),
+        **settings,
+        "vary": list(settings["vary"]),
+        "configs": {item.label: item.config.to_dict() for item in configs},
+        "seeds_per_source": {s: sorted({p.seeds[s] for p in plans}) for s in SOURCES},
+        "versions": {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__, "optuna": optuna.__version__,
+                     "numpy": np.__version__, "scipy": scipy.__version__, "pandas": pd.__version__,
+                     "python": platform.python_version()},
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "determinism": {"torch_threads": torch.get_num_threads(),
+                        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+                        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+                        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+                        "note": "CPU runs with the same seeds, thread count and versions are bit-identical"},
+    }
+
+
+def _dataset(config: ResolvedConfig, cache: dict[str, Dataset], device: str, dtype: str) -> Dataset:
+    key = repr((config.dataset, sorted(config.dataset_kwargs().items())))
+    if key not in cache:
+        cache[key] = load_dataset(config.dataset, **config.dataset_kwargs(), device=device, dtype=DTYPES[dtype])
+    return cache[key]
+
+
+def _n_test(datasets: dict[str, Dataset]) -> int | None:
+    sizes = {len(d.y_test) for d in datasets.values()}
+    return sizes.pop() if len(sizes) == 1 else None

@@ -1,0 +1,468 @@
+"""The statistics of a seed-stability study: pure functions over 1-D arrays.
+
+Everything scipy already does (t and chi-square intervals, BCa bootstrap,
+Welch and Mann-Whitney tests, Shapiro-Wilk, trimmed means, noncentral t,
+root finding) is called, not rewritten; what is written here is what scipy
+lacks: expected best-of-k, Almost Stochastic Order, Holm's adjustment, power
+for seeds, and variance decompositions. Every function takes plain numbers
+and returns plain numbers (floats, lists, dicts), so `_analysis` only has to
+arrange them into frames, and each figure can be checked on its own.
+
+Degenerate input (no values, one value, all values equal) never raises: a
+figure that is undefined there is NaN, and scipy's warnings about it are
+silenced because the NaN already says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+from scipy import optimize, stats
+
+NAN = float("nan")
+
+
+def _as_1d(values: ArrayLike) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64).reshape(-1)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Ignore degenerate-data warnings and numpy float errors; the caller returns NaN for those cases."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.simplefilter("ignore", UserWarning)  # e.g. shapiro's "range zero"
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        yield
+
+
+# --------------------------------------------------------------------------- intervals
+
+
+def t_interval(values: ArrayLike, confidence: float = 0.95) -> tuple[float, float]:
+    """Student-t interval for the mean; collapses to the mean when every value is equal (zero sem)."""
+    x = _as_1d(values)
+    if x.size < 2:
+        return NAN, NAN
+    mean, sem = float(np.mean(x)), float(stats.sem(x))
+    if sem == 0.0:
+        return mean, mean
+    low, high = stats.t.interval(confidence, x.size - 1, loc=mean, scale=sem)
+    return float(low), float(high)
+
+
+def bootstrap_interval(samples: Sequence[ArrayLike], statistic: Callable[..., Any], *, confidence: float = 0.95,
+                       seed: int = 0, n_resamples: int = 9999) -> tuple[float, float]:
+    """BCa interval of `statistic(*samples, axis=-1)` from scipy.stats.bootstrap, reproducible from `seed`.
+
+    When every resample gives the same value (all values equal, fully separated samples)
+    BCa's acceleration is 0/0 and scipy returns NaN; the interval is then that one value,
+    which is what any bootstrap interval of a distribution without spread is.
+    """
+    data = tuple(_as_1d(s) for s in samples)
+    if any(s.size < 2 for s in data):
+        return NAN, NAN
+    with _quiet():
+        result = stats.bootstrap(data, statistic, method="BCa", confidence_level=confidence,
+                                 n_resamples=n_resamples, rng=np.random.default_rng(seed))
+    low, high = (float(v) for v in result.confidence_interval)
+    spread = result.bootstrap_distribution
+    if (math.isnan(low) or math.isnan(high)) and np.ptp(spread) == 0:
+        return float(spread[0]), float(spread[0])
+    return low, high
+
+
+# --------------------------------------------------------------------------- one sample
+
+
+def expected_best_of_k(values: ArrayLike, k: int) -> float:
+    """Expected maximum of k draws *without replacement* from the sample (exact, no simulation).
+
+    Sort the sample, x_(1) <= ... <= x_(n). The best of k draws is at most x_(i) exactly when
+    all k draws fall among the i smallest, which has the hypergeometric probability
+    C(i, k) / C(n, k). So P(best = x_(i)) = [C(i, k) - C(i-1, k)] / C(n, k) = C(i-1, k-1) / C(n, k) and
+
+        E[best of k] = sum_i x_(i) * C(i-1, k-1) / C(n, k).
+
+    k = 1 gives the mean, k = n the maximum. This is the "expected validation performance"
+    of Dodge et al. (2019) for a budget of k seeds, but drawn without replacement, since a
+    seed cannot be trained twice. scipy's hypergeom keeps the binomials finite for large n.
+    """
+    x = np.sort(_as_1d(values))
+    n = x.size
+    if not 1 <= k <= n:
+        return NAN
+    at_most = stats.hypergeom.pmf(k, n, np.arange(n + 1), k)  # P(best <= x_(i)), i = 0..n
+    # An expectation of sample values lies within their range; clipping removes the
+    # rounding of the weighted sum (e.g. 0.9000000000000001 for a constant sample).
+    return float(np.clip(np.dot(np.diff(at_most), x), x[0], x[-1]))
+
+
+def best_of_k(values: ArrayLike) -> dict[int, float]:
+    """Expected best of k seeds for k = 1, 2, 4, 8, ... up to the sample size."""
+    n = _as_1d(values).size
+    ks = [2**j for j in range(n.bit_length())] if n else []
+    return {k: expected_best_of_k(values, k) for k in ks}
+
+
+def tukey_outliers(values: ArrayLike) -> list[int]:
+    """Positions of values outside Tukey's fences [q1 - 1.5 iqr, q3 + 1.5 iqr]."""
+    x = _as_1d(values)
+    if x.size == 0:
+        return []
+    q1, q3 = np.quantile(x, [0.25, 0.75])
+    low, high = q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1)
+    return [int(i) for i in np.flatnonzero((x < low) | (x > high))]
+
+
+def noise_floor_std(accuracy: float, n_test: int | None) -> float:
+    """Std of an accuracy measured on n_test examples from test-set sampling alone: sqrt(p(1-p)/n_test).
+
+    Seed-to-seed variation at or below this floor cannot be told apart from the finite
+    test set; a variance ratio well above 1 means the seeds really differ.
+    """
+    if not n_test or n_test <= 0 or not math.isfinite(accuracy):
+        return NAN
+    return math.sqrt(accuracy * (1.0 - accuracy) / n_test)
+
+
+def summarize(values: ArrayLike, *, n_failed: int = 0, n_test: int | None = None, is_accuracy: bool = True,
+              confidence: float = 0.95, bootstrap_seed: int = 0, n_resamples: int = 9999) -> dict[str, Any]:
+    """Every figure of one row of `Analysis.summary` (without config/design/metric), over completed seeds.
+
+    `outliers` is a list of positions into `values` and `best_of_k` a dict {k: expected best};
+    the analysis turns them into the report's strings. The noise floor and variance ratio are
+    only defined for accuracies measured on `n_test` examples.
+    """
+    x = _as_1d(values)
+    n = int(x.size)
+    row: dict[str, Any] = {"n": n, "n_failed": int(n_failed)}
+    with _quiet():
+        mean = float(np.mean(x)) if n else NAN
+        std = float(np.std(x, ddof=1)) if n >= 2 else NAN
+        q1, median, q3 = (float(q) for q in np.quantile(x, [0.25, 0.5, 0.75])) if n else (NAN, NAN, NAN)
+        ci_t = t_interval(x, confidence)
+        ci_bca = bootstrap_interval([x], np.mean, confidence=confidence, seed=bootstrap_seed, n_resamples=n_resamples)
+        normal = stats.shapiro(x) if n >= 3 and np.ptp(x) > 0 else None
+        row.update(
+            mean=mean, std=std, sem=float(stats.sem(x)) if n >= 2 else NAN,
+            ci_t_low=ci_t[0], ci_t_high=ci_t[1], ci_bca_low=ci_bca[0], ci_bca_high=ci_bca[1],
+            median=median, q1=q1, q3=q3, iqr=q3 - q1,
+            iqm=float(stats.trim_mean(x, 0.25)) if n else NAN,
+            min=float(np.min(x)) if n else NAN, max=float(np.max(x)) if n else NAN,
+            range=float(np.ptp(x)) if n else NAN,
+            cv=std / mean if n >= 2 and mean != 0 else NAN,
+            normality_stat=float(normal.statistic) if normal else NAN,
+            normality_p=float(normal.pvalue) if normal else NAN,
+        )
+    outliers = tukey_outliers(x)
+    floor = noise_floor_std(mean, n_test) if is_accuracy else NAN
+    row.update(
+        n_outliers=len(outliers), outliers=outliers, best_of_k=best_of_k(x), noise_floor_std=floor,
+        variance_ratio=std**2 / floor**2 if floor > 0 else NAN,
+    )
+    return row
+
+
+# --------------------------------------------------------------------------- two samples
+
+
+def prob_greater(a: ArrayLike, b: ArrayLike, axis: int = -1) -> np.ndarray:
+    """P(A > B) + 0.5 P(A = B) over all pairs: the Mann-Whitney U of `a` divided by n_a n_b.
+
+    Vectorised along `axis` so scipy.stats.bootstrap can resample it in batches.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    with _quiet():
+        u = stats.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic", axis=axis).statistic
+    return u / (a.shape[axis] * b.shape[axis])
+
+
+def cohen_d(a: ArrayLike, b: ArrayLike) -> float:
+    """(mean_a - mean_b) / pooled sd, the pooled variance weighting each sample by its degrees of freedom."""
+    a, b = _as_1d(a), _as_1d(b)
+    if a.size + b.size < 3 or a.size == 0 or b.size == 0:
+        return NAN
+    ss = (a.size - 1) * np.var(a, ddof=1 if a.size > 1 else 0) + (b.size - 1) * np.var(b, ddof=1 if b.size > 1 else 0)
+    pooled = math.sqrt(ss / (a.size + b.size - 2))
+    return float((np.mean(a) - np.mean(b)) / pooled) if pooled > 0 else NAN
+
+
+def compare(a: ArrayLike, b: ArrayLike, *, confidence: float = 0.95, bootstrap_seed: int = 0,
+            n_resamples: int = 9999) -> dict[str, float]:
+    """Every figure of one row of `Analysis.comparisons`: is configuration A better than B?
+
+    Welch's t-test does not assume equal variances; Mann-Whitney and the effect sizes built on
+    it (P(A>B), Cliff's delta = 2 P(A>B) - 1) do not assume normality; ASO compares the whole
+    distributions. P(A>B) gets a seeded BCa bootstrap interval resampling each sample on its own.
+    """
+    a, b = _as_1d(a), _as_1d(b)
+    row = dict.fromkeys(("mean_diff", "welch_t", "welch_p", "mwu_u", "mwu_p", "cohen_d", "cliff_delta",
+                         "p_a_gt_b", "p_a_gt_b_low", "p_a_gt_b_high", "aso_eps_min"), NAN)
+    if a.size == 0 or b.size == 0:
+        return row
+    with _quiet():
+        welch = stats.ttest_ind(a, b, equal_var=False)
+        mwu = stats.mannwhitneyu(a, b, alternative="two-sided")
+    p = float(mwu.statistic) / (a.size * b.size)
+    low, high = bootstrap_interval([a, b], prob_greater, confidence=confidence, seed=bootstrap_seed,
+                                   n_resamples=n_resamples)
+    row.update(
+        mean_diff=float(np.mean(a) - np.mean(b)), welch_t=float(welch.statistic), welch_p=float(welch.pvalue),
+        mwu_u=float(mwu.statistic), mwu_p=float(mwu.pvalue), cohen_d=cohen_d(a, b), cliff_delta=2.0 * p - 1.0,
+        p_a_gt_b=p, p_a_gt_b_low=low, p_a_gt_b_high=high,
+        aso_eps_min=aso_epsilon_min(a, b, confidence=confidence, seed=bootstrap_seed),
+    )
+    return row
+
+
+# --------------------------------------------------------------------------- Almost Stochastic Order
+
+
+def _quantile_steps(n: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces on which both empirical quantile functions are constant.
+
+    F^-1(t) = x_(ceil(n t)) jumps at multiples of 1/n, G^-1 at multiples of 1/m. Counting t in
+    units of 1/(n m) makes every jump an integer, so the pieces are exact: the piece ending at
+    e has width e - previous end, A's order statistic ceil(e/m) and B's ceil(e/n) (1-based).
+    """
+    ends = np.union1d(np.arange(1, n + 1) * m, np.arange(1, m + 1) * n)
+    widths = np.diff(ends, prepend=0) / (n * m)
+    return widths, -(-ends // m) - 1, -(-ends // n) - 1
+
+
+def violation_ratio(a_sorted: np.ndarray, b_sorted: np.ndarray) -> np.ndarray:
+    """epsilon_W2(F, G): the share of the squared 2-Wasserstein distance where A's quantiles lie below B's.
+
+        eps = int_{F^-1(t) < G^-1(t)} (F^-1 - G^-1)^2 dt / int_0^1 (F^-1 - G^-1)^2 dt
+
+    (Dror et al. 2019, eq. 4-5; del Barrio et al. 2018). 0 means A stochastically dominates B,
+    1 the reverse. The integral is exact over the steps of the two empirical quantile functions
+    (deepsig sums a grid t = dt, 2 dt, ...; the two agree to O(dt)). Identical quantile functions
+    give 0/0, taken as 0.5 as deepsig does. Works on the last axis, so a batch of bootstrap
+    resamples is one call.
+    """
+    widths, ia, ib = _quantile_steps(a_sorted.shape[-1], b_sorted.shape[-1])
+    diff = b_sorted[..., ib] - a_sorted[..., ia]
+    total = np.sum(widths * diff**2, axis=-1)
+    violated = np.sum(widths * np.maximum(diff, 0.0) ** 2, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, violated / np.where(total > 0, total, 1.0), 0.5)
+
+
+def aso_epsilon_min(a: ArrayLike, b: ArrayLike, *, confidence: float = 0.95, num_bootstrap: int = 1000,
+                    seed: int = 0) -> float:
+    """Almost Stochastic Order: the smallest epsilon for which "A is almost stochastically larger than B"
+    holds at `confidence` (Dror et al. 2019, after del Barrio et al. 2018; as `deepsig.aso`, Ulmer et al.).
+
+    With the violation ratio eps_W2 of the two samples, lambda = n m / (n + m), and sigma the
+    bootstrap estimate of the std of sqrt(lambda) (eps_W2* - eps_W2), where each bootstrap
+    iteration resamples both samples with replacement (deepsig draws them through the quantile
+    functions, the same thing),
+
+        eps_min = eps_W2 - (1 / sqrt(lambda)) * sigma * Phi^-1(1 - confidence), clipped to [0, 1].
+
+    eps_min < 0.5 says A is better than B; near 0 A dominates; near 1 B dominates. Exactly
+    reproducible for a given `seed` (NumPy Generator); differs from deepsig only by bootstrap noise
+    and deepsig's grid integral.
+    """
+    a, b = np.sort(_as_1d(a)), np.sort(_as_1d(b))
+    if a.size == 0 or b.size == 0:
+        return NAN
+    ratio = float(violation_ratio(a, b))
+    rng = np.random.default_rng(seed)
+    resampled_a = np.sort(a[rng.integers(0, a.size, (num_bootstrap, a.size))], axis=-1)
+    resampled_b = np.sort(b[rng.integers(0, b.size, (num_bootstrap, b.size))], axis=-1)
+    boot = violation_ratio(resampled_a, resampled_b)
+    root_lambda = math.sqrt(a.size * b.size / (a.size + b.size))
+    sigma = float(np.std(root_lambda * (boot - ratio)))
+    return float(np.clip(ratio - sigma / root_lambda * stats.norm.ppf(1.0 - confidence), 0.0, 1.0))
+
+
+# --------------------------------------------------------------------------- multiple comparisons
+
+
+def holm(pvalues: ArrayLike) -> np.ndarray:
+    """Holm-Bonferroni step-down adjusted p-values: sorted ascending, p_(i) * (m - i + 1),
+    made monotone by a running maximum and clipped at 1. Controls the family-wise error
+    rate under any dependence, and is never less powerful than Bonferroni.
+    NaN p-values stay NaN and are not counted in m.
+    """
+    p = np.asarray(pvalues, dtype=np.float64)
+    adjusted = np.full(p.shape, NAN)
+    finite = ~np.isnan(p)
+    q = p[finite]
+    order = np.argsort(q, kind="stable")
+    steps = np.minimum(np.maximum.accumulate((q.size - np.arange(q.size)) * q[order]), 1.0)
+    values = np.empty(q.size)
+    values[order] = steps
+    adjusted[finite] = values
+    return adjusted
+
+
+# --------------------------------------------------------------------------- power
+
+
+def power(delta: float, std: float, n: float, alpha: float = 0.05) -> float:
+    """Power of the two-sided two-sample t-test with n seeds per group to detect a true difference `delta`."""
+    return _t_test_power(delta, std, n, alpha)
+
+
+def _t_test_power(delta: float, std: float, n: float, alpha: float) -> float:
+    """Power of the two-sided two-sample t-test with n seeds per group to detect a true difference `delta`.
+
+    Under the alternative the statistic follows a noncentral t with 2n - 2 degrees of freedom
+    and noncentrality (delta/std) sqrt(n/2); power is its mass beyond +-t_{1-alpha/2}.
+    """
+    if not (n >= 2 and math.isfinite(std) and math.isfinite(delta)):
+        return NAN
+    if std == 0:
+        return 1.0 if delta != 0 else alpha
+    df = 2 * n - 2
+    ncp = abs(delta) / std * math.sqrt(n / 2)
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(critical, df, ncp) + stats.nct.cdf(-critical, df, ncp))
+
+
+def seeds_needed(delta: float, std: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest number of seeds per configuration (>= 2) whose t-test reaches `power` for `delta`.
+
+    Power grows with n, so double n until it is enough, then bisect between the last two.
+    inf when delta is 0 (no finite n detects no difference), NaN when std is unknown.
+    """
+    target, reach = power, _t_test_power
+    if not (math.isfinite(std) and math.isfinite(delta)):
+        return NAN
+    if delta == 0:
+        return math.inf
+    if reach(delta, std, 2, alpha) >= target:
+        return 2
+    low, high = 2, 4
+    while reach(delta, std, high, alpha) < target:
+        low, high = high, high * 2
+        if high > 2**40:
+            return math.inf
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if reach(delta, std, middle, alpha) >= target else (middle, high)
+    return high
+
+
+def min_detectable_difference(std: float, n: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest true difference that n seeds per configuration detect with `power` (brentq on the power curve)."""
+    target, reach = power, _t_test_power
+    if not (n >= 2 and math.isfinite(std)):
+        return NAN
+    if std == 0:
+        return 0.0
+    high = std
+    while reach(high, std, n, alpha) < target:
+        high *= 2
+    return float(optimize.brentq(lambda d: reach(d, std, n, alpha) - target, 0.0, high, xtol=1e-14 * std, rtol=1e-12))
+
+
+# --------------------------------------------------------------------------- variance decomposition
+
+
+def variance_interval(values: ArrayLike, confidence: float = 0.95) -> dict[str, float]:
+    """Sample variance (ddof=1) with the chi-square interval (n-1) s^2 / chi2_{1-a/2, 0+a/2}(n-1)."""
+    x = _as_1d(values)
+    if x.size < 2:
+        return {"variance": NAN, "ci_low": NAN, "ci_high": NAN}
+    var = float(np.var(x, ddof=1))
+    return {"variance": var, **_chi2_interval(var, x.size - 1, confidence)}
+
+
+def _chi2_interval(var: float, df: float, confidence: float) -> dict[str, float]:
+    tail = (1 - confidence) / 2
+    return {"ci_low": df * var / stats.chi2.ppf(1 - tail, df), "ci_high": df * var / stats.chi2.ppf(tail, df)}
+
+
+def decompose_one_at_a_time(by_source: Mapping[str, ArrayLike], total: ArrayLike | None = None,
+                            confidence: float = 0.95) -> list[dict[str, Any]]:
+    """Variance of each one-source-at-a-time design (Bouthillier et al. 2021) and its share of their sum.
+
+    Rows: one per source (variance, chi-square CI, share = var_s / sum of source variances);
+    "sum_of_sources" (their sum, with a Welch-Satterthwaite chi-square interval, share 1);
+    and, given the all-sources-vary design, "total" (its variance and chi-square CI, share =
+    var_total / sum_of_sources). If the sources add up, total's share is near 1 and its interval
+    overlaps the sum's; well above 1 means the sources interact.
+    """
+    rows = [{"source": str(s), **variance_interval(v, confidence)} for s, v in by_source.items()]
+    summed = float(sum(r["variance"] for r in rows)) if rows else NAN
+    for r in rows:
+        r["share"] = r["variance"] / summed if summed > 0 else NAN
+    if rows:
+        # Welch-Satterthwaite: a sum of independent scaled chi-squares is ~ chi-square with these df.
+        dfs = [_as_1d(v).size - 1 for v in by_source.values()]
+        denominator = sum(r["variance"] ** 2 / df for r, df in zip(rows, dfs)) if min(dfs) >= 1 else NAN
+        df = summed**2 / denominator if denominator > 0 else NAN
+        interval = _chi2_interval(summed, df, confidence) if math.isfinite(df) else {"ci_low": NAN, "ci_high": NAN}
+        rows.append({"source": "sum_of_sources", "variance": summed, **interval, "share": 1.0 if summed > 0 else NAN})
+    if total is not None:
+        whole = variance_interval(total, confidence)
+        rows.append({"source": "total", **whole, "share": whole["variance"] / summed if summed > 0 else NAN})
+    return rows
+
+
+def variance_components(frame: pd.DataFrame, factors: Sequence[str], value: str) -> pd.DataFrame:
+    """Variance components of a balanced, fully crossed two-factor grid (e.g. init seed x data seed).
+
+    Two-way random-effects ANOVA, y_ijk = mu + a_i + b_j + (ab)_ij + e_ijk, by the method of
+    moments: with I levels of the first factor, J of the second and r replicates per cell,
+
+        E[MS_A] = s2_e + r s2_ab + J r s2_a    E[MS_B] = s2_e + r s2_ab + I r s2_b
+        E[MS_AB] = s2_e + r s2_ab              E[MS_E] = s2_e
+
+    so s2_a = (MS_A - MS_AB) / (J r), s2_b = (MS_B - MS_AB) / (I r), s2_ab = (MS_AB - MS_E) / r,
+    s2_e = MS_E. With one replicate the interaction and the residual cannot be told apart and
+    are reported together ("<a>:<b>+residual" = MS_AB). A moment estimate below zero means the
+    component is too small to see against the noise; it is truncated at 0 (the usual convention,
+    at the price of a small upward bias). Returns source, df, mean_square, variance, share.
+    """
+    if len(factors) != 2:
+        raise ValueError(f"variance_components takes exactly two crossed factors, got {list(factors)}.")
+    fa, fb = factors
+    y = frame[value].astype(np.float64)
+    cells = frame.groupby([fa, fb])[value]
+    counts = cells.size()
+    levels_a, levels_b = frame[fa].nunique(), frame[fb].nunique()
+    if len(counts) != levels_a * levels_b or counts.nunique() != 1:
+        raise ValueError(f"variance_components needs a balanced, fully crossed grid of {fa} x {fb} "
+                         f"(every pair of levels with the same number of runs).")
+    r = int(counts.iloc[0])
+    grand = y.mean()
+    mean_a = frame.groupby(fa)[value].mean()
+    mean_b = frame.groupby(fb)[value].mean()
+    mean_ab = cells.mean()
+    interaction = (mean_ab.to_numpy() - mean_a[mean_ab.index.get_level_values(0)].to_numpy()
+                   - mean_b[mean_ab.index.get_level_values(1)].to_numpy() + grand)
+    residual = y - cells.transform("mean")
+    ss = {
+        "a": levels_b * r * float(((mean_a - grand) ** 2).sum()),
+        "b": levels_a * r * float(((mean_b - grand) ** 2).sum()),
+        "ab": r * float((interaction**2).sum()),
+        "e": float((residual**2).sum()),
+    }
+    df = {"a": levels_a - 1, "b": levels_b - 1, "ab": (levels_a - 1) * (levels_b - 1),
+          "e": levels_a * levels_b * (r - 1)}
+    ms = {k: ss[k] / df[k] if df[k] > 0 else NAN for k in ss}
+    components = {"a": (ms["a"] - ms["ab"]) / (levels_b * r), "b": (ms["b"] - ms["ab"]) / (levels_a * r)}
+    names = {"a": fa, "b": fb}
+    if r > 1:
+        components.update(ab=(ms["ab"] - ms["e"]) / r, e=ms["e"])
+        names.update(ab=f"{fa}:{fb}", e="residual")
+    else:
+        components.update(ab=ms["ab"])
+        names.update(ab=f"{fa}:{fb}+residual")
+    variance = {k: max(float(v), 0.0) if math.isfinite(v) else NAN for k, v in components.items()}
+    summed = sum(v for v in variance.values() if math.isfinite(v))
+    return pd.DataFrame([{"source": names[k], "df": df[k], "mean_square": ms[k], "variance": v,
+                          "share": v / summed if summed > 0 else NAN} for k, v in variance.items()])

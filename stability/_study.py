@@ -1,0 +1,134 @@
+"""The one-call Python API behind `hfta-nas stability` and `hfta-nas report`.
+
+>>> import stability
+>>> done = stability.run_study("stability/configs/mnist1d_cnn.yaml", seeds=32, out_dir="runs/stability/cnn")
+>>> done.analysis.summary.query("metric == 'test_acc'")[["config", "mean", "ci_bca_low", "ci_bca_high"]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfta_nas.errors import HftaNasError
+from search_spaces import ResolvedConfig
+from stability._configs import LabelledConfig, label_for, load_config
+from stability._design import parse_vary
+from stability._result import SOURCES, Analysis, StabilityResult
+
+FORMATS = ("html", "md", "csv", "json", "tex")
+PLOT_FORMATS = ("png", "svg")
+
+
+@dataclass
+class StudyReport:
+    """What a study produced: raw result, statistics, files written, where it is stored."""
+
+    result: StabilityResult
+    analysis: Analysis
+    out_dir: Path
+    files: dict[str, list[Path]]
+    studies: dict[str, str] = field(default_factory=dict)  # config label -> Optuna study name
+    artifacts: list[str] = field(default_factory=list)  # artifact ids of the attached report
+    artifact_dir: Path | None = None
+
+
+def run_study(
+    configs: str | Path | ResolvedConfig | LabelledConfig | Sequence[str | Path | ResolvedConfig | LabelledConfig],
+    *,
+    seeds: int = 32,
+    vary: str | Sequence[str] = SOURCES,
+    decompose: bool = False,
+    base_seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    array_size: int | None = None,
+    storage: str | None = None,
+    store: bool = True,
+    out_dir: str | Path | None = None,
+    formats: Sequence[str] = FORMATS,
+    plot_formats: Sequence[str] = PLOT_FORMATS,
+    metric: str = "test_acc",
+    bootstrap_seed: int = 0,
+    artifact_dir: str | Path | None = None,
+    earlier: Sequence[StabilityResult] = (),
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
+) -> StudyReport:
+    """Train each configuration across `seeds` seeds, analyse, write the report, store it.
+
+    `configs`: config files, ResolvedConfigs or LabelledConfigs (one or several);
+    `storage`: an Optuna storage URL or journal path (default runs/hfta-nas.journal;
+    `store=False` keeps nothing in a storage); `earlier`: results of earlier studies
+    to compare with, reused without retraining.
+    """
+    from hfta_nas.search import open_storage
+    from stability._runner import run_stability
+
+    labelled = _labelled(configs)
+    opened, location = open_storage(storage) if store else (None, "")
+    result, stores = run_stability(
+        labelled, n_seeds=seeds, vary=parse_vary(vary), decompose=decompose, base_seed=base_seed, device=device,
+        dtype=dtype, array_size=array_size, storage=opened, storage_location=location, bootstrap_seed=bootstrap_seed,
+        on_event=on_event)
+    if earlier:
+        result = StabilityResult.combine([result, *earlier])
+    out = Path(out_dir) if out_dir is not None else Path("runs") / "stability" / "-vs-".join(
+        item.label.replace(" ", "") for item in labelled)
+    artifacts = Path(artifact_dir) if artifact_dir is not None else (default_artifact_dir(location) if store else None)
+    return report(result, out, formats=formats, plot_formats=plot_formats, metric=metric, bootstrap_seed=bootstrap_seed,
+                  stores=stores, artifact_dir=artifacts)
+
+
+def report(
+    result: StabilityResult,
+    out_dir: str | Path,
+    *,
+    formats: Sequence[str] = FORMATS,
+    plot_formats: Sequence[str] = PLOT_FORMATS,
+    metric: str = "test_acc",
+    bootstrap_seed: int | None = None,
+    stores: dict[str, Any] | None = None,
+    artifact_dir: Path | None = None,
+) -> StudyReport:
+    """Analyse a result and write its report (and raw data, for `hfta-nas report`) to `out_dir`."""
+    from stability._analysis import analyse
+    from stability._export import write_report
+
+    known = set(result.curves["metric"]) | {c for c in result.seeds.columns if c.endswith(("_acc", "_loss"))}
+    if metric not in known:
+        raise HftaNasError(f"unknown metric '{metric}'; the results have {', '.join(sorted(known))}.")
+    out = Path(out_dir)
+    try:
+        result.save(out / "result")
+    except OSError as error:
+        raise HftaNasError(f"cannot write the report folder '{out}': {error.strerror or error}") from None
+    analysis = analyse(result, bootstrap_seed=bootstrap_seed)
+    files = write_report(result, analysis, out, formats=formats, plot_formats=plot_formats, metric=metric)
+    attached = []
+    html = next((p for p in files.get("html", []) if Path(p).suffix == ".html"), None)
+    if html is not None and artifact_dir is not None:
+        attached = [store.attach(Path(html), artifact_dir) for store in (stores or {}).values()]
+    studies = {label: s.name for label, s in (stores or {}).items()} or dict(result.metadata.get("studies", {}))
+    return StudyReport(result, analysis, out, files, studies, attached, artifact_dir)
+
+
+def default_artifact_dir(location: str) -> Path:
+    """Where reports are stored as Optuna artifacts: beside a journal file; runs/artifacts for servers."""
+    if "://" in location or not location:
+        return Path("runs") / "artifacts"
+    return Path(location).parent / "artifacts"
+
+
+def _labelled(configs: Any) -> list[LabelledConfig]:
+    items = list(configs) if isinstance(configs, (list, tuple)) else [configs]
+    labelled: list[LabelledConfig] = []
+    for item in items:
+        if isinstance(item, LabelledConfig):
+            labelled.append(item)
+        elif isinstance(item, ResolvedConfig):
+            labelled.append(LabelledConfig(f"config{len(labelled) + 1}", item))
+        else:
+            labelled.append(LabelledConfig(label_for(item, [c.label for c in labelled]), load_config(item)))
+    return labelled

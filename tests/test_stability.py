@@ -1,0 +1,289 @@
+"""Stability studies: seed designs, the runner (per-source seeds, slot independence,
+failures counted), storage and resume, config sources, and the commands end to end."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from click.testing import CliRunner
+from optuna.trial import TrialState
+
+from cli import main
+from hfta_nas import ModelArray
+from hfta_nas.models import resolve_model
+from hfta_nas.search import open_storage
+from search_spaces import SHIPPED_SPACES, ResolvedConfig
+from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config, parse_params
+from stability._design import parse_vary, plan, source_seed
+from stability._runner import run_stability, train_seeds
+from tests.conftest import synthetic_dataset
+
+TINY = """\
+model: cnn1d
+model_config: {channels: [4], kernel_size: 3, dropout: 0.1}
+dataset: mnist1d
+data: {batch_size: 50, num_samples: 400}
+optimizer: adam
+hparams: {lr: 0.01}
+epochs: 2
+"""
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    return path
+
+
+def mlp_config(**changes):
+    config = ResolvedConfig.from_yaml("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\n"
+                                      "optimizer: sgd\nhparams: {lr: 0.05}\nepochs: 2\ndata: {batch_size: 20}\n")
+    return dataclasses.replace(config, **changes)
+
+
+# ------------------------------------------------------------------ designs
+def test_each_source_has_its_own_stream_and_fixed_sources_keep_their_first_seed():
+    plans = plan(5, vary=("data",))
+    assert len({p.seeds["data"] for p in plans}) == 5
+    assert {p.seeds["init"] for p in plans} == {source_seed(0, "init", 0)}
+    assert {p.seeds["dropout"] for p in plans} == {source_seed(0, "dropout", 0)}
+    assert source_seed(0, "init", 1) != source_seed(0, "data", 1) != source_seed(1, "data", 1)
+    assert all(0 <= p.seeds[s] < 2**31 for p in plans for s in p.seeds)
+
+
+def test_decompose_adds_one_design_per_varied_source():
+    plans = plan(3, vary=("init", "data"), decompose=True)
+    designs = {d: [p for p in plans if p.design == d] for d in ("all", "only_init", "only_data")}
+    assert [len(v) for v in designs.values()] == [3, 3, 3] and len(plans) == 9
+    assert len({p.seeds["init"] for p in designs["only_init"]}) == 3
+    assert len({p.seeds["data"] for p in designs["only_init"]}) == 1
+    assert len({p.seeds["data"] for p in designs["only_data"]}) == 3
+    assert len({p.seeds["init"] for p in designs["only_data"]}) == 1
+
+
+@pytest.mark.parametrize("bad", ["", "weights", "init,colour"])
+def test_unknown_sources_are_refused(bad):
+    with pytest.raises(Exception, match="--vary takes"):
+        parse_vary(bad)
+    assert parse_vary("all") == ("init", "data", "dropout")
+
+
+@pytest.mark.parametrize("n", [0, -3])
+def test_zero_seeds_are_refused(n):
+    with pytest.raises(Exception, match="positive integer"):
+        plan(n)
+
+
+# ------------------------------------------------------------------- runner
+def test_vary_data_keeps_initial_weights_equal_across_slots_and_changes_only_the_order():
+    config = mlp_config()
+    data = synthetic_dataset(n_train=40, shape=(64,), classes=10)
+    plans = plan(4, vary=("data",))
+    factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
+    array = ModelArray.from_factory(factory, [p.seeds["init"] for p in plans], dtype=torch.float64)
+    first = array.slot_state_dict(0)
+    for slot in range(1, 4):
+        assert all(torch.equal(first[k], v) for k, v in array.slot_state_dict(slot).items())
+    outcomes, _ = train_seeds(config, plans, data, dtype="float64")
+    losses = [o.final["train_loss"] for o in outcomes]
+    assert len(set(losses)) == 4  # same start, different data order: different endings
+
+
+def test_every_slot_ends_as_if_trained_alone():
+    config = mlp_config()
+    data = synthetic_dataset(n_train=40, shape=(64,), classes=10)
+    plans = plan(3)
+    together, _ = train_seeds(config, plans, data, dtype="float64")
+    for p, outcome in zip(plans, together):
+        alone, _ = train_seeds(config, [p], data, dtype="float64")
+        assert len(alone[0].history) == len(outcome.history)
+        for mine, reference in zip(outcome.history, alone[0].history):
+            assert mine == pytest.approx(reference, rel=1e-12, abs=1e-12)
+
+
+def test_diverged_seeds_are_counted_not_dropped(tmp_path):
+    config = mlp_config(hparams={"lr": 1e20, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False, "maximize": False})
+    storage, location = open_storage(str(tmp_path / "s.journal"))
+    result, _ = run_stability([LabelledConfig("hot", config)], n_seeds=3, storage=storage, storage_location=location)
+    assert len(result.seeds) == 3
+    assert set(result.seeds["status"]) == {"failed"}
+    assert all(result.seeds["reason"].str.len() > 0)
+    study = optuna.load_study(study_name=result.metadata["studies"]["hot"], storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 3
+
+
+def test_a_rerun_reuses_stored_seeds_and_trains_only_new_ones(tmp_path):
+    config = mlp_config()
+    storage, location = open_storage(str(tmp_path / "s.journal"))
+    first, _ = run_stability([LabelledConfig("m", config)], n_seeds=3, storage=storage, storage_location=location)
+    events = []
+    second, _ = run_stability([LabelledConfig("m", config)], n_seeds=4, storage=storage, storage_location=location,
+                              on_event=lambda kind, info: events.append((kind, info)))
+    assert second.metadata["reused_seeds"] == 3
+    assert [info["size"] for kind, info in events if kind == "array"] == [1]
+    assert second.seeds["test_acc"].tolist()[:3] == first.seeds["test_acc"].tolist()
+    study = optuna.load_study(study_name=second.metadata["studies"]["m"], storage=storage)
+    assert len(study.trials) == 4 and all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert {t.user_attrs["seed_index"] for t in study.trials} == {0, 1, 2, 3}
+    assert all(t.intermediate_values for t in study.trials)
+
+
+def test_array_size_splits_the_seeds_without_changing_results():
+    config = mlp_config()
+    whole, _ = run_stability([LabelledConfig("m", config)], n_seeds=4, dtype="float64")
+    split, _ = run_stability([LabelledConfig("m", config)], n_seeds=4, dtype="float64", array_size=3)
+    assert [a["size"] for a in split.metadata["arrays"]] == [3, 1]
+    assert split.seeds["test_loss"].tolist() == pytest.approx(whole.seeds["test_loss"].tolist(), rel=1e-12)
+
+
+def test_protocol_metadata_records_what_reproduces_the_run():
+    result, _ = run_stability([LabelledConfig("m", mlp_config())], n_seeds=2, vary=("init",), base_seed=7)
+    meta = result.metadata
+    assert meta["vary"] == ["init"] and meta["base_seed"] == 7 and meta["n_test"] > 0
+    assert set(meta["versions"]) >= {"hfta_nas", "torch", "optuna", "numpy", "scipy"}
+    assert meta["determinism"]["torch_threads"] >= 1
+    assert meta["seeds_per_source"]["init"] == sorted(source_seed(7, "init", i) for i in range(2))
+    assert meta["configs"]["m"]["model"] == "mlp"
+
+
+# ------------------------------------------------------------------ configs
+def test_a_space_file_with_params_gives_the_same_config_as_resolve():
+    values = ["training.optimizer.lr=3e-3", "training.optimizer.weight_decay=1e-4",
+              "model.config.channels=[32, 32]", "model.config.kernel_size=5"]
+    config = load_config(SHIPPED_SPACES["mnist1d_cnn"], parse_params(values))
+    assert config.hparams["lr"] == 3e-3 and config.model_config["channels"] == [32, 32]
+
+
+def test_a_space_file_without_params_says_which_to_fix():
+    with pytest.raises(Exception, match="fix each with --params"):
+        load_config(SHIPPED_SPACES["mnist1d_cnn"])
+
+
+def test_the_shipped_default_config_loads():
+    config = load_config(DEFAULT_CONFIG)
+    assert config.model == "cnn1d" and config.dataset == "mnist1d" and config.model_config["dropout"] > 0
+
+
+# ----------------------------------------------------------------- commands
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_stability_command_writes_every_format_and_stores_the_seeds(tmp_path, tiny_config):
+    out, journal = tmp_path / "report", tmp_path / "runs" / "s.journal"
+    result = cli("stability", tiny_config, "--seeds", 4, "--out", out, "--storage", journal, "--threads", 1, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    (row,) = summary["configs"]
+    assert row["config"] == "tiny" and row["n"] + row["n_failed"] == 4
+    assert set(summary["files"]) == {"html", "md", "csv", "json", "tex"}
+    assert all(Path(p).exists() for paths in summary["files"].values() for p in paths)
+    assert (out / "result" / "seeds.csv").exists()
+    html = next(Path(p) for p in summary["files"]["html"] if p.endswith(".html")).read_text()
+    assert "data:image/png;base64," in html or "<svg" in html
+    # stored as a study whose trials are the seeds, with the report attached as an artifact
+    storage, _ = open_storage(str(journal))
+    (name,) = summary["studies"].values()
+    study = optuna.load_study(study_name=name, storage=storage)
+    assert len(study.trials) == 4
+    from optuna.artifacts import get_all_artifact_meta
+    assert [m.filename for m in get_all_artifact_meta(study)] == ["report.html"]
+    assert summary["dashboard"].startswith(f"optuna-dashboard {journal}")
+
+    # the same command again reuses every seed; `report` rebuilds from the folder or the study
+    again = cli("stability", tiny_config, "--seeds", 4, "--out", out, "--storage", journal, "--json")
+    assert json.loads(again.output)["reused_seeds"] == 4 and json.loads(again.output)["arrays"] == []
+    from_folder = cli("report", out, "--format", "md,json", "--json")
+    assert from_folder.exit_code == 0, from_folder.output
+    assert json.loads(from_folder.output)["configs"][0]["mean"] == pytest.approx(row["mean"], rel=1e-12)
+    from_study = cli("report", "--study", name, "--storage", journal, "--out", tmp_path / "again", "--format", "csv", "--json")
+    assert from_study.exit_code == 0, from_study.output
+    assert json.loads(from_study.output)["configs"][0]["mean"] == pytest.approx(row["mean"], rel=1e-12)
+
+
+def test_compare_two_configs_reports_the_comparison(tmp_path, tiny_config):
+    other = tmp_path / "slow.yaml"
+    other.write_text(TINY.replace("lr: 0.01", "lr: 0.001"))
+    result = cli("stability", "compare", tiny_config, other, "--seeds", 4, "--out", tmp_path / "cmp",
+                 "--storage", tmp_path / "s.journal", "--format", "json,md", "--plot-format", "png", "--json")
+    assert result.exit_code == 0, result.output
+    (comparison,) = json.loads(result.output)["comparisons"]
+    assert {comparison["a"], comparison["b"]} == {"tiny", "slow"}
+    assert 0.0 <= comparison["p_holm"] <= 1.0 and 0.0 <= comparison["p_a_gt_b"] <= 1.0
+
+
+def test_decompose_reports_a_share_per_source(tmp_path, tiny_config):
+    result = cli("stability", tiny_config, "--seeds", 3, "--vary", "init,data", "--decompose", "--out", tmp_path / "d",
+                 "--storage", tmp_path / "s.journal", "--format", "json", "--plot-format", "png", "--json")
+    assert result.exit_code == 0, result.output
+    sources = {row["source"] for row in json.loads(result.output)["decomposition"]}
+    assert {"init", "data"} <= sources
+
+
+def test_top_k_trials_of_a_search_are_rerun_across_seeds(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "study: {name: tiny-search}\nbudget: {n_trials: 3}\narray: {size: 3}\n"
+        "data: {dataset: digits, batch_size: 50}\ntraining: {epochs: 1, optimizer: {name: adam}}\n"
+        "model: {family: mlp, config: {width: 8, depth: 1}}\n"
+        "params:\n  training.optimizer.lr: {distribution: log_uniform, min: 1.0e-3, max: 1.0e-1}\n")
+    journal = tmp_path / "s.journal"
+    searched = cli("search", space, "--storage", journal, "--out", tmp_path / "best", "--json")
+    assert searched.exit_code == 0, searched.output
+    result = cli("stability", "--study", "tiny-search", "--top-k", 2, "--storage", journal, "--seeds", 3,
+                 "--out", tmp_path / "top", "--format", "json", "--plot-format", "png", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert len(summary["configs"]) == 2 and all(c["config"].startswith("trial ") for c in summary["configs"])
+    assert len(summary["comparisons"]) == 1
+
+
+def test_the_exported_best_config_is_accepted(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "study: {name: tiny-export}\nbudget: {n_trials: 2}\narray: {size: 2}\n"
+        "data: {dataset: digits, batch_size: 50}\ntraining: {epochs: 1, optimizer: {name: adam}}\n"
+        "model: {family: mlp, config: {width: 8, depth: 1}}\n"
+        "params:\n  training.optimizer.lr: {distribution: log_uniform, min: 1.0e-3, max: 1.0e-1}\n")
+    searched = cli("search", space, "--storage", tmp_path / "s.journal", "--out", tmp_path / "best", "--json")
+    assert searched.exit_code == 0, searched.output
+    exported = json.loads(searched.output)["exported"]["config"]
+    result = cli("stability", exported, "--seeds", 2, "--storage", tmp_path / "s.journal", "--out", tmp_path / "r",
+                 "--format", "csv", "--plot-format", "png", "--json")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--seeds", "0"], "--seeds must be at least 1"),
+    (["--vary", "weights"], "--vary takes"),
+    (["--format", "pdf"], "expected a comma-separated subset of html, md, csv, json, tex"),
+    (["--storage", "postgresql://nobody@127.0.0.1:1/x"], "cannot open storage"),
+    (["--device", "tpu"], "unknown device"),
+    (["--array-size", "0"], "--array-size must be a positive integer"),
+])
+def test_stability_user_errors_exit_2_without_traceback(tmp_path, tiny_config, args, message):
+    result = cli("stability", tiny_config, "--seeds", 2, "--out", tmp_path / "r", "--storage", tmp_path / "s.journal", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_missing_or_wrong_inputs_are_clear(tmp_path, tiny_config):
+    assert "file not found" in cli("stability", tmp_path / "nope.yaml").output
+    assert cli("stability", SHIPPED_SPACES["mnist1d_cnn"]).exit_code == 2
+    assert "holds no stability results" in cli("report", tmp_path).output
+    a_file = tmp_path / "file"
+    a_file.write_text("")  # a folder below a file cannot be made, even by root
+    result = cli("stability", tiny_config, "--seeds", 2, "--out", a_file / "r", "--storage", tmp_path / "s.journal")
+    assert result.exit_code == 2 and "cannot write the report folder" in result.output
+
+
+def test_the_benchmark_runs_in_quick_mode_from_the_command_line(tmp_path):
+    result = cli("bench", "stability", "--quick", "--out", tmp_path / "b.json")
+    assert result.exit_code == 0, result.output
+    assert "plain / array wall time" in result.output
+    figures = json.loads((tmp_path / "b.json").read_text())
+    assert len(figures["array_acc"]) == len(figures["plain_acc"]) == 4 and figures["speedup"] > 0

@@ -1,0 +1,466 @@
+"""Statistics of stability studies: every figure against scipy, a hand computation, or a reference
+implementation (deepsig for ASO, statsmodels for Holm and power), and `analyse` end to end on a
+hand-built result."""
+
+import itertools
+import json
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from stability import _stats
+from stability._analysis import (
+    COMPARISON_COLUMNS,
+    DECOMPOSITION_COLUMNS,
+    PER_EPOCH_COLUMNS,
+    POWER_COLUMNS,
+    RANKING_COLUMNS,
+    SUMMARY_COLUMNS,
+    analyse,
+)
+from stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, StabilityResult
+
+TIGHT = 1e-12
+
+
+def close(a, b, tol=TIGHT):
+    return math.isclose(a, b, rel_tol=tol, abs_tol=tol) or (math.isnan(a) and math.isnan(b))
+
+
+@pytest.fixture
+def no_warnings():
+    """Degenerate data must come out as NaN, not as warnings leaking to the user."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+def sample(n=25, seed=2):
+    values = np.random.default_rng(seed).normal(0.9, 0.01, n)
+    values[3] = 0.80  # a planted low outlier
+    return values
+
+
+# --------------------------------------------------------------------------- summarize
+
+
+def test_summarize_matches_scipy_and_numpy(no_warnings):
+    x = sample()
+    row = _stats.summarize(x, n_failed=2, n_test=1000, bootstrap_seed=7, n_resamples=2000)
+    assert list(row) == [c for c in SUMMARY_COLUMNS if c not in ("config", "design", "metric")]
+    mean, std = x.mean(), x.std(ddof=1)
+    q1, med, q3 = np.percentile(x, [25, 50, 75])
+    t_low, t_high = stats.t.interval(0.95, x.size - 1, loc=mean, scale=stats.sem(x))
+    boot = stats.bootstrap((x,), np.mean, method="BCa", n_resamples=2000, rng=np.random.default_rng(7))
+    shapiro = stats.shapiro(x)
+    floor = math.sqrt(mean * (1 - mean) / 1000)
+    expected = {
+        "n": 25, "n_failed": 2, "mean": mean, "std": std, "sem": std / 5, "ci_t_low": t_low, "ci_t_high": t_high,
+        "ci_bca_low": boot.confidence_interval.low, "ci_bca_high": boot.confidence_interval.high,
+        "median": med, "q1": q1, "q3": q3, "iqr": stats.iqr(x), "iqm": stats.trim_mean(x, 0.25),
+        "min": x.min(), "max": x.max(), "range": x.max() - x.min(), "cv": std / mean,
+        "normality_stat": shapiro.statistic, "normality_p": shapiro.pvalue, "n_outliers": 1,
+        "noise_floor_std": floor, "variance_ratio": std**2 / floor**2,
+    }
+    for key, value in expected.items():
+        assert close(row[key], value), key
+    assert row["outliers"] == [3]
+    assert list(row["best_of_k"]) == [1, 2, 4, 8, 16]
+    assert close(row["best_of_k"][1], mean)
+
+
+def test_iqm_is_the_mean_of_the_middle_half():
+    x = np.array([10.0, 1.0, 4.0, 3.0, 2.0, 7.0, 5.0, 100.0])
+    assert close(_stats.summarize(x, n_resamples=100)["iqm"], (3 + 4 + 5 + 7) / 4)
+
+
+def test_summarize_losses_have_no_noise_floor():
+    row = _stats.summarize(sample(), n_test=1000, is_accuracy=False, n_resamples=100)
+    assert math.isnan(row["noise_floor_std"]) and math.isnan(row["variance_ratio"])
+
+
+@pytest.mark.parametrize("values", [[], [0.9], [0.9, 0.9, 0.9, 0.9]])
+def test_summarize_degenerate_input_gives_nan_without_warnings(values, no_warnings):
+    row = _stats.summarize(np.asarray(values, dtype=np.float64), n_test=100, n_resamples=200)
+    assert row["n"] == len(values)
+    assert math.isnan(row["normality_stat"]) and math.isnan(row["normality_p"])
+    if len(values) < 2:
+        for key in ("std", "sem", "ci_t_low", "ci_t_high", "ci_bca_low", "ci_bca_high", "cv", "variance_ratio"):
+            assert math.isnan(row[key]), key
+    else:  # all equal: no spread, so every interval is the point itself
+        assert row["std"] == 0 and row["cv"] == 0 and row["n_outliers"] == 0
+        assert row["ci_t_low"] == row["ci_t_high"] == row["ci_bca_low"] == row["ci_bca_high"] == 0.9
+    assert row["best_of_k"] == ({} if not values else {k: 0.9 for k in row["best_of_k"]})
+
+
+def test_bootstrap_interval_is_reproducible_from_its_seed():
+    x = sample()
+    one = _stats.bootstrap_interval([x], np.mean, seed=3, n_resamples=2000)
+    assert one == _stats.bootstrap_interval([x], np.mean, seed=3, n_resamples=2000)
+    assert one != _stats.bootstrap_interval([x], np.mean, seed=4, n_resamples=2000)
+
+
+def test_expected_best_of_k_is_exact():
+    x = np.array([0.3, 0.9, 0.1, 0.5, 0.9, 0.7, 0.2, 0.4])  # with a tie
+    for k in range(1, x.size + 1):
+        brute = np.mean([max(c) for c in itertools.combinations(x, k)])
+        assert close(_stats.expected_best_of_k(x, k), brute), k
+    assert math.isnan(_stats.expected_best_of_k(x, 9))
+    big = np.random.default_rng(0).normal(size=1000)  # binomials far beyond float range
+    best = _stats.expected_best_of_k(big, 512)
+    assert np.sort(big)[-3] < best <= big.max()
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def test_compare_matches_scipy(no_warnings):
+    a, b = sample(12, seed=1), sample(15, seed=2) - 0.005
+    row = _stats.compare(a, b, bootstrap_seed=5, n_resamples=2000)
+    assert list(row) == [c for c in COMPARISON_COLUMNS if c not in ("metric", "a", "b", "p_holm")]
+    welch = stats.ttest_ind(a, b, equal_var=False)
+    mwu = stats.mannwhitneyu(a, b, alternative="two-sided")
+    pooled = math.sqrt((11 * a.var(ddof=1) + 14 * b.var(ddof=1)) / 25)
+    signs = np.sign(a[:, None] - b[None, :])
+    assert close(row["mean_diff"], a.mean() - b.mean())
+    assert close(row["welch_t"], welch.statistic) and close(row["welch_p"], welch.pvalue)
+    assert close(row["mwu_u"], mwu.statistic) and close(row["mwu_p"], mwu.pvalue)
+    assert close(row["cohen_d"], (a.mean() - b.mean()) / pooled)
+    assert close(row["cliff_delta"], signs.mean())
+    assert close(row["p_a_gt_b"], np.mean((signs > 0) + 0.5 * (signs == 0)))
+    assert row["p_a_gt_b_low"] <= row["p_a_gt_b"] <= row["p_a_gt_b_high"]
+    assert row == _stats.compare(a, b, bootstrap_seed=5, n_resamples=2000)
+
+
+def test_probability_of_superiority_on_known_inputs(no_warnings):
+    a = np.arange(10, dtype=np.float64)
+    separated = _stats.compare(a + 100, a, n_resamples=500)
+    assert separated["p_a_gt_b"] == separated["p_a_gt_b_low"] == separated["p_a_gt_b_high"] == 1.0
+    assert separated["cliff_delta"] == 1.0
+    assert _stats.compare(a, a + 100, n_resamples=500)["p_a_gt_b"] == 0.0
+    same = _stats.compare(a, a, n_resamples=500)
+    assert same["p_a_gt_b"] == 0.5 and same["cliff_delta"] == 0.0
+    # 2 of the 4 pairs won, 1 tied, 1 lost: (2 + 0.5) / 4
+    assert _stats.compare([1.0, 3.0], [2.0, 3.0], n_resamples=100)["p_a_gt_b"] == 0.375
+
+
+def test_compare_degenerate_input(no_warnings):
+    assert all(math.isnan(v) for v in _stats.compare([], [1.0, 2.0]).values())
+    flat = _stats.compare([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], n_resamples=100)
+    assert math.isnan(flat["welch_p"]) and math.isnan(flat["cohen_d"]) and flat["p_a_gt_b"] == 0.5
+
+
+# --------------------------------------------------------------------------- ASO
+
+# Reference values from the established implementation, deepsig 1.2.8 (pip install deepsig; its module
+# __version__ reads 1.2.6) with numpy 2.4.6 / scipy 1.17.1, on the pairs built by `aso_pairs` below:
+#   ratio:   deepsig.aso.compute_violation_ratio(a, b, dt=1e-4)
+#   default: deepsig.aso(list(a), list(b), seed=0, show_progress=False)            (dt=0.005, 1000 bootstraps)
+#   fine:    mean of deepsig.aso(list(a), list(b), seed=s * 100000, dt=0.001, show_progress=False), s = 0..7
+# deepsig integrates on a grid t = dt, 2 dt, ... (and leaves the first grid point out of the numerator);
+# we integrate the step functions exactly, so the ratios agree to O(dt): at dt=1e-4 to 4e-4 (tolerance
+# 2e-3), while deepsig's default dt=0.005 moves eps_min by up to ~0.02 on these pairs.
+# Tolerances come from the bootstrap: one eps_min from 1000 bootstraps varies across seeds with sd up to
+# 0.013 (both implementations); the 8-run deepsig mean has sd <= 0.004 and ours with 20000 bootstraps
+# <= 0.003, so "fine" is held to 0.02 (about 4 sd); "default" (one run each, plus the grid) to 0.05.
+ASO_REFERENCE = {  # name: (ratio, default, fine)
+    "shift0.0": (0.36286369582428274, 0.8728144695424389, 0.876464657359775),
+    "shift0.5": (0.015951858416445613, 0.15482026399511672, 0.15829972786365187),
+    "shift1.0": (0.0, 0.003843119340351039, 0.00452259375863402),
+    "unequal": (0.044446228259108045, 0.5293353512274389, 0.5380793861764388),
+    "dominating": (0.0, 0.0, 0.0),
+    "dominated": (0.9998999899989999, 0.9966129096138835, 0.9993228357051969),
+}
+
+
+def aso_pairs():
+    b = np.random.default_rng(2).standard_normal(20)
+    pairs = {f"shift{s}": (np.random.default_rng(1).standard_normal(20) + s, b) for s in (0.0, 0.5, 1.0)}
+    pairs["unequal"] = (np.random.default_rng(3).standard_normal(15) + 0.5,
+                        np.random.default_rng(4).standard_normal(25))
+    pairs["dominating"], pairs["dominated"] = (b + 10.0, b), (b - 10.0, b)
+    return pairs
+
+
+@pytest.mark.parametrize("name", list(ASO_REFERENCE))
+def test_aso_matches_deepsig(name):
+    a, b = aso_pairs()[name]
+    ratio, default, fine = ASO_REFERENCE[name]
+    assert abs(float(_stats.violation_ratio(np.sort(a), np.sort(b))) - ratio) < 2e-3
+    assert abs(_stats.aso_epsilon_min(a, b, seed=0, num_bootstrap=20000) - fine) < 0.02
+    assert abs(_stats.aso_epsilon_min(a, b, seed=0) - default) < 0.05
+
+
+def test_aso_is_reproducible_and_symmetric(no_warnings):
+    a, b = aso_pairs()["unequal"]
+    assert _stats.aso_epsilon_min(a, b, seed=3) == _stats.aso_epsilon_min(a, b, seed=3)
+    forward = _stats.violation_ratio(np.sort(a), np.sort(b))
+    backward = _stats.violation_ratio(np.sort(b), np.sort(a))
+    assert close(float(forward + backward), 1.0)  # del Barrio et al.: eps(A, B) = 1 - eps(B, A)
+    assert _stats.violation_ratio(np.sort(a), np.sort(a)) == 0.5
+    assert math.isnan(_stats.aso_epsilon_min([], b))
+
+
+def test_violation_ratio_is_the_exact_integral():
+    # F^-1 = 0 | 2 on (0, .5] | (.5, 1]; G^-1 = 1 | 1 | 1 on thirds. Pieces (0,1/3], (1/3,1/2], (1/2,2/3], (2/3,1]:
+    # diff = G - F = 1, 1, -1, -1, widths 1/3, 1/6, 1/6, 1/3: violation 1/2 of a total 1.
+    assert close(float(_stats.violation_ratio(np.array([0.0, 2.0]), np.array([1.0, 1.0, 1.0]))), 0.5)
+    assert close(float(_stats.violation_ratio(np.array([0.0, 3.0]), np.array([1.0, 1.0, 1.0]))), 1 / 5)
+
+
+# --------------------------------------------------------------------------- Holm
+
+
+def test_holm_by_hand_and_statsmodels():
+    p = [0.01, 0.04, 0.03, 0.005, 0.2, 0.04]
+    # by hand: sorted 0.005*6, 0.01*5, 0.03*4, 0.04*3, 0.04*2 -> 0.12 (running max), 0.2*1
+    hand = [0.05, 0.12, 0.12, 0.03, 0.2, 0.12]
+    # statsmodels 0.15.0: multipletests(p, method="holm")[1]
+    statsmodels = [0.05, 0.12, 0.12, 0.03, 0.2, 0.12]
+    np.testing.assert_allclose(_stats.holm(p), hand, rtol=0, atol=TIGHT)
+    np.testing.assert_allclose(_stats.holm(p), statsmodels, rtol=0, atol=TIGHT)
+    np.testing.assert_array_equal(_stats.holm([0.5, 0.6]), [1.0, 1.0])  # clipped
+    np.testing.assert_allclose(_stats.holm([0.01, np.nan, 0.02]), [0.02, np.nan, 0.02])
+    assert _stats.holm([]).shape == (0,)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0, 1, allow_nan=False), min_size=0, max_size=30))
+def test_holm_properties(p):
+    adjusted = _stats.holm(p)
+    assert np.all(adjusted >= np.asarray(p) - TIGHT) and np.all(adjusted <= 1.0)
+    order = np.argsort(p, kind="stable")
+    assert np.all(np.diff(adjusted[order]) >= -TIGHT)  # monotone in the raw p-values
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=20),
+       st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=20))
+def test_best_of_k_and_violation_ratio_properties(a, b):
+    best = list(_stats.best_of_k(a).values())
+    assert all(later >= earlier - 1e-9 * (1 + abs(earlier)) for earlier, later in zip(best, best[1:]))
+    assert best[-1] <= max(a) + 1e-9 * (1 + abs(max(a)))
+    ab = float(_stats.violation_ratio(np.sort(a), np.sort(b)))
+    ba = float(_stats.violation_ratio(np.sort(b), np.sort(a)))
+    assert 0 <= ab <= 1 and abs(ab + ba - 1) < 1e-9
+
+
+# --------------------------------------------------------------------------- power
+
+
+@pytest.mark.parametrize("d, n", [(0.5, 64), (0.8, 26), (0.2, 394)])
+def test_seeds_needed_textbook(d, n):
+    # Cohen (1988) / G*Power, two-sided two-sample t-test, alpha .05, power .8.
+    assert _stats.seeds_needed(d * 0.01, 0.01) == n
+    assert _stats.power(d, 1.0, n) >= 0.8 > _stats.power(d, 1.0, n - 1)
+
+
+def test_power_against_statsmodels():
+    # statsmodels 0.15.0: TTestIndPower().power(0.5, 64, 0.05), .power(0.3, 20, 0.01),
+    # .solve_power(None, nobs1=20, alpha=0.05, power=0.8)
+    assert close(_stats.power(0.5, 1.0, 64), 0.8014595579222542)
+    assert close(_stats.power(0.03, 0.1, 20, alpha=0.01), 0.04792988013447679)
+    # statsmodels' root finder stops about 1e-8 short; ours meets power 0.8 to rounding (next lines)
+    assert close(_stats.min_detectable_difference(2.0, 20), 2.0 * 0.9091290410935777, 1e-7)
+    mdd = _stats.min_detectable_difference(0.01, 32)
+    assert close(_stats.power(mdd, 0.01, 32), 0.8)
+    assert close(_stats.power(_stats.min_detectable_difference(2.0, 20), 2.0, 20), 0.8)
+
+
+def test_power_degenerate():
+    assert math.isnan(_stats.min_detectable_difference(float("nan"), 10))
+    assert math.isnan(_stats.min_detectable_difference(1.0, 1))
+    assert _stats.min_detectable_difference(0.0, 10) == 0.0
+    assert _stats.seeds_needed(0.0, 1.0) == math.inf
+    assert _stats.seeds_needed(0.01, 0.0) == 2
+    assert math.isnan(_stats.seeds_needed(0.01, float("nan")))
+
+
+# --------------------------------------------------------------------------- decomposition
+
+
+def test_decompose_one_at_a_time_recovers_shares():
+    rng = np.random.default_rng(0)
+    sds = {"init": 2.0, "data": 1.0, "dropout": 0.5}
+    by_source = {s: rng.normal(0, sd, 4000) for s, sd in sds.items()}
+    total = rng.normal(0, math.sqrt(sum(sd**2 for sd in sds.values())), 4000)
+    rows = {r["source"]: r for r in _stats.decompose_one_at_a_time(by_source, total)}
+    assert list(rows) == ["init", "data", "dropout", "sum_of_sources", "total"]
+    true_sum = sum(sd**2 for sd in sds.values())
+    for s, sd in sds.items():
+        assert abs(rows[s]["share"] - sd**2 / true_sum) < 0.02
+        var = by_source[s].var(ddof=1)
+        assert close(rows[s]["variance"], var)
+        assert close(rows[s]["ci_low"], 3999 * var / stats.chi2.ppf(0.975, 3999))
+        assert close(rows[s]["ci_high"], 3999 * var / stats.chi2.ppf(0.025, 3999))
+        assert rows[s]["ci_low"] < sd**2 < rows[s]["ci_high"]
+    assert close(rows["sum_of_sources"]["variance"], sum(rows[s]["variance"] for s in sds))
+    assert rows["sum_of_sources"]["ci_low"] < true_sum < rows["sum_of_sources"]["ci_high"]
+    assert abs(rows["total"]["share"] - 1.0) < 0.05  # independent sources add up
+
+
+def test_decompose_without_total_or_values(no_warnings):
+    rows = _stats.decompose_one_at_a_time({"init": [1.0, 2.0, 3.0], "data": [1.0]})
+    assert [r["source"] for r in rows] == ["init", "data", "sum_of_sources"]
+    assert math.isnan(rows[1]["variance"]) and math.isnan(rows[2]["ci_low"])
+
+
+def crossed_grid(levels_a, levels_b, replicates, sd_a, sd_b, sd_ab, sd_e, seed=0):
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(0, sd_a, levels_a), rng.normal(0, sd_b, levels_b)
+    ab = rng.normal(0, sd_ab, (levels_a, levels_b))
+    i, j, _ = np.meshgrid(np.arange(levels_a), np.arange(levels_b), np.arange(replicates), indexing="ij")
+    i, j = i.ravel(), j.ravel()
+    y = 5.0 + a[i] + b[j] + ab[i, j] + rng.normal(0, sd_e, i.size)
+    return pd.DataFrame({"init": i, "data": j, "acc": y})
+
+
+def test_variance_components_recover_known_values():
+    grid = crossed_grid(300, 300, 2, sd_a=2.0, sd_b=1.0, sd_ab=0.5, sd_e=1.0)
+    table = _stats.variance_components(grid, ["init", "data"], "acc").set_index("source")
+    assert list(table.index) == ["init", "data", "init:data", "residual"]
+    truth = {"init": 4.0, "data": 1.0, "init:data": 0.25, "residual": 1.0}
+    for source, var in truth.items():  # 300 levels: a variance is known to about sqrt(2/299) = 8%
+        assert abs(table.loc[source, "variance"] / var - 1) < 0.25, source
+    assert close(table["share"].sum(), 1.0)
+    # the sums of squares partition the total (ANOVA identity)
+    ss = (table["df"] * table["mean_square"]).sum()
+    assert close(ss, float(((grid["acc"] - grid["acc"].mean()) ** 2).sum()), 1e-10)
+
+
+def test_variance_components_truncates_and_checks_the_grid():
+    grid = crossed_grid(6, 5, 1, sd_a=0.0, sd_b=3.0, sd_ab=0.0, sd_e=1.0, seed=3)
+    table = _stats.variance_components(grid, ["init", "data"], "acc").set_index("source")
+    assert list(table.index) == ["init", "data", "init:data+residual"]
+    assert (table["variance"] >= 0).all()
+    ms = table["mean_square"]
+    assert close(table.loc["init", "variance"], max((ms["init"] - ms["init:data+residual"]) / 5, 0.0))
+    with pytest.raises(ValueError, match="balanced"):
+        _stats.variance_components(grid.iloc[1:], ["init", "data"], "acc")
+    with pytest.raises(ValueError, match="two"):
+        _stats.variance_components(grid, ["init"], "acc")
+
+
+# --------------------------------------------------------------------------- analyse
+
+
+def hand_built_result(decompose=True):
+    """Three configs x 5 seeds on design "all" (seed 2 of A fails), plus only_init/only_data for A."""
+    rng = np.random.default_rng(11)
+    seeds, curves = [], []
+    plan = [(c, "all") for c in ("A", "B", "C")] + ([("A", "only_init"), ("A", "only_data")] if decompose else [])
+    for config, design in plan:
+        shift = {"A": 0.0, "B": 0.02, "C": 0.021}[config]
+        for i in range(5):
+            failed = (config, design, i) == ("A", "all", 2)
+            final = {m: np.nan for m in METRICS}
+            if not failed:
+                final.update(test_acc=0.9 + shift + rng.normal(0, 0.01), test_loss=0.3 - shift + rng.normal(0, 0.02),
+                             train_acc=0.95 + shift + rng.normal(0, 0.01), train_loss=0.2 + rng.normal(0, 0.02))
+            seeds.append({"config": config, "seed_index": i, "design": design,
+                          "seed_init": 100 + i, "seed_data": 200 + i, "seed_dropout": 300,
+                          "status": "failed" if failed else "completed",
+                          "reason": "loss is nan" if failed else "", "epochs": 2 if failed else 3, **final})
+            for epoch in range(1, (2 if failed else 3) + 1):
+                for metric in ("test_acc", "test_loss"):
+                    curves.append({"config": config, "design": design, "seed_index": i, "epoch": epoch,
+                                   "metric": metric, "value": 0.5 + 0.1 * epoch + rng.normal(0, 0.01)})
+    seeds = pd.DataFrame(seeds, columns=[*SEED_COLUMNS, *METRICS])
+    curves = pd.DataFrame(curves, columns=list(CURVE_COLUMNS))
+    return StabilityResult(seeds, curves, {"n_test": 2000, "bootstrap_seed": 4})
+
+
+@pytest.fixture(scope="module")
+def analysed():
+    result = hand_built_result()
+    return result, analyse(result, n_resamples=500)
+
+
+def test_analyse_fills_every_documented_column(analysed):
+    _, an = analysed
+    assert tuple(an.summary.columns) == SUMMARY_COLUMNS
+    assert tuple(an.per_epoch.columns) == PER_EPOCH_COLUMNS
+    assert tuple(an.comparisons.columns) == COMPARISON_COLUMNS
+    assert tuple(an.ranking.columns) == RANKING_COLUMNS
+    assert tuple(an.power.columns) == (*POWER_COLUMNS, "seeds_needed_0.005", "seeds_needed_0.01", "seeds_needed_0.02")
+    assert tuple(an.decomposition.columns) == DECOMPOSITION_COLUMNS
+    assert an.settings == {"confidence": 0.95, "bootstrap_seed": 4, "n_resamples": 500, "alpha": 0.05, "power": 0.8}
+    # val_* were never recorded, so they get no rows; the others one per (config, design)
+    assert set(an.summary["metric"]) == {"test_acc", "test_loss", "train_acc", "train_loss"}
+    assert len(an.summary) == 5 * 4 and len(an.comparisons) == 3 * 4 and len(an.power) == 3 * 4
+
+
+def test_analyse_counts_the_failed_seed_and_matches_summarize(analysed):
+    result, an = analysed
+    row = an.summary.set_index(["config", "design", "metric"]).loc[("A", "all", "test_acc")]
+    assert row["n"] == 4 and row["n_failed"] == 1
+    done = result.seeds.query("config == 'A' and design == 'all' and status == 'completed'")
+    expected = _stats.summarize(done["test_acc"].to_numpy(), n_failed=1, n_test=2000, bootstrap_seed=4, n_resamples=500)
+    for key in ("mean", "std", "ci_t_low", "ci_bca_low", "ci_bca_high", "iqm", "noise_floor_std", "variance_ratio"):
+        assert close(row[key], expected[key]), key
+    assert json.loads(row["best_of_k"]) == {str(k): v for k, v in expected["best_of_k"].items()}
+    assert an.summary.query("metric == 'test_loss'")["noise_floor_std"].isna().all()
+    assert an.summary.query("config == 'B'")["n_failed"].eq(0).all()
+
+
+def test_analyse_outliers_are_seed_indices():
+    result = hand_built_result(decompose=False)
+    mask = (result.seeds["config"] == "B") & (result.seeds["seed_index"] == 4)
+    result.seeds.loc[mask, "test_acc"] = 0.5
+    row = analyse(result, n_resamples=200).summary.query("config == 'B' and metric == 'test_acc'").iloc[0]
+    assert row["n_outliers"] == 1 and row["outliers"] == "4"
+
+
+def test_analyse_per_epoch_uses_completed_seeds(analysed):
+    result, an = analysed
+    row = an.per_epoch.query("config == 'A' and design == 'all' and metric == 'test_acc' and epoch == 1").iloc[0]
+    completed = result.seeds.query("config == 'A' and design == 'all' and status == 'completed'")["seed_index"]
+    values = result.curves.query("config == 'A' and design == 'all' and metric == 'test_acc' and epoch == 1")
+    values = values[values["seed_index"].isin(completed)]["value"].to_numpy()
+    low, high = stats.t.interval(0.95, values.size - 1, loc=values.mean(), scale=stats.sem(values))
+    assert row["n"] == 4 and close(row["mean"], values.mean()) and close(row["std"], values.std(ddof=1))
+    assert close(row["ci_low"], low) and close(row["ci_high"], high)
+
+
+def test_analyse_comparisons_ranking_power(analysed):
+    result, an = analysed
+    acc = an.comparisons.query("metric == 'test_acc'")
+    assert list(zip(acc["a"], acc["b"])) == [("A", "B"), ("A", "C"), ("B", "C")]
+    np.testing.assert_allclose(acc["p_holm"], _stats.holm(acc["welch_p"]), rtol=0, atol=TIGHT)
+    main = result.seeds.query("design == 'all' and status == 'completed'")
+    direct = _stats.compare(main.query("config == 'A'")["test_acc"], main.query("config == 'B'")["test_acc"],
+                            bootstrap_seed=4, n_resamples=500)
+    for key, value in direct.items():
+        assert close(acc.iloc[0][key], value), key
+    for metric, best_first in (("test_acc", False), ("test_loss", True)):
+        ranked = an.ranking.query("metric == @metric")
+        assert list(ranked["rank"]) == [1, 2, 3]
+        assert list(ranked["mean"]) == sorted(ranked["mean"], reverse=not best_first)
+    power = an.power.set_index(["config", "metric"]).loc[("A", "test_acc")]
+    assert power["n"] == 4
+    assert close(power["min_detectable_diff"], _stats.min_detectable_difference(power["std"], 4))
+    assert power["seeds_needed_0.01"] == _stats.seeds_needed(0.01, power["std"])
+
+
+def test_analyse_decomposition(analysed):
+    result, an = analysed
+    acc = an.decomposition.query("metric == 'test_acc'").set_index("source")
+    assert list(acc.index) == ["init", "data", "sum_of_sources", "total"] and set(acc["config"]) == {"A"}
+    only_init = result.seeds.query("config == 'A' and design == 'only_init'")["test_acc"]
+    assert close(acc.loc["init", "variance"], only_init.var(ddof=1))
+    assert close(acc.loc["init", "share"] + acc.loc["data", "share"], 1.0)
+
+
+def test_analyse_without_decompose_or_curves_keeps_the_columns():
+    result = hand_built_result(decompose=False)
+    result.curves = result.curves.iloc[:0]
+    an = analyse(result, n_resamples=200, bootstrap_seed=9)
+    assert an.decomposition.empty and tuple(an.decomposition.columns) == DECOMPOSITION_COLUMNS
+    assert an.per_epoch.empty and tuple(an.per_epoch.columns) == PER_EPOCH_COLUMNS
+    assert an.settings["bootstrap_seed"] == 9
