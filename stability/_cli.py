@@ -257,6 +257,7 @@ class _Progress:
         self.console = Console(stderr=True)
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  console=self.console, disable=not enabled)
+        self.enabled = enabled
         self.task = None
 
     def __enter__(self) -> _Progress:
@@ -267,6 +268,8 @@ class _Progress:
         self.progress.stop()
 
     def event(self, kind: str, info: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         if kind == "config":
             reused = f", {info['reused']} reused from the storage" if info["reused"] else ""
             self.progress.console.print(f"{info['label']}: {info['todo']} seeds to train{reused}")

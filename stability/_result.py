@@ -59,11 +59,10 @@ class StabilityResult:
     @classmethod
     def load(cls, folder: str | Path) -> StabilityResult:
         folder = Path(folder)
-        seeds = pd.read_csv(folder / "seeds.csv", keep_default_na=False, na_values=[""])
-        seeds["reason"] = seeds["reason"].fillna("").astype(str)
-        seeds["config"] = seeds["config"].astype(str)
-        curves = pd.read_csv(folder / "curves.csv")
-        curves["config"] = curves["config"].astype(str)
+        seeds = pd.read_csv(folder / "seeds.csv", keep_default_na=False, na_values=[""],
+                            dtype={"config": str, "design": str, "status": str, "reason": str})
+        seeds["reason"] = seeds["reason"].fillna("")
+        curves = pd.read_csv(folder / "curves.csv", dtype={"config": str, "design": str, "metric": str})
         metadata = json.loads((folder / "metadata.json").read_text())
         return cls(seeds, curves, metadata)
 

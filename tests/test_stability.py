@@ -180,7 +180,7 @@ def test_stability_command_writes_every_format_and_stores_the_seeds(tmp_path, ti
     summary = json.loads(result.output)
     (row,) = summary["configs"]
     assert row["config"] == "tiny" and row["n"] + row["n_failed"] == 4
-    assert set(summary["files"]) == {"html", "md", "csv", "json", "tex"}
+    assert set(summary["files"]) == {"html", "md", "csv", "json", "tex", "plots"}
     assert all(Path(p).exists() for paths in summary["files"].values() for p in paths)
     assert (out / "result" / "seeds.csv").exists()
     html = next(Path(p) for p in summary["files"]["html"] if p.endswith(".html")).read_text()

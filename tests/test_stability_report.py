@@ -1,0 +1,181 @@
+"""The stability report writers: every format parses, says what the analysis says,
+embeds its figures, counts failures, and is reproducible from the stored result."""
+
+import base64
+import json
+import re
+import xml.etree.ElementTree as ElementTree
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hfta_nas.errors import HftaNasError
+from stability._analysis import analyse
+from stability._export import write_report
+from stability._result import METRICS, StabilityResult
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def synthetic_result(decompose: bool = False, failed: int = 1) -> StabilityResult:
+    """Two configs of 8 seeds (one config better by ~2 points), known values, a failed seed."""
+    rng = np.random.default_rng(7)
+    seeds, curves = [], []
+    designs = ["all"] + (["only_init", "only_data"] if decompose else [])
+    for config, centre in (("A", 0.80), ("B_wide", 0.78)):
+        for design in designs:
+            for index in range(8):
+                status = "failed" if design == "all" and config == "A" and index < failed else "completed"
+                row = {"config": config, "seed_index": index, "design": design, "seed_init": 100 + index,
+                       "seed_data": 200 + index, "seed_dropout": 300, "status": status,
+                       "reason": "diverged: loss is nan" if status == "failed" else "", "epochs": 3}
+                for metric in METRICS:
+                    value = centre + rng.normal(0, 0.01) if metric.endswith("_acc") else 0.5 + rng.normal(0, 0.05)
+                    row[metric] = np.nan if status == "failed" else value
+                seeds.append(row)
+                for epoch in (1, 2, 3):
+                    for metric in METRICS:
+                        curves.append({"config": config, "design": design, "seed_index": index, "epoch": epoch,
+                                       "metric": metric, "value": row[metric] if status == "completed" else np.nan})
+    metadata = {"command": "hfta-nas stability compare a.yaml b.yaml --seeds 8", "n_seeds": 8, "n_test": 1000,
+                "vary": ["init", "data", "dropout"], "device": "cpu", "dtype": "float32", "bootstrap_seed": 3,
+                "configs": {"A": {}, "B_wide": {}}, "seeds_per_source": {"init": list(range(100, 108))},
+                "versions": {"torch": "x"}, "determinism": {"torch_threads": 1}}
+    return StabilityResult(pd.DataFrame(seeds), pd.DataFrame(curves), metadata)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    result = synthetic_result(decompose=True)
+    out = tmp_path_factory.mktemp("report")
+    analysis = analyse(result, n_resamples=500)
+    files = write_report(result, analysis, out)
+    return result, analysis, out, files
+
+
+def test_every_format_and_plot_is_written(written):
+    _, _, out, files = written
+    assert set(files) == {"html", "md", "csv", "json", "tex", "plots"}
+    assert all(path.exists() and path.stat().st_size > 0 for paths in files.values() for path in paths)
+    names = {p.name for p in files["plots"]}
+    for figure in ("distribution", "ecdf", "curves", "comparison", "variance"):
+        assert {f"{figure}.png", f"{figure}.svg"} <= names
+    for path in files["plots"]:
+        if path.suffix == ".png":
+            assert path.read_bytes().startswith(PNG_MAGIC)
+        else:
+            assert ElementTree.parse(path).getroot().tag.endswith("svg")
+
+
+def test_json_is_strict_and_carries_the_analysis_and_protocol(written):
+    result, analysis, out, _ = written
+
+    def refuse(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+
+    document = json.loads((out / "report.json").read_text(), parse_constant=refuse)
+    assert document["protocol"]["command"] == result.metadata["command"]
+    assert document["protocol"]["n_test"] == 1000
+    rows = {(r["config"], r["design"], r["metric"]): r for r in document["summary"]}
+    reference = analysis.summary.set_index(["config", "design", "metric"])
+    a = rows[("A", "all", "test_acc")]
+    assert a["mean"] == reference.loc[("A", "all", "test_acc"), "mean"]
+    assert a["n"] == 7 and a["n_failed"] == 1
+    assert set(a["best_of_k"]) == {"1", "2", "4"} and isinstance(a["outliers"], list)
+    assert len(document["seeds"]) == len(result.seeds)
+    assert [s for s in document["seeds"] if s["status"] == "failed"][0]["test_acc"] is None  # NaN -> null
+    assert {c["a"] for c in document["comparisons"]} == {"A"}
+    assert {d["source"] for d in document["decomposition"]} >= {"init", "data"}
+
+
+def test_csv_holds_every_seed_and_every_summary_row(written):
+    result, analysis, out, _ = written
+    seeds = pd.read_csv(out / "seeds.csv", keep_default_na=False, na_values=[""])
+    assert len(seeds) == len(result.seeds)
+    assert {"seed_init", "seed_data", "seed_dropout", *METRICS} <= set(seeds.columns)
+    np.testing.assert_allclose(seeds["test_acc"], result.seeds["test_acc"], rtol=1e-15)
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == len(analysis.summary)
+    np.testing.assert_allclose(summary["ci_bca_low"], analysis.summary["ci_bca_low"], rtol=1e-12)
+
+
+def test_markdown_and_html_show_the_same_sections(written):
+    _, _, out, _ = written
+    markdown = (out / "report.md").read_text()
+    page = (out / "report.html").read_text()
+    for heading in ("Protocol", "Distribution over seeds", "Comparisons", "Ranking with intervals", "Power",
+                    "Sources of variance", "Failed seeds (1 of 48)"):
+        assert f"## {heading}" in markdown
+        assert f"<h2>{heading}</h2>" in page
+    assert "](plots/distribution.png)" in markdown
+    assert "diverged: loss is nan" in markdown and "diverged: loss is nan" in page
+
+
+def test_html_is_self_contained_with_decodable_images(written):
+    _, _, out, _ = written
+    page = (out / "report.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == 5
+    assert all(base64.b64decode(image).startswith(PNG_MAGIC) for image in images)
+    assert not re.search(r'src="(?!data:)', page)  # nothing to fetch: no external images or scripts
+    assert "<script" not in page
+
+
+def test_latex_table_escapes_names_and_uses_booktabs(written):
+    _, _, out, _ = written
+    tex = (out / "report.tex").read_text()
+    assert tex.count("\\begin{table}") == 2 and "\\toprule" in tex and "\\bottomrule" in tex
+    assert "B\\_wide" in tex and "B_wide" not in tex.replace("B\\_wide", "")
+    assert "\\label{tab:stability}" in tex
+
+
+def test_a_rebuilt_report_is_identical(written, tmp_path):
+    result, _, out, _ = written
+    result.save(tmp_path / "saved")
+    again = StabilityResult.load(tmp_path / "saved")
+    write_report(again, analyse(again, n_resamples=500), tmp_path / "again", formats=("json", "md", "tex"))
+    for name in ("report.json", "report.md", "report.tex"):
+        assert (tmp_path / "again" / name).read_text() == (out / name).read_text(), name
+    assert (tmp_path / "again" / "plots" / "ecdf.svg").read_bytes() == (out / "plots" / "ecdf.svg").read_bytes()
+
+
+def test_a_single_config_without_decomposition_skips_what_it_cannot_show(tmp_path):
+    result = synthetic_result(failed=0)
+    only_a = StabilityResult(result.seeds[result.seeds["config"] == "A"], result.curves[result.curves["config"] == "A"],
+                             result.metadata)
+    files = write_report(only_a, analyse(only_a, n_resamples=200), tmp_path, formats=("md", "csv"), plot_formats=("png",))
+    names = {p.name for p in files["plots"]}
+    assert names == {"distribution.png", "ecdf.png", "curves.png"}
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Comparisons" not in markdown and "## Failed seeds" not in markdown
+    assert not (tmp_path / "comparisons.csv").exists()
+
+
+def test_every_seed_failed_still_gives_a_report(tmp_path):
+    result = synthetic_result(failed=8)
+    only_a = StabilityResult(result.seeds[result.seeds["config"] == "A"], result.curves[result.curves["config"] == "A"],
+                             result.metadata)
+    files = write_report(only_a, analyse(only_a, n_resamples=200), tmp_path, formats=("json", "html"))
+    assert "plots" not in files  # nothing completed: no distribution to draw
+    document = json.loads((tmp_path / "report.json").read_text())
+    assert all(row["status"] == "failed" for row in document["seeds"])
+    assert "Failed seeds (8 of 8)" in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.parametrize("formats,plot_formats,message", [
+    (("pdf",), ("png",), "--format: unknown 'pdf'; expected a comma-separated subset of html, md, csv, json, tex"),
+    (("md",), ("jpg",), "--plot-format: unknown 'jpg'"),
+])
+def test_unknown_formats_are_refused(tmp_path, formats, plot_formats, message):
+    result = synthetic_result()
+    with pytest.raises(HftaNasError, match=re.escape(message)):
+        write_report(result, analyse(result, n_resamples=100), tmp_path, formats=formats, plot_formats=plot_formats)
+
+
+def test_an_unwritable_folder_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = synthetic_result()
+    with pytest.raises(HftaNasError, match="cannot write the report folder"):
+        write_report(result, analyse(result, n_resamples=100), blocker / "out", formats=("md",))
