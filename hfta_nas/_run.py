@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hfta_nas._array import ModelArray
+from hfta_nas._oom import check_budget
 from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
@@ -61,13 +62,17 @@ def train(
     device: str = "cpu",
     dtype: str | torch.dtype = "float32",
     on_epoch: Callable[[EpochReport, ArrayTrainer], Any] | None = None,
+    memory_budget: int | None = None,
 ) -> TrainRun:
     """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
 
     `hparams` values (lr, weight_decay, ...) and `schedule` values are a float
     for all slots or one per slot; `schedule` holds `kind` plus LRSchedule's
     arguments. Data order and dropout seeds default to the init seeds; pass
-    them separately to vary one source of randomness at a time.
+    them separately to vary one source of randomness at a time. On CPU, an
+    array whose estimated memory exceeds `memory_budget` bytes (default:
+    $HFTA_NAS_MEMORY_BUDGET, else no limit) raises ArrayOutOfMemory before
+    anything is allocated (see hfta_nas._oom.train_in_halves for the split).
     """
     seeds = list(seeds)
     if not isinstance(epochs, int) or epochs < 0:
@@ -86,6 +91,8 @@ def train(
     data_seeds = list(data_seeds) if data_seeds is not None else seeds
     dropout_seeds = list(dropout_seeds) if dropout_seeds is not None else seeds
 
+    check_budget(factory, data.input_shape, batch_size=batch_size, slots=len(seeds), dtype=torch_dtype,
+                 optimizer=optimizer, device=device, budget=memory_budget)
     array = ModelArray.from_factory(factory, seeds, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
     opt = OPTIMIZERS[optimizer](array, **dict(hparams or {}))
     sched = LRSchedule(opt, **dict(schedule)) if schedule else None

@@ -273,6 +273,9 @@ class _Progress:
         if kind == "config":
             reused = f", {info['reused']} reused from the storage" if info["reused"] else ""
             self.progress.console.print(f"{info['label']}: {info['todo']} seeds to train{reused}")
+        elif kind == "split":
+            self.progress.console.print(f"{info['label']}: an array of {info['size']} seeds ran out of memory "
+                                        f"({info['reason']}); retrying as {info['half']} + {info['size'] - info['half']}")
         elif kind == "epoch":
             if self.task is None or info["epoch"] == 1:
                 if self.task is not None:

@@ -24,6 +24,7 @@ import scipy
 import torch
 
 import hfta_nas
+from hfta_nas._oom import train_in_halves
 from hfta_nas._run import DTYPES, _checked_device
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
@@ -80,16 +81,14 @@ def run_stability(
                             "study": store.name if store else None})
         size = array_size or max(len(todo), 1)
         for start in range(0, len(todo), size):
-            chunk = todo[start : start + size]
-            trained, info = train_seeds(config, [plans[i] for i in chunk], data, device=device, dtype=dtype,
-                                        on_epoch=lambda epoch, n, label=item.label: on_event(
-                                            "epoch", {"label": label, "epoch": epoch, "epochs": config.epochs, "size": n}))
-            arrays.append({"config": item.label, **info})
-            on_event("array", {"label": item.label, **info})
-            if store is not None:
-                store.add(trained, array=len(arrays), hfta_nas_version=hfta_nas.__version__)
-            for i, outcome in zip(chunk, trained):
-                ready[i] = outcome
+            for chunk, (trained, info) in _train_fitting(item, todo[start : start + size], plans, data, device, dtype,
+                                                          on_event):
+                arrays.append({"config": item.label, **info})
+                on_event("array", {"label": item.label, **info})
+                if store is not None:
+                    store.add(trained, array=len(arrays), hfta_nas_version=hfta_nas.__version__)
+                for i, outcome in zip(chunk, trained):
+                    ready[i] = outcome
         outcomes[item.label] = ready
     metadata = protocol(configs, plans, n_seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed,
                         device=device, dtype=dtype, bootstrap_seed=bootstrap_seed, arrays=arrays,
@@ -100,6 +99,29 @@ def run_stability(
     for store in stores.values():
         store.set_metadata(metadata)
     return result, stores
+
+
+def _train_fitting(item: LabelledConfig, chunk: list[int], plans: Sequence[SeedPlan], data: Dataset, device: str,
+                   dtype: str, on_event: Event) -> list[tuple[list[int], tuple[list[SeedOutcome], dict[str, Any]]]]:
+    """Train the plans `chunk` indexes as one array, split in halves while it runs out of memory;
+    a seed that does not fit even alone is a failed seed with the reason (counted, not lost)."""
+    config = item.config
+
+    def train(part: list[int]) -> tuple[list[SeedOutcome], dict[str, Any]]:
+        return train_seeds(config, [plans[i] for i in part], data, device=device, dtype=dtype,
+                           on_epoch=lambda epoch, n: on_event(
+                               "epoch", {"label": item.label, "epoch": epoch, "epochs": config.epochs, "size": n}))
+
+    def on_split(size: int, half: int, reason: str) -> None:
+        on_event("split", {"label": item.label, "size": size, "half": half, "reason": reason})
+
+    done = []
+    for part, trained in train_in_halves(chunk, train, on_split):
+        if isinstance(trained, str):  # out of memory with one seed
+            failed = [SeedOutcome(plans[i], "failed", trained, 0, [], device=torch.device(device).type) for i in part]
+            trained = (failed, {"size": len(part), "seconds": 0.0, "samples_per_s": 0.0, "error": trained})
+        done.append((part, trained))
+    return done
 
 
 def train_seeds(

@@ -1,0 +1,88 @@
+"""Out of memory: an array that does not fit is split in halves and retried down to one
+model, with nothing lost; the CPU budget is checked before anything is allocated."""
+
+import logging
+
+import pytest
+import torch
+
+from hfta_nas import train
+from hfta_nas._oom import ArrayOutOfMemory, estimate_array_bytes, parse_bytes, train_in_halves
+from hfta_nas.errors import HftaNasError
+from hfta_nas.models import resolve_model
+from stability._configs import LabelledConfig
+from stability._runner import run_stability
+from tests.conftest import synthetic_dataset
+from tests.test_stability import mlp_config
+
+
+def test_sizes_parse_with_units():
+    assert parse_bytes("8GiB") == 8 * 2**30 and parse_bytes("500 MB") == 500 * 10**6 and parse_bytes("1e6") == 10**6
+    with pytest.raises(HftaNasError, match="expected e.g. 8GiB"):
+        parse_bytes("lots")
+
+
+def test_the_estimate_grows_with_slots_and_counts_weights_grads_and_state():
+    factory = resolve_model("mlp", {"width": 16, "depth": 1}, input_shape=(64,), num_classes=10)
+    one = estimate_array_bytes(factory, (64,), batch_size=10, slots=1, dtype=torch.float64, optimizer="sgd")
+    parameters = sum(p.numel() for p in factory().parameters())
+    activations = 10 * (64 + 16 + 16 + 10)  # flatten, linear, relu, linear outputs for a batch of 10
+    assert one == 8 * (parameters * 3 + 2 * activations)
+    assert estimate_array_bytes(factory, (64,), batch_size=10, slots=6, dtype=torch.float64, optimizer="sgd") == 6 * one
+
+
+def test_halves_are_retried_down_to_one_and_a_model_too_big_alone_is_reported():
+    calls, splits = [], []
+
+    def train_part(part):
+        calls.append(list(part))
+        if len(part) > 2 or 4 in part:  # model 4 never fits, not even alone
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return sum(part)
+
+    done = train_in_halves([0, 1, 2, 3, 4], train_part, on_split=lambda n, half, reason: splits.append((n, half)))
+    assert [chunk for chunk, _ in done] == [[0, 1], [2], [3], [4]]
+    assert [result for _, result in done[:3]] == [1, 2, 3]
+    assert done[3][1].startswith("out of memory even alone: OutOfMemoryError")
+    assert splits == [(5, 3), (3, 2), (2, 1)]
+
+
+def test_other_errors_are_not_mistaken_for_out_of_memory():
+    with pytest.raises(ValueError):
+        train_in_halves([1, 2], lambda part: (_ for _ in ()).throw(ValueError("bug")))
+
+
+def test_train_refuses_an_array_over_the_budget_before_allocating():
+    data = synthetic_dataset(n_train=40, shape=(64,), classes=10)
+    factory = resolve_model("mlp", {"width": 8, "depth": 1}, input_shape=(64,), num_classes=10)
+    four = estimate_array_bytes(factory, (64,), batch_size=20, slots=4, dtype=torch.float64, optimizer="sgd")
+    kwargs = dict(model="mlp", model_config={"width": 8, "depth": 1}, dataset=data, optimizer="sgd",
+                  hparams={"lr": 0.05}, epochs=1, batch_size=20, dtype="float64")
+    with pytest.raises(ArrayOutOfMemory, match="an array of 4 models needs about"):
+        train(seeds=[0, 1, 2, 3], memory_budget=four - 1, **kwargs)
+    assert train(seeds=[0, 1, 2, 3], memory_budget=four, **kwargs).results
+
+
+def test_a_stability_run_over_the_budget_splits_and_matches_the_unsplit_run(monkeypatch, caplog):
+    config = mlp_config()
+    data = synthetic_dataset(n_train=40, shape=(64,), classes=10)
+    whole, _ = run_stability([LabelledConfig("m", config)], n_seeds=4, dtype="float64")
+    factory = resolve_model(config.model, config.model_config, input_shape=(64,), num_classes=10)
+    two = estimate_array_bytes(factory, (64,), batch_size=20, slots=2, dtype=torch.float64, optimizer=config.optimizer)
+    monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", str(two))
+    events = []
+    with caplog.at_level(logging.WARNING, logger="hfta_nas"):
+        split, _ = run_stability([LabelledConfig("m", config)], n_seeds=4, dtype="float64",
+                                 on_event=lambda kind, info: events.append((kind, info)))
+    assert [a["size"] for a in split.metadata["arrays"]] == [2, 2]
+    assert [info["size"] for kind, info in events if kind == "split"] == [4]
+    assert "out of memory" in caplog.text
+    columns = ["seed_index", "status", "test_acc", "train_loss"]
+    assert split.seeds[columns].equals(whole.seeds[columns])  # float64: the split changes nothing
+
+
+def test_a_seed_that_does_not_fit_alone_is_a_counted_failure(monkeypatch):
+    monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", "1KiB")
+    result, _ = run_stability([LabelledConfig("m", mlp_config())], n_seeds=2, dtype="float64")
+    assert list(result.seeds["status"]) == ["failed", "failed"]
+    assert all(reason.startswith("out of memory even alone") for reason in result.seeds["reason"])
