@@ -2,6 +2,7 @@
 results equal to training the same candidate alone, resume and retry."""
 
 import json
+import time
 
 import optuna
 import pytest
@@ -116,6 +117,7 @@ def test_trials_left_running_by_a_killed_run_are_failed_and_retried(tmp_path):
     study = load_study(tmp_path)
     orphan = study.ask()  # what a SIGKILL mid-array leaves behind
     orphan.suggest_float("training.optimizer.lr", 1e-3, 3e-2, log=True)
+    orphan.set_user_attr("heartbeat", time.time() - 3600)  # its worker stopped beating an hour ago
     search(tmp_path, n_trials=4)
     study = load_study(tmp_path)
     states = [t.state for t in study.trials]

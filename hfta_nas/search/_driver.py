@@ -21,6 +21,8 @@ hyperband compare trials at each rung as they report, lockstep or not.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import math
 import os
@@ -47,13 +49,43 @@ from hfta_nas.models import count_parameters, resolve_model
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from hfta_nas._files import atomic_write_text, save_weights
 from hfta_nas.search._signature import shape_signature
-from hfta_nas.search._storage import dashboard_command, open_storage
+from hfta_nas.search._heartbeat import Heartbeat, stale_reason
+from hfta_nas.search._storage import dashboard_command, open_storage, study_lock
 
 # Optimizer hyper-parameters and schedule settings differ per slot; every
 # other searched parameter decides the architecture (the array's shape).
 _PER_SLOT_PREFIXES = ("training.schedule.",)
 _SHARED_OPTIMIZER_KEYS = ("training.optimizer.name", *(f"training.optimizer.{f}" for f in ("amsgrad", "maximize", "nesterov", "centered")))
-INTERRUPTED = "interrupted: the trial was RUNNING when this search (re)started; retried"
+INTERRUPTED = "interrupted: its worker stopped (killed, crashed or lost) while it ran; failed and retried"
+SURPLUS = "surplus: an enqueued retry left over when the budget was full; never trained"
+_NOT_COUNTED = ("interrupted:", "surplus:")  # fail_reason prefixes that do not count against the budget
+
+
+def _as_worker(run: Callable[..., Any]) -> Callable[..., Any]:
+    """Search.run as one worker of a study: the study lock ("count the budget, then
+    ask" is atomic across workers) and the heartbeat live as long as the run."""
+
+    @functools.wraps(run)
+    def wrapper(self: "Search") -> Any:
+        if getattr(self, "dry_run", False):  # a plan asks into an in-memory copy: no workers there
+            return run(self)
+        self._lock = study_lock(self.storage, self.dashboard_location, self.study_name)
+        self._array_trials = {}
+        with Heartbeat(self.study, self._held_trial_ids, self.worker) as self._heartbeat:
+            return run(self)
+
+    return wrapper
+
+
+def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A Search method that checks the budget and asks, under the study lock."""
+
+    @functools.wraps(method)
+    def wrapper(self: "Search", *args: Any, **kwargs: Any) -> Any:
+        with self._study_lock():
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 @dataclass
@@ -147,17 +179,24 @@ class Search:
 
     # ------------------------------------------------------------------ budget
     def _finished(self) -> int:
-        """Trials that count against the budget: all ended ones but interrupted retries."""
-        trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
-        return sum(1 for t in trials if t.user_attrs.get("fail_reason") != INTERRUPTED)
+        """Ended trials that count against the budget: all but interrupted retries and surplus."""
+        return self._counted((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+
+    def _counted(self, states: tuple[TrialState, ...] = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED,
+                                                          TrialState.FAIL)) -> int:
+        """Trials in the storage that take a place in the budget, whichever worker asked
+        them: RUNNING and ended ones, less interrupted retries and surplus (see _NOT_COUNTED)."""
+        trials = self.study.get_trials(deepcopy=False, states=states)
+        return sum(1 for t in trials if not str(t.user_attrs.get("fail_reason", "")).startswith(_NOT_COUNTED))
 
     def _remaining(self) -> int:
-        return self.n_trials - self._finished_at_start - self._asked
+        return self.n_trials - self._counted()  # across workers: read from the storage, under the study lock
 
     def _time_left(self) -> bool:
         return self.timeout is None or time.monotonic() - self._started < self.timeout
 
     # --------------------------------------------------------------------- run
+    @_as_worker
     def run(self) -> SearchSummary:
         self._started = time.monotonic()
         self._retry_interrupted_trials()
@@ -166,23 +205,71 @@ class Search:
                                 "dashboard": dashboard_command(self.dashboard_location), "done": self._finished_at_start,
                                 "n_trials": self.n_trials})
         while self._time_left():
-            group = self._next_group()
+            with self._study_lock():
+                self._retry_interrupted_trials()
+                group = self._next_group()
+            if not group and self._wait_for_other_workers():
+                continue
             if not group:
                 break
             self._train_group(group)
         for candidates in self._pending.values():  # asked but never trained (time ran out)
             for candidate in candidates:
                 self._tell_fail(candidate, "not trained: the search's timeout ran out before its array started")
+        self._discard_surplus_waiting()
         return self._summary()
 
-    def _retry_interrupted_trials(self) -> None:
-        """Trials left RUNNING by a killed run are failed (never left RUNNING) and
-        their parameters enqueued, so the budget still gets them trained."""
+    def _retry_interrupted_trials(self) -> int:
+        """RUNNING trials whose worker is gone (see _heartbeat: stale heartbeat, or a
+        dead process on this machine) are failed, never left RUNNING, and their
+        parameters enqueued so the budget still gets them trained; the live trials
+        of other workers are left alone. Returns how many were retried."""
+        held, now, retried = set(self._held_trial_ids()), time.time(), 0
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            self.study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", INTERRUPTED)
-            self.study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            self.study.enqueue_trial(trial.params, skip_if_exists=False)
-            self.on_event("retry", {"trial": trial.number})
+            why = None if trial._trial_id in held else stale_reason(trial, now=now, me=self.worker)
+            if why is None:
+                continue
+            try:
+                self.study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", INTERRUPTED)
+                self.study._storage.set_trial_user_attr(trial._trial_id, "interrupted_because", why)
+                self.study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # told meanwhile, by its worker or by another that retried it first
+            self.study.enqueue_trial(trial.params or trial.system_attrs.get("fixed_params", {}), skip_if_exists=False)
+            self.on_event("retry", {"trial": trial.number, "why": why})
+            retried += 1
+        return retried
+
+    def _wait_for_other_workers(self) -> bool:
+        """The budget is taken but other workers' trials still run: wait, retrying any
+        that go stale. True when there is work again; False when none is RUNNING."""
+        while self._time_left():
+            if not self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                return False
+            with self._study_lock():
+                if self._retry_interrupted_trials() or self._remaining() > 0:
+                    return True
+            time.sleep(min(self._heartbeat.interval, 2.0))
+        return False
+
+    def _discard_surplus_waiting(self) -> None:
+        """With the budget full, enqueued retries nobody will ask are told FAIL (SURPLUS,
+        not counted) so the study ends with no WAITING trial."""
+        with self._study_lock():
+            if self._remaining() > 0 or not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                return
+            for _ in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                trial = self.study.ask()
+                trial.set_user_attr("fail_reason", SURPLUS)
+                self.study.tell(trial, state=TrialState.FAIL)
+
+    def _held_trial_ids(self) -> list[int]:
+        """Trials this worker holds: the array training now and the candidates waiting for theirs."""
+        held = [c.trial._trial_id for c in list(getattr(self, "_array_trials", {}).values())]
+        return held + [c.trial._trial_id for group in list(self._pending.values()) for c in list(group)]
+
+    def _study_lock(self) -> Any:
+        return getattr(self, "_lock", None) or contextlib.nullcontext()
 
     # -------------------------------------------------------------- candidates
     def _ask(self, fixed: dict[str, Any] | None = None) -> Candidate:
@@ -247,6 +334,7 @@ class Search:
         factory = resolve_model(first.model, first.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
         capacity = len(group)
         by_number = {c.trial.number: c for c in group}
+        self._array_trials = by_number  # what the heartbeat stamps, with the waiting candidates
         started = {c.trial.number: time.monotonic() for c in group}
         static = self._static_metrics(factory, data)
         array = ModelArray.from_factory(factory, [c.seeds["init"] for c in group],
@@ -258,6 +346,8 @@ class Search:
         for position, candidate in enumerate(group):
             self._set_attrs(candidate, array_id=array_id, slot=position, signature=candidate.signature, worker=self.worker,
                             seed_init=candidate.seeds["init"], seed_data=candidate.seeds["data"], seed_dropout=candidate.seeds["dropout"])
+        if getattr(self, "_heartbeat", None) is not None:
+            self._heartbeat.beat()  # at once: a kill before the first epoch ends is then seen at once too
         self.on_event("array", {"array": self._arrays, "size": capacity, "trials": list(by_number), "signature": group[0].signature})
 
         def on_epoch(report: EpochReport, trainer: ArrayTrainer) -> None:
@@ -296,6 +386,7 @@ class Search:
                     self._tell_fail(candidate, f"array {array_id} failed: {type(error).__name__}: {error}")
             self.on_event("array_failed", {"array": self._arrays, "error": str(error)})
 
+    @_locked
     def _refill_or_stop(self, trainer: ArrayTrainer, ended: Candidate, by_number, started, why: str) -> None:
         number = ended.trial.number
         if self._remaining() > 0 and self._time_left():
