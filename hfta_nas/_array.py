@@ -1,10 +1,14 @@
 """`ModelArray`: B models with equal shapes, fused into one array.
 
-All parameters live in ONE leaf tensor `flat` of shape [B, P] (slot first,
-contract 4); each named parameter is a view into it. That makes the optimizer
-step a handful of element-wise ops over [B, P] whatever the model, and makes
-slot surgery (drop, replace, load) a row operation. Buffers (BatchNorm running
-stats, per-slot dropout counters) are stacked [B, ...] tensors.
+All parameters live in ONE tensor `flat` of shape [B, P] (slot first,
+contract 4), and so do their gradients (`flat.grad`). Each named parameter is
+an autograd leaf that is a [B, *shape] view into `flat`'s storage, and its
+`.grad` a view into `flat.grad`: backward accumulates every parameter's
+gradient straight into its slice (no [B, P]-sized zero fill per parameter, as
+slicing one [B, P] leaf in the graph would cost), while the optimizer still
+updates a few contiguous [B, P] row blocks whatever the model, and slot surgery
+(drop, replace, load) stays a row operation. Buffers (BatchNorm running stats,
+per-slot dropout counters) are stacked [B, ...] tensors.
 
 The forward pass runs ONE template copy of the user's model through
 `torch.func.functional_call` under `torch.func.vmap`, so the user's forward
@@ -26,6 +30,11 @@ from torch.func import functional_call, vmap
 
 from hfta_nas._slot_layers import init_slot_randomness, make_fusable
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
+
+# A parameter's gradient is a strided view into `flat.grad` by design (see the
+# module docstring); autograd accumulates into it in place and warns once that
+# its layout is not dense. The warning is about speed and does not apply here.
+warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
 
 def _describe_tensors(model: nn.Module) -> list[tuple[str, str, tuple[int, ...], torch.dtype]]:
@@ -136,6 +145,7 @@ class ModelArray:
         self._buffer_names = [n for n, _ in models[0].named_buffers()]
 
         self.flat = torch.stack([self._flatten(m) for m in models]).to(device=device, dtype=dtype).requires_grad_()
+        self._bind_leaves()
         self.buffers: dict[str, torch.Tensor] = {
             name: torch.stack([dict(m.named_buffers())[name].detach() for m in models]).to(device=device)
             for name in self._buffer_names
@@ -212,9 +222,48 @@ class ModelArray:
         return self.train(False)
 
     def parameters(self) -> dict[str, torch.Tensor]:
-        """Each named parameter as a [B, *shape] view of `flat`."""
+        """Each named parameter as a [B, *shape] leaf that is a view of `flat`."""
+        return self._leaves
+
+    def _views(self, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         batch = len(self)
-        return {name: self.flat[:, offset : offset + shape.numel()].view(batch, *shape) for name, offset, shape in self._layout}
+        return {name: tensor[:, offset : offset + shape.numel()].view(batch, *shape) for name, offset, shape in self._layout}
+
+    def _bind_leaves(self) -> None:
+        """(Re)make the per-parameter leaves over `flat` and bind their gradients to `flat.grad`."""
+        self._leaves = {name: view.requires_grad_() for name, view in self._views(self.flat.detach()).items()}
+        self._grad_views: dict[str, torch.Tensor] = {}
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        """Zero `flat.grad` and point every parameter's `.grad` at its slice of it,
+        so that backward accumulates in place (one [B, P] buffer for all)."""
+        if self.flat.grad is None or self.flat.grad.shape != self.flat.shape:
+            self.flat.grad = torch.zeros_like(self.flat, memory_format=torch.contiguous_format)
+        else:
+            self.flat.grad.zero_()
+        self._grad_views = self._views(self.flat.grad)
+        for name, leaf in self._leaves.items():
+            leaf.grad = self._grad_views[name]
+
+    def gradient(self) -> torch.Tensor:
+        """`flat.grad` after backward: [B, P], every parameter's gradient in its slice.
+
+        A parameter whose `.grad` was replaced (set to None by the caller, or
+        rebuilt out of place by a create_graph backward) is copied back in.
+        """
+        grad = self.flat.grad
+        if grad is None or grad.shape != self.flat.shape:
+            stale = {name: leaf.grad for name, leaf in self._leaves.items()}
+            self.zero_grad()
+        else:
+            stale = {name: leaf.grad for name, leaf in self._leaves.items() if leaf.grad is not self._grad_views[name]}
+        with torch.no_grad():
+            for name, value in stale.items():
+                if value is not None:
+                    self._grad_views[name].copy_(value)
+                self._leaves[name].grad = self._grad_views[name]
+        return self.flat.grad
 
     # ------------------------------------------------------------------- forward
     def __call__(self, *inputs: torch.Tensor, shared_input: bool = False) -> Any:
@@ -227,7 +276,7 @@ class ModelArray:
                         f"input {position} has shape {list(x.shape)}; an array of {len(self)} slots expects "
                         f"[{len(self)}, N, ...] (one batch per slot), or pass shared_input=True for one batch [N, ...] shared by all slots."
                     )
-        state = {**self.parameters(), **self.buffers, **self._slot_random}
+        state = {**self._leaves, **self.buffers, **self._slot_random}
 
         def one_slot(slot_state, *slot_inputs):
             return functional_call(self._template, slot_state, slot_inputs, tie_weights=True)
@@ -294,7 +343,7 @@ class ModelArray:
         unexpected = [k for k in state_dict if k not in self._state_keys]
         if missing or unexpected:
             raise HftaNasError(f"state_dict does not match the array's model: missing keys {missing}, unexpected keys {unexpected}.")
-        params = self.parameters()
+        params = self._views(self.flat.detach())
         with torch.no_grad():
             for key in self._state_keys:
                 value = torch.as_tensor(state_dict[key])
@@ -326,6 +375,7 @@ class ModelArray:
             raise HftaNasError("cannot drop every slot of an array.")
         index = torch.tensor(keep, device=self.device)
         self.flat = self.flat.detach().index_select(0, index).requires_grad_()
+        self._bind_leaves()
         self.buffers = {name: value.index_select(0, index) for name, value in self.buffers.items()}
         self._slot_random = {name: value.index_select(0, index) for name, value in self._slot_random.items()}
         self.dropout_seeds = self.dropout_seeds.index_select(0, index)

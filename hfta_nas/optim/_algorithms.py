@@ -20,6 +20,11 @@ def _check_unit_interval(optimizer: ArrayOptimizer, name: str, values: torch.Ten
         raise HftaNasError(f"{type(optimizer).__name__}: '{name}' must be in [0, 1), got {values.tolist()}.")
 
 
+def _blocks(tensor: torch.Tensor, runs: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """The contiguous row blocks tensor[a:b] of a [B, P] tensor."""
+    return [tensor[start:end] for start, end in runs]
+
+
 class SGD(ArrayOptimizer):
     """torch.optim.SGD per slot: lr, momentum, dampening, weight_decay per slot; nesterov, maximize shared."""
 
@@ -30,6 +35,18 @@ class SGD(ArrayOptimizer):
         super()._validate_all()
         if self.options["nesterov"] and ((self.hparams["momentum"] <= 0).any() or (self.hparams["dampening"] != 0).any()):
             raise HftaNasError("SGD: nesterov momentum requires momentum > 0 and dampening = 0 in every slot.")
+
+    def _fused_supported(self):
+        return True
+
+    def _fused_update(self, runs, param, grad, hp, step):
+        momentum = hp["momentum"]
+        buffers = [] if momentum == 0 else _blocks(self._state("momentum_buffer", param), runs)
+        torch._fused_sgd_(
+            _blocks(param, runs), _blocks(grad, runs), buffers,
+            weight_decay=hp["weight_decay"], momentum=momentum, lr=hp["lr"], dampening=hp["dampening"],
+            nesterov=self.options["nesterov"], maximize=self.options["maximize"], is_first_step=step == 1,
+        )
 
     def _update(self, param, grad, hp):
         dtype = param.dtype
@@ -58,6 +75,20 @@ class Adam(ArrayOptimizer):
         super()._validate(name, values)
         if name in ("beta1", "beta2"):
             _check_unit_interval(self, name, values)
+
+    def _fused_supported(self):
+        return True
+
+    def _fused_update(self, runs, param, grad, hp, step):
+        states = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if self.options["amsgrad"] else [])
+        blocks = [_blocks(self._state(name, param), runs) for name in states]
+        kernel = torch._fused_adamw_ if self.decoupled_weight_decay else torch._fused_adam_
+        kernel(
+            _blocks(param, runs), _blocks(grad, runs), blocks[0], blocks[1], blocks[2] if len(blocks) > 2 else [],
+            [torch.tensor(step, dtype=torch.float32)] * len(runs),
+            lr=hp["lr"], beta1=hp["beta1"], beta2=hp["beta2"], weight_decay=hp["weight_decay"], eps=hp["eps"],
+            amsgrad=self.options["amsgrad"], maximize=self.options["maximize"],
+        )
 
     def _update(self, param, grad, hp):
         dtype = param.dtype
