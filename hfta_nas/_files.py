@@ -13,6 +13,12 @@ from typing import Any
 import torch
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic(path: Path, write: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -21,6 +27,9 @@ def _atomic(path: Path, write: Any) -> None:
             write(stream)
             stream.flush()
             os.fsync(stream.fileno())
+        # mkstemp creates 0600; give the file the permissions a plain open() would (0666 & ~umask)
+        # so reports and exported configs stay readable by collaborators.
+        os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

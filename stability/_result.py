@@ -103,9 +103,9 @@ class Analysis:
     ranking:       metric, rank, config, mean, ci_low, ci_high (BCa)
     power:         config, metric, std, n, min_detectable_diff (at the current n,
                    alpha 0.05, power 0.8), and seeds_needed_<d> for a few differences d
-    decomposition: metric, source, variance, ci_low, ci_high, share  (empty without --decompose;
-                   one row per source plus source "total" (design "all") and
-                   "sum_of_sources")
+    decomposition: config, metric, source, variance, ci_low, ci_high, share  (empty without
+                   --decompose; per config, one row per source plus source "total"
+                   (design "all") and "sum_of_sources")
     settings:      confidence, bootstrap_seed, n_resamples, alpha, power
     """
 

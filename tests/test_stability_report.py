@@ -179,3 +179,13 @@ def test_an_unwritable_folder_is_a_clear_error(tmp_path):
     result = synthetic_result()
     with pytest.raises(HftaNasError, match="cannot write the report folder"):
         write_report(result, analyse(result, n_resamples=100), blocker / "out", formats=("md",))
+
+
+def test_report_files_get_the_usual_permissions(written):
+    import os
+    import stat
+
+    _, _, out, files = written
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {stat.S_IMODE(p.stat().st_mode) for paths in files.values() for p in paths} == {0o666 & ~mask}
