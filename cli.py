@@ -170,6 +170,46 @@ def _print_train_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> N
                   f"summed over slots ({summary['threads']} torch threads, {summary['device']})")
 
 
+def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`search --workers K` (K > 1): run K copies of this command without --workers,
+    on one study, and print what they left in it (hfta_nas.search._workers)."""
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        workers = ctx.meta.get("hfta_nas.workers", 1)
+        if workers <= 1 or kwargs.get("dry_run"):
+            return command(**kwargs)
+        from pathlib import Path
+
+        from hfta_nas.search import open_storage
+        from hfta_nas.search._workers import run_workers, study_report, worker_arguments
+        from search_spaces import load_space
+
+        loaded = load_space(kwargs["space"])  # a bad space fails once, here, not K times
+        study_name = kwargs.get("study_name") or loaded.study.name or Path(loaded.source).stem
+        open_storage(kwargs.get("storage"))  # an unreachable storage too; and a fresh database gets its tables once
+        exits = run_workers(worker_arguments(ctx), workers, device=kwargs.get("device") or "cpu")
+        try:
+            report = study_report(kwargs.get("storage"), study_name, exits)
+        except KeyError:  # no worker got as far as creating the study
+            report = {"study": study_name, "workers": [{"worker": e.worker, "pid": e.pid, "how": e.how} for e in exits]}
+        if kwargs.get("as_json"):
+            click.echo(json.dumps(report, indent=2, default=str))
+        else:
+            trials = ", ".join(f"{n} {s.lower()}" for s, n in sorted(report.get("trials", {}).items()))
+            click.echo(f"study {study_name}: {trials or 'no trials'}; {report.get('counted', 0)} count against the budget "
+                       f"({report.get('interrupted_and_retried', 0)} interrupted and retried, {report.get('surplus', 0)} surplus)")
+            for best in report.get("best") or []:
+                click.echo(f"best: trial {best['number']} {best['values']}")
+            for worker in report["workers"]:
+                click.echo(f"worker {worker['worker']} (pid {worker['pid']}): {worker['how']}")
+        if any(e.returncode != 0 for e in exits):
+            sys.exit(1)
+
+    return wrapper
+
+
 @main.command()
 @click.argument("space", type=click.Path(dir_okay=False))
 @click.option("--n-trials", type=int, default=None, help="Trials in the study when done [default: the space's budget.n_trials]; finished trials of an earlier run count.")
@@ -181,9 +221,19 @@ def _print_train_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> N
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]))
 @click.option("--threads", default=None, type=int, help="torch CPU threads [default: torch's choice].")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines).")
+@click.option("--sampler", default=None, metavar="NAME", help="Override the space's sampler: tpe, random, cmaes, gp, grid, nsga2 (its defaults; the file's kwargs go with the file's sampler).")
+@click.option("--pruner", default=None, metavar="NAME", help="Override the space's pruner: none, median, successive_halving, hyperband (its defaults).")
+@click.option("--seed", type=int, default=None, help="Override the space's seed (sampler and every trial's init/data/dropout seeds).")
+@click.option("--dry-run", is_flag=True, help="Print the grouping plan (which trials go into which array, by shape signature) without training; nothing is written to the storage.")
+@click.option("--quiet", is_flag=True, help="No live progress display (the summary is still printed).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary (or the --dry-run plan) as JSON (for machines).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, expose_value=False,
+              callback=lambda ctx, param, value: ctx.meta.__setitem__("hfta_nas.workers", value),
+              help="Start this many local worker processes on the same storage and study (one per GPU when several are visible); see README 'Running many workers'.")
 @_friendly_errors
-def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, device, dtype, threads, as_json) -> None:
+@_search_workers
+def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, device, dtype, threads, sampler, pruner,
+           seed, dry_run, quiet, as_json) -> None:
     """Search SPACE (a YAML file, see search_spaces/README.md) with Optuna, training
     candidates of equal shape together as arrays. Re-running resumes the study."""
     import dataclasses
@@ -192,7 +242,7 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
     import torch
 
     from hfta_nas._run import _checked_device
-    from hfta_nas.search import run_search
+    from hfta_nas.search import plan_search, run_search
     from search_spaces import load_space
 
     if threads is not None:
@@ -204,8 +254,16 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
             raise click.BadParameter(f"expected an integer or 'auto', got {array_size!r}", param_hint="--array-size") from None
     _checked_device(device)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    loaded = load_space(space)
-    with _SearchProgress(enabled=not as_json) as progress:
+    loaded = load_space(space).with_overrides(sampler=sampler, pruner=pruner, seed=seed)
+    if dry_run:
+        plan = plan_search(loaded, storage=storage, study_name=study_name, n_trials=n_trials, timeout=timeout,
+                           array_size=array_size, device=device, dtype=dtype)
+        if as_json:
+            click.echo(json.dumps({**dataclasses.asdict(plan), "mean_occupancy": plan.mean_occupancy}, indent=2, default=str))
+        else:
+            _print_search_plan(plan)
+        return
+    with _SearchProgress(enabled=not (as_json or quiet)) as progress:
         summary = run_search(loaded, storage=storage, study_name=study_name, n_trials=n_trials, timeout=timeout,
                              array_size=array_size, device=device, dtype=dtype, out_dir=out_dir, on_event=progress.event)
     if as_json:
@@ -215,18 +273,40 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
 
 
 class _SearchProgress:
-    """Prints where to watch, then one progress bar over the study's trials."""
+    """Live progress of a search on stderr: where to watch it, one line per array,
+    and a bar over the study's trials whose status reads: trials done, pruned and
+    failed, the best value so far (the Pareto front's size for several metrics),
+    the array running and its slots, the mean occupancy and the throughput."""
 
     def __init__(self, enabled: bool) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        class StatusProgress(Progress):  # the bar, and the status on its own line below (it is long)
+            status = ""
+
+            def get_renderables(self):  # type: ignore[no-untyped-def]
+                yield self.make_tasks_table(self.tasks)
+                if self.status:
+                    yield Text(self.status)
 
         self.enabled = enabled
         self.console = Console(stderr=True)
-        self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.fields[status]}"), console=self.console, disable=not enabled)
+        self.live = enabled and self.console.is_terminal  # else (a log file, a pipe): plain lines, status per array
+        self.progress = StatusProgress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                       console=self.console, disable=not self.live)
         self.task = None
+        self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
+        self.metrics: list[str] = []
+        self.directions: list[str] = []
         self.best: float | None = None
+        self.best_trial: int | None = None
+        self.front: list[list[float]] = []  # non-dominated values (several metrics)
+        self.array: dict[str, Any] | None = None
+        self.running = 0
+        self.mean_occupancy: float | None = None
+        self.samples_per_s: float | None = None
 
     def __enter__(self) -> "_SearchProgress":
         self.progress.start()
@@ -235,19 +315,109 @@ class _SearchProgress:
     def __exit__(self, *exc: Any) -> None:
         self.progress.stop()
 
+    def status(self) -> str:
+        """The status line, from the events seen so far."""
+        parts = [f"{self.counts['COMPLETE']} complete, {self.counts['PRUNED']} pruned, {self.counts['FAIL']} failed"]
+        if len(self.metrics) > 1:
+            parts.append(f"pareto front {len(self.front)}")
+        elif self.best is not None:
+            trial = f" (trial {self.best_trial})" if self.best_trial is not None else ""
+            parts.append(f"best {self.metrics[0] if self.metrics else 'value'} {self.best:.4g}{trial}")
+        if self.array is not None:
+            parts.append(f"1 array running ({self.running}/{self.array.get('array_size') or self.array['size']} slots)")
+        else:
+            parts.append("0 arrays running")
+        if self.mean_occupancy is not None:
+            parts.append(f"mean occupancy {self.mean_occupancy:.0%}")
+        if self.samples_per_s is not None:
+            parts.append(f"{self.samples_per_s:,.0f} samples/s")
+        return " | ".join(parts)
+
+    def _better(self, value: float) -> bool:
+        return self.best is None or (value > self.best if self.directions[0] == "maximize" else value < self.best)
+
+    def _dominates(self, a: list[float], b: list[float]) -> bool:
+        signs = [1 if d == "maximize" else -1 for d in self.directions]
+        return all(s * x >= s * y for s, x, y in zip(signs, a, b)) and any(s * x > s * y for s, x, y in zip(signs, a, b))
+
+    def _add_to_front(self, values: list[float]) -> None:
+        if any(self._dominates(other, values) or other == values for other in self.front):
+            return
+        self.front = [other for other in self.front if not self._dominates(values, other)] + [list(values)]
+
     def event(self, kind: str, info: dict[str, Any]) -> None:
+        if kind == "start":
+            self.metrics, self.directions = list(info.get("metrics", [])), list(info.get("directions", []))
+            for state in self.counts:
+                self.counts[state] = info.get("states", {}).get(state, 0)
+            self.best = info.get("best")
+            for values in info.get("best_values", []):
+                self._add_to_front(values)
+        elif kind == "trial":
+            state = info["state"]
+            if state in self.counts:
+                self.counts[state] += 1
+            if state == "COMPLETE" and info.get("values"):
+                values = list(info["values"])
+                if len(self.metrics) > 1:
+                    self._add_to_front(values)
+                elif self._better(values[0]):
+                    self.best, self.best_trial = values[0], info["trial"]
+        elif kind == "array":
+            self.array, self.running = info, info["size"]
+        elif kind == "epoch":
+            self.running = info.get("running", self.running)
+            self.mean_occupancy = info.get("mean_occupancy", self.mean_occupancy)
+            self.samples_per_s = info.get("samples_per_s", self.samples_per_s)
+        elif kind == "array_done":
+            self.array, self.running = None, 0
+            self.mean_occupancy = info.get("mean_occupancy", self.mean_occupancy)
         if not self.enabled:
             return
+        say = functools.partial(self.console.print, soft_wrap=True, highlight=False)
         if kind == "start":
-            self.console.print(f"study [bold]{info['study']}[/] in {info['storage']} ({info['done']} trials already done)")
-            self.console.print(f"watch it live: [bold]{info['dashboard']}[/]")
-            self.task = self.progress.add_task("trials", total=info["n_trials"], completed=info["done"], status="")
-        elif kind == "trial" and self.task is not None:
-            status = info["state"].lower()
+            done = "" if not info["done"] else f" ({info['done']} trials already done)"
+            say(f"study [bold]{info['study']}[/] in {info['storage']}{done}")
+            say(f"watch it live: [bold]{info['dashboard']}[/]")
+            self.task = self.progress.add_task("trials", total=info["n_trials"], completed=info["done"])
+        if kind == "trial" and self.task is not None:
             self.progress.advance(self.task)
-            self.progress.update(self.task, status=f"last: trial {info['trial']} {status}")
         elif kind == "array":
-            self.progress.console.print(f"array {info['array']}: {info['size']} slots, trials {info['trials']}")
+            size = info.get("array_size") or info["size"]
+            say(f"array {info['array']}: {info['size']}/{size} slots, shape {info['signature']}, trials {info['trials']}")
+        elif kind == "retry":
+            say(f"trial {info['trial']} was interrupted by an earlier run: failed and retried")
+        elif kind == "array_failed":
+            say(f"[red]array {info['array']} failed[/]: {info['error']}")
+        elif kind == "array_done" and not self.live:
+            say(self.status())
+        self.progress.status = self.status()
+        if self.live:
+            self.progress.refresh()
+
+
+def _print_search_plan(plan: Any) -> None:
+    """The --dry-run plan: one table row per array (shape, slots, how each trial got there)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    done = f", {plan.done} already done" if plan.done else ""
+    budget = f"{plan.n_trials} trials" if plan.n_trials is not None else "a timeout"
+    console.print(f"dry run of study [bold]{plan.study_name}[/] in {plan.storage} ({budget}{done}; "
+                  f"arrays of {plan.array_size}, pools of up to {plan.pool_size} free asks); nothing was written")
+    table = Table(title="grouping plan (the first array is exact; later ones change as results come in)")
+    for column in ("array", "shape", "slots", "architecture", "trials (*: asked freely)"):
+        table.add_column(column, justify="right" if column in ("array", "slots") else "left")
+    for array in plan.arrays:
+        architecture = ", ".join(f"{k}={v}" for k, v in array.architecture.items()) or "(nothing searched)"
+        trials = " ".join(f"{t['number']}{'*' if t['how'] == 'asked' else ''}" for t in array.trials)
+        table.add_row(str(array.array), array.signature, f"{len(array.trials)}/{array.size}", architecture, trials)
+    console.print(table)
+    console.print(f"{len(plan.arrays)} arrays, {plan.signatures} shapes, planned occupancy {plan.mean_occupancy:.0%}"
+                  " (before pruning and refills)")
+    if plan.note:
+        console.print(plan.note)
 
 
 def _print_search_summary(summary: Any) -> None:
@@ -266,7 +436,7 @@ def _print_search_summary(summary: Any) -> None:
     console.print(table)
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(summary.trials.items()))
     console.print(f"trials: {states}; {summary.arrays} arrays this run, mean occupancy {summary.mean_occupancy:.0%}, "
-                  f"{summary.seconds:.1f} s")
+                  f"{summary.seconds:.1f} s, {summary.samples_per_s:,.0f} samples/s summed over slots")
     for what, path in summary.exported.items():
         console.print(f"best {what}: {path}")
     console.print(f"dashboard: {summary.dashboard}")

@@ -8,9 +8,13 @@ per-slot hyper-parameters, and let ArrayTrainer run. Everything else
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -95,7 +99,7 @@ def train(
                  optimizer=optimizer, device=device, budget=memory_budget)
     array = ModelArray.from_factory(factory, seeds, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
     opt = OPTIMIZERS[optimizer](array, **dict(hparams or {}))
-    sched = LRSchedule(opt, **dict(schedule)) if schedule else None
+    sched = LRSchedule(opt, **_checked_schedule(schedule)) if schedule else None
     trainer = ArrayTrainer(
         array, opt, data, batch_size=batch_size, schedule=sched,
         data_seeds=None if shared_order else data_seeds,
@@ -110,6 +114,35 @@ def train(
         {"init": seeds, "data": data_seeds, "dropout": dropout_seeds},
         seconds, samples / seconds if seconds > 0 else 0.0,
     )
+
+
+def _checked_schedule(schedule: Mapping[str, Any]) -> dict[str, Any]:
+    """`schedule` as LRSchedule's keyword arguments; an unknown key is a user error, not a TypeError."""
+    allowed = [name for name in inspect.signature(LRSchedule.__init__).parameters if name not in ("self", "optimizer")]
+    unknown = [str(key) for key in schedule if key not in allowed]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise HftaNasError(f"unknown schedule argument '{unknown[0]}'{hint}; expected one of {', '.join(allowed)}.")
+    return dict(schedule)
+
+
+def _checked_out_dir(path: str | os.PathLike[str], option: str) -> Path:
+    """`path` as a folder that can be created and written, checked before any work starts.
+
+    A folder below a regular file, or in a read-only place, would otherwise fail
+    only when the first result is written, after training.
+    """
+    folder = Path(path).expanduser()
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise HftaNasError(f"{option} '{folder}': cannot create a folder there, '{existing}' is a file; "
+                           "expected a folder path (existing or not).")
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise HftaNasError(f"{option} '{folder}': '{existing}' is not writable; expected a folder you can write to.")
+    return folder
 
 
 def _checked_device(device: str) -> torch.device:

@@ -29,6 +29,7 @@ from search_spaces._schema import (
     LogUniform,
     Uniform,
 )
+from search_spaces._sources import check_sources
 from search_spaces._space import SearchSpace, load_space, parse_space
 
 SHIPPED_SPACES: dict[str, Path] = {path.stem: path for path in sorted(Path(__file__).parent.glob("*.yaml"))}
@@ -50,6 +51,7 @@ __all__ = [
     "SearchSpace",
     "SpaceError",
     "Uniform",
+    "check_sources",
     "load_space",
     "parse_space",
 ]

@@ -9,6 +9,7 @@ or str; `suggest`, `decode` and `resolve` give the original values back.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -171,6 +172,49 @@ class SearchSpace(_Strict):
     def make_pruner(self) -> optuna.pruners.BasePruner:
         """The configured pruner (NopPruner for 'none' and, by default, for multi-objective studies)."""
         return _optuna.build_pruner(self.pruner.name or "median", self.pruner.kwargs)
+
+    def with_overrides(self, *, sampler: str | None = None, pruner: str | None = None,
+                       seed: int | None = None) -> SearchSpace:
+        """This space with another sampler, pruner or seed (what `hfta-nas search --sampler/--pruner/--seed` do).
+
+        A sampler or pruner of another name starts from its defaults: the file's
+        `kwargs` belong to the file's choice. The result is checked exactly as a
+        file would be (a single-objective sampler or any pruner on a
+        multi-objective study, a grid over continuous params, ...); problems
+        raise `SpaceError` naming the option, e.g. `--sampler: expected one of ...`.
+        """
+        from search_spaces._checks import _check_sampler_and_pruner, _Run
+        from search_spaces._schema import PRUNERS, SAMPLERS
+
+        problems = []
+        for option, value, names in (("--sampler", sampler, SAMPLERS), ("--pruner", pruner, PRUNERS)):
+            if value is not None and value not in names:
+                close = difflib.get_close_matches(str(value), names, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                problems.append(Problem(option, None, "", f"expected one of {', '.join(names)}, got {value!r}{hint}"))
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            problems.append(Problem("--seed", None, "", f"expected an integer >= 0, got {seed!r}"))
+        if problems:
+            raise SpaceError(problems)
+        update: dict[str, Any] = {}
+        if sampler is not None:
+            kwargs = self.sampler.kwargs if sampler == self.sampler.name else {}
+            update["sampler"] = SamplerSpec(name=sampler, kwargs=kwargs)
+        if pruner is not None:
+            kwargs = self.pruner.kwargs if pruner == self.pruner.name else {}
+            update["pruner"] = PrunerSpec(name=pruner, kwargs=kwargs)
+        if seed is not None:
+            update["seed"] = seed
+        if not update:
+            return self
+        options = " ".join(f"--{k} {getattr(v, 'name', v)}" for k, v in update.items())
+        file = self._file().model_copy(update=update)
+        run = _Run(Where(f"{self.source} with {options}", {}))
+        file = _check_sampler_and_pruner(run, file, self.params)
+        run.raise_if_any()
+        changed = self.model_copy(update={**update, "pruner": file.pruner})
+        changed._lines = self._lines
+        return changed
 
     @property
     def grid_size(self) -> int | None:

@@ -38,7 +38,7 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--array-size", type=int, default=None, help="At most this many seeds per array [default: all seeds of a configuration in one array]."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"])),
-        click.option("--threads", type=int, default=None, help="torch CPU threads [default: torch's choice]."),
+        click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads [default: torch's choice]."),
         click.option("--storage", default=None, help="Optuna storage URL or journal file where each seed is stored [default: runs/hfta-nas.journal]."),
         click.option("--artifact-dir", default=None, type=click.Path(file_okay=False), help="Where the report is stored as an Optuna artifact [default: runs/artifacts]."),
         click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report folder [default: runs/stability/<config>]."),
@@ -169,6 +169,11 @@ def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary
     plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
     if n_seeds < 1:
         raise HftaNasError(f"--seeds must be at least 1, got {n_seeds}.")
+    from hfta_nas._run import _checked_out_dir
+
+    for option, folder in (("--out", out_dir), ("--artifact-dir", artifact_dir)):
+        if folder is not None:  # before training, not when the first file is written
+            _checked_out_dir(folder, option)
     if threads is not None:
         torch.set_num_threads(threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -314,26 +314,62 @@ def _current_directory_importable() -> Iterator[None]:
             sys.path.remove(cwd)
 
 
+def _import_function(source: str) -> Any:
+    """The function a 'module:function' data source names (imported, not called)."""
+    module_name, function_name = source.split(":")
+    where = f"data source {source!r}"
+    importlib.invalidate_caches()  # a module written since the last import (e.g. in a notebook) is found
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise HftaNasError(
+            f"{where}: could not import module {module_name!r} ({type(exc).__name__}: {exc}); "
+            f"expected a module on sys.path or in the current directory {os.getcwd()} "
+            f"that defines {function_name}()"
+        ) from exc
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        found = "is not callable" if function is not None else "does not exist"
+        raise HftaNasError(
+            f"{where}: module {module_name!r} ({getattr(module, '__file__', '?')}) has no function "
+            f"{function_name!r} (the attribute {found}); expected a function taking no arguments"
+        )
+    return function
+
+
+def check_source(source: str | os.PathLike[str]) -> None:
+    """Refuse, without reading any data, a source `load_dataset` would refuse by its name:
+    an unknown name, a missing .npz/.csv file, a module or function that cannot be imported.
+
+    For checks before work starts (a search checks its space's dataset before it asks any trial).
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        raise HftaNasError(f"data source must be a string, got {type(source).__name__}; expected {_ACCEPTED_FORMS}")
+    text = os.fspath(source)
+    if text.strip().lower() in DATASETS:
+        return
+    suffix = text.lower().rsplit(".", 1)[-1] if "." in text else ""
+    if suffix in ("npz", "csv"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise HftaNasError(
+                f"data file {text!r} not found (looked for {path.resolve()}); "
+                f"expected an existing .{suffix} file, relative paths are resolved from the current directory"
+            )
+    elif _FACTORY.match(text):
+        with _current_directory_importable():
+            _import_function(text)
+    else:
+        close = difflib.get_close_matches(text.strip().lower(), DATASETS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise HftaNasError(f"unknown data source {text!r}; expected {_ACCEPTED_FORMS}.{hint}")
+
+
 def _call_factory(source: str) -> tuple[dict[str, Any], str]:
     module_name, function_name = source.split(":")
     where = f"data source {source!r}"
     with _current_directory_importable():
-        importlib.invalidate_caches()  # a module written since the last import (e.g. in a notebook) is found
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:
-            raise HftaNasError(
-                f"{where}: could not import module {module_name!r} ({type(exc).__name__}: {exc}); "
-                f"expected a module on sys.path or in the current directory {os.getcwd()} "
-                f"that defines {function_name}()"
-            ) from exc
-        function = getattr(module, function_name, None)
-        if not callable(function):
-            found = "is not callable" if function is not None else "does not exist"
-            raise HftaNasError(
-                f"{where}: module {module_name!r} ({getattr(module, '__file__', '?')}) has no function "
-                f"{function_name!r} (the attribute {found}); expected a function taking no arguments"
-            )
+        function = _import_function(source)
         try:
             result = function()
         except Exception as exc:

@@ -1,18 +1,27 @@
 """The search loop: Optuna proposes, arrays train, every trial is told.
 
-One round reads top to bottom:
+One round reads top to bottom (the fill policy):
 
-1. Ask one trial freely; the sampler chooses its architecture (every searched
-   parameter that changes the shape signature) and its hyper-parameters.
-2. Fill the array: enqueue trials with that architecture fixed and ask again,
-   so the sampler chooses only the per-slot hyper-parameters of the others.
-   Arrays stay full (occupancy is reported) and the sampler still decides
-   the architecture of every round.
-3. Train the array. Each epoch every slot reports its metric to its trial;
-   a pruned or failed slot is told at once and refilled with a new trial of
-   the same architecture (fresh optimizer state, schedule position and seeds)
-   while budget remains, or the array is compacted.
-4. A slot that finishes its epochs is told COMPLETE with its metric values.
+1. Ask a pool of trials freely: the sampler chooses each one's architecture
+   (every searched parameter that changes the shape signature) and its
+   hyper-parameters. The pool holds at most `pool_size` trials (default: the
+   array size B) and stops early once ceil(T / B) signatures wait, T being
+   the trials the budget has left, so every shape asked can still get a full
+   array. Group the pool by shape signature.
+2. The fullest group (the earliest asked on ties) trains next; the other
+   groups wait, RUNNING, for their own arrays, which come before any new pool.
+3. Fill the free slots: enqueue trials with the group's architecture fixed
+   and ask again, so the sampler chooses only their per-slot hyper-parameters.
+   Every architecture the sampler proposes is trained as proposed, and arrays
+   stay full (mean occupancy is reported: running slots / array size).
+4. Train the array. Each epoch every slot reports its metric to its trial;
+   a pruned or failed slot is told at once and, while other slots train on,
+   refilled with a waiting trial of its shape, else a new trial of the same
+   architecture (fresh optimizer state, schedule position and seeds) from
+   budget the waiting shapes do not need, else the array is compacted.
+5. A slot that finishes its epochs is told COMPLETE with its metric values.
+   When all slots end together the array ends; the next round's pool is
+   asked with their results in the study.
 
 Pruners that compare with completed trials (median, percentile) see none in
 the first array and prune from the second on; successive halving and
@@ -27,6 +36,7 @@ import inspect
 import math
 import os
 import socket
+import sys
 import time
 import warnings
 from collections import defaultdict
@@ -97,6 +107,7 @@ class Candidate:
     config: Any
     seeds: dict[str, int]
     signature: str = ""
+    filled: bool = False  # asked with its architecture fixed (to fill an array), not freely
 
 
 @dataclass
@@ -114,6 +125,7 @@ class SearchSummary:
     mean_occupancy: float
     seconds: float
     exported: dict[str, str] = field(default_factory=dict)  # what -> path
+    samples_per_s: float = 0.0  # training samples this run / its wall time, summed over slots
 
 
 def trial_seeds(base_seed: int, trial_number: int) -> dict[str, int]:
@@ -138,8 +150,14 @@ class Search:
         dtype: str = "float32",
         out_dir: str | Path | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        pool_size: int | None = None,
+        dry_run: bool = False,
     ) -> None:
         self.space = space
+        if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1):
+            raise HftaNasError(f"pool size must be a positive integer, got {pool_size!r}.")
+        self.pool_size = pool_size
+        self.dry_run = dry_run
         self.n_trials = n_trials if n_trials is not None else space.budget.n_trials
         self.timeout = timeout if timeout is not None else space.budget.timeout
         for name, value in (("n_trials", self.n_trials), ("timeout", self.timeout)):
@@ -154,8 +172,13 @@ class Search:
         self.directions = list(space.study.directions)
         self.study_name = study_name or space.study.name or Path(space.source).stem
         self.out_dir = Path(out_dir) if out_dir is not None else Path("runs") / self.study_name
-        self.on_event = on_event or (lambda kind, info: None)
-        self.storage, self.dashboard_location = open_storage(storage)
+        self.on_event = self._enriched(on_event or (lambda kind, info: None))
+        if dry_run:  # an in-memory copy of the study: asks there never reach the real storage
+            from hfta_nas.search._plan import in_memory_copy
+
+            self.storage, self.dashboard_location = in_memory_copy(storage, self.study_name)
+        else:
+            self.storage, self.dashboard_location = open_storage(storage)
         self.study = optuna.create_study(
             storage=self.storage, study_name=self.study_name, directions=self.directions,
             sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner(), load_if_exists=True,
@@ -168,14 +191,52 @@ class Search:
         self.study.set_user_attr("space_source", str(space.source))
         self.study.set_user_attr("space_text", space.text)
         self.study.set_user_attr("versions", {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__, "optuna": optuna.__version__})
+        self.study.set_user_attr("sampler", space.sampler.name)
+        self.study.set_user_attr("pruner", space.pruner.name)
+        self.study.set_user_attr("seed", space.seed)
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self._datasets: dict[str, Dataset] = {}
         self._pending: dict[str, list[Candidate]] = defaultdict(list)
         self._asked = 0
         self._arrays = 0
-        self._occupancy: list[float] = []
+        self._occupancy: list[float] = []  # running slots / array width, per epoch
+        self._fill: list[float] = []  # running slots / array size (array.size or auto's choice), per epoch
+        self._target = 0  # the array size of the array being trained
+        self._n_train = 0  # its training samples per slot and epoch
+        self._samples = 0  # training samples processed this run, summed over slots
         self._exported: dict[str, str] = {}
         self._best_first_metric = self._current_best()
+
+    # ------------------------------------------------------------------ events
+    def _enriched(self, on_event: Callable[[str, dict[str, Any]], None]) -> Callable[[str, dict[str, Any]], None]:
+        """`on_event` with the search-wide figures a progress display shows added to
+        the events: per epoch the array's occupancy, the mean so far, and the
+        training throughput of this run (samples/s summed over slots)."""
+
+        def emit(kind: str, info: dict[str, Any]) -> None:
+            info = dict(info)
+            if kind == "epoch":
+                running = int(info.get("running", 0))
+                self._fill.append(running / self._target if self._target else 0.0)
+                self._samples += running * self._n_train
+                elapsed = time.monotonic() - self._started
+                info.update(array_size=self._target, occupancy=self._fill[-1], mean_occupancy=self._mean_fill(),
+                            samples=self._samples, samples_per_s=self._samples / max(elapsed, 1e-9))
+            elif kind == "array":
+                info.setdefault("array_size", self._target)
+            on_event(kind, info)
+
+        return emit
+
+    def _mean_fill(self) -> float:
+        """Mean array occupancy: running slots / array size, over every epoch of every array."""
+        return float(np.mean(self._fill)) if self._fill else 0.0
+
+    def _best_trials(self) -> list[optuna.trial.FrozenTrial]:
+        """The best trial (single objective) or the Pareto front; [] before any COMPLETE trial."""
+        if not self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            return []
+        return list(self.study.best_trials) if len(self.metrics) > 1 else [self.study.best_trial]
 
     # ------------------------------------------------------------------ budget
     def _finished(self) -> int:
@@ -190,6 +251,8 @@ class Search:
         return sum(1 for t in trials if not str(t.user_attrs.get("fail_reason", "")).startswith(_NOT_COUNTED))
 
     def _remaining(self) -> int:
+        if self.n_trials is None:  # a timeout-only budget
+            return sys.maxsize
         return self.n_trials - self._counted()  # across workers: read from the storage, under the study lock
 
     def _time_left(self) -> bool:
@@ -198,12 +261,19 @@ class Search:
     # --------------------------------------------------------------------- run
     @_as_worker
     def run(self) -> SearchSummary:
+        if self.dry_run:
+            raise HftaNasError("this Search was made with dry_run=True: call plan(), not run()")
         self._started = time.monotonic()
         self._retry_interrupted_trials()
         self._finished_at_start = self._finished()
+        states: dict[str, int] = defaultdict(int)
+        for trial in self.study.get_trials(deepcopy=False):
+            states[trial.state.name] += 1
         self.on_event("start", {"study": self.study_name, "storage": self.dashboard_location,
                                 "dashboard": dashboard_command(self.dashboard_location), "done": self._finished_at_start,
-                                "n_trials": self.n_trials})
+                                "n_trials": self.n_trials, "timeout": self.timeout, "states": dict(states),
+                                "metrics": self.metrics, "directions": self.directions, "best": self._best_first_metric,
+                                "best_values": [list(t.values) for t in self._best_trials()]})
         while self._time_left():
             with self._study_lock():
                 self._retry_interrupted_trials()
@@ -213,11 +283,21 @@ class Search:
             if not group:
                 break
             self._train_group(group)
+            self.on_event("array_done", {"array": self._arrays, "mean_occupancy": self._mean_fill()})
         for candidates in self._pending.values():  # asked but never trained (time ran out)
             for candidate in candidates:
                 self._tell_fail(candidate, "not trained: the search's timeout ran out before its array started")
         self._discard_surplus_waiting()
         return self._summary()
+
+    def plan(self, max_arrays: int | None = None) -> Any:
+        """The arrays this search would train, by its fill policy, without training
+        (`hfta-nas search --dry-run`); needs `dry_run=True`. See `hfta_nas.search._plan`."""
+        from hfta_nas.search._plan import make_plan
+
+        if not self.dry_run:
+            raise HftaNasError("plan() asks trials: make the Search with dry_run=True so they go to an in-memory copy")
+        return make_plan(self, max_arrays)
 
     def _retry_interrupted_trials(self) -> int:
         """RUNNING trials whose worker is gone (see _heartbeat: stale heartbeat, or a
@@ -279,7 +359,7 @@ class Search:
         self._asked += 1
         values = self.space.suggest(trial)
         config = self.space.resolve(values)
-        candidate = Candidate(trial, values, config, trial_seeds(self.space.seed, trial.number))
+        candidate = Candidate(trial, values, config, trial_seeds(self.space.seed, trial.number), filled=fixed is not None)
         data = self._dataset(config)
         factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
         candidate.signature = shape_signature(config, factory)
@@ -297,16 +377,45 @@ class Search:
         # 'auto': every remaining trial in one array, up to 32 slots (see README).
         return min(remaining, 32 if self.array_size == "auto" else self.array_size)
 
+    def _ask_pool(self) -> None:
+        """Ask a pool of free candidates (the sampler picks everything) into `_pending`.
+
+        At most `pool_size` asks (default: the array size), and no more shapes
+        than the budget can give full arrays: with T trials left (waiting ones
+        included) and arrays of B, asking stops once ceil(T / B) signatures wait.
+        """
+        left = self.pool_size or self._size_for(self._remaining())
+        size = self._size_for(self._remaining())
+        while left > 0 and self._remaining() > 0:
+            waiting = sum(len(g) for g in self._pending.values())
+            if len(self._pending) >= math.ceil((waiting + self._remaining()) / size):
+                break
+            candidate = self._ask()
+            self._pending[candidate.signature].append(candidate)
+            left -= 1
+
+    def _spare(self, signature: str) -> int:
+        """Budget left once the waiting groups of other shapes are filled to full arrays."""
+        needed = sum(max(0, self._target - len(g)) for s, g in self._pending.items() if s != signature)
+        return self._remaining() - needed
+
     def _next_group(self) -> list[Candidate]:
-        """The candidates of the next array: waiting ones first, else a fresh round."""
-        if self._pending:
-            signature = max(self._pending, key=lambda s: len(self._pending[s]))
-            group = self._pending.pop(signature)
-        elif self._remaining() > 0:
-            group = [self._ask()]
-        else:
+        """The candidates of the next array (the fill policy, see the module docstring).
+
+        Waiting candidates go first; with none waiting, a pool of free asks is
+        grouped by signature. The fullest group (the earliest asked on ties)
+        trains next; the others wait for their own arrays; the free slots are
+        filled with the group's architecture and fresh hyper-parameters.
+        """
+        if not self._pending and self._remaining() > 0:
+            self._ask_pool()
+        if not self._pending:
             return []
+        signature = max(self._pending, key=lambda s: len(self._pending[s]))
+        group = self._pending.pop(signature)
         size = self._size_for(len(group) + self._remaining())
+        self._target = size if self.array_size == "auto" else self.array_size
+        self._n_train = len(self._dataset(group[0].config).y_train)
         while len(group) < size and self._remaining() > 0 and self._time_left():
             candidate = self._ask(self._architecture(group[0]))
             if candidate.signature == group[0].signature:
@@ -388,9 +497,24 @@ class Search:
 
     @_locked
     def _refill_or_stop(self, trainer: ArrayTrainer, ended: Candidate, by_number, started, why: str) -> None:
+        """Refill the slot of a trial that ended, or let the array shrink.
+
+        Only while other slots train on (an array whose slots all end together
+        ends, and the next round asks the sampler afresh). A candidate already
+        asked for this shape goes first; a new one (same architecture, fresh
+        hyper-parameters) only replaces a pruned or failed slot, and only from
+        budget that the other waiting shapes do not need to fill their arrays.
+        Completed slots are never refilled with new asks, so an array ends.
+        """
         number = ended.trial.number
-        if self._remaining() > 0 and self._time_left():
-            candidate = self._ask(self._architecture(ended))
+        others = any(trainer.results[s].status == "running" for s in trainer.slot_ids if s != number)
+        waiting = self._pending.get(ended.signature) if others else None
+        ask = others and why != "completed" and self._spare(ended.signature) > 0 and self._time_left()
+        if waiting or ask:
+            # a candidate already asked for this shape first (it is RUNNING and waits), else a new one
+            candidate = waiting.pop(0) if waiting else self._ask(self._architecture(ended))
+            if ended.signature in self._pending and not self._pending[ended.signature]:
+                del self._pending[ended.signature]
             if candidate.signature == ended.signature:
                 position = trainer.position_of(number)
                 data = self._dataset(candidate.config)
@@ -441,10 +565,13 @@ class Search:
             self._exported = {"config": str(config_path), "weights": str(weights)}
 
     def _improves(self, value: float) -> bool:
+        """Whether a trial just told COMPLETE beats every trial in the storage, other
+        workers' included (they export to the same files)."""
         best = self._best_first_metric
-        if best is None:
-            return True
-        return value > best if self.directions[0] == "maximize" else value < best
+        if best is not None and not (value > best if self.directions[0] == "maximize" else value < best):
+            return False
+        stored = self._current_best()  # this trial included: it improves when it is the best there
+        return stored is None or value == stored
 
     def _current_best(self) -> float | None:
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -478,8 +605,8 @@ class Search:
         summary = SearchSummary(
             self.study_name, self.dashboard_location, dashboard_command(self.dashboard_location), self.metrics,
             self.directions, dict(counts), best, self._arrays,
-            float(np.mean(self._occupancy)) if self._occupancy else 0.0, time.monotonic() - self._started,
-            dict(self._exported),
+            self._mean_fill(), time.monotonic() - self._started,
+            dict(self._exported), self._samples / max(time.monotonic() - self._started, 1e-9),
         )
         return summary
 

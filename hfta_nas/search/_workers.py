@@ -1,0 +1,216 @@
+"""`hfta-nas search ... --workers K`: K local worker processes on one study.
+
+Each worker is the same `hfta-nas search` command without `--workers`, on the
+same storage; they cooperate through it as workers on several machines do
+(the budget is counted in the storage under a study lock, dead workers' trials
+are retried; see `_driver` and `_heartbeat`). With several GPUs visible and a
+CUDA device asked for, worker i sees only GPU i mod count
+(`CUDA_VISIBLE_DEVICES`); on CPU the cores are shared out with `--threads`
+unless given. Their output is relayed line by line, prefixed `[worker i]`.
+Ctrl-C (SIGINT) reaches every worker; any still running 10 s later is
+terminated, then killed. Trials a stopped worker held are retried by the next
+run on the study.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class WorkerExit:
+    """How one worker process ended."""
+
+    worker: int
+    pid: int
+    returncode: int
+    seconds: float
+    cuda_visible_devices: str | None = None
+
+    @property
+    def how(self) -> str:
+        if self.returncode == 0:
+            return "finished"
+        if self.returncode < 0:
+            try:
+                return f"killed by {signal.Signals(-self.returncode).name}"
+            except ValueError:
+                return f"killed by signal {-self.returncode}"
+        return f"exited with status {self.returncode}"
+
+
+def worker_arguments(ctx: Any, drop: Sequence[str] = ("workers",)) -> list[str]:
+    """The command line of a click command as invoked (`ctx`), less the options in
+    `drop`: what each worker runs. Only values given on the command line or by the
+    environment are repeated; defaults stay defaults."""
+    import click
+    from click.core import ParameterSource
+
+    arguments: list[str] = []
+    options: list[str] = []
+    for param in ctx.command.params:
+        name = param.name
+        if name in drop or ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT):
+            continue
+        value = ctx.params.get(name)
+        if isinstance(param, click.Argument):
+            arguments.extend(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+            continue
+        opt = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if getattr(param, "count", False):
+            options.extend([opt] * int(value or 0))
+        elif param.is_flag:
+            if value:
+                options.append(opt)
+            elif param.secondary_opts:
+                options.append(param.secondary_opts[0])
+        elif param.multiple:
+            for item in value or ():
+                options.extend([opt, str(item)])
+        elif value is not None:
+            options.extend([opt, str(value)])
+    return [*options, *arguments]
+
+
+def _set_option(args: list[str], opt: str, value: str) -> list[str]:
+    """`args` with `opt` set to `value` (replaced where present, else added)."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        if arg == opt and i + 1 < len(args):
+            args[i + 1] = value
+            return args
+        if arg.startswith(opt + "="):
+            args[i] = f"{opt}={value}"
+            return args
+    return [opt, value, *args]
+
+
+def _has_option(args: list[str], opt: str) -> bool:
+    return any(a == opt or a.startswith(opt + "=") for a in args)
+
+
+def _gpus() -> list[str]:
+    """The GPUs this process sees, as CUDA_VISIBLE_DEVICES entries."""
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except Exception:  # no CUDA build, no driver
+        count = 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        entries = [v.strip() for v in visible.split(",") if v.strip()]
+        return entries[:count] if count else []
+    return [str(i) for i in range(count)]
+
+
+def worker_commands(args: list[str], workers: int, *, device: str) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, environment) for each worker: `hfta-nas search ARGS` with per-worker
+    GPU or thread settings (see the module docstring)."""
+    script = shutil.which("hfta-nas", path=os.path.dirname(sys.executable)) or shutil.which("hfta-nas")
+    base = [script] if script else [sys.executable, "-m", "cli"]
+    gpus = _gpus() if device.startswith("cuda") else []
+    commands = []
+    for worker in range(workers):
+        env = dict(os.environ, HFTA_NAS_WORKER=str(worker), PYTHONUNBUFFERED="1")
+        worker_args = list(args)
+        if len(gpus) > 1:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[worker % len(gpus)]
+            worker_args = _set_option(worker_args, "--device", "cuda")
+        elif not device.startswith("cuda") and not _has_option(worker_args, "--threads"):
+            worker_args = _set_option(worker_args, "--threads", str(max(1, (os.cpu_count() or 1) // workers)))
+        commands.append(([*base, "search", *worker_args], env))
+    return commands
+
+
+def run_workers(args: list[str], workers: int, *, device: str = "cpu",
+                echo: Callable[[str], None] | None = None, grace_s: float = 10.0) -> list[WorkerExit]:
+    """Start `workers` worker processes of `hfta-nas search ARGS`, relay their output
+    through `echo`, wait for all, and return how each ended. KeyboardInterrupt stops
+    them all (SIGINT, then SIGTERM, then SIGKILL) and is raised again."""
+    echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+    started = time.monotonic()
+    processes: list[subprocess.Popen] = []
+    relays: list[threading.Thread] = []
+    envs: list[dict[str, str]] = []
+    try:
+        for worker, (argv, env) in enumerate(worker_commands(args, workers, device=device)):
+            process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       errors="replace", bufsize=1)
+            processes.append(process)
+            envs.append(env)
+            relay = threading.Thread(target=_relay, args=(process, f"[worker {worker}] ", echo), daemon=True)
+            relay.start()
+            relays.append(relay)
+        for process in processes:
+            process.wait()
+    except KeyboardInterrupt:
+        _stop(processes, grace_s)
+        raise
+    finally:
+        for relay in relays:
+            relay.join(timeout=5)
+    seconds = time.monotonic() - started
+    return [WorkerExit(i, p.pid, p.returncode, seconds, envs[i].get("CUDA_VISIBLE_DEVICES") if len(_gpus()) > 1 else None)
+            for i, p in enumerate(processes)]
+
+
+def _relay(process: subprocess.Popen, prefix: str, echo: Callable[[str], None]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        echo(prefix + line.rstrip("\n"))
+
+
+def _stop(processes: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGINT every worker still running (a terminal's Ctrl-C reached them already;
+    a `kill -INT` of this process did not), then SIGTERM, then SIGKILL."""
+    for sig, wait in ((None, 2.0), (signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        alive = [p for p in processes if p.poll() is None]
+        if not alive:
+            return
+        for process in alive if sig is not None else ():
+            try:
+                process.send_signal(sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        for process in alive:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def study_report(storage: str | None, study_name: str, exits: list[WorkerExit]) -> dict[str, Any]:
+    """What the workers left in the study: trials by state (interrupted retries and
+    surplus apart), the best value(s), and how each worker ended."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from hfta_nas.search._storage import open_storage
+
+    opened, location = open_storage(storage)
+    study = optuna.load_study(study_name=study_name, storage=opened)
+    states: dict[str, int] = {}
+    retried = surplus = 0
+    for trial in study.get_trials(deepcopy=False):
+        reason = str(trial.user_attrs.get("fail_reason", ""))
+        retried += reason.startswith("interrupted:")
+        surplus += reason.startswith("surplus:")
+        states[trial.state.name] = states.get(trial.state.name, 0) + 1
+    best = None
+    if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        best = [{"number": t.number, "values": list(t.values)} for t in study.best_trials]
+    return {"study": study_name, "storage": location, "trials": states, "interrupted_and_retried": retried,
+            "surplus": surplus, "counted": sum(states.get(s, 0) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")) - retried - surplus,
+            "best": best, "workers": [{"worker": e.worker, "pid": e.pid, "returncode": e.returncode, "how": e.how,
+                                        "cuda_visible_devices": e.cuda_visible_devices} for e in exits]}
