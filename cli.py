@@ -387,6 +387,8 @@ class _SearchProgress:
             say(f"array {info['array']}: {info['size']}/{size} slots, shape {info['signature']}, trials {info['trials']}")
         elif kind == "retry":
             say(f"trial {info['trial']} was interrupted by an earlier run: failed and retried")
+        elif kind == "split":
+            say(f"[yellow]out of memory[/] with {info['size']} models ({info['reason']}): arrays of {info['half']} from now on")
         elif kind == "array_failed":
             say(f"[red]array {info['array']} failed[/]: {info['error']}")
         elif kind == "array_done" and not self.live:
@@ -465,7 +467,7 @@ def dashboard(storage, artifact_dir, host, port) -> None:
     optuna_dashboard.run_server(opened, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts)))
 
 
-_BENCHMARKS = {"throughput": "benchmarks.throughput", "stability": "benchmarks.stability"}
+_BENCHMARKS = {"throughput": "benchmarks.throughput", "stability": "benchmarks.stability", "search": "benchmarks.search"}
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
@@ -473,9 +475,10 @@ _BENCHMARKS = {"throughput": "benchmarks.throughput", "stability": "benchmarks.s
 @click.pass_context
 def bench(ctx: click.Context, which: str) -> None:
     """Run a benchmark: `throughput` (default; serial, processes, vmap recipe, array and
-    the fused limit) or `stability` (a 32-seed array against 32 plain PyTorch runs).
+    the fused limit), `stability` (a 32-seed array against 32 plain PyTorch runs) or
+    `search` (one space and budget: plain Optuna one trial at a time against run_search).
     Arguments after it go to the benchmark: `hfta-nas bench throughput --quick`,
-    `hfta-nas bench stability --help`."""
+    `hfta-nas bench stability --help`, `hfta-nas bench search --quick`."""
     import importlib
 
     args = list(ctx.args)

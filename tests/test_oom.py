@@ -86,3 +86,46 @@ def test_a_seed_that_does_not_fit_alone_is_a_counted_failure(monkeypatch):
     result, _ = run_stability([LabelledConfig("m", mlp_config())], n_seeds=2, dtype="float64")
     assert list(result.seeds["status"]) == ["failed", "failed"]
     assert all(reason.startswith("out of memory even alone") for reason in result.seeds["reason"])
+
+
+def test_a_search_array_over_the_budget_is_split_and_every_trial_trains(tmp_path, monkeypatch):
+    from optuna.trial import TrialState
+
+    from hfta_nas.data import load_dataset
+    from tests.test_search import load_study, search, space_text
+
+    params = {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2}}
+    text = space_text(params=params, model={"family": "mlp", "config": {"depth": 1, "width": 16}})
+    data = load_dataset("digits")
+    factory = resolve_model("mlp", {"depth": 1, "width": 16}, input_shape=data.input_shape, num_classes=data.num_classes)
+    one = estimate_array_bytes(factory, data.input_shape, batch_size=64, slots=1, dtype=torch.float32, optimizer="adam")
+    monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", str(one))  # only arrays of one model fit
+    events = []
+    search(tmp_path, text, on_event=lambda kind, info: events.append((kind, info)))
+    trials = load_study(tmp_path).trials
+    assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert [(info["size"], info["half"]) for kind, info in events if kind == "split"] == [(3, 2), (2, 1)]
+    assert {info["size"] for kind, info in events if kind == "array"} == {1}
+
+
+def test_a_search_array_out_of_memory_while_training_is_retried_in_halves(tmp_path, monkeypatch):
+    from optuna.trial import TrialState
+
+    from hfta_nas._trainer import ArrayTrainer
+    from tests.test_search import load_study, search
+
+    fit = ArrayTrainer.fit
+
+    def fit_like_a_small_gpu(self, *args, **kwargs):  # what CUDA raises for an array of more than one model
+        if len(self.array) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ArrayTrainer, "fit", fit_like_a_small_gpu)
+    events = []
+    search(tmp_path, on_event=lambda kind, info: events.append((kind, info)))
+    trials = load_study(tmp_path).trials
+    assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)  # none lost, none retried anew
+    assert all("out of memory" in t.user_attrs["out_of_memory"] for t in trials)
+    assert {info["size"] for kind, info in events if kind == "array"} >= {1, 2, 3}
+    assert all(list(t.intermediate_values) == [1, 2] for t in trials)

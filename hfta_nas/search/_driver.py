@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import math
 import os
 import socket
@@ -52,6 +53,7 @@ from optuna.trial import TrialState
 
 import hfta_nas
 from hfta_nas._array import ModelArray
+from hfta_nas._oom import ArrayOutOfMemory, check_budget, is_out_of_memory
 from hfta_nas._trainer import ArrayTrainer, EpochReport
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
@@ -61,6 +63,9 @@ from hfta_nas._files import atomic_write_text, save_weights
 from hfta_nas.search._signature import shape_signature
 from hfta_nas.search._heartbeat import Heartbeat, stale_reason
 from hfta_nas.search._storage import dashboard_command, open_storage, study_lock
+from search_spaces import check_sources
+
+log = logging.getLogger(__name__)
 
 # Optimizer hyper-parameters and schedule settings differ per slot; every
 # other searched parameter decides the architecture (the array's shape).
@@ -108,6 +113,7 @@ class Candidate:
     seeds: dict[str, int]
     signature: str = ""
     filled: bool = False  # asked with its architecture fixed (to fill an array), not freely
+    reported: set[int] = field(default_factory=set)  # epochs reported (a retry after out-of-memory repeats them)
 
 
 @dataclass
@@ -173,6 +179,7 @@ class Search:
         self.study_name = study_name or space.study.name or Path(space.source).stem
         self.out_dir = Path(out_dir) if out_dir is not None else Path("runs") / self.study_name
         self.on_event = self._enriched(on_event or (lambda kind, info: None))
+        check_sources(space)  # a missing factory or data file fails here, before any trial is asked
         if dry_run:  # an in-memory copy of the study: asks there never reach the real storage
             from hfta_nas.search._plan import in_memory_copy
 
@@ -196,6 +203,7 @@ class Search:
         self.study.set_user_attr("seed", space.seed)
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self._datasets: dict[str, Dataset] = {}
+        self._max_slots: dict[str, int] = {}  # signature -> array size that fits, after an out-of-memory split
         self._pending: dict[str, list[Candidate]] = defaultdict(list)
         self._asked = 0
         self._arrays = 0
@@ -413,8 +421,8 @@ class Search:
             return []
         signature = max(self._pending, key=lambda s: len(self._pending[s]))
         group = self._pending.pop(signature)
-        size = self._size_for(len(group) + self._remaining())
-        self._target = size if self.array_size == "auto" else self.array_size
+        size = min(self._size_for(len(group) + self._remaining()), self._max_slots.get(signature, sys.maxsize))
+        self._target = size if self.array_size == "auto" or signature in self._max_slots else self.array_size
         self._n_train = len(self._dataset(group[0].config).y_train)
         while len(group) < size and self._remaining() > 0 and self._time_left():
             candidate = self._ask(self._architecture(group[0]))
@@ -435,12 +443,43 @@ class Search:
         return self._datasets[key]
 
     # ----------------------------------------------------------------- training
+    def _fits(self, group: list[Candidate], factory: Callable[[], Any], data: Dataset) -> list[Candidate]:
+        """The leading part of `group` that fits the memory budget (see hfta_nas._oom),
+        halving as the budget demands; the rest waits (RUNNING) for its own arrays,
+        and later arrays of this shape are no larger. A candidate that does not fit
+        even alone is told FAIL with the reason."""
+        first = group[0].config
+        while True:
+            try:
+                check_budget(factory, data.input_shape, batch_size=first.data.get("batch_size", 100), slots=len(group),
+                             dtype=self.dtype, optimizer=first.optimizer, device=torch.device(self.device))
+                return group
+            except ArrayOutOfMemory as error:
+                if len(group) == 1:
+                    self._tell_fail(group[0], f"out of memory even alone: {error}")
+                    return []
+                group = self._split(group, str(error))
+
+    def _split(self, group: list[Candidate], reason: str) -> list[Candidate]:
+        """The first half of `group`; the second half goes back to wait, first in line."""
+        half = (len(group) + 1) // 2
+        signature = group[0].signature
+        self._max_slots[signature] = half
+        self._pending[signature][:0] = group[half:]
+        log.warning("array of %d models out of memory (%s); training %d now, the rest in later arrays",
+                    len(group), reason, half)
+        self.on_event("split", {"size": len(group), "half": half, "reason": reason})
+        return group[:half]
+
     def _train_group(self, group: list[Candidate]) -> None:
-        self._arrays += 1
-        array_id = f"{self.worker}/{self._arrays}"
         first = group[0].config
         data = self._dataset(first)
         factory = resolve_model(first.model, first.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
+        group = self._fits(group, factory, data)
+        if not group:
+            return
+        self._arrays += 1
+        array_id = f"{self.worker}/{self._arrays}"
         capacity = len(group)
         by_number = {c.trial.number: c for c in group}
         self._array_trials = by_number  # what the heartbeat stamps, with the waiting candidates
@@ -472,8 +511,9 @@ class Search:
                     self._refill_or_stop(trainer, candidate, by_number, started, "failed")
                     continue
                 values = [metrics[m] if m in metrics else static[m] for m in self.metrics]
-                if len(self.metrics) == 1:
+                if len(self.metrics) == 1 and result.epochs not in candidate.reported:
                     candidate.trial.report(values[0], result.epochs)
+                    candidate.reported.add(result.epochs)
                 if result.status == "completed":
                     self._tell_complete(candidate, values, trainer)
                     self._refill_or_stop(trainer, candidate, by_number, started, "completed")
@@ -488,12 +528,34 @@ class Search:
             trainer.fit(first.epochs, on_epoch=on_epoch)
         except HftaNasError:
             raise
-        except (RuntimeError, torch.OutOfMemoryError) as error:
+        except (RuntimeError, torch.OutOfMemoryError, MemoryError) as error:
+            if is_out_of_memory(error) and len(trainer.slot_ids) > 1:
+                self._retry_smaller(trainer, by_number, group[0].signature, error)
+                return
             for number in list(trainer.slot_ids):
                 candidate = by_number[number]
                 if self.study._storage.get_trial(candidate.trial._trial_id).state == TrialState.RUNNING:
                     self._tell_fail(candidate, f"array {array_id} failed: {type(error).__name__}: {error}")
             self.on_event("array_failed", {"array": self._arrays, "error": str(error)})
+
+    @_locked
+    def _retry_smaller(self, trainer: ArrayTrainer, by_number: dict[int, Candidate], signature: str,
+                       error: BaseException) -> None:
+        """An array that ran out of memory while training (CUDA): its trials still
+        running go back to wait, first in line, and train again from their start in
+        arrays of half the size from now on. They stay the same trials (RUNNING,
+        same seeds); epochs they report again are the values already reported
+        (a slot trains alike in any array), which Optuna keeps."""
+        running = [by_number[n] for n in trainer.slot_ids
+                   if self.study._storage.get_trial(by_number[n].trial._trial_id).state == TrialState.RUNNING]
+        half = max(1, (len(running) + 1) // 2)
+        self._max_slots[signature] = min(half, self._max_slots.get(signature, half))
+        log.warning("array of %d models out of memory while training (%s: %s); retrying them in arrays of %d",
+                    len(running), type(error).__name__, error, self._max_slots[signature])
+        self.on_event("split", {"size": len(running), "half": self._max_slots[signature], "reason": str(error)})
+        for candidate in running:
+            candidate.trial.set_user_attr("out_of_memory", f"{type(error).__name__}: {error}")
+        self._pending[signature][:0] = running
 
     @_locked
     def _refill_or_stop(self, trainer: ArrayTrainer, ended: Candidate, by_number, started, why: str) -> None:
