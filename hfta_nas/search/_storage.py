@@ -51,10 +51,43 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
             path.touch()
         if not os.access(path, os.W_OK):
             raise PermissionError(f"'{path}' is not writable")
-        backend = JournalFileBackend(str(path))
+        backend = JournalFileBackend(str(path), lock_obj=_KernelJournalLock(path) if os.name == "posix" else None)
     except OSError as error:
         raise HftaNasError(f"cannot use journal file '{location}' as storage: {error}") from error
     return JournalStorage(backend), str(path)
+
+
+class _KernelJournalLock:  # the acquire/release interface of Optuna's journal file locks
+    """The journal's write lock as an flock on `<journal>.flock`, which the kernel
+    drops when its process dies: a run killed mid-write (SIGKILL, the OOM killer)
+    leaves no lock behind. Optuna's default symlink lock would stay held until its
+    30 s grace period broke it, stalling the re-run that resumes the study. Every
+    hfta-nas command (and `hfta-nas dashboard`) opens journals through here."""
+
+    def __init__(self, journal: Path) -> None:
+        self._path = str(journal) + ".flock"
+        self._held = threading.local()
+
+    def acquire(self) -> bool:
+        import fcntl
+
+        handle = open(self._path, "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except BaseException:
+            handle.close()
+            raise
+        self._held.handle = handle
+        return True
+
+    def release(self) -> None:
+        import fcntl
+
+        handle = self._held.__dict__.pop("handle")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        finally:
+            handle.close()
 
 
 def _with_driver(url: str) -> str:

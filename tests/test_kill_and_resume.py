@@ -1,0 +1,221 @@
+"""A real SIGKILL in the middle of `hfta-nas search` / `hfta-nas stability`, then the
+same command again: it finishes, keeps what the killed run finished, retries (search)
+or trains (stability) only what was lost, and leaves nothing RUNNING.
+
+The commands run as subprocesses (`--threads 1`); the test watches the Optuna journal
+the command writes and kills the process once it is mid-array.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from hfta_nas.search import open_storage
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+ROOT = Path(__file__).resolve().parents[1]
+N_TRIALS = 6
+EPOCHS = 6
+NOT_COUNTED = ("interrupted:", "surplus:")
+
+
+def hfta_nas_command(*args: str) -> list[str]:
+    """The installed `hfta-nas` script of this interpreter, else `python cli.py`."""
+    script = Path(sys.executable).with_name("hfta-nas")
+    if script.exists():
+        return [sys.executable, str(script), *args]
+    return [sys.executable, str(ROOT / "cli.py"), *args]
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    stream = open(log, "wb")
+    try:
+        return subprocess.Popen(hfta_nas_command(*args), cwd=ROOT, stdout=stream, stderr=subprocess.STDOUT, env=env)
+    finally:
+        stream.close()
+
+
+def finish(args: list[str], log: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    process = start(args, log)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise AssertionError(f"{args[0]} did not finish in {timeout} s:\n{log.read_text(errors='replace')[-3000:]}")
+    return subprocess.CompletedProcess(args, process.returncode, log.read_text(errors="replace"), "")
+
+
+def kill_when(process: subprocess.Popen, journal: Path, ready, log: Path, timeout: float = 90) -> list:
+    """Poll the journal until `ready(trials)` holds, SIGKILL the process, return the
+    trials as the killed run left them (read after the kill)."""
+    storage = None
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise AssertionError(f"the command ended (exit {process.returncode}) before it could be killed:\n"
+                                     f"{log.read_text(errors='replace')[-3000:]}")
+            if journal.exists() and journal.stat().st_size:
+                storage = storage or open_storage(str(journal))[0]
+                if ready([t for trials in stored_trials(storage).values() for t in trials]):
+                    process.send_signal(signal.SIGKILL)
+                    break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the journal never reached the kill point in {timeout} s")
+    finally:
+        if process.poll() is None:
+            process.kill()  # SIGKILL, as above (again, harmlessly, when it is already on its way)
+        process.wait(timeout=30)  # reaped: the re-run sees a dead worker pid
+    assert process.returncode == -signal.SIGKILL
+    return stored_trials(open_storage(str(journal))[0])
+
+
+def stored_trials(storage) -> dict[str, list]:
+    """Every study in the storage by name, with its trials."""
+    return {s.study_name: storage.get_all_trials(s._study_id, deepcopy=False) for s in storage.get_all_studies()}
+
+
+# -------------------------------------------------------------------- search
+def search_space(epochs: int = EPOCHS) -> str:
+    return yaml.safe_dump({
+        "study": {"name": "killed", "metrics": ["val_acc"]},
+        "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 2}},
+        "pruner": {"name": "none"},
+        "budget": {"n_trials": N_TRIALS},
+        "array": {"size": 3},
+        "data": {"dataset": "digits", "batch_size": 64},
+        "training": {"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
+        "model": {"family": "mlp", "config": {"depth": 1}},
+        "seed": 7,
+        "params": {
+            "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
+            "model.config.width": {"distribution": "categorical", "values": [16, 32]},
+        },
+    })
+
+
+def _mid_second_array(trials) -> bool:
+    """Finished trials to keep and an array in the middle of its epochs: a RUNNING
+    trial that has reported some epochs but not all."""
+    return (any(t.state == TrialState.COMPLETE for t in trials)
+            and any(t.state == TrialState.RUNNING and 0 < len(t.intermediate_values) < EPOCHS for t in trials))
+
+
+def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_killed_ones(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(search_space())
+    journal, out = tmp_path / "s.journal", tmp_path / "out"
+    args = ["search", str(space), "--threads", "1", "--storage", str(journal), "--out", str(out), "--quiet"]
+
+    before = kill_when(start(args, tmp_path / "first.log"), journal, _mid_second_array, tmp_path / "first.log")["killed"]
+    before = {t.number: t for t in before}
+    finished = {n: t for n, t in before.items() if t.state.is_finished()}
+    killed = {n: t for n, t in before.items() if t.state == TrialState.RUNNING}
+    assert finished and killed, {n: t.state.name for n, t in before.items()}
+    assert any(t.intermediate_values for t in killed.values())  # killed mid-array, not between arrays
+    config_path = out / "best_config.yaml"
+    left_by_the_kill = set(out.glob(".*.tmp"))  # a kill mid-export leaves its temporary file, never a torn target
+    if config_path.exists():  # written atomically: a kill never leaves half a file
+        assert isinstance(yaml.safe_load(config_path.read_text()), dict)
+
+    done = finish(args, tmp_path / "second.log")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "lock file" not in done.stdout  # no write lock outlived the killed process (Optuna's symlink lock did, 30 s)
+
+    study = optuna.load_study(study_name="killed", storage=open_storage(str(journal))[0])
+    trials = study.get_trials(deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    # nothing left hanging
+    assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    # what the killed run finished is kept as it was
+    for number, old in finished.items():
+        new = by_number[number]
+        assert (new.state, new.values, new.params, new.intermediate_values) == (old.state, old.values, old.params,
+                                                                                old.intermediate_values)
+    # what it was training is failed as interrupted, and its parameters trained again
+    retried = [t for t in trials if t.number > max(before)]
+    for number, old in killed.items():
+        assert by_number[number].state == TrialState.FAIL
+        assert by_number[number].user_attrs["fail_reason"].startswith("interrupted")
+        again = [t for t in retried if t.params == old.params and t.state == TrialState.COMPLETE]
+        assert again, f"trial {number} ({old.params}) was not retried"
+    # the budget counts finished work only, exactly n_trials of it
+    counted = [t for t in trials if not str(t.user_attrs.get("fail_reason", "")).startswith(NOT_COUNTED)]
+    assert len(counted) == N_TRIALS, [(t.number, t.state.name, t.user_attrs.get("fail_reason")) for t in trials]
+    assert all(t.state == TrialState.COMPLETE for t in counted)
+    # the exported best config is whole and names the study's best trial
+    exported = yaml.safe_load(config_path.read_text())
+    assert isinstance(exported, dict)
+    assert (out / "best_weights.pt").stat().st_size > 0
+    assert set(out.glob(".*.tmp")) <= left_by_the_kill  # the re-run's own atomic writes all completed
+
+
+# ----------------------------------------------------------------- stability
+STABILITY_CONFIG = """\
+model: mlp
+model_config: {width: 16, depth: 1}
+dataset: digits
+optimizer: adam
+hparams: {lr: 0.01}
+epochs: 40
+data: {batch_size: 32}
+"""
+
+
+def test_stability_killed_mid_run_reuses_the_stored_seeds_and_completes_the_report(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(STABILITY_CONFIG)
+    journal, out = tmp_path / "s.journal", tmp_path / "report"
+    args = ["stability", str(config), "--seeds", "4", "--array-size", "2", "--threads", "1", "--storage", str(journal),
+            "--out", str(out), "--format", "csv,json", "--plot-format", "svg", "--json"]
+
+    # the first array of 2 seeds is stored once it has trained; kill while the second trains
+    studies = kill_when(start(args, tmp_path / "first.log"), journal,
+                        lambda trials: len(trials) >= 2, tmp_path / "first.log")
+    (study_name,) = [name for name in studies if name.startswith("stability:")]
+    before = studies[study_name]
+    assert len(before) == 2, "the kill came after the whole study was stored: nothing was left to resume"
+    assert all(t.state.is_finished() for t in before)  # seeds are stored only when trained: never RUNNING
+
+    done = finish(args, tmp_path / "second.log")
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    assert summary["reused_seeds"] == 2
+    assert [a["size"] for a in summary["arrays"]] == [2]  # only the missing seeds were trained
+    assert summary["configs"][0]["n"] == 4
+
+    study = optuna.load_study(study_name=study_name, storage=open_storage(str(journal))[0])
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert sorted(t.user_attrs["seed_index"] for t in trials) == [0, 1, 2, 3]
+    for old in before:  # reused, not retrained: the stored trial is unchanged and not added again
+        new = trials[old.number]
+        assert (new.value, new.user_attrs, new.datetime_complete) == (old.value, old.user_attrs, old.datetime_complete)
+
+    # the report has every seed, the reused ones with their stored numbers
+    seeds = [row for row in _csv_rows(out / "seeds.csv")]
+    assert sorted(int(row["seed_index"]) for row in seeds) == [0, 1, 2, 3]
+    stored = {t.user_attrs["seed_index"]: t.value for t in trials}
+    assert all(float(row["test_acc"]) == stored[int(row["seed_index"])] for row in seeds)
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="") as stream:
+        return list(csv.DictReader(stream))
