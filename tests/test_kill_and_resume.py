@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import optuna
-import pytest
 import yaml
 from optuna.trial import TrialState
 
