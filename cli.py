@@ -109,7 +109,7 @@ def main() -> None:
 @click.option("--batch-size", default=100, show_default=True, type=int, help="Samples per step, per slot.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]))
-@click.option("--threads", default=None, type=int, help="torch CPU threads [default: torch's choice].")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="torch CPU threads [default: torch's choice].")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-slot results as JSON (for machines).")
 @_friendly_errors
 def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared_order, optimizer, lr, weight_decay,
@@ -182,11 +182,14 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             return command(**kwargs)
         from pathlib import Path
 
+        from hfta_nas._run import _checked_out_dir
         from hfta_nas.search import open_storage
         from hfta_nas.search._workers import run_workers, study_report, worker_arguments
         from search_spaces import load_space
 
         loaded = load_space(kwargs["space"])  # a bad space fails once, here, not K times
+        if kwargs.get("out_dir") is not None:
+            _checked_out_dir(kwargs["out_dir"], "--out")
         study_name = kwargs.get("study_name") or loaded.study.name or Path(loaded.source).stem
         open_storage(kwargs.get("storage"))  # an unreachable storage too; and a fresh database gets its tables once
         exits = run_workers(worker_arguments(ctx), workers, device=kwargs.get("device") or "cpu")
@@ -214,13 +217,13 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("space", type=click.Path(dir_okay=False))
 @click.option("--n-trials", type=int, default=None, help="Trials in the study when done [default: the space's budget.n_trials]; finished trials of an earlier run count.")
 @click.option("--timeout", type=float, default=None, help="Stop starting new arrays after this many seconds [default: the space's budget.timeout].")
-@click.option("--array-size", default=None, help="Slots per array: an integer or 'auto' [default: the space's array.size].")
+@click.option("--array-size", default=None, help="Slots per array: an integer, or 'auto' (per shape: as many as fit in memory, up to where throughput stops rising by 10% per doubling; measured) [default: the space's array.size].")
 @click.option("--storage", default=None, help="Optuna storage URL (sqlite:///f.db, postgresql://...) or a journal file path [default: runs/hfta-nas.journal].")
 @click.option("--study-name", default=None, help="[default: the space's study.name, else the file name].")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Where the best config and weights go [default: runs/<study>].")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]))
-@click.option("--threads", default=None, type=int, help="torch CPU threads [default: torch's choice].")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="torch CPU threads [default: torch's choice].")
 @click.option("--sampler", default=None, metavar="NAME", help="Override the space's sampler: tpe, random, cmaes, gp, grid, nsga2 (its defaults; the file's kwargs go with the file's sampler).")
 @click.option("--pruner", default=None, metavar="NAME", help="Override the space's pruner: none, median, successive_halving, hyperband (its defaults).")
 @click.option("--seed", type=int, default=None, help="Override the space's seed (sampler and every trial's init/data/dropout seeds).")
@@ -241,7 +244,7 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
     import optuna
     import torch
 
-    from hfta_nas._run import _checked_device
+    from hfta_nas._run import _checked_device, _checked_out_dir
     from hfta_nas.search import plan_search, run_search
     from search_spaces import load_space
 
@@ -253,6 +256,8 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
         except ValueError:
             raise click.BadParameter(f"expected an integer or 'auto', got {array_size!r}", param_hint="--array-size") from None
     _checked_device(device)
+    if out_dir is not None:  # before any trial is asked, not when the best trial is exported
+        _checked_out_dir(out_dir, "--out")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = load_space(space).with_overrides(sampler=sampler, pruner=pruner, seed=seed)
     if dry_run:
@@ -387,6 +392,8 @@ class _SearchProgress:
             say(f"array {info['array']}: {info['size']}/{size} slots, shape {info['signature']}, trials {info['trials']}")
         elif kind == "retry":
             say(f"trial {info['trial']} was interrupted by an earlier run: failed and retried")
+        elif kind == "auto_size":
+            say(f"array size auto for shape {info['signature']}: {info['size']} ({info['reason']})")
         elif kind == "split":
             say(f"[yellow]out of memory[/] with {info['size']} models ({info['reason']}): arrays of {info['half']} from now on")
         elif kind == "array_failed":

@@ -129,3 +129,43 @@ def test_a_search_array_out_of_memory_while_training_is_retried_in_halves(tmp_pa
     assert all("out of memory" in t.user_attrs["out_of_memory"] for t in trials)
     assert {info["size"] for kind, info in events if kind == "array"} >= {1, 2, 3}
     assert all(list(t.intermediate_values) == [1, 2] for t in trials)
+
+
+def test_auto_array_size_stops_at_the_throughput_knee_or_the_memory_limit():
+    from hfta_nas._autosize import choose_array_size
+
+    def saturating(slots):  # seconds per step: flat up to 8 models, then linear (the device is full)
+        return max(1.0, slots / 8)
+
+    assert choose_array_size(64, saturating, batch_size=100)[0] == 8
+    assert choose_array_size(6, saturating, batch_size=100)[0] == 6  # still rising at the memory limit
+    assert choose_array_size(64, lambda slots: float(slots), batch_size=100)[0] == 1  # no gain from fusing
+
+
+def test_auto_array_size_respects_the_memory_budget(monkeypatch):
+    from hfta_nas._autosize import auto_array_size
+
+    factory = resolve_model("mlp", {"width": 8, "depth": 1}, input_shape=(64,), num_classes=10)
+    three = estimate_array_bytes(factory, (64,), batch_size=20, slots=3, dtype=torch.float32, optimizer="adam")
+    monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", str(three))
+    chosen = auto_array_size(factory, (64,), 10, batch_size=20, dtype=torch.float32, optimizer="adam", device="cpu")
+    assert chosen.memory_limit == 3 and 1 <= chosen.size <= 3 and chosen.reason
+
+
+def test_a_search_with_array_size_auto_sizes_each_shape(tmp_path, monkeypatch):
+    from optuna.trial import TrialState
+
+    from hfta_nas.data import load_dataset
+    from tests.test_search import load_study, search
+
+    data = load_dataset("digits")
+    factory = resolve_model("mlp", {"depth": 1, "width": 32}, input_shape=data.input_shape, num_classes=data.num_classes)
+    two = estimate_array_bytes(factory, data.input_shape, batch_size=64, slots=2, dtype=torch.float32, optimizer="adam")
+    monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", str(two))  # width 32: two fit; width 16: more
+    events = []
+    search(tmp_path, array_size="auto", on_event=lambda kind, info: events.append((kind, info)))
+    assert all(t.state == TrialState.COMPLETE for t in load_study(tmp_path).trials)
+    chosen = {info["signature"]: info["size"] for kind, info in events if kind == "auto_size"}
+    arrays = [info for kind, info in events if kind == "array"]
+    assert chosen and all(info["size"] <= chosen[info["signature"]] for info in arrays)
+    assert all(size <= 4 for size in chosen.values())

@@ -53,6 +53,7 @@ from optuna.trial import TrialState
 
 import hfta_nas
 from hfta_nas._array import ModelArray
+from hfta_nas._autosize import auto_array_size
 from hfta_nas._oom import ArrayOutOfMemory, check_budget, is_out_of_memory
 from hfta_nas._trainer import ArrayTrainer, EpochReport
 from hfta_nas.data import Dataset, load_dataset
@@ -66,6 +67,7 @@ from hfta_nas.search._storage import dashboard_command, open_storage, study_lock
 from search_spaces import check_sources
 
 log = logging.getLogger(__name__)
+AUTO_CAP = 64  # the most models --array-size auto puts in one array
 
 # Optimizer hyper-parameters and schedule settings differ per slot; every
 # other searched parameter decides the architecture (the array's shape).
@@ -203,6 +205,7 @@ class Search:
         self.study.set_user_attr("seed", space.seed)
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self._datasets: dict[str, Dataset] = {}
+        self._auto: dict[str, int] = {}  # signature -> the size --array-size auto chose
         self._max_slots: dict[str, int] = {}  # signature -> array size that fits, after an out-of-memory split
         self._pending: dict[str, list[Candidate]] = defaultdict(list)
         self._asked = 0
@@ -382,8 +385,9 @@ class Search:
         }
 
     def _size_for(self, remaining: int) -> int:
-        # 'auto': every remaining trial in one array, up to 32 slots (see README).
-        return min(remaining, 32 if self.array_size == "auto" else self.array_size)
+        # 'auto': up to AUTO_CAP here (pools, before any shape is known); each shape's own
+        # size is chosen by _auto_size when its array is formed.
+        return min(remaining, AUTO_CAP if self.array_size == "auto" else self.array_size)
 
     def _ask_pool(self) -> None:
         """Ask a pool of free candidates (the sampler picks everything) into `_pending`.
@@ -422,6 +426,8 @@ class Search:
         signature = max(self._pending, key=lambda s: len(self._pending[s]))
         group = self._pending.pop(signature)
         size = min(self._size_for(len(group) + self._remaining()), self._max_slots.get(signature, sys.maxsize))
+        if self.array_size == "auto":
+            size = min(size, self._auto_size(group[0]))
         self._target = size if self.array_size == "auto" or signature in self._max_slots else self.array_size
         self._n_train = len(self._dataset(group[0].config).y_train)
         while len(group) < size and self._remaining() > 0 and self._time_left():
@@ -434,6 +440,25 @@ class Search:
         if extra:
             self._pending[group[0].signature].extend(extra)
         return group[:size]
+
+    def _auto_size(self, candidate: Candidate) -> int:
+        """`--array-size auto` for this candidate's shape: memory limit and throughput knee
+        (hfta_nas._autosize), measured once per signature."""
+        if candidate.signature not in self._auto:
+            config = candidate.config
+            data = self._dataset(config)
+            factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape,
+                                    num_classes=data.num_classes)
+            with torch.random.fork_rng(devices=[]):  # the probe must not move the global RNG
+                chosen = auto_array_size(factory, data.input_shape, data.num_classes,
+                                         batch_size=config.data.get("batch_size", 100), dtype=self.dtype,
+                                         optimizer=config.optimizer, device=self.device, cap=AUTO_CAP)
+            self._auto[candidate.signature] = chosen.size
+            self.on_event("auto_size", {"signature": candidate.signature, "size": chosen.size, "reason": chosen.reason,
+                                        "throughput": chosen.throughput})
+            self.study.set_user_attr(f"auto_array_size:{candidate.signature}",
+                                     {"size": chosen.size, "reason": chosen.reason})
+        return self._auto[candidate.signature]
 
     def _dataset(self, config: Any) -> Dataset:
         kwargs = config.dataset_kwargs()
