@@ -171,7 +171,7 @@ model_config: {width: 16, depth: 1}
 dataset: digits
 optimizer: adam
 hparams: {lr: 0.01}
-epochs: 40
+epochs: 15
 data: {batch_size: 32}
 """
 
