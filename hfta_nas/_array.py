@@ -178,6 +178,12 @@ class ModelArray:
             raise HftaNasError("from_factory needs at least one seed.")
         with torch.random.fork_rng(devices=[]):
             models = [_build_seeded(factory, seed) for seed in seeds]
+        try:
+            check_fusable(models)
+        except FusionError as error:
+            raise FusionError(f"the model factory built different models on different calls (one per seed): {error} "
+                              "A factory must build the same layers and shapes every time; only the initial "
+                              "weights may depend on the seed.") from None
         return cls(models, dropout_seeds=dropout_seeds if dropout_seeds is not None else seeds, device=device, dtype=dtype)
 
     @staticmethod

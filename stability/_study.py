@@ -67,6 +67,7 @@ def run_study(
     from stability._runner import run_stability
 
     labelled = _labelled(configs)
+    _check_sources(labelled)
     opened, location = open_storage(storage) if store else (None, "")
     result, stores = run_stability(
         labelled, n_seeds=seeds, vary=parse_vary(vary), decompose=decompose, base_seed=base_seed, device=device,
@@ -119,6 +120,21 @@ def default_artifact_dir(location: str) -> Path:
     if "://" in location or not location:
         return Path("runs") / "artifacts"
     return Path(location).parent / "artifacts"
+
+
+def _check_sources(labelled: Sequence[LabelledConfig]) -> None:
+    """Import each configuration's model factory and data function (if any) before the
+    storage is opened: a misspelt module must not leave an empty study behind."""
+    from hfta_nas.data import check_source
+    from hfta_nas.models import FAMILIES, load_factory
+
+    for item in labelled:
+        try:
+            if isinstance(item.config.model, str) and item.config.model not in FAMILIES:
+                load_factory(item.config.model)
+            check_source(item.config.dataset)
+        except HftaNasError as error:
+            raise HftaNasError(f"configuration '{item.label}': {error}") from None
 
 
 def _labelled(configs: Any) -> list[LabelledConfig]:

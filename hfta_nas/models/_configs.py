@@ -133,10 +133,7 @@ def _describe(family: str, schema: type[FamilyConfig], error: ValidationError) -
             message = item["msg"].removeprefix("Value error, ")
             got = item.get("input")
             problems.append(f"key '{key}': {message}; got {got!r} ({type(got).__name__})")
-    head = f"model family '{family}': invalid config"
-    if len(problems) == 1:
-        return f"{head}: {problems[0]}."
-    return head + ":\n" + "\n".join(f"  - {p}" for p in problems)
+    return f"model family '{family}': invalid config: {'; '.join(problems)}."  # one line: it becomes `file:line: key: ...`
 
 
 def validate_config(family: str, schema: type[FamilyConfig], config: Mapping[str, Any] | None) -> FamilyConfig:

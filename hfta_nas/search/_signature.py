@@ -5,7 +5,8 @@ shape: same model (family or factory) and config, the same parameter and
 buffer shapes, and the same settings that the array shares (dataset and batch
 size, epochs, optimizer class and its on/off flags). Learning rates, weight
 decay, schedules and seeds stay per slot. The model is built on the meta
-device, so a signature costs no memory and no random numbers.
+device, so a signature costs no memory and no random numbers (a factory that
+reads tensor values is built on the CPU instead, its random numbers restored).
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ from hfta_nas.optim import OPTIMIZERS
 
 def shape_signature(config: Any, factory: Callable[[], nn.Module]) -> str:
     """A short stable hash of everything that must be equal inside one array."""
-    with torch.device("meta"), torch.random.fork_rng(devices=[]):
-        model = factory()
+    try:
+        with torch.device("meta"), torch.random.fork_rng(devices=[]):
+            model = factory()
+    except Exception:  # a user factory that reads tensor values (`.item()`, `int(t)`) cannot run on meta
+        with torch.random.fork_rng(devices=[]):
+            model = factory()
     optimizer = OPTIMIZERS[config.optimizer]
     flags = {name: bool(config.hparams.get(name, default)) for name, default in optimizer.flags.items()}
     described = {

@@ -40,11 +40,16 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
     """(the storage object or URL for Optuna, the string optuna-dashboard takes)."""
     location = storage or DEFAULT_STORAGE
     if location.startswith(_URL_SCHEMES):
+        _check_sqlite_folder(location)
         try:
             return optuna.storages.get_storage(_with_driver(location)), location
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
-            raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {error}") from error
+            raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}; "
+                               "expected a database that can be reached (check the URL, the server and the credentials)") from error
     path = Path(location)
+    if path.is_dir():
+        raise HftaNasError(f"cannot use '{location}' as storage: it is a folder; expected a journal file path "
+                           f"(e.g. {Path(location) / 'hfta-nas.journal'}) or a database URL.")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
@@ -88,6 +93,22 @@ class _KernelJournalLock:  # the acquire/release interface of Optuna's journal f
             fcntl.flock(handle, fcntl.LOCK_UN)
         finally:
             handle.close()
+
+
+def _check_sqlite_folder(url: str) -> None:
+    """An SQLite file in a folder that does not exist: say so (SQLAlchemy says only "unable to open database file")."""
+    if not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
+        return
+    folder = Path(url[len("sqlite:///"):].split("?", 1)[0]).parent
+    if not folder.is_dir():
+        raise HftaNasError(f"cannot open storage '{url}': folder '{folder}' does not exist; "
+                           "expected an SQLite file in an existing folder (sqlite:///path/to/file.db).")
+
+
+def _one_line(error: BaseException) -> str:
+    """A driver's message on one line, without SQLAlchemy's "(Background on this error at: ...)" link."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    return " ".join(line for line in lines if line and not line.startswith("(Background on this error at:"))
 
 
 def _with_driver(url: str) -> str:

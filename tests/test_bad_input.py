@@ -1,0 +1,434 @@
+"""Bad input of every kind a user controls, fed through the `hfta-nas` command.
+
+This is the one place that lists them all: search space and config files
+(YAML syntax, unknown keys, types, ranges, unknown names, user factories),
+storages, output folders and the numeric options of `train`, `search`,
+`stability`, `report` and `dashboard`. Each must end with exit status 2 and a
+clear message (what, where: file:line for YAML, what was expected), never a
+traceback, and leave what the storage already holds untouched: every command
+runs against a copy of a journal that holds a search study with a finished
+trial, and the journal must be byte-for-byte the same afterwards.
+
+At the end, property tests of the search space loader: for any text, and for
+near-valid variations of the shipped spaces, `parse_space` returns a
+SearchSpace or raises SpaceError whose message names the file.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cli import main
+from hfta_nas.search import open_storage
+from search_spaces import SHIPPED_SPACES, SearchSpace, SpaceError, parse_space
+from tests.test_search import space_text
+from tests.test_search_spaces import KEYS, _values
+from tests.test_stability import TINY
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+# A user factory whose models differ between calls: the width is drawn from
+# torch's random numbers, so every seed builds another shape.
+FACTORIES = """\
+import math
+
+import torch
+from torch import nn
+
+
+def random_width(input_shape=(1, 8, 8), num_classes=10):
+    width = int(torch.randint(8, 4096, ()))
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width), nn.ReLU(), nn.Linear(width, num_classes))
+"""
+MISSING_MODULE = "no_such_module_hfta_nas"
+LR = {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2}}
+OPTIMIZER = {"name": "adam", "lr": 1e-3}
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def line_of(text: str, fragment: str) -> int:
+    """1-based number of the first line of `text` that contains `fragment`."""
+    return next(n for n, line in enumerate(text.splitlines(), 1) if fragment in line)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """A journal holding study 'tiny' (the study of tests/test_search.py's space) with one finished trial."""
+    folder = tmp_path_factory.mktemp("stored")
+    space = folder / "space.yaml"
+    space.write_text(space_text(budget={"n_trials": 1}, array={"size": 1},
+                                training={"epochs": 1, "optimizer": OPTIMIZER}))
+    journal = folder / "study.journal"
+    result = invoke("search", space, "--storage", journal, "--out", folder / "best", "--threads", 1, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert snapshot(journal)["tiny"], "the stored study has a finished trial"
+    return journal
+
+
+def snapshot(journal: Path) -> dict[str, list[bytes]]:
+    """Every study's finished trials, pickled: {study name: [trial, ...]}."""
+    storage, _ = open_storage(str(journal))
+    return {
+        summary.study_name: [pickle.dumps(t) for t in optuna.load_study(study_name=summary.study_name, storage=storage)
+                             .get_trials(deepcopy=False) if t.state.is_finished()]
+        for summary in optuna.get_all_study_summaries(storage)
+    }
+
+
+@dataclass
+class Env:
+    """One test's folder (also the working directory): a copy of the stored journal,
+    a regular file `afile`, the user factory module `factories.py`."""
+
+    tmp: Path
+    journal: Path
+    afile: Path
+
+    def fill(self, text: str) -> str:
+        return str(text).format(tmp=self.tmp, journal=self.journal, afile=self.afile)
+
+
+@pytest.fixture
+def env(tmp_path, stored, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths (and a default runs/ folder) land here
+    journal = tmp_path / "study.journal"
+    shutil.copy(stored, journal)
+    (tmp_path / "afile").write_text("a regular file; nothing can be created below it\n")
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    return Env(tmp_path, journal, tmp_path / "afile")
+
+
+def check_refused(env: Env, args: list, *messages: str, stored_check: str = "bytes") -> None:
+    """Run `hfta-nas args` and check: exit 2, each of `messages` in the output, no traceback, storage untouched.
+
+    `stored_check`: "bytes", the journal is byte-for-byte the same; "trials", work had
+    started (the error comes from the models themselves), and the finished trials of
+    every study are the same and no study gained a finished trial."""
+    before_bytes, before_trials = env.journal.read_bytes(), snapshot(env.journal)
+    result = invoke(*(env.fill(a) for a in args))
+    output = result.output
+    assert result.exit_code == 2, output
+    assert isinstance(result.exception, SystemExit), result.exception  # not an exception click caught
+    assert "Traceback" not in output, output
+    for message in messages:
+        assert env.fill(message) in output, output
+    assert any(line.startswith(("error: ", "Error: ")) for line in output.splitlines()), output
+    if stored_check == "bytes":
+        assert env.journal.read_bytes() == before_bytes, "the journal changed"
+    else:
+        after = snapshot(env.journal)
+        assert {name: after.get(name) for name in before_trials} == before_trials, "finished trials changed"
+        assert not any(after[name] for name in after if name not in before_trials), "a new study got trials"
+
+
+# ------------------------------------------------------------ search space files
+SEARCH = ["search", "{tmp}/space.yaml", "--storage", "{journal}", "--out", "{tmp}/out", "--threads", "1", "--quiet"]
+
+SPACE_CASES = [
+    # (id, the file, the line's fragment (None: no line), the key, what the message says)
+    ("yaml syntax", space_text().replace("  name: tiny", "  name: tiny: x"), "name: tiny: x", "",
+     "YAML syntax error at column 13: mapping values are not allowed here"),
+    ("yaml tab indentation", space_text().replace("  name: tiny", "\tname: tiny"), "name: tiny", "",
+     "found character '\\t' that cannot start any token"),
+    ("yaml duplicate key", space_text() + "seed: 8\n", "seed: 8", "seed",
+     f"duplicate key 'seed' (first given on line {line_of(space_text(), 'seed: 7')})"),
+    ("yaml empty file", "", None, "", "the file is empty"),
+    ("yaml not a mapping", "- study\n- params\n", "- study", "", "expected a mapping of sections"),
+    ("unknown section", space_text(smapler={"name": "tpe"}), "smapler:", "smapler",
+     "unknown key 'smapler' (did you mean 'sampler'?)"),
+    ("unknown key", space_text(training={"epoch": 2, "optimizer": OPTIMIZER}), "epoch:", "training.epoch",
+     "unknown key 'epoch' (did you mean 'epochs'?)"),
+    ("unknown param path", space_text(params={"training.optimiser.lr": 0.1}), "training.optimiser.lr",
+     "params.training.optimiser.lr", "did you mean 'training.optimizer.lr'"),
+    ("unknown distribution key",
+     space_text(params={"training.optimizer.lr": {"distribution": "uniform", "low": 0.1, "high": 1.0}}), "low:",
+     "params.training.optimizer.lr.low", "did you mean 'min'"),
+    ("unknown distribution", space_text(params={"training.optimizer.lr": {"distribution": "normal", "min": 0, "max": 1}}),
+     "distribution: normal", "params.training.optimizer.lr.distribution", "unknown distribution 'normal'"),
+    ("type: epochs a word", space_text(training={"epochs": "ten", "optimizer": OPTIMIZER}), "epochs: ten",
+     "training.epochs", "expected an integer, got 'ten'"),
+    ("type: epochs a float", space_text(training={"epochs": 2.5, "optimizer": OPTIMIZER}), "epochs: 2.5",
+     "training.epochs", "expected an integer"),
+    ("type: section a number", space_text(budget=12), "budget: 12", "budget", "expected a mapping"),
+    ("type: lr a word", space_text(training={"epochs": 1, "optimizer": {"name": "adam", "lr": "fast"}}), "lr: fast",
+     "training.optimizer.lr", "expected a number, got 'fast'"),
+    ("type: min a word", space_text(params={"training.optimizer.lr": {"distribution": "log_uniform", "min": "low", "max": 0.1}}),
+     "min: low", "params.training.optimizer.lr.min", "expected a number, got 'low'"),
+    ("type: metrics not a list", space_text(study={"name": "tiny", "metrics": "val_acc"}), "metrics: val_acc",
+     "study.metrics", "expected a list, got 'val_acc'"),
+    ("type: params a list", space_text(params=["training.optimizer.lr"]), "params:", "params", "expected a mapping"),
+    ("empty range uniform", space_text(params={"training.optimizer.weight_decay": {"distribution": "uniform", "min": 0.1, "max": 0.1}}),
+     "training.optimizer.weight_decay:", "params.training.optimizer.weight_decay", "'min' must be < 'max' (got min=0.1, max=0.1)"),
+    ("empty range log_uniform", space_text(params={"training.optimizer.lr": {"distribution": "log_uniform", "min": 0.01, "max": 0.01}}),
+     "training.optimizer.lr:", "params.training.optimizer.lr", "'min' must be < 'max' (got min=0.01, max=0.01)"),
+    ("inverted range uniform", space_text(params={"training.optimizer.weight_decay": {"distribution": "uniform", "min": 0.2, "max": 0.1}}),
+     "training.optimizer.weight_decay:", "params.training.optimizer.weight_decay", "'min' must be < 'max' (got min=0.2, max=0.1)"),
+    ("inverted range log_uniform", space_text(params={"training.optimizer.lr": {"distribution": "log_uniform", "min": 0.1, "max": 0.01}}),
+     "training.optimizer.lr:", "params.training.optimizer.lr", "'min' must be < 'max' (got min=0.1, max=0.01)"),
+    ("inverted range int_uniform", space_text(params={"model.config.width": {"distribution": "int_uniform", "min": 32, "max": 8}}),
+     "model.config.width:", "params.model.config.width", "'min' must be <= 'max' (got min=32, max=8)"),
+    ("inverted range int_log_uniform", space_text(params={"model.config.width": {"distribution": "int_log_uniform", "min": 32, "max": 8}}),
+     "model.config.width:", "params.model.config.width", "'min' must be <= 'max' (got min=32, max=8)"),
+    ("empty categorical", space_text(params={"model.config.width": {"distribution": "categorical", "values": []}}),
+     "values: []", "params.model.config.width.values", "expected at least 1 item"),
+    ("unknown sampler", space_text(sampler={"name": "tpee"}), "name: tpee", "sampler.name", "(did you mean 'tpe'?)"),
+    ("unknown pruner", space_text(pruner={"name": "medain"}), "name: medain", "pruner.name", "(did you mean 'median'?)"),
+    ("unknown dataset", space_text(data={"dataset": "mnist-1d", "batch_size": 64}), "dataset: mnist-1d", "data.dataset",
+     "did you mean 'mnist1d'"),
+    ("missing data file", space_text(data={"dataset": "missing.npz", "batch_size": 64}), "dataset: missing.npz",
+     "data.dataset", "data file 'missing.npz' not found"),
+    ("unknown model family", space_text(model={"family": "resnet"}), "family: resnet", "model.family",
+     "unknown model family 'resnet'"),
+    ("factory module not importable", space_text(model={"factory": f"{MISSING_MODULE}:build"}, params=LR),
+     "factory:", "model.factory", f"no module named '{MISSING_MODULE}'"),
+    ("factory file missing", space_text(model={"factory": "missing_models.py:build"}, params=LR), "factory:",
+     "model.factory", "file 'missing_models.py' does not exist"),
+    ("factory function missing", space_text(model={"factory": "factories.py:nope"}, params=LR), "factory:",
+     "model.factory", "has no attribute 'nope'; callables defined there: random_width"),
+    ("factory not module:function", space_text(model={"factory": "factories.random_width"}, params=LR), "factory:",
+     "model.factory", "expected 'module:function'"),
+    ("negative epochs", space_text(training={"epochs": -1, "optimizer": OPTIMIZER}), "epochs: -1", "training.epochs",
+     "expected a value >= 1, got -1"),
+    ("zero array size", space_text(array={"size": 0}), "size: 0", "array.size", "expected an integer >= 1 or 'auto', got 0"),
+    ("negative n_trials", space_text(budget={"n_trials": -1}), "n_trials: -1", "budget.n_trials", "expected a value >= 1, got -1"),
+    ("negative seed", space_text(seed=-1), "seed: -1", "seed", "expected a value >= 0, got -1"),
+    ("zero batch size", space_text(data={"dataset": "digits", "batch_size": 0}), "batch_size: 0", "data.batch_size",
+     "expected a value >= 1, got 0"),
+    ("negative lr", space_text(training={"epochs": 1, "optimizer": {"name": "adam", "lr": -0.1}}), "lr: -0.1",
+     "training.optimizer.lr", "expected a value > 0.0, got -0.1"),
+]
+
+
+@pytest.mark.parametrize(("text", "fragment", "key", "message"), [c[1:] for c in SPACE_CASES],
+                         ids=[c[0] for c in SPACE_CASES])
+def test_bad_search_space_files(env, text, fragment, key, message):
+    path = env.tmp / "space.yaml"
+    path.write_text(text)
+    where = f"{path}:{line_of(text, fragment)}: " if fragment is not None else f"{path}: "
+    check_refused(env, SEARCH, where + (f"{key}: " if key else ""), message)
+
+
+# ------------------------------------------------------------ stability config files
+STABILITY = ["stability", "{tmp}/config.yaml", "--seeds", "2", "--storage", "{journal}", "--out", "{tmp}/report",
+             "--threads", "1", "--quiet"]
+
+CONFIG_CASES = [
+    # (id, the file, the line's fragment, the key, what the message says); the file is tests/test_stability.py's TINY
+    ("yaml syntax", TINY.replace("epochs: 2", "epochs: 2: 3"), "epochs: 2: 3", "", "mapping values are not allowed here"),
+    ("unknown key", TINY.replace("epochs: 2", "epoch: 2"), "epoch: 2", "epoch", "unknown key 'epoch' (did you mean 'epochs'?)"),
+    ("type: epochs a word", TINY.replace("epochs: 2", "epochs: two"), "epochs: two", "epochs", "expected an integer, got 'two'"),
+    ("type: channels a word", TINY.replace("channels: [4]", "channels: four"), "channels: four", "model_config",
+     "key 'channels': Input should be a valid list"),
+    ("negative epochs", TINY.replace("epochs: 2", "epochs: -1"), "epochs: -1", "epochs", "expected a value >= 1, got -1"),
+    ("negative lr", TINY.replace("lr: 0.01", "lr: -0.01"), "lr: -0.01", "hparams.lr", "expected a value > 0.0, got -0.01"),
+    ("zero batch size", TINY.replace("batch_size: 50", "batch_size: 0"), "batch_size: 0", "data.batch_size",
+     "expected a value >= 1, got 0"),
+    ("unknown dataset", TINY.replace("dataset: mnist1d", "dataset: imagenet"), "dataset: imagenet", "dataset",
+     "unknown dataset 'imagenet'"),
+    ("unknown model family", TINY.replace("model: cnn1d", "model: resnet"), "model: resnet", "model",
+     "unknown model family 'resnet'"),
+]
+
+
+@pytest.mark.parametrize(("text", "fragment", "key", "message"), [c[1:] for c in CONFIG_CASES],
+                         ids=[c[0] for c in CONFIG_CASES])
+def test_bad_stability_config_files(env, text, fragment, key, message):
+    path = env.tmp / "config.yaml"
+    path.write_text(text)
+    check_refused(env, STABILITY, f"{path}:{line_of(text, fragment)}: " + (f"{key}: " if key else ""), message)
+
+
+# ------------------------------------------------------------ options, user code, storages, folders
+TRAIN = ["train", "--model", "mlp", "--dataset", "digits", "--seeds", "2", "--epochs", "1", "--threads", "1"]
+UNREACHABLE = [("postgresql", "postgresql://nobody@127.0.0.1:1/x", "cannot open storage 'postgresql://nobody@127.0.0.1:1/x'"),
+               ("sqlite in a missing folder", "sqlite:////nonexistent_dir/x.db", "folder '/nonexistent_dir' does not exist"),
+               ("a folder", "{tmp}", "cannot use '{tmp}' as storage: it is a folder"),
+               ("below a file", "{afile}/x.journal", "cannot use journal file '{afile}/x.journal' as storage")]
+
+OPTION_CASES = [
+    # (id, the command after `hfta-nas` ({tmp}, {journal}, {afile} filled in), what the message says)
+    # search
+    *[(f"search --storage {name}", [*SEARCH, "--storage", url], message) for name, url, message in UNREACHABLE],
+    ("search --out below a file", [*SEARCH, "--out", "{afile}/out"],
+     "--out '{afile}/out': cannot create a folder there, '{afile}' is a file"),
+    ("search --dry-run --out below a file", [*SEARCH, "--dry-run", "--out", "{afile}/out"], "cannot create a folder there"),
+    ("search --sampler unknown", [*SEARCH, "--sampler", "tpee"], "--sampler: expected one of tpe, random, cmaes, gp, grid, nsga2, got 'tpee' (did you mean 'tpe'?)"),
+    ("search --pruner unknown", [*SEARCH, "--pruner", "medain"], "--pruner: expected one of none, median, successive_halving, hyperband, got 'medain' (did you mean 'median'?)"),
+    ("search --array-size 0", [*SEARCH, "--array-size", "0"], "array size must be a positive integer or 'auto', got 0"),
+    ("search --array-size -2", [*SEARCH, "--array-size", "-2"], "array size must be a positive integer or 'auto', got -2"),
+    ("search --array-size a word", [*SEARCH, "--array-size", "many"], "expected an integer or 'auto', got 'many'"),
+    ("search --n-trials -1", [*SEARCH, "--n-trials", "-1"], "n_trials must be a positive number, got -1"),
+    ("search --n-trials 0", [*SEARCH, "--n-trials", "0"], "n_trials must be a positive number, got 0"),
+    ("search --timeout -1", [*SEARCH, "--timeout", "-1"], "timeout must be a positive number, got -1.0"),
+    ("search --seed -1", [*SEARCH, "--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
+    ("search --threads 0", [*SEARCH, "--threads", "0"], "Invalid value for '--threads': 0 is not in the range x>=1"),
+    ("search --workers 0", [*SEARCH, "--workers", "0"], "Invalid value for '--workers': 0 is not in the range x>=1"),
+    ("search --device unknown", [*SEARCH, "--device", "tpu"], "unknown device 'tpu'"),
+    ("search a missing file", ["search", "{tmp}/nope.yaml", "--storage", "{journal}"], "{tmp}/nope.yaml: file not found"),
+    ("search a folder", ["search", "{tmp}", "--storage", "{journal}"], "is a directory"),
+    # stability
+    *[(f"stability --storage {name}", [*STABILITY, "--storage", url], message) for name, url, message in UNREACHABLE],
+    ("stability --seeds 0", [*STABILITY, "--seeds", "0"], "--seeds must be at least 1, got 0"),
+    ("stability --seeds -1", [*STABILITY, "--seeds", "-1"], "--seeds must be at least 1, got -1"),
+    ("stability --out below a file", [*STABILITY, "--out", "{afile}/report"],
+     "--out '{afile}/report': cannot create a folder there, '{afile}' is a file"),
+    ("stability --artifact-dir below a file", [*STABILITY, "--artifact-dir", "{afile}/artifacts"],
+     "--artifact-dir '{afile}/artifacts': cannot create a folder there"),
+    ("stability --array-size 0", [*STABILITY, "--array-size", "0"], "--array-size must be a positive integer, got 0"),
+    ("stability --vary unknown", [*STABILITY, "--vary", "weights"], "--vary takes"),
+    ("stability --format unknown", [*STABILITY, "--format", "pdf"], "expected a comma-separated subset of html, md, csv, json, tex, got 'pdf'"),
+    ("stability --device unknown", [*STABILITY, "--device", "tpu"], "unknown device 'tpu'"),
+    ("stability --threads 0", [*STABILITY, "--threads", "0"], "Invalid value for '--threads': 0 is not in the range x>=1"),
+    ("stability --top-k 0", ["stability", "--study", "tiny", "--top-k", "0", "--storage", "{journal}", "--out", "{tmp}/r"],
+     "--top-k must be at least 1, got 0"),
+    ("stability --study unknown", ["stability", "--study", "nope", "--storage", "{journal}", "--out", "{tmp}/r"],
+     "no study named 'nope' in this storage (studies: tiny)"),
+    ("stability a missing file", ["stability", "{tmp}/nope.yaml", "--storage", "{journal}"], "{tmp}/nope.yaml: file not found"),
+    ("stability compare one config", ["stability", "compare", "{tmp}/config.yaml", "--storage", "{journal}"],
+     "compare needs at least two configurations"),
+    # train
+    ("train --epochs -1", [*TRAIN, "--epochs", "-1"], "epochs must be a non-negative integer, got -1"),
+    ("train --seeds 0", [*TRAIN, "--seeds", "0"], "Invalid value for --seeds: the number of slots must be >= 1, got 0"),
+    ("train --batch-size 0", [*TRAIN, "--batch-size", "0"], "batch_size must be a positive integer, got 0"),
+    ("train --threads 0", [*TRAIN, "--threads", "0"], "Invalid value for '--threads': 0 is not in the range x>=1"),
+    ("train --lr a word", [*TRAIN, "--lr", "fast"], "expected a number or comma-separated numbers (one per slot), got 'fast'"),
+    ("train --model unknown family", [*TRAIN, "--model", "resnet"], "unknown model 'resnet'"),
+    ("train --dataset unknown", [*TRAIN, "--dataset", "imagenet"], "unknown data source 'imagenet'"),
+    ("train --device unknown", [*TRAIN, "--device", "tpu"], "unknown device 'tpu'"),
+    ("train factory module not importable", [*TRAIN, "--model", f"{MISSING_MODULE}:build"],
+     f"model factory '{MISSING_MODULE}:build': no module named '{MISSING_MODULE}'"),
+    ("train factory function missing", [*TRAIN, "--model", "factories.py:nope"],
+     "model factory 'factories.py:nope': module 'factories.py' has no attribute 'nope'; callables defined there: random_width"),
+    ("train factory of different shapes", [*TRAIN, "--model", "factories.py:random_width"],
+     "the model factory built different models on different calls (one per seed): parameter '1.weight' has shape"),
+    # report, dashboard
+    ("report a folder without results", ["report", "{tmp}"], "'{tmp}' holds no stability results (expected result/seeds.csv"),
+    ("report --study unknown", ["report", "--study", "nope", "--storage", "{journal}"], "no stability study named 'nope'"),
+    ("dashboard --storage sqlite in a missing folder", ["dashboard", "--storage", "sqlite:////nonexistent_dir/x.db"],
+     "folder '/nonexistent_dir' does not exist"),
+    ("dashboard --storage a folder", ["dashboard", "--storage", "{tmp}"], "it is a folder; expected a journal file path"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), [c[1:] for c in OPTION_CASES], ids=[c[0] for c in OPTION_CASES])
+def test_bad_options_storages_folders_and_factories(env, args, message):
+    (env.tmp / "space.yaml").write_text(space_text())
+    (env.tmp / "config.yaml").write_text(TINY)
+    check_refused(env, args, message)
+
+
+FACTORY_CASES = [
+    # user code that is found but misbehaves: a config file names it (a space file is covered above)
+    ("stability factory module not importable", f"model: {MISSING_MODULE}:build", [],
+     f"configuration 'config': model factory '{MISSING_MODULE}:build': no module named '{MISSING_MODULE}'", "bytes"),
+    ("stability factory function missing", "model: factories.py:nope", [],
+     "has no attribute 'nope'; callables defined there: random_width", "bytes"),
+    # models of different shapes are found only when the array is built: the stability study
+    # (and the search's asked trials) exist by then, but no finished trial changes
+    ("stability factory of different shapes", "model: factories.py:random_width", [],
+     "the model factory built different models on different calls (one per seed)", "trials"),
+    ("search factory of different shapes", None, SEARCH,
+     "the model factory built different models on different calls (one per seed)", "trials"),
+]
+
+
+@pytest.mark.parametrize(("model_line", "args", "message", "stored_check"), [c[1:] for c in FACTORY_CASES],
+                         ids=[c[0] for c in FACTORY_CASES])
+def test_bad_user_factories(env, model_line, args, message, stored_check):
+    (env.tmp / "space.yaml").write_text(space_text(model={"factory": "factories.py:random_width"}, params=LR,
+                                                   training={"epochs": 1, "optimizer": OPTIMIZER}))
+    if model_line is not None:
+        (env.tmp / "config.yaml").write_text(
+            f"{model_line}\ndataset: digits\noptimizer: adam\nhparams: {{lr: 0.01}}\nepochs: 1\n")
+    check_refused(env, args or STABILITY, message, stored_check=stored_check)
+
+
+# ------------------------------------------------------------ property: the YAML loader
+SOURCE = "fuzz/spaces/near_valid.yaml"
+SHIPPED_TEXTS = {name: path.read_text() for name, path in sorted(SHIPPED_SPACES.items())}
+SHIPPED_DATA = {name: yaml.safe_load(text) for name, text in SHIPPED_TEXTS.items()}
+PROPERTY = settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+def _parses_or_names_the_file(text: str) -> None:
+    try:
+        space = parse_space(text, source=SOURCE)
+    except SpaceError as error:
+        lines = str(error).splitlines()
+        assert lines and all(line.startswith(SOURCE) for line in lines), str(error)
+        return
+    assert isinstance(space, SearchSpace)
+
+
+def _paths(node, prefix=()):
+    """Every path into `node` (mapping keys and list indices), the root first."""
+    yield prefix
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        yield from _paths(value, (*prefix, key))
+
+
+def _at(node, path):
+    for key in path:
+        node = node[key]
+    return node
+
+
+@st.composite
+def near_valid_spaces(draw):
+    """A shipped space with a few keys removed, values replaced by random values, or keys added."""
+    data = copy.deepcopy(SHIPPED_DATA[draw(st.sampled_from(sorted(SHIPPED_DATA)))])
+    for _ in range(draw(st.integers(1, 4))):
+        path = draw(st.sampled_from(list(_paths(data))[1:] or [()]))
+        if not path:
+            break
+        parent, key = _at(data, path[:-1]), path[-1]
+        how = draw(st.sampled_from(["remove", "replace", "add"]))
+        if how == "remove":
+            del parent[key]
+        elif how == "add" and isinstance(parent[key], dict):
+            parent[key][draw(st.sampled_from(KEYS))] = draw(_values)
+        else:
+            parent[key] = draw(_values)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@st.composite
+def spliced_texts(draw):
+    """A shipped space's text with a random piece cut out and random text put in."""
+    text = SHIPPED_TEXTS[draw(st.sampled_from(sorted(SHIPPED_TEXTS)))]
+    start = draw(st.integers(0, len(text)))
+    end = draw(st.integers(start, min(len(text), start + 40)))
+    return text[:start] + draw(st.text(max_size=20)) + text[end:]
+
+
+@PROPERTY
+@given(st.one_of(st.text(), spliced_texts()))
+def test_any_text_is_a_space_or_a_space_error_naming_the_file(text):
+    _parses_or_names_the_file(text)
+
+
+@PROPERTY
+@given(near_valid_spaces())
+def test_near_valid_spaces_are_a_space_or_a_space_error_naming_the_file(text):
+    _parses_or_names_the_file(text)
+
+
+def test_the_near_valid_strategy_starts_from_valid_spaces():
+    for name, data in SHIPPED_DATA.items():
+        _parses_or_names_the_file(yaml.safe_dump(data, sort_keys=False))
+        assert isinstance(parse_space(yaml.safe_dump(data, sort_keys=False), source=SOURCE), SearchSpace), name
