@@ -27,6 +27,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,14 @@ _TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": 
                      "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad}
 
 
-def plain_run(config: ResolvedConfig, data: Any, seeds: dict[str, int], device: torch.device, dtype: torch.dtype) -> float:
-    """One seed the usual way; returns the final test accuracy."""
+def plain_run(config: ResolvedConfig, data: Any, seeds: dict[str, int], device: torch.device, dtype: torch.dtype,
+              on_epoch: Callable[[int, torch.nn.Module], None] | None = None) -> float:
+    """One seed the usual way; returns the final test accuracy.
+
+    `on_epoch(epoch, model)` (epochs from 1), when given, replaces the per-epoch
+    validation pass: the caller evaluates what it watches (benchmarks/search.py
+    reports it to an Optuna trial) and may end the run by raising (optuna.TrialPruned).
+    """
     factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
     torch.manual_seed(seeds["init"])
     model = factory().to(device=device, dtype=dtype)
@@ -66,7 +73,7 @@ def plain_run(config: ResolvedConfig, data: Any, seeds: dict[str, int], device: 
     loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=config.data["batch_size"], shuffle=True,
                         generator=torch.Generator().manual_seed(seeds["data"]))
     torch.manual_seed(seeds["dropout"])
-    for _ in range(config.epochs):
+    for epoch in range(1, config.epochs + 1):
         model.train()
         for x, y in loader:
             optimizer.zero_grad(set_to_none=True)
@@ -74,7 +81,10 @@ def plain_run(config: ResolvedConfig, data: Any, seeds: dict[str, int], device: 
             optimizer.step()
         if schedule is not None:
             schedule.step()
-        _accuracy(model, data.x_val, data.y_val)  # a real loop watches validation every epoch
+        if on_epoch is not None:
+            on_epoch(epoch, model)
+        else:
+            _accuracy(model, data.x_val, data.y_val)  # a real loop watches validation every epoch
     return _accuracy(model, data.x_test, data.y_test)
 
 

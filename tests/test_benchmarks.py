@@ -122,3 +122,56 @@ def test_bad_arguments_are_rejected(capsys):
         assert exit_info.value.code == 2
     assert main(["--warmup", "1", "--threads", "0", "--workloads", "mlp", "--batches", "1", "--quiet"]) == 2
     assert "threads" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- benchmarks/search.py
+@pytest.fixture(scope="module")
+def search_quick_run(tmp_path_factory):
+    """`hfta-nas bench search --quick`: both sides on the shipped mnist1d_cnn space, tiny budget."""
+    out = tmp_path_factory.mktemp("bench-search") / "search.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    script = Path(sys.executable).with_name("hfta-nas")  # the installed console script, else the same entry point
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "cli"]
+    completed = subprocess.run([*command, "bench", "search", "--quick", "--out", str(out)],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(out.read_text()), completed.stdout
+
+
+def test_search_quick_run_has_both_methods(search_quick_run):
+    result, stdout = search_quick_run
+    assert result["quick"] is True and result["threads"] == 1 and result["device"] == "cpu"
+    assert result["metric"] == "val_acc" and result["direction"] == "maximize"
+    n_trials = result["n_trials"]
+    assert n_trials == 4 and result["epochs"] == 2
+    for side in ("plain", "search"):
+        figures = result["methods"][side]
+        assert math.isfinite(figures["seconds"]) and figures["seconds"] > 0, side
+        assert math.isfinite(figures["cpu_seconds"]) and figures["cpu_seconds"] > 0, side
+        states = figures["trials"]
+        assert sum(states.values()) == n_trials and states["RUNNING"] == states["WAITING"] == 0, (side, states)
+        assert states["COMPLETE"] >= 1, (side, states)
+        assert len(figures["final_values"]) == states["COMPLETE"]
+        assert 0.0 <= figures["best_value"] <= 1.0 and figures["best_value"] == max(figures["final_values"])
+        assert min(figures["final_values"]) <= figures["median_final"] <= figures["best_value"]
+        assert figures["mean_final"] == pytest.approx(sum(figures["final_values"]) / len(figures["final_values"]))
+        assert 1 <= figures["epochs_trained"] <= n_trials * result["epochs"]
+        assert figures["seconds_per_epoch"] == pytest.approx(figures["seconds"] / figures["epochs_trained"])
+        assert set(figures["best_params"]) == {"training.optimizer.lr", "training.optimizer.weight_decay",
+                                               "model.config.channels", "model.config.kernel_size"}
+    assert result["methods"]["search"]["arrays"] >= 1
+    plain, search = result["methods"]["plain"], result["methods"]["search"]
+    assert result["ratio"] == pytest.approx(plain["seconds"] / search["seconds"])
+    assert result["ratio_cpu"] == pytest.approx(plain["cpu_seconds"] / search["cpu_seconds"])
+    assert result["ratio_per_epoch"] == pytest.approx(plain["seconds_per_epoch"] / search["seconds_per_epoch"])
+    for key in ("python", "torch", "optuna", "hfta_nas"):
+        assert result["versions"][key]
+    # Trial 0 is sampled alike on both sides (same sampler seed, no results yet) and trained
+    # with the same seeds: the plain loop and the array must then agree epoch by epoch.
+    same = {pair["number"]: pair for pair in result["same_trials"]}
+    assert 0 in same
+    for step, value in same[0]["plain_values"].items():
+        assert same[0]["search_values"][step] == pytest.approx(value, abs=0.02)
+    for header in ("plain", "search", "wall s", "best val_acc", "mean final", "median final", "plain / search wall time",
+                   "1 torch threads"):
+        assert header in stdout
