@@ -126,7 +126,8 @@ def test_trials_left_running_by_a_killed_run_are_failed_and_retried(tmp_path):
     assert "interrupted" in study.trials[orphan.number].user_attrs["fail_reason"]
     assert sum(s == TrialState.COMPLETE for s in states) == 4  # the retry does not eat the budget
     retried = [t for t in study.trials if t.number > orphan.number and t.params.get("training.optimizer.lr") == orphan.params["training.optimizer.lr"]]
-    assert retried
+    assert retried and retried[0].user_attrs["retry_of"] == orphan.number
+    assert retried[0].user_attrs["seed_init"] == trial_seeds(7, orphan.number)["init"]  # it ends as the orphan would have
 
 
 def test_pruned_slots_are_refilled_with_new_trials(tmp_path):

@@ -74,6 +74,7 @@ AUTO_CAP = 64  # the most models --array-size auto puts in one array
 _PER_SLOT_PREFIXES = ("training.schedule.",)
 _SHARED_OPTIMIZER_KEYS = ("training.optimizer.name", *(f"training.optimizer.{f}" for f in ("amsgrad", "maximize", "nesterov", "centered")))
 INTERRUPTED = "interrupted: its worker stopped (killed, crashed or lost) while it ran; failed and retried"
+RETRY_OF = "retry_of"  # user attribute of a retried trial: the number of the trial whose seeds it takes
 SURPLUS = "surplus: an enqueued retry left over when the budget was full; never trained"
 _NOT_COUNTED = ("interrupted:", "surplus:")  # fail_reason prefixes that do not count against the budget
 
@@ -326,7 +327,10 @@ class Search:
                 self.study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue  # told meanwhile, by its worker or by another that retried it first
-            self.study.enqueue_trial(trial.params or trial.system_attrs.get("fixed_params", {}), skip_if_exists=False)
+            # the retry trains with the interrupted trial's seeds (its first one's, for a retry of a retry)
+            original = trial.user_attrs.get(RETRY_OF, trial.number)
+            self.study.enqueue_trial(trial.params or trial.system_attrs.get("fixed_params", {}),
+                                     user_attrs={RETRY_OF: original}, skip_if_exists=False)
             self.on_event("retry", {"trial": trial.number, "why": why})
             retried += 1
         return retried
@@ -370,7 +374,8 @@ class Search:
         self._asked += 1
         values = self.space.suggest(trial)
         config = self.space.resolve(values)
-        candidate = Candidate(trial, values, config, trial_seeds(self.space.seed, trial.number), filled=fixed is not None)
+        seeds = trial_seeds(self.space.seed, trial.user_attrs.get(RETRY_OF, trial.number))
+        candidate = Candidate(trial, values, config, seeds, filled=fixed is not None)
         data = self._dataset(config)
         factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
         candidate.signature = shape_signature(config, factory)
