@@ -432,3 +432,9 @@ def test_the_near_valid_strategy_starts_from_valid_spaces():
     for name, data in SHIPPED_DATA.items():
         _parses_or_names_the_file(yaml.safe_dump(data, sort_keys=False))
         assert isinstance(parse_space(yaml.safe_dump(data, sort_keys=False), source=SOURCE), SearchSpace), name
+
+
+def test_a_user_factory_that_raises_is_reported_where_it_failed(env):
+    (env.tmp / "broken.py").write_text("def build(input_shape, num_classes):\n    raise ValueError('no such layer: Conv5d')\n")
+    check_refused(env, ["train", "--model", "broken.py:build", *TRAIN[3:]],
+                  "model factory build raised ValueError: no such layer: Conv5d", "broken.py:2")

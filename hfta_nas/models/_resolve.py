@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -54,6 +55,10 @@ def _call_user_factory(function: Callable[..., nn.Module], kwargs: dict[str, Any
         built = function(**kwargs)
     except TypeError as error:
         raise HftaNasError(f"model factory {name} could not be called with {sorted(kwargs)}: {error}") from error
+    except Exception as error:  # noqa: BLE001 - the user's code: say where it failed, without a traceback
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        raise HftaNasError(f"model factory {name} raised {type(error).__name__}: {error} "
+                           f"(at {frame.filename}:{frame.lineno}, called with {sorted(kwargs)})") from error
     if not isinstance(built, nn.Module):
         raise HftaNasError(f"model factory {name} returned a {type(built).__name__}, not a torch.nn.Module.")
     return built
