@@ -80,13 +80,17 @@ def stored(tmp_path_factory):
 
 
 def snapshot(journal: Path) -> dict[str, list[bytes]]:
-    """Every study's finished trials, pickled: {study name: [trial, ...]}."""
+    """Every study's finished trials, pickled: {study name: [trial, ...]}. Trials a search
+    asked and then failed unrun when it stopped on the error ("stopped: ...") are left
+    out; a trial left RUNNING fails the check."""
     storage, _ = open_storage(str(journal))
-    return {
-        summary.study_name: [pickle.dumps(t) for t in optuna.load_study(study_name=summary.study_name, storage=storage)
-                             .get_trials(deepcopy=False) if t.state.is_finished()]
-        for summary in optuna.get_all_study_summaries(storage)
-    }
+    studies = {}
+    for summary in optuna.get_all_study_summaries(storage):
+        trials = optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
+        assert not [t.number for t in trials if not t.state.is_finished()], "a trial was left RUNNING"
+        studies[summary.study_name] = [pickle.dumps(t) for t in trials
+                                       if not str(t.user_attrs.get("fail_reason", "")).startswith("stopped:")]
+    return studies
 
 
 @dataclass

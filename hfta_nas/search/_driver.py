@@ -74,9 +74,10 @@ AUTO_CAP = 64  # the most models --array-size auto puts in one array
 _PER_SLOT_PREFIXES = ("training.schedule.",)
 _SHARED_OPTIMIZER_KEYS = ("training.optimizer.name", *(f"training.optimizer.{f}" for f in ("amsgrad", "maximize", "nesterov", "centered")))
 INTERRUPTED = "interrupted: its worker stopped (killed, crashed or lost) while it ran; failed and retried"
+STOPPED = "stopped: not trained, the search stopped on an error:"
 RETRY_OF = "retry_of"  # user attribute of a retried trial: the number of the trial whose seeds it takes
 SURPLUS = "surplus: an enqueued retry left over when the budget was full; never trained"
-_NOT_COUNTED = ("interrupted:", "surplus:")  # fail_reason prefixes that do not count against the budget
+_NOT_COUNTED = ("interrupted:", "surplus:", "stopped:")  # fail_reason prefixes that do not count against the budget
 
 
 def _as_worker(run: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,7 +91,11 @@ def _as_worker(run: Callable[..., Any]) -> Callable[..., Any]:
         self._lock = study_lock(self.storage, self.dashboard_location, self.study_name)
         self._array_trials = {}
         with Heartbeat(self.study, self._held_trial_ids, self.worker) as self._heartbeat:
-            return run(self)
+            try:
+                return run(self)
+            except HftaNasError as error:  # a user error (e.g. a factory of changing shapes): nothing stays RUNNING
+                self._fail_held(f"{STOPPED} {error}")
+                raise
 
     return wrapper
 
@@ -357,6 +362,14 @@ class Search:
                 trial = self.study.ask()
                 trial.set_user_attr("fail_reason", SURPLUS)
                 self.study.tell(trial, state=TrialState.FAIL)
+
+    def _fail_held(self, reason: str) -> None:
+        """Tell FAIL every trial this worker holds that is still RUNNING (the array's and the waiting ones)."""
+        held = list(getattr(self, "_array_trials", {}).values()) + [c for g in self._pending.values() for c in g]
+        for candidate in held:
+            if self.study._storage.get_trial(candidate.trial._trial_id).state == TrialState.RUNNING:
+                self._tell_fail(candidate, reason)
+        self._pending.clear()
 
     def _held_trial_ids(self) -> list[int]:
         """Trials this worker holds: the array training now and the candidates waiting for theirs."""
