@@ -42,7 +42,7 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
     if location.startswith(_URL_SCHEMES):
         _check_sqlite_folder(location)
         try:
-            return optuna.storages.get_storage(_with_driver(location)), location
+            return _get_storage(_with_driver(location)), location
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
             raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}; "
                                "expected a database that can be reached (check the URL, the server and the credentials)") from error
@@ -109,6 +109,29 @@ def _one_line(error: BaseException) -> str:
     """A driver's message on one line, without SQLAlchemy's "(Background on this error at: ...)" link."""
     lines = [line.strip() for line in str(error).splitlines()]
     return " ".join(line for line in lines if line and not line.startswith("(Background on this error at:"))
+
+
+def _get_storage(url: str) -> BaseStorage:
+    """Optuna's storage for `url`; on PostgreSQL, workers that open a fresh database
+    at once create its tables one at a time (under an advisory lock): concurrent
+    CREATE TYPE / CREATE TABLE fail there with duplicate-key errors."""
+    if not url.startswith("postgresql"):
+        return optuna.storages.get_storage(url)
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+            try:
+                return optuna.storages.get_storage(url)
+            finally:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+    finally:
+        engine.dispose()
+
+
+_SCHEMA_LOCK_KEY = int.from_bytes(hashlib.sha256(b"hfta-nas/optuna-schema").digest()[:8], "big", signed=True)
 
 
 def _with_driver(url: str) -> str:

@@ -1,0 +1,237 @@
+"""Many search workers on one study: `hfta-nas search --workers K` on a journal
+file, and separate worker processes on a throwaway PostgreSQL server, one of
+them killed with SIGKILL mid-array. The budget is counted across workers (under
+the study lock), no trial is left RUNNING or WAITING, and the killed worker's
+trials are failed as interrupted and retried by the survivors."""
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from hfta_nas.search import open_storage
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+ROOT = Path(__file__).resolve().parents[1]
+ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+NOT_COUNTED = ("interrupted:", "surplus:")
+
+
+def space_text(n_trials, epochs, name="workers"):
+    return yaml.safe_dump({
+        "study": {"name": name, "metrics": ["val_acc"]},
+        "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 2}},
+        "pruner": {"name": "none"},
+        "budget": {"n_trials": n_trials},
+        "array": {"size": 2},
+        "data": {"dataset": "digits", "batch_size": 64},
+        "training": {"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
+        "model": {"family": "mlp", "config": {"depth": 1}},
+        "seed": 7,
+        "params": {
+            "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
+            "model.config.width": {"distribution": "categorical", "values": [16, 32]},
+        },
+    })
+
+
+def hfta_nas_command():
+    script = shutil.which("hfta-nas", path=os.path.dirname(sys.executable))
+    return [script] if script else [sys.executable, "-m", "cli"]
+
+
+def worker_env(**extra):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def counted(trials):
+    return [t for t in trials if t.state in ENDED and not str(t.user_attrs.get("fail_reason", "")).startswith(NOT_COUNTED)]
+
+
+def pid_of(trial):
+    worker = trial.user_attrs.get("worker")
+    return int(worker.rpartition(":")[2]) if isinstance(worker, str) and worker.rpartition(":")[2].isdigit() else None
+
+
+def assert_study_ended(trials, n_trials):
+    states = {t.number: t.state.name for t in trials}
+    assert all(t.state in ENDED for t in trials), states  # none RUNNING or WAITING
+    assert len(counted(trials)) == n_trials, [(t.number, t.state.name, t.user_attrs.get("fail_reason")) for t in trials]
+
+
+# ------------------------------------------------------------ --workers K, journal
+def test_workers_share_one_journal_study_and_its_budget(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(n_trials=10, epochs=2))
+    journal = tmp_path / "study.journal"
+    result = subprocess.run(
+        [*hfta_nas_command(), "search", str(space), "--workers", "4", "--threads", "1", "--storage", str(journal),
+         "--out", str(tmp_path / "out"), "--json"],
+        cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert [w["how"] for w in report["workers"]] == ["finished"] * 4
+    assert report["counted"] == 10
+
+    study = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0])
+    trials = study.get_trials(deepcopy=False)
+    assert_study_ended(trials, 10)
+    worker_pids = {w["pid"] for w in report["workers"]}
+    trained_by = {pid_of(t) for t in counted(trials)}
+    assert trained_by <= worker_pids, (trained_by, worker_pids)
+    assert len(trained_by) > 1, "only one worker trained"
+    arrays = {t.user_attrs["array_id"] for t in counted(trials)}
+    assert len({a.partition("/")[0] for a in arrays}) > 1  # arrays trained by several workers
+
+
+# ------------------------------------------------------------------- PostgreSQL
+def _postgres_bin(name):
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    return candidates[-1] if candidates else None
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def postgres_url():
+    """A throwaway PostgreSQL server on 127.0.0.1 (trust auth), stopped and removed after the test."""
+    initdb, pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
+    if not (initdb and pg_ctl):
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin")
+    pytest.importorskip("psycopg", reason="the psycopg 3 driver is needed for postgresql:// storages")
+    as_postgres = []
+    if os.geteuid() == 0:  # initdb refuses root: run the server as the postgres user
+        runuser = shutil.which("runuser")
+        if runuser is None:
+            pytest.skip("running as root and `runuser` is missing: cannot run initdb as another user")
+        try:
+            import pwd
+
+            account = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no `postgres` user to run initdb as")
+        as_postgres = [runuser, "-u", "postgres", "--"]
+    base = Path(tempfile.mkdtemp(prefix="hfta-nas-pg-"))  # not tmp_path: its parents are private to this user
+    data, sockets, log = base / "data", base / "sock", base / "server.log"
+    started = False
+    try:
+        sockets.mkdir()
+        base.chmod(0o755)
+        if as_postgres:
+            for path in (base, sockets):
+                os.chown(path, account.pw_uid, account.pw_gid)
+        port = _free_port()
+        subprocess.run([*as_postgres, initdb, "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"],
+                       check=True, capture_output=True, timeout=120)
+        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
+        subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "60", "start"],
+                       check=True, capture_output=True, timeout=90)
+        started = True
+        import psycopg
+
+        with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as connection:
+            connection.execute("CREATE DATABASE hfta_nas_workers")
+        yield f"postgresql://postgres@127.0.0.1:{port}/hfta_nas_workers"
+    except subprocess.CalledProcessError as error:
+        server_log = log.read_text(errors="replace") if log.exists() else ""
+        raise RuntimeError(f"{error.cmd[len(as_postgres)]} failed: {error.stderr!r} {error.stdout!r}\n{server_log}") from error
+    finally:
+        if started:
+            subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
+    n_trials, name = 8, "workers"
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(n_trials=n_trials, epochs=8, name=name))
+    argv = [*hfta_nas_command(), "search", str(space), "--threads", "1", "--storage", postgres_url,
+            "--study-name", name, "--out", str(tmp_path / "out"), "--quiet"]
+    # A dead worker on this host is seen at once (its pid is gone); a short heartbeat makes the
+    # survivors look again every 2 s and labels held trials sooner, with a grace (3 intervals)
+    # that a live but busy worker on this shared CPU still meets.
+    env = worker_env(HFTA_NAS_HEARTBEAT="3")
+    logs = [open(tmp_path / f"worker{i}.log", "w") for i in range(3)]
+    processes = []
+    try:
+        for i in range(3):
+            processes.append(subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=logs[i], stderr=subprocess.STDOUT))
+        pids = {p.pid: p for p in processes}
+        storage = None
+        victim, held = None, []
+        deadline = time.monotonic() + 120
+        while victim is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            if any(p.poll() is not None for p in processes):
+                break
+            try:
+                storage = storage or open_storage(postgres_url)[0]
+                study = optuna.load_study(study_name=name, storage=storage)
+            except KeyError:  # no worker created the study yet
+                continue
+            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                # mid-array: labelled by its worker and at least one epoch trained, not the last
+                if pid_of(trial) in pids and 1 <= trial.user_attrs.get("epochs_run", 0) < 7:
+                    victim = pid_of(trial)
+                    break
+            if victim is not None:
+                os.kill(victim, signal.SIGKILL)
+                held = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if pid_of(t) == victim]
+        assert victim is not None, "no worker was seen mid-array: " + _logs(tmp_path)
+        assert pids[victim].wait(timeout=30) == -signal.SIGKILL
+        for process in processes:
+            if process.pid != victim:
+                assert process.wait(timeout=240) == 0, _logs(tmp_path)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for log in logs:
+            log.close()
+
+    study = optuna.load_study(study_name=name, storage=open_storage(postgres_url)[0])
+    trials = study.get_trials(deepcopy=False)
+    assert_study_ended(trials, n_trials)
+    by_number = {t.number: t for t in trials}
+    interrupted = [t for t in trials if str(t.user_attrs.get("fail_reason", "")).startswith("interrupted")]
+    assert held and {t.number for t in interrupted} >= set(held)
+    for trial in interrupted:
+        assert trial.state == TrialState.FAIL
+        assert pid_of(trial) == victim and "exited" in trial.user_attrs["interrupted_because"], trial.user_attrs
+    for number in held:
+        original = by_number[number]
+        retries = [t for t in trials if t.number > number and t.params == original.params and pid_of(t) not in (None, victim)]
+        assert retries, f"trial {number} of the killed worker was not retried"
+        assert any(t in counted(trials) for t in retries)
+    survivors = {p.pid for p in processes} - {victim}
+    assert {pid_of(t) for t in counted(trials)} <= survivors | {victim}
+    assert not any(pid_of(t) == victim for t in counted(trials) if t.state != TrialState.COMPLETE)
+
+
+def _logs(tmp_path):
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("worker*.log")))
