@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path

@@ -12,7 +12,7 @@ def work(kind, n, name):
     st = optuna.load_study(study_name=name, storage=storage(kind))
     for _ in range(n):
         t = st.ask(); x = t.suggest_float("x", 0, 1)
-        for e in range(10): t.report(x*e, e); t.set_user_attr(f"hb", time.time())
+        for e in range(10): t.report(x*e, e); t.set_user_attr("hb", time.time())
         st.tell(t, x)
 if __name__ == "__main__":
     import os, shutil

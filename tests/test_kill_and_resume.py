@@ -21,6 +21,7 @@ import yaml
 from optuna.trial import TrialState
 
 from hfta_nas.search import open_storage
+from tests.test_search import space_text as tiny_space_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -91,21 +92,8 @@ def stored_trials(storage) -> dict[str, list]:
 
 # -------------------------------------------------------------------- search
 def search_space(epochs: int = EPOCHS) -> str:
-    return yaml.safe_dump({
-        "study": {"name": "killed", "metrics": ["val_acc"]},
-        "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 2}},
-        "pruner": {"name": "none"},
-        "budget": {"n_trials": N_TRIALS},
-        "array": {"size": 3},
-        "data": {"dataset": "digits", "batch_size": 64},
-        "training": {"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
-        "model": {"family": "mlp", "config": {"depth": 1}},
-        "seed": 7,
-        "params": {
-            "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
-            "model.config.width": {"distribution": "categorical", "values": [16, 32]},
-        },
-    })
+    return tiny_space_text(study={"name": "killed", "metrics": ["val_acc"]}, budget={"n_trials": N_TRIALS},
+                           training={"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}})
 
 
 def _mid_second_array(trials) -> bool:

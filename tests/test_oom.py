@@ -65,7 +65,6 @@ def test_train_refuses_an_array_over_the_budget_before_allocating():
 
 def test_a_stability_run_over_the_budget_splits_and_matches_the_unsplit_run(monkeypatch, caplog):
     config = mlp_config()
-    data = synthetic_dataset(n_train=40, shape=(64,), classes=10)
     whole, _ = run_stability([LabelledConfig("m", config)], n_seeds=4, dtype="float64")
     factory = resolve_model(config.model, config.model_config, input_shape=(64,), num_classes=10)
     two = estimate_array_bytes(factory, (64,), batch_size=20, slots=2, dtype=torch.float64, optimizer=config.optimizer)

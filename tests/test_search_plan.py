@@ -9,35 +9,32 @@ import json
 
 import optuna
 import pytest
-import yaml
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from cli import _SearchProgress, main
 from hfta_nas.search import open_storage, plan_search, run_search, shape_signature
 from search_spaces import parse_space
+from tests.test_search import space_text as tiny_space_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def space_text(**overrides):
-    space = {
+    """tests.test_search's tiny space, with 12 trials of 3 widths in arrays of 4, randomly sampled."""
+    plan = {
         "study": {"name": "plan", "metrics": ["val_acc"]},
         "sampler": {"name": "random"},
-        "pruner": {"name": "none"},
         "budget": {"n_trials": 12},
         "array": {"size": 4},
-        "data": {"dataset": "digits", "batch_size": 64},
         "training": {"epochs": 1, "optimizer": {"name": "adam", "lr": 1e-3}},
-        "model": {"family": "mlp", "config": {"depth": 1}},
         "seed": 3,
         "params": {
             "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
             "model.config.width": {"distribution": "categorical", "values": [8, 16, 32]},
         },
     }
-    space.update(overrides)
-    return yaml.safe_dump(space)
+    return tiny_space_text(**{**plan, **overrides})
 
 
 def space(tmp_path, **overrides):
