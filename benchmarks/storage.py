@@ -1,7 +1,7 @@
 """Journal file vs SQLite: write cost per trial and concurrent safety (4 processes).
 
 Run: python benchmarks/storage.py (writes to /tmp/hfta-nas-storage-bench)."""
-import optuna, time, sys, multiprocessing as mp
+import optuna, time, multiprocessing as mp
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 def storage(kind):
     if kind == "sqlite": return "sqlite:////tmp/hfta-nas-storage-bench/s.db"
