@@ -22,13 +22,15 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from hfta_nas.search import open_storage
+from hfta_nas.search import open_storage, run_search
+from hfta_nas.search._driver import _NOT_COUNTED as NOT_COUNTED  # "interrupted:", "surplus:", ...
+from hfta_nas.search._driver import RETRY_OF
+from search_spaces import parse_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-NOT_COUNTED = ("interrupted:", "surplus:")
 
 
 def space_text(n_trials, epochs, name="workers"):
@@ -170,7 +172,7 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
     space = tmp_path / "space.yaml"
     space.write_text(space_text(n_trials=n_trials, epochs=8, name=name))
     argv = [*hfta_nas_command(), "search", str(space), "--threads", "1", "--storage", postgres_url,
-            "--study-name", name, "--out", str(tmp_path / "out"), "--quiet"]
+            "--study-name", name, "--out", str(tmp_path / "out")]  # not --quiet: array and retry lines in the logs
     # A dead worker on this host is seen at once (its pid is gone); a short heartbeat makes the
     # survivors look again every 2 s and labels held trials sooner, with a grace (3 intervals)
     # that a live but busy worker on this shared CPU still meets.
@@ -203,9 +205,14 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
                 held = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if pid_of(t) == victim]
         assert victim is not None, "no worker was seen mid-array: " + _logs(tmp_path)
         assert pids[victim].wait(timeout=30) == -signal.SIGKILL
+        finish_by = time.monotonic() + 180
         for process in processes:
             if process.pid != victim:
-                assert process.wait(timeout=240) == 0, _logs(tmp_path)
+                try:
+                    returncode = process.wait(timeout=max(1.0, finish_by - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    returncode = None
+                assert returncode == 0, f"survivor {process.pid}: {returncode}\n{_trials(postgres_url, name)}\n{_logs(tmp_path)}"
     finally:
         for process in processes:
             if process.poll() is None:
@@ -225,12 +232,66 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
         assert pid_of(trial) == victim and "exited" in trial.user_attrs["interrupted_because"], trial.user_attrs
     for number in held:
         original = by_number[number]
-        retries = [t for t in trials if t.number > number and t.params == original.params and pid_of(t) not in (None, victim)]
+        retries = [t for t in trials if t.number > number and t.params == original.params and pid_of(t) not in (None, victim)
+                   and t.user_attrs.get(RETRY_OF) == number]  # same parameters, and the seeds of the trial it retries
         assert retries, f"trial {number} of the killed worker was not retried"
         assert any(t in counted(trials) for t in retries)
     survivors = {p.pid for p in processes} - {victim}
     assert {pid_of(t) for t in counted(trials)} <= survivors | {victim}
     assert not any(pid_of(t) == victim for t in counted(trials) if t.state != TrialState.COMPLETE)
+
+
+# --------------------------------------------- killed between asking and training
+KILL_AFTER_FIRST_ASK = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from hfta_nas.search import _driver, run_search
+from search_spaces import parse_space
+
+ask = _driver.Search._ask
+def ask_then_die(self, *args, **kwargs):
+    candidate = ask(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)  # before the array starts, before any heartbeat
+    return candidate
+_driver.Search._ask = ask_then_die
+run_search(parse_space(open({space!r}).read(), source={space!r}), storage={storage!r}, out_dir={out!r})
+"""
+
+
+def test_a_worker_killed_before_its_first_heartbeat_is_retried_at_once(tmp_path):
+    """Trials carry their worker from the ask on, so the next run on this machine
+    sees at once that its process is gone (no wait for the no-heartbeat grace)."""
+    space, journal = tmp_path / "space.yaml", tmp_path / "study.journal"
+    space.write_text(space_text(n_trials=2, epochs=2))
+    script = KILL_AFTER_FIRST_ASK.format(root=str(ROOT), space=str(space), storage=str(journal), out=str(tmp_path / "out"))
+    killed = subprocess.run([sys.executable, "-c", script], env=worker_env(), capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    study = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0])
+    [orphan] = study.get_trials(deepcopy=False)
+    assert orphan.state == TrialState.RUNNING and "heartbeat" not in orphan.user_attrs
+
+    started = time.monotonic()
+    summary = run_search(parse_space(space.read_text(), source=str(space)), storage=str(journal), out_dir=tmp_path / "out",
+                         timeout=30)  # without the worker label the orphan would hold the budget for 120 s
+    assert time.monotonic() - started < 30
+    trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
+    assert_study_ended(trials, 2)
+    orphan = trials[orphan.number]
+    assert orphan.state == TrialState.FAIL and orphan.user_attrs["fail_reason"].startswith("interrupted:")
+    assert "exited" in orphan.user_attrs["interrupted_because"], orphan.user_attrs
+    assert any(t.user_attrs.get(RETRY_OF) == orphan.number and t.params == orphan.params for t in counted(trials))
+    assert summary.trials.get("COMPLETE") == 2
+
+
+def _trials(url, name):
+    try:
+        study = optuna.load_study(study_name=name, storage=open_storage(url)[0])
+    except Exception as error:  # for a failure message only
+        return f"(study not readable: {error})"
+    rows = [f"{t.number} {t.state.name} worker={t.user_attrs.get('worker')} host={t.user_attrs.get('worker_host')} "
+            f"epochs={t.user_attrs.get('epochs_run')} beat={t.user_attrs.get('heartbeat')} start={t.datetime_start} "
+            f"reason={t.user_attrs.get('fail_reason')} because={t.user_attrs.get('interrupted_because')}" for t in study.trials]
+    return "\n".join([f"now={time.time()}", *rows])
 
 
 def _logs(tmp_path):

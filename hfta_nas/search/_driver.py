@@ -62,7 +62,7 @@ from hfta_nas.models import count_parameters, resolve_model
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from hfta_nas._files import atomic_write_text, save_weights
 from hfta_nas.search._signature import shape_signature
-from hfta_nas.search._heartbeat import Heartbeat, stale_reason
+from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity, stale_reason
 from hfta_nas.search._storage import dashboard_command, open_storage, study_lock
 from search_spaces import check_sources
 
@@ -384,6 +384,10 @@ class Search:
         if fixed is not None:
             self.study.enqueue_trial(fixed, skip_if_exists=False)
         trial = self.study.ask()
+        # whose it is, from the ask on: a worker killed before its first heartbeat (asking, loading data)
+        # leaves trials that the next run on this machine retries at once, not after the no-heartbeat grace
+        trial.set_user_attr(WORKER_ATTR, self.worker)
+        trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
         self._asked += 1
         values = self.space.suggest(trial)
         config = self.space.resolve(values)
