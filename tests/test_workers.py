@@ -2,9 +2,9 @@
 file, and separate worker processes on a throwaway PostgreSQL server, one of
 them killed with SIGKILL mid-array. The budget is counted across workers (under
 the study lock), no trial is left RUNNING or WAITING, and the killed worker's
-trials are failed as interrupted and retried by the survivors."""
+trials are failed as interrupted and retried by the survivors; a worker killed
+between asking and its first heartbeat is retried at once by the next run."""
 
-import contextlib
 import glob
 import json
 import os
