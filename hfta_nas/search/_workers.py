@@ -196,21 +196,23 @@ def study_report(storage: str | None, study_name: str, exits: list[WorkerExit]) 
     import optuna
     from optuna.trial import TrialState
 
+    from hfta_nas.search._driver import _NOT_COUNTED
     from hfta_nas.search._storage import open_storage
 
     opened, location = open_storage(storage)
     study = optuna.load_study(study_name=study_name, storage=opened)
     states: dict[str, int] = {}
-    retried = surplus = 0
+    retried = surplus = counted = 0
     for trial in study.get_trials(deepcopy=False):
         reason = str(trial.user_attrs.get("fail_reason", ""))
         retried += reason.startswith("interrupted:")
         surplus += reason.startswith("surplus:")
+        counted += trial.state != TrialState.WAITING and not reason.startswith(_NOT_COUNTED)
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
     best = None
     if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         best = [{"number": t.number, "values": list(t.values)} for t in study.best_trials]
     return {"study": study_name, "storage": location, "trials": states, "interrupted_and_retried": retried,
-            "surplus": surplus, "counted": sum(states.get(s, 0) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")) - retried - surplus,
+            "surplus": surplus, "counted": counted,
             "best": best, "workers": [{"worker": e.worker, "pid": e.pid, "returncode": e.returncode, "how": e.how,
                                         "cuda_visible_devices": e.cuda_visible_devices} for e in exits]}
