@@ -76,7 +76,7 @@ _SHARED_OPTIMIZER_KEYS = ("training.optimizer.name", *(f"training.optimizer.{f}"
 INTERRUPTED = "interrupted: its worker stopped (killed, crashed or lost) while it ran; failed and retried"
 STOPPED = "stopped: not trained, the search stopped on an error:"
 RETRY_OF = "retry_of"  # user attribute of a retried trial: the number of the trial whose seeds it takes
-SURPLUS = "surplus: an enqueued retry left over when the budget was full; never trained"
+SURPLUS = "surplus: an enqueued trial (a retry, or a request to fill an array) left over when the budget was full; never trained"
 _NOT_COUNTED = ("interrupted:", "surplus:", "stopped:")  # fail_reason prefixes that do not count against the budget
 
 
