@@ -13,6 +13,9 @@ layers batch as they are; these do not:
   `FusableGRU` / `FusableLSTM` compute the same equations with ordinary ops and
   keep the parameter names, so state_dicts stay interchangeable.
 
+Linear and Conv layers fuse under plain vmap too, but slowly; `make_fusable`
+also gives them the faster array kernels of `_slot_ops.py`.
+
 `make_fusable` swaps them into the template and refuses what it cannot fuse
 exactly, naming the layer.
 """
@@ -23,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hfta_nas._slot_ops import SLOT_OPS
 from hfta_nas._slot_random import slot_keys, uniform_like
 from hfta_nas.errors import FusionError
 
@@ -261,6 +265,9 @@ def _replacement(module: nn.Module, path: str) -> nn.Module | None:
         return None
     if type(module) is nn.MultiheadAttention:
         module.__class__ = FusableMultiheadAttention  # same state, fusable forward
+        return None
+    if type(module) in SLOT_OPS:
+        module.__class__ = SLOT_OPS[type(module)]  # same state, faster fused forward (_slot_ops.py)
         return None
     return None
 
