@@ -13,6 +13,9 @@ per-slot dropout counters) are stacked [B, ...] tensors.
 The forward pass runs ONE template copy of the user's model through
 `torch.func.functional_call` under `torch.func.vmap`, so the user's forward
 code is never edited: it sees one slot's batch [N, ...] as it would alone.
+A template that is an nn.Sequential of plain layers (Linear, large Conv,
+activations, Flatten) skips vmap and runs the same ops on the [B, ...]
+tensors directly (`_slot_ops.native_forward`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from hfta_nas._slot_layers import init_slot_randomness, make_fusable
+from hfta_nas._slot_ops import NeedsVmap, global_hooks_set, native_forward
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
 
 # A parameter's gradient is a strided view into `flat.grad` by design (see the
@@ -142,6 +146,9 @@ class ModelArray:
         self._state_keys = list(models[0].state_dict().keys())
         self._layout = self._param_layout(models[0])
         self._param_aliases = self._aliases(models[0])
+        # Sequential models of plain layers skip vmap (same ops, less overhead; _slot_ops.py).
+        self._native = native_forward(self._template, self._param_aliases)
+        self._native_refused: set[tuple[Any, ...]] = set()
         self._buffer_names = [n for n, _ in models[0].named_buffers()]
 
         self.flat = torch.stack([self._flatten(m) for m in models]).to(device=device, dtype=dtype).requires_grad_()
@@ -282,6 +289,10 @@ class ModelArray:
                         f"input {position} has shape {list(x.shape)}; an array of {len(self)} slots expects "
                         f"[{len(self)}, N, ...] (one batch per slot), or pass shared_input=True for one batch [N, ...] shared by all slots."
                     )
+        if self._native is not None and not shared_input and len(inputs) == 1:
+            out = self._native_call(inputs[0])
+            if out is not None:
+                return out
         state = {**self._leaves, **self.buffers, **self._slot_random}
 
         def one_slot(slot_state, *slot_inputs):
@@ -295,6 +306,20 @@ class ModelArray:
                 return fused(state, *inputs)
             self._checked_modes.add(mode)
             return self._first_call(fused, state, inputs)
+
+    def _native_call(self, x: Any) -> torch.Tensor | None:
+        """The template's output computed without vmap, or None where this call needs vmap
+        (remembered per input shape and mode, so a refused call is not tried again)."""
+        if not isinstance(x, torch.Tensor) or global_hooks_set():
+            return None
+        key = (tuple(x.shape), x.dtype, self.training)
+        if key in self._native_refused:
+            return None
+        try:
+            return self._native(self._leaves, x)
+        except NeedsVmap:
+            self._native_refused.add(key)
+            return None
 
     def _first_call(self, fused, state, inputs):
         """Run once while watching for vmap's per-slot-loop fallbacks and

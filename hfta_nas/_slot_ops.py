@@ -61,7 +61,7 @@ def _slot_first(tensor: torch.Tensor | None, dim: int | None, batch_size: int) -
         return None
     if dim is None:
         return tensor.expand(batch_size, *tensor.shape)
-    return tensor.movedim(dim, 0)
+    return tensor if dim == 0 else tensor.movedim(dim, 0)  # no autograd node for the common case
 
 
 def _physical_call(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -134,10 +134,10 @@ class SlotLinear(nn.Linear):
         return super().forward(x) if out is None else out
 
 
-def _per_slot_macs(conv: nn.modules.conv._ConvNd, x: torch.Tensor) -> int:
-    """Multiply-adds of one slot's forward (x is the per-slot [N, C, *spatial] or [C, *spatial])."""
-    spatial = x.shape[-len(conv.kernel_size):]
-    samples = x.shape[0] if x.dim() == len(conv.kernel_size) + 2 else 1
+def _per_slot_macs(conv: nn.modules.conv._ConvNd, shape: torch.Size) -> int:
+    """Multiply-adds of one slot's forward, for a per-slot input of `shape` ([N, C, *spatial] or [C, *spatial])."""
+    spatial = shape[-len(conv.kernel_size):]
+    samples = shape[0] if len(shape) == len(conv.kernel_size) + 2 else 1
     outputs = math.prod(s // st for s, st in zip(spatial, conv.stride))  # ~ output positions
     return samples * outputs * conv.out_channels * (conv.in_channels // conv.groups) * math.prod(conv.kernel_size)
 
@@ -147,7 +147,7 @@ class _SlotConvMixin:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = None
-        if _per_slot_macs(self, x) >= _LOOP_MIN_MACS:
+        if _per_slot_macs(self, x.shape) >= _LOOP_MIN_MACS:
             out = _physical_call(self._loop_kernel, x, self.weight, self.bias)
         return super().forward(x) if out is None else out  # small: vmap's grouped convolution
 
@@ -178,3 +178,92 @@ SLOT_OPS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Conv2d: SlotConv2d,
     nn.Conv3d: SlotConv3d,
 }
+
+
+# ---------------------------------------------------------------- without vmap
+# For a template that is an nn.Sequential of the layers below, vmap itself is
+# the remaining overhead: functional_call swaps every parameter in and out,
+# vmap wraps and unwraps every tensor, and each layer re-enters torch through
+# Python (~0.7 ms per forward for the 3-layer MLP, 5% of its training step).
+# These layers have an exact implementation on the physical [B, ...] tensors,
+# the same ops the vmap path runs, so `native_forward` chains them directly.
+# Anything else (another module type, hooks, dropout while training, a small
+# convolution) makes the array use vmap, with the same results.
+
+# Element-wise layers: the same op on [B, N, ...] as on each slot's [N, ...].
+_ELEMENTWISE = frozenset({
+    nn.Identity, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh,
+    nn.Sigmoid, nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid,
+})
+
+
+class NeedsVmap(Exception):
+    """Raised by a native forward when this call (shapes, mode) needs the vmap path."""
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or getattr(module, "_backward_pre_hooks", None))
+
+
+def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str]):
+    """fn(leaves, x) computing `module` on physical [B, ...] tensors, or None if unsupported."""
+    from hfta_nas._slot_layers import SlotDropout  # noqa: PLC0415 (_slot_layers imports this module)
+
+    if _has_hooks(module):
+        return None
+    kind = type(module)
+    if kind is nn.Sequential:
+        steps = [_native_step(child, f"{prefix}{name}.", aliases) for name, child in module.named_children()]
+        if any(step is None for step in steps):
+            return None
+
+        def sequential(leaves, x):
+            for step in steps:
+                x = step(leaves, x)
+            return x
+        return sequential
+    if kind is SlotLinear or kind in (SlotConv1d, SlotConv2d, SlotConv3d):
+        weight = aliases[prefix + "weight"]
+        bias = aliases[prefix + "bias"] if module.bias is not None else None
+        if kind is SlotLinear:
+            def linear(leaves, x):
+                return _linear_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None)[0]
+            return linear
+
+        def conv(leaves, x):
+            if x.dim() != len(module.kernel_size) + 3 or _per_slot_macs(module, x.shape[1:]) < _LOOP_MIN_MACS:
+                raise NeedsVmap  # unbatched per-slot input, or small: vmap's grouped convolution
+            return module._loop_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None)[0]
+        return conv
+    if kind in _ELEMENTWISE:
+        return lambda leaves, x: module.forward(x)
+    if kind is nn.Flatten:
+        def flatten(leaves, x):
+            dims = x.dim() - 1  # per-slot dims
+            if dims == 0:
+                raise NeedsVmap
+            return x.flatten(module.start_dim % dims + 1, module.end_dim % dims + 1)
+        return flatten
+    if kind is SlotDropout:
+        def dropout(leaves, x):
+            if module.training and module.p > 0.0:
+                raise NeedsVmap  # per-slot masks are drawn under vmap
+            return x
+        return dropout
+    return None
+
+
+def native_forward(template: nn.Module, aliases: dict[str, str]):
+    """fn(leaves, x) -> [B, ...] output of the template without vmap, or None if it has other layers.
+
+    `leaves` maps canonical parameter names to their [B, ...] tensors,
+    `aliases` every parameter name (tied ones too) to its canonical name. The
+    function raises NeedsVmap when a call must take the vmap path.
+    """
+    return _native_step(template, "", aliases)
+
+
+def global_hooks_set() -> bool:
+    """Whether module hooks are registered globally: they must see every module's call, which only vmap makes."""
+    return bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)

@@ -1,0 +1,132 @@
+"""The array's fast paths (hfta_nas/_slot_ops.py) compute what separate models do:
+the batched Linear, the per-slot convolution loop, and the vmap-free forward of
+Sequential models, in every combination with the vmap path."""
+
+import pytest
+import torch
+from torch import nn
+
+from hfta_nas import ModelArray
+from hfta_nas import _slot_ops
+
+from tests.test_array import LAYERS, SEEDS, N, per_model
+
+
+def assert_matches_separate_models(factory, x, training=True, shared_input=False):
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64).train(training)
+    out = arr(x, shared_input=shared_input)
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    for slot, model in enumerate(per_model(factory)):
+        model.train(training)
+        expected = model(x if shared_input else x[slot])
+        (expected * weights[slot]).sum().backward()
+        torch.testing.assert_close(out[slot], expected, rtol=1e-10, atol=1e-12)
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        torch.testing.assert_close(arr.flat.grad[slot], grads, rtol=1e-10, atol=1e-12)
+    return arr
+
+
+@pytest.fixture
+def conv_loop_everywhere(monkeypatch):
+    """Every convolution, however small, runs as one call per slot."""
+    monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 0)
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(LAYERS) if "conv" in n or "norm" in n])
+def test_per_slot_convolution_loop_equals_separate_models(name, conv_loop_everywhere):
+    factory, shape = LAYERS[name]
+    assert_matches_separate_models(factory, torch.randn(len(SEEDS), N, *shape, dtype=torch.float64))
+
+
+class ConvNet(nn.Module):
+    """Not a Sequential: runs under vmap, where convolutions reach the loop through _physical_call."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 4, 3, padding="same", padding_mode="reflect", bias=False)
+        self.conv2 = nn.Conv2d(4, 2, (1, 3), stride=(1, 2), dilation=(1, 2))
+        self.head = nn.Linear(12, 2, bias=False)
+
+    def forward(self, x):
+        h = torch.tanh(self.conv(x)).unsqueeze(2)
+        return self.head(self.conv2(h).flatten(1))
+
+
+def test_convolution_loop_and_bias_free_linear_under_vmap(conv_loop_everywhere):
+    arr = assert_matches_separate_models(ConvNet, torch.randn(len(SEEDS), N, 3, 16, dtype=torch.float64))
+    assert arr._native is None
+
+
+def test_unbatched_per_slot_inputs(conv_loop_everywhere):
+    # one sample per slot without a batch dim: [C, L] and [F]
+    factory = lambda: nn.Sequential(nn.Conv1d(2, 3, 3), nn.Flatten(0), nn.Linear(12, 2))  # noqa: E731
+    assert_matches_separate_models(factory, torch.randn(len(SEEDS), 2, 6, dtype=torch.float64))
+    assert_matches_separate_models(lambda: nn.Linear(5, 2), torch.randn(len(SEEDS), 5, dtype=torch.float64))
+
+
+def test_shared_input_through_the_batched_linear():
+    factory, shape = LAYERS["linear+activations"]
+    assert_matches_separate_models(factory, torch.randn(N, *shape, dtype=torch.float64), shared_input=True)
+
+
+def test_linear_on_inputs_with_extra_dims_and_tied_weights():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    assert_matches_separate_models(Tied, torch.randn(len(SEEDS), N, 2, 4, dtype=torch.float64))
+    seq = lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 4))  # noqa: E731
+    assert_matches_separate_models(seq, torch.randn(len(SEEDS), N, 2, 5, 4, dtype=torch.float64))
+
+
+def test_sequential_models_skip_vmap_with_the_same_results():
+    factory = lambda: nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.GELU(), nn.Dropout(0.0), nn.Linear(8, 3))  # noqa: E731
+    x = torch.randn(len(SEEDS), N, 3, 4, dtype=torch.float64)
+    arr = assert_matches_separate_models(factory, x)
+    assert arr._native is not None and not arr._native_refused
+    vmapped = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    vmapped._native = None
+    assert torch.equal(arr(x), vmapped(x))  # bit for bit: the same kernels
+
+
+def test_dropout_while_training_and_hooks_take_the_vmap_path():
+    factory = lambda: nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 2))  # noqa: E731
+    x = torch.randn(len(SEEDS), N, 6, dtype=torch.float64)
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    vmapped = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    vmapped._native = None
+    assert torch.equal(arr(x), vmapped(x))  # per-slot dropout masks, drawn under vmap
+    assert arr._native_refused
+    arr.eval()
+    vmapped.eval()
+    assert torch.equal(arr(x), vmapped(x))
+
+    calls = []
+    handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: calls.append(type(module)))
+    try:
+        arr(x)
+    finally:
+        handle.remove()
+    assert nn.Linear in {c.__mro__[1] for c in calls}
+
+
+def test_double_backward_through_the_batched_linear():
+    factory = lambda: nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 1))  # noqa: E731
+    x = torch.randn(len(SEEDS), N, 3, dtype=torch.float64, requires_grad=True)
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    (grad_x,) = torch.autograd.grad(arr(x).sum(), x, create_graph=True)
+    grad_x.pow(2).sum().backward()
+    for slot, model in enumerate(per_model(factory)):
+        xs = x[slot].detach().requires_grad_()
+        (expected,) = torch.autograd.grad(model(xs).sum(), xs, create_graph=True)
+        torch.testing.assert_close(grad_x[slot], expected)
+        expected.pow(2).sum().backward()
+        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()])
+        torch.testing.assert_close(arr.gradient()[slot], grads)
