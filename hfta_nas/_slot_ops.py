@@ -48,11 +48,13 @@ from torch._C import _functorch
 from torch._functorch.pyfunctorch import TransformType, coerce_cinterpreter, temporarily_pop_interpreter_stack
 
 # Per-slot multiply-adds (one forward) from which a convolution runs as one
-# call per slot rather than one grouped call. Measured on CPU, 1 thread: at
-# ~1e7 (cnn1d's 1-channel first layer, batch 100) the loop is already 2x
-# faster; at ~1e5 (an 8x8 image, 16 channels, batch 10) the ~30 us per call
-# of B calls forward and backward outweighs the grouped kernel's slowness.
-_LOOP_MIN_MACS = 2_000_000
+# call per slot rather than one grouped call. Each slot's call costs ~0.1 ms
+# forward and ~0.2 ms backward besides its arithmetic; measured through the
+# benchmark (CPU, 1 thread, B=32, batch 100): cnn1d (layers of 6.4e5 and
+# 2e7) and cnn2d (5.2e5 and 7.4e6) train 10-20% faster with every layer
+# looped than with 2e6 as the bound, bn_cnn (1e6, 1.5e7) the same within
+# noise; at ~1e5 (an 8x8 image, batch 10) the grouped call is 3x faster.
+_LOOP_MIN_MACS = 500_000
 
 
 def _slot_first(tensor: torch.Tensor | None, dim: int | None, batch_size: int) -> torch.Tensor | None:
@@ -88,7 +90,8 @@ def _physical_call(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
 
 
 class _BatchedLinear(torch.autograd.Function):
-    """y[b] = x[b] @ w[b]^T + bias[b] for x [B, M, I], w [B, O, I], bias [B, O] or None.
+    """y[b] = x[b] @ w[b]^T + bias[b] for x [B, M, I], w [B, O, I], bias [B, O] or None,
+    then ReLU (in place, as `_ConvLoop` does) if `relu`.
 
     The backward gives the weight gradient as bmm(g^T, x): contiguous [B, O, I],
     the layout of the parameter's slice of `flat.grad` (autograd's bmm rule
@@ -99,30 +102,34 @@ class _BatchedLinear(torch.autograd.Function):
     # Old-style forward(ctx, ...): it runs below vmap (no functorch transform
     # active), and skips the signature binding that setup_context costs.
     @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
+    def forward(ctx, relu, x, weight, bias):
         weight_t = weight.transpose(1, 2)
-        if bias is None:
-            return torch.bmm(x, weight_t)
-        return torch.baddbmm(bias.unsqueeze(1), x, weight_t)
+        out = torch.bmm(x, weight_t) if bias is None else torch.baddbmm(bias.unsqueeze(1), x, weight_t)
+        if relu:
+            out.relu_()
+        ctx.save_for_backward(x, weight, out if relu else None)
+        ctx.has_bias = bias is not None
+        ctx.relu = relu
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
-        grad_bias = grad.sum(1) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_weight, grad_bias
+        x, weight, out = ctx.saved_tensors
+        if ctx.relu:
+            grad = torch.ops.aten.threshold_backward(grad, out, 0)
+        grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[1] else None
+        grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[2] else None
+        grad_bias = grad.sum(1) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        return None, grad_x, grad_weight, grad_bias
 
 
-def _linear_kernel(batch_size: int, in_dims, x, weight, bias):
+def _linear_kernel(batch_size: int, in_dims, x, weight, bias, relu: bool = False):
     x_dim, weight_dim, bias_dim = in_dims
     weight = _slot_first(weight, weight_dim, batch_size)
     bias = _slot_first(bias, bias_dim, batch_size)
     x = _slot_first(x, x_dim, batch_size)  # a shared input is expanded, as vmap would
     lead = x.shape[1:-1]
-    out = _BatchedLinear.apply(x.reshape(batch_size, -1, x.shape[-1]), weight, bias)
+    out = _BatchedLinear.apply(relu, x.reshape(batch_size, -1, x.shape[-1]), weight, bias)
     return out.view(batch_size, *lead, out.shape[-1]), 0
 
 
@@ -142,6 +149,73 @@ def _per_slot_macs(conv: nn.modules.conv._ConvNd, shape: torch.Size) -> int:
     return samples * outputs * conv.out_channels * (conv.in_channels // conv.groups) * math.prod(conv.kernel_size)
 
 
+def _explicit_padding(conv: nn.modules.conv._ConvNd) -> list[int] | None:
+    """The conv's zero padding as ints per spatial dim, None where torch pads the input itself
+    (padding_mode other than zeros, or an asymmetric 'same')."""
+    if conv.padding_mode != "zeros":
+        return None
+    if conv.padding == "valid":
+        return [0] * len(conv.kernel_size)
+    if conv.padding == "same":
+        totals = [d * (k - 1) for k, d in zip(conv.kernel_size, conv.dilation)]
+        return None if any(t % 2 for t in totals) else [t // 2 for t in totals]
+    return list(conv.padding)
+
+
+class _ConvLoop(torch.autograd.Function):
+    """y[b] = conv(x[b], w[b]) + bias[b] for each slot b, then ReLU if `relu`; x is [B, N, C, *spatial].
+
+    One ordinary convolution per slot (see the module docstring), with the
+    buffers managed here rather than by autograd: the slots' outputs go
+    straight into one [B, ...] output, ReLU is applied in place to each
+    slot's cache-resident result, and backward masks each slot's gradient and
+    writes its input gradient into one [B, ...] buffer. A Conv -> ReLU pair so
+    allocates two activation-sized tensors per step instead of four
+    (conv output, ReLU output, ReLU gradient, input gradient); each fresh
+    allocation of tens of MB costs its size in page faults (~10 ms for 16 MB),
+    more than the arithmetic of the layer's element-wise ops.
+    Backward uses differentiable ops, so double backward works.
+    """
+
+    @staticmethod
+    def forward(ctx, conv, padding, relu, x, weight, bias):
+        nd = len(conv.kernel_size)
+        ctx.conv_args = (list(conv.stride), padding, list(conv.dilation), False, [0] * nd, conv.groups)
+        ctx.relu = relu
+        out = None
+        for b in range(x.shape[0]):
+            y = torch.convolution(x[b], weight[b], None if bias is None else bias[b], *ctx.conv_args)
+            if relu:
+                y = y.relu_()
+            if out is None:
+                out = y.new_empty((x.shape[0], *y.shape))
+            out[b] = y
+        ctx.save_for_backward(x, weight, out if relu else None)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, out = ctx.saved_tensors
+        need = [ctx.needs_input_grad[3], ctx.needs_input_grad[4], ctx.has_bias and ctx.needs_input_grad[5]]
+        grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if need[0] else None
+        grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need[1] else None
+        grad_bias = weight.new_empty(weight.shape[:2]) if need[2] else None
+        for b in range(x.shape[0]):
+            g = grad[b]
+            if ctx.relu:
+                g = torch.ops.aten.threshold_backward(g, out[b], 0)
+            gx, gw, gb = torch.ops.aten.convolution_backward(
+                g, x[b], weight[b], [weight.shape[1]], *ctx.conv_args, need)
+            if need[0]:
+                grad_x[b] = gx
+            if need[1]:
+                grad_weight[b] = gw
+            if need[2]:
+                grad_bias[b] = gb
+        return None, None, None, grad_x, grad_weight, grad_bias
+
+
 class _SlotConvMixin:
     """Conv forward for arrays: one ordinary convolution per slot when each slot's work is large."""
 
@@ -151,13 +225,21 @@ class _SlotConvMixin:
             out = _physical_call(self._loop_kernel, x, self.weight, self.bias)
         return super().forward(x) if out is None else out  # small: vmap's grouped convolution
 
-    def _loop_kernel(self, batch_size: int, in_dims, x, weight, bias):
-        # unbind (not x[b]) so that backward stacks the slots' gradients in
-        # one copy instead of zero-filling a full-size tensor per slot.
-        xs = _slot_first(x, in_dims[0], batch_size).unbind(0)
-        weights = _slot_first(weight, in_dims[1], batch_size).unbind(0)
-        biases = _slot_first(bias, in_dims[2], batch_size).unbind(0) if bias is not None else [None] * batch_size
-        return torch.stack([self._conv_forward(xs[b], weights[b], biases[b]) for b in range(batch_size)]), 0
+    def _loop_kernel(self, batch_size: int, in_dims, x, weight, bias, relu: bool = False):
+        x = _slot_first(x, in_dims[0], batch_size)
+        weight = _slot_first(weight, in_dims[1], batch_size)
+        bias = _slot_first(bias, in_dims[2], batch_size)
+        padding = _explicit_padding(self)
+        if padding is not None and x.dim() == len(self.kernel_size) + 3:
+            return _ConvLoop.apply(self, padding, relu, x, weight, bias), 0
+        # Padding torch applies itself, or per-slot inputs without a batch dim:
+        # the same loop through autograd. unbind (not x[b]) so that backward
+        # stacks the slots' gradients in one copy instead of zero-filling a
+        # full-size tensor per slot.
+        xs, weights = x.unbind(0), weight.unbind(0)
+        biases = bias.unbind(0) if bias is not None else [None] * batch_size
+        out = torch.stack([self._conv_forward(xs[b], weights[b], biases[b]) for b in range(batch_size)])
+        return (torch.relu(out) if relu else out), 0
 
 
 class SlotConv1d(_SlotConvMixin, nn.Conv1d):
@@ -206,15 +288,25 @@ def _has_hooks(module: nn.Module) -> bool:
                 or getattr(module, "_backward_pre_hooks", None))
 
 
-def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str]):
-    """fn(leaves, x) computing `module` on physical [B, ...] tensors, or None if unsupported."""
+def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: bool = False):
+    """fn(leaves, x) computing `module` on physical [B, ...] tensors, or None if unsupported.
+    `relu`: a convolution also applies the ReLU that follows it."""
     from hfta_nas._slot_layers import SlotDropout  # noqa: PLC0415 (_slot_layers imports this module)
 
     if _has_hooks(module):
         return None
     kind = type(module)
     if kind is nn.Sequential:
-        steps = [_native_step(child, f"{prefix}{name}.", aliases) for name, child in module.named_children()]
+        children = list(module.named_children())
+        steps, index = [], 0
+        while index < len(children):
+            name, child = children[index]
+            following = children[index + 1][1] if index + 1 < len(children) else None
+            # Linear/Conv -> ReLU: the ReLU runs inside the layer's kernel, in place.
+            relu = (type(child) in (SlotLinear, SlotConv1d, SlotConv2d, SlotConv3d) and type(following) is nn.ReLU
+                    and not _has_hooks(following))
+            steps.append(_native_step(child, f"{prefix}{name}.", aliases, relu=relu))
+            index += 2 if relu else 1
         if any(step is None for step in steps):
             return None
 
@@ -228,13 +320,13 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str]):
         bias = aliases[prefix + "bias"] if module.bias is not None else None
         if kind is SlotLinear:
             def linear(leaves, x):
-                return _linear_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None)[0]
+                return _linear_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None, relu)[0]
             return linear
 
         def conv(leaves, x):
             if x.dim() != len(module.kernel_size) + 3 or _per_slot_macs(module, x.shape[1:]) < _LOOP_MIN_MACS:
                 raise NeedsVmap  # unbatched per-slot input, or small: vmap's grouped convolution
-            return module._loop_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None)[0]
+            return module._loop_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None, relu)[0]
         return conv
     if kind in _ELEMENTWISE:
         return lambda leaves, x: module.forward(x)

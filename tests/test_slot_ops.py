@@ -130,3 +130,44 @@ def test_double_backward_through_the_batched_linear():
         expected.pow(2).sum().backward()
         grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()])
         torch.testing.assert_close(arr.gradient()[slot], grads)
+
+
+CONV_RELU = {
+    # Linear/Conv -> ReLU pairs run fused in the vmap-free path (_ConvLoop, _BatchedLinear with relu)
+    "conv1d-relu-linear-relu": (lambda: nn.Sequential(
+        nn.Conv1d(2, 4, 5, padding=2), nn.ReLU(), nn.Conv1d(4, 4, 3, padding="same", dilation=2), nn.ReLU(inplace=True),
+        nn.Flatten(), nn.Linear(4 * 9, 6), nn.ReLU(), nn.Linear(6, 3)), (2, 9)),
+    # torch pads the input itself: asymmetric 'same' (even kernel) and a non-zero padding mode
+    "conv1d-same-even-circular": (lambda: nn.Sequential(
+        nn.Conv1d(2, 3, 4, padding="same"), nn.ReLU(), nn.Conv1d(3, 3, 3, padding=1, padding_mode="circular"), nn.ReLU()),
+        (2, 8)),
+    "conv2d-stride-groups-relu": (lambda: nn.Sequential(
+        nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2), nn.ReLU(), nn.Conv2d(6, 2, (2, 1), bias=False), nn.ReLU(),
+        nn.Flatten()), (4, 7, 6)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONV_RELU))
+@pytest.mark.parametrize("loop", [True, False], ids=["loop", "grouped"])
+def test_fused_relu_layers_equal_separate_models(name, loop, monkeypatch):
+    monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 0 if loop else 10**18)
+    factory, shape = CONV_RELU[name]
+    x = torch.randn(len(SEEDS), N, *shape, dtype=torch.float64)
+    x[:, :, 0] = 0.0  # exact zeros reach the ReLUs: their gradient there is 0, as in torch
+    arr = assert_matches_separate_models(factory, x)
+    assert arr._native_refused == (set() if loop else {(tuple(x.shape), x.dtype, True)})
+
+
+def test_double_backward_through_the_convolution_loop(conv_loop_everywhere):
+    factory = lambda: nn.Sequential(nn.Conv1d(2, 3, 3, padding=1), nn.ReLU(), nn.Conv1d(3, 1, 3), nn.Tanh())  # noqa: E731
+    x = torch.randn(len(SEEDS), N, 2, 7, dtype=torch.float64, requires_grad=True)
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    (grad_x,) = torch.autograd.grad(arr(x).sum(), x, create_graph=True)
+    grad_x.pow(2).sum().backward()
+    for slot, model in enumerate(per_model(factory)):
+        xs = x[slot].detach().requires_grad_()
+        (expected,) = torch.autograd.grad(model(xs).sum(), xs, create_graph=True)
+        torch.testing.assert_close(grad_x[slot], expected)
+        expected.pow(2).sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        torch.testing.assert_close(arr.gradient()[slot], grads)
