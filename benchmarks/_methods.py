@@ -241,11 +241,23 @@ def steps_for(seconds_per_step: float, timing: Timing) -> int:
     return max(1, min(timing.max_steps, math.ceil(timing.min_time_s / seconds_per_step)))
 
 
-def measure(runner: Runner, timing: Timing, device: torch.device) -> Measured:
-    """Warm up (recording slot 0's first loss), calibrate steps per repeat, time the repeats.
+@dataclass
+class Warmed:
+    """A runner after `warm_up`: where its step counter stands and how many steps a repeat takes."""
 
-    Throughput is the median repeat's samples / seconds. Warnings raised while
-    warming up (e.g. vmap falling back to a loop) are returned, not raised.
+    runner: Runner
+    position: int
+    per_step_s: float
+    steps_per_repeat: int
+    spent_s: float
+    warnings: list[str]
+
+
+def warm_up(runner: Runner, timing: Timing, device: torch.device) -> Warmed:
+    """Untimed warm-up steps (recording slot 0's first loss), then one step that sets the steps per repeat.
+
+    Warnings raised meanwhile (e.g. vmap falling back to a loop) are
+    returned, not raised.
     """
     sync = synchronizer(device)
     spent = 0.0
@@ -262,20 +274,37 @@ def measure(runner: Runner, timing: Timing, device: torch.device) -> Measured:
     runner.run(range(position, position + 1))
     sync()
     per_step = time.perf_counter() - started
-    spent += per_step
-    position += 1
-    steps = steps_for(per_step, timing)
-    affordable = int((timing.max_cell_s - spent) // (steps * per_step)) if per_step > 0 else timing.repeats
-    repeats = max(min(2, timing.repeats), min(timing.repeats, affordable))
-    seconds = []
-    for _ in range(repeats):
-        sync()
-        started = time.perf_counter()
-        runner.run(range(position, position + steps))
-        sync()
-        seconds.append(time.perf_counter() - started)
-        position += steps
-    samples = runner.samples_per_unit * steps
-    first = None if runner.first_loss is None else float(runner.first_loss)
     messages = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
-    return Measured(runner.models, samples / statistics.median(seconds), seconds, steps, samples, first, messages)
+    return Warmed(runner, position + 1, per_step, steps_for(per_step, timing), spent + per_step, messages)
+
+
+def measure_together(warmed: dict[str, Warmed], timing: Timing, device: torch.device) -> dict[str, Measured]:
+    """Time the warmed runners' repeats round-robin: repeat 1 of every runner, then repeat 2, ...
+
+    On a shared machine the speed of the hardware drifts over seconds; taking
+    the methods' repeats in turns exposes them all to the same drift, so their
+    ratios hold even when the absolute rates do not. Throughput is each
+    runner's median repeat. The rounds stop early (at 2) when they would
+    exceed the cells' budget of `max_cell_s` each.
+    """
+    sync = synchronizer(device)
+    round_s = sum(w.steps_per_repeat * w.per_step_s for w in warmed.values())
+    left = timing.max_cell_s * len(warmed) - sum(w.spent_s for w in warmed.values())
+    affordable = int(left // round_s) if round_s > 0 else timing.repeats
+    repeats = max(min(2, timing.repeats), min(timing.repeats, affordable))
+    seconds: dict[str, list[float]] = {name: [] for name in warmed}
+    for _ in range(repeats):
+        for name, w in warmed.items():
+            sync()
+            started = time.perf_counter()
+            w.runner.run(range(w.position, w.position + w.steps_per_repeat))
+            sync()
+            seconds[name].append(time.perf_counter() - started)
+            w.position += w.steps_per_repeat
+    measured = {}
+    for name, w in warmed.items():
+        samples = w.runner.samples_per_unit * w.steps_per_repeat
+        first = None if w.runner.first_loss is None else float(w.runner.first_loss)
+        measured[name] = Measured(w.runner.models, samples / statistics.median(seconds[name]), seconds[name],
+                                  w.steps_per_repeat, samples, first, w.warnings)
+    return measured

@@ -10,7 +10,9 @@ the same B models (slot b built after torch.manual_seed(b)) on the same batches
 Adam with lr 1e-3; see benchmarks/README.md. Each step gathers the batch from
 the device-resident training tensors, runs forward, cross-entropy (the sum of
 the slots' means for the fused methods), backward and the optimizer step.
-Warm-up steps are not timed; throughput is the median over repeats of
+Warm-up steps are not timed; the in-process methods of a cell are then
+timed together, their repeats in turns, so that a shared machine's drifting
+speed affects them alike; throughput is the median over repeats of
 samples / seconds summed over all models.
 
 Before timing is trusted, slot 0's loss on its first step in `serial`,
@@ -38,7 +40,7 @@ import torch
 from torch.nn import functional as F
 
 from benchmarks._memory import PeakMemory, cpu_memory_supported, keep_freed_memory
-from benchmarks._methods import RUNNERS, Timing, measure
+from benchmarks._methods import RUNNERS, Measured, Timing, Warmed, measure_together, warm_up
 from benchmarks._processes import run_processes
 from benchmarks._report import METHODS, RATIOS, print_report, ratios
 from benchmarks._workloads import BATCH_SIZE, WORKLOADS, prepare
@@ -144,21 +146,7 @@ def prime(prep, device: torch.device) -> None:
         array_optimizer.step()
 
 
-def _run_cell(method, prep, table, batch, device, timing, serial_models, max_processes, measure_memory, keep_memory) -> dict[str, Any]:
-    if method == "processes":
-        if batch > max_processes:
-            return _unsupported(
-                f"skipped: B={batch} > --max-processes {max_processes} (B processes would only time-slice "
-                f"{usable_cpus()} CPU(s))"
-            )
-        cell = run_processes(prep, table, batch, device, timing, measure_memory, keep_memory)
-        cell.update(models_timed=batch, unsupported=None)
-        return cell
-    count = min(batch, serial_models) if method == "serial" else batch
-    with PeakMemory(device, measure_memory) as memory:
-        runner = RUNNERS[method](prep, table, count, device)
-        measured = measure(runner, timing, device)
-        del runner
+def _measured_cell(measured: Measured, memory: PeakMemory) -> dict[str, Any]:
     return {
         "samples_per_s": measured.samples_per_s,
         "unsupported": None,
@@ -172,6 +160,37 @@ def _run_cell(method, prep, table, batch, device, timing, serial_models, max_pro
         "memory_note": memory.note or None,
         "warnings": measured.warnings,
     }
+
+
+def _failed_cell(method: str, error: BaseException, say: Callable[[str], None]) -> dict[str, Any]:
+    """A method that cannot run a model is a result, not a crash."""
+    if method != "vmap":  # vmap refusing a model is expected; anything else is worth a trace
+        say(traceback.format_exc(limit=3).rstrip())
+    return _unsupported(_unsupported_reason(method, error))
+
+
+def _run_in_process_cells(methods, prep, table, batch, device, timing, serial_models, measure_memory, say) -> dict[str, Any]:
+    """Build and warm up every in-process method (peak memory measured around that), then time
+    them together, their repeats in turns (`measure_together`)."""
+    cells: dict[str, Any] = {}
+    warmed: dict[str, Warmed] = {}
+    memories: dict[str, PeakMemory] = {}
+    for method in methods:
+        try:
+            with PeakMemory(device, measure_memory) as memories[method]:
+                count = min(batch, serial_models) if method == "serial" else batch
+                warmed[method] = warm_up(RUNNERS[method](prep, table, count, device), timing, device)
+        except Exception as error:
+            warmed.pop(method, None)
+            cells[method] = _failed_cell(method, error, say)
+    try:
+        measured = measure_together(warmed, timing, device)
+    except Exception as error:
+        measured = {}
+        cells.update({method: _failed_cell(method, error, say) for method in warmed})
+    for method, result in measured.items():
+        cells[method] = _measured_cell(result, memories[method])
+    return cells
 
 
 def _check_equivalence(method: str, cell: dict[str, Any], reference: float) -> str | None:
@@ -292,27 +311,33 @@ def run_benchmark(
             for batch in batches:
                 table = prep.index_table(batch, device)
                 reference = _reference_loss(prep, table, device)
-                cells: dict[str, Any] = {}
-                for method in methods:
+                cell_started = time.perf_counter()
+                in_process = [m for m in methods if m != "processes"]
+                cells = _run_in_process_cells(in_process, prep, table, batch, device, timing, serial_models,
+                                              measure_memory, say) if in_process else {}
+                if "processes" in methods:
+                    if batch > max_processes:
+                        cells["processes"] = _unsupported(
+                            f"skipped: B={batch} > --max-processes {max_processes} (B processes would only "
+                            f"time-slice {usable_cpus()} CPU(s))")
+                    else:
+                        try:
+                            cells["processes"] = run_processes(prep, table, batch, device, timing, measure_memory,
+                                                               keep_freed)
+                            cells["processes"].update(models_timed=batch, unsupported=None)
+                        except Exception as error:
+                            cells["processes"] = _failed_cell("processes", error, say)
+                gc.collect()
+                cells = {method: cells[method] for method in methods}
+                for method, cell in cells.items():
                     done += 1
-                    cell_started = time.perf_counter()
-                    try:
-                        cell = _run_cell(
-                            method, prep, table, batch, device, timing, serial_models, max_processes, measure_memory,
-                            keep_freed,
-                        )
-                    except Exception as error:  # a method that cannot run this model is a result, not a crash
-                        if method != "vmap":  # vmap refusing a model is expected; anything else is worth a trace
-                            say(traceback.format_exc(limit=3).rstrip())
-                        cell = _unsupported(_unsupported_reason(method, error))
-                    gc.collect()
                     flag = _check_equivalence(method, cell, reference) if cell.get("samples_per_s") else None
                     cell["flag"] = flag
                     if flag:
                         result["flags"].append(f"{name} B={batch} {method}: {flag}")
-                    cells[method] = cell
                     shown = f"{cell['samples_per_s']:,.0f} samples/s" if cell["samples_per_s"] else cell["unsupported"]
-                    say(f"[{done}/{total}] {name} B={batch} {method}: {shown} ({time.perf_counter() - cell_started:.1f} s)")
+                    say(f"[{done}/{total}] {name} B={batch} {method}: {shown}")
+                say(f"    ({time.perf_counter() - cell_started:.1f} s for {name} B={batch})")
                 result["results"][name][str(batch)] = {"methods": cells, "ratios": ratios(cells)}
     finally:
         torch.set_num_threads(previous_threads)
