@@ -119,9 +119,9 @@ def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared
 
     import hfta_nas
     from hfta_nas._progress import EpochProgress
+    from hfta_nas._run import set_up_command_process
 
-    if threads is not None:
-        torch.set_num_threads(threads)
+    set_up_command_process(threads)
     hparams = {"lr": _numbers(lr, "--lr")}
     for name, value in (("weight_decay", weight_decay), ("momentum", momentum)):
         if value is not None:
@@ -242,14 +242,12 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
     import dataclasses
 
     import optuna
-    import torch
 
-    from hfta_nas._run import _checked_device, _checked_out_dir
+    from hfta_nas._run import _checked_device, _checked_out_dir, set_up_command_process
     from hfta_nas.search import plan_search, run_search
     from search_spaces import load_space
 
-    if threads is not None:
-        torch.set_num_threads(threads)
+    set_up_command_process(threads)
     if array_size is not None and array_size != "auto":
         try:
             array_size = int(array_size)

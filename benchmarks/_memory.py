@@ -37,28 +37,6 @@ def _status_kb(field: str) -> int:
     raise OSError(f"{field} not in /proc/self/status")
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def keep_freed_memory() -> str:
-    """Make glibc keep freed memory for reuse instead of returning it to the OS.
-
-    By default glibc serves big allocations (activations of large arrays:
-    tens of MB) with a fresh mmap and unmaps them on free, so every training
-    step page-faults its activations in again (the kernel zero-fills them:
-    `sys` time). Raising the mmap and trim thresholds keeps them in the heap,
-    as a caching allocator would. Process-wide and irreversible; returns what
-    was set, for the JSON.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError as error:
-        return f"not applied: {error}"
-    mmap_threshold = next((v for v in (2**31 - 1, 32 * 1024 * 1024) if libc.mallopt(_M_MMAP_THRESHOLD, v) == 1), None)
-    trim_ok = libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
-    return f"mallopt(M_MMAP_THRESHOLD={mmap_threshold}, M_TRIM_THRESHOLD={2**31 - 1 if trim_ok else 'rejected'})"
-
-
 def _malloc_trim() -> None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -23,9 +23,9 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from benchmarks._memory import keep_freed_memory
 from benchmarks._methods import RUNNERS, synchronizer
 from benchmarks._workloads import WORKLOADS, prepare
+from hfta_nas._allocator import keep_freed_memory
 
 
 def main(argv: list[str] | None = None) -> int:

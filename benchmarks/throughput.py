@@ -39,11 +39,12 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from benchmarks._memory import PeakMemory, cpu_memory_supported, keep_freed_memory
+from benchmarks._memory import PeakMemory, cpu_memory_supported
 from benchmarks._methods import RUNNERS, Measured, Timing, Warmed, measure_together, warm_up
 from benchmarks._processes import run_processes
 from benchmarks._report import METHODS, RATIOS, print_report, ratios
 from benchmarks._workloads import BATCH_SIZE, WORKLOADS, prepare
+from hfta_nas._allocator import keep_freed_memory
 
 DEFAULT_BATCHES = (1, 8, 32, 128)
 QUICK_WORKLOADS = ("mlp", "cnn1d")

@@ -1,6 +1,7 @@
 """hfta-nas: train many candidate models at once as one horizontally fused array."""
 
 from hfta_nas import data, models, optim
+from hfta_nas._allocator import keep_freed_memory
 from hfta_nas._array import FusionSignature, ModelArray, check_fusable
 from hfta_nas._run import TrainRun, train
 from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
@@ -18,6 +19,7 @@ __all__ = [
     "TrainRun",
     "check_fusable",
     "data",
+    "keep_freed_memory",
     "models",
     "optim",
     "train",

@@ -4,7 +4,8 @@ Two limits, the smaller wins:
 
 1. Memory: the largest B whose estimate (`hfta_nas._oom.estimate_array_bytes`)
    fits the budget: `HFTA_NAS_MEMORY_BUDGET` when set, else 80% of the free
-   memory of the device (CUDA: `torch.cuda.mem_get_info`; CPU: available RAM).
+   memory of the device (CUDA: `torch.cuda.mem_get_info`; CPU: available RAM plus
+   what this process's allocator holds free for reuse).
 2. The knee: training steps of arrays of B = 1, 2, 4, ... are timed, and B stops
    doubling once doubling raises the summed throughput (samples/s over all
    models) by less than `gain` (10%). Past the knee a larger array only makes
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hfta_nas._allocator import retained_free_bytes
 from hfta_nas._oom import estimate_array_bytes, memory_budget
 
 # Free memory an automatic array may take: the rest is left for the allocator's slack,
@@ -51,8 +53,8 @@ def free_memory(device: torch.device) -> int:
         return budget
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-    else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    else:  # memory this process keeps free for reuse (keep_freed_memory) is available too
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + retained_free_bytes()
     return int(free * FREE_FRACTION)
 
 

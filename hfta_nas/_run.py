@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hfta_nas._allocator import keep_freed_memory_unless_disabled
 from hfta_nas._array import ModelArray
 from hfta_nas._oom import check_budget
 from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
@@ -153,3 +154,11 @@ def _checked_device(device: str) -> torch.device:
     if result.type == "cuda" and not torch.cuda.is_available():
         raise HftaNasError(f"device '{device}' was asked for but torch sees no CUDA GPU here; use --device cpu.")
     return result
+
+
+def set_up_command_process(threads: int | None) -> None:
+    """What every training command does to its own process first: the torch thread count
+    (when given) and a CPU allocator that keeps freed memory (`hfta_nas._allocator`)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    keep_freed_memory_unless_disabled()

@@ -161,7 +161,6 @@ def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary
              artifact_dir: str | None, out_dir: str | None, formats: str, plot_formats: str, metric: str,
              bootstrap_seed: int, as_json: bool, quiet: bool) -> None:
     import optuna
-    import torch
 
     from stability._study import run_study
 
@@ -169,13 +168,12 @@ def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary
     plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
     if n_seeds < 1:
         raise HftaNasError(f"--seeds must be at least 1, got {n_seeds}.")
-    from hfta_nas._run import _checked_out_dir
+    from hfta_nas._run import _checked_out_dir, set_up_command_process
 
     for option, folder in (("--out", out_dir), ("--artifact-dir", artifact_dir)):
         if folder is not None:  # before training, not when the first file is written
             _checked_out_dir(folder, option)
-    if threads is not None:
-        torch.set_num_threads(threads)
+    set_up_command_process(threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with _Progress(enabled=not (quiet or as_json)) as progress:
         done = run_study(configs, seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed, device=device,
