@@ -216,6 +216,61 @@ class _ConvLoop(torch.autograd.Function):
         return None, None, None, grad_x, grad_weight, grad_bias
 
 
+class _BatchNormLoop(torch.autograd.Function):
+    """y[b] = batch_norm(x[b]) with slot b's weight, bias and running stats, then ReLU if `relu`.
+
+    vmap's batching rule for batch_norm moves the slot dim into the channels
+    (two activation-sized transposing copies each way) and builds the result
+    from several element-wise passes over the whole array, each a fresh
+    allocation of tens of MB (bn_cnn, B=32: most of its step). One
+    `native_batch_norm` per slot is the computation a model trained alone
+    does, on a cache-sized slice, and updates the slot's row of the stacked
+    running stats in place as torch does. `stats` (running mean and var, or
+    None) is a tuple so that autograd does not see them as inputs.
+    """
+
+    @staticmethod
+    def forward(ctx, relu, batch_stats, momentum, eps, stats, x, weight, bias):
+        running_mean, running_var = stats
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        save_mean = x.new_empty((x.shape[0], x.shape[2])) if batch_stats else None
+        save_invstd = x.new_empty((x.shape[0], x.shape[2])) if batch_stats else None
+        for b in range(x.shape[0]):
+            y, mean, invstd = torch.native_batch_norm(
+                x[b], None if weight is None else weight[b], None if bias is None else bias[b],
+                None if running_mean is None else running_mean[b], None if running_var is None else running_var[b],
+                batch_stats, momentum, eps)
+            if relu:
+                y = y.relu_()
+            out[b] = y
+            if batch_stats:
+                save_mean[b], save_invstd[b] = mean, invstd
+        ctx.save_for_backward(x, weight, out if relu else None, save_mean, save_invstd)
+        ctx.relu, ctx.batch_stats, ctx.eps, ctx.stats = relu, batch_stats, eps, stats
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, out, save_mean, save_invstd = ctx.saved_tensors
+        running_mean, running_var = ctx.stats
+        need = [ctx.needs_input_grad[5], weight is not None and ctx.needs_input_grad[6],
+                ctx.needs_input_grad[7] and weight is not None]
+        grads = [torch.empty_like(t) if wanted else None for t, wanted in zip((x, weight, weight), need)]
+        for b in range(x.shape[0]):
+            g = grad[b]
+            if ctx.relu:
+                g = torch.ops.aten.threshold_backward(g, out[b], 0)
+            parts = torch.ops.aten.native_batch_norm_backward(
+                g, x[b], None if weight is None else weight[b],
+                None if running_mean is None else running_mean[b], None if running_var is None else running_var[b],
+                save_mean[b] if ctx.batch_stats else None, save_invstd[b] if ctx.batch_stats else None,
+                ctx.batch_stats, ctx.eps, need)
+            for target, part in zip(grads, parts):
+                if target is not None:
+                    target[b] = part
+        return None, None, None, None, None, *grads
+
+
 class _SlotConvMixin:
     """Conv forward for arrays: one ordinary convolution per slot when each slot's work is large."""
 
@@ -268,7 +323,8 @@ SLOT_OPS: dict[type[nn.Module], type[nn.Module]] = {
 # vmap wraps and unwraps every tensor, and each layer re-enters torch through
 # Python (~0.7 ms per forward for the 3-layer MLP, 5% of its training step).
 # These layers have an exact implementation on the physical [B, ...] tensors,
-# the same ops the vmap path runs, so `native_forward` chains them directly.
+# the same ops the vmap path runs (BatchNorm: the ops a model trained alone
+# runs, slot by slot), so `native_forward` chains them directly.
 # Anything else (another module type, hooks, dropout while training, a small
 # convolution) makes the array use vmap, with the same results.
 
@@ -277,6 +333,13 @@ _ELEMENTWISE = frozenset({
     nn.Identity, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh,
     nn.Sigmoid, nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid,
 })
+
+
+# Per-slot input dims each BatchNorm accepts ([N, C] or [N, C, L] for 1d, ...).
+_BATCH_NORM_DIMS = {nn.BatchNorm1d: (2, 3), nn.BatchNorm2d: (4,), nn.BatchNorm3d: (5,)}
+
+# Layers whose kernel applies a following ReLU itself, in place.
+_TAKES_RELU = frozenset({SlotLinear, SlotConv1d, SlotConv2d, SlotConv3d, *_BATCH_NORM_DIMS})
 
 
 class NeedsVmap(Exception):
@@ -303,8 +366,7 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
             name, child = children[index]
             following = children[index + 1][1] if index + 1 < len(children) else None
             # Linear/Conv -> ReLU: the ReLU runs inside the layer's kernel, in place.
-            relu = (type(child) in (SlotLinear, SlotConv1d, SlotConv2d, SlotConv3d) and type(following) is nn.ReLU
-                    and not _has_hooks(following))
+            relu = (type(child) in _TAKES_RELU and type(following) is nn.ReLU and not _has_hooks(following))
             steps.append(_native_step(child, f"{prefix}{name}.", aliases, relu=relu))
             index += 2 if relu else 1
         if any(step is None for step in steps):
@@ -328,6 +390,8 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
                 raise NeedsVmap  # unbatched per-slot input, or small: vmap's grouped convolution
             return module._loop_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None, relu)[0]
         return conv
+    if kind in _BATCH_NORM_DIMS:
+        return _native_batch_norm(module, prefix, aliases, relu)
     if kind in _ELEMENTWISE:
         return lambda leaves, x: module.forward(x)
     if kind is nn.Flatten:
@@ -346,10 +410,32 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
     return None
 
 
+def _native_batch_norm(module: nn.modules.batchnorm._BatchNorm, prefix: str, aliases: dict[str, str], relu: bool):
+    """BatchNorm on [B, N, C, ...] as nn.BatchNorm's forward does it, one slot at a time (`_BatchNormLoop`)."""
+    if module.momentum is None:
+        return None  # a cumulative average: left to vmap, which runs nn.BatchNorm's own forward
+    weight = aliases[prefix + "weight"] if module.affine else None
+    bias = aliases[prefix + "bias"] if module.affine else None
+    slot_dims = _BATCH_NORM_DIMS[type(module)]
+
+    def batch_norm(leaves, x):
+        if x.dim() - 1 not in slot_dims or (module.training and x.shape[1] * math.prod(x.shape[3:]) == 1):
+            raise NeedsVmap  # a shape torch refuses: the vmap path raises torch's own error
+        tracked = leaves.get(prefix + "num_batches_tracked")
+        if module.training and module.track_running_stats and tracked is not None:
+            tracked.add_(1)
+        use_running = not module.training or module.track_running_stats
+        stats = (leaves.get(prefix + "running_mean"), leaves.get(prefix + "running_var")) if use_running else (None, None)
+        batch_stats = module.training or all(stat is None for stat in stats)
+        return _BatchNormLoop.apply(relu, batch_stats, module.momentum, module.eps, stats, x,
+                                    leaves[weight] if weight else None, leaves[bias] if bias else None)
+    return batch_norm
+
+
 def native_forward(template: nn.Module, aliases: dict[str, str]):
     """fn(leaves, x) -> [B, ...] output of the template without vmap, or None if it has other layers.
 
-    `leaves` maps canonical parameter names to their [B, ...] tensors,
+    `leaves` maps canonical parameter names and buffer names to their [B, ...] tensors,
     `aliases` every parameter name (tied ones too) to its canonical name. The
     function raises NeedsVmap when a call must take the vmap path.
     """

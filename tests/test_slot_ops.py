@@ -171,3 +171,79 @@ def test_double_backward_through_the_convolution_loop(conv_loop_everywhere):
         expected.pow(2).sum().backward()
         grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         torch.testing.assert_close(arr.gradient()[slot], grads)
+
+
+BATCH_NORMS = {
+    # BatchNorm runs one native_batch_norm per slot in the vmap-free path (_BatchNormLoop)
+    "conv2d-bn-relu": (lambda: nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4, momentum=0.3),
+        nn.Flatten(), nn.Linear(4 * 4 * 4, 3)), (3, 6, 6)),
+    "linear-bn1d-relu": (lambda: nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, 2)), (6,)),
+    "conv1d-bn1d-no-affine": (lambda: nn.Sequential(nn.Conv1d(2, 3, 3), nn.BatchNorm1d(3, affine=False), nn.Tanh()), (2, 7)),
+    "bn3d": (lambda: nn.Sequential(nn.Conv3d(2, 3, 2), nn.BatchNorm3d(3), nn.ReLU()), (2, 3, 4, 4)),
+    "bn-no-running-stats": (lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, track_running_stats=False)), (4,)),
+}
+
+
+def _assert_buffers_match(arr, models):
+    for slot, model in enumerate(models):
+        state = arr.slot_state_dict(slot)
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(state[key], value.detach(), rtol=1e-10, atol=1e-12, msg=key)
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_NORMS))
+def test_batch_norm_loop_equals_separate_models_over_train_and_eval_steps(name, conv_loop_everywhere):
+    factory, shape = BATCH_NORMS[name]
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    models = per_model(factory)
+    for training in (True, True, False):  # two training steps move the running stats, then eval reads them
+        arr.train(training)
+        x = torch.randn(len(SEEDS), N, *shape, dtype=torch.float64)
+        arr.zero_grad()
+        out = arr(x)
+        weights = torch.randn_like(out)
+        (out * weights).sum().backward()
+        for slot, model in enumerate(models):
+            model.train(training).zero_grad()
+            expected = model(x[slot])
+            (expected * weights[slot]).sum().backward()
+            torch.testing.assert_close(out[slot], expected, rtol=1e-10, atol=1e-12)
+            grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            torch.testing.assert_close(arr.gradient()[slot], grads, rtol=1e-10, atol=1e-12)
+        _assert_buffers_match(arr, models)  # running stats and num_batches_tracked
+    assert arr._native is not None and not arr._native_refused
+
+
+def test_batch_norm_with_cumulative_average_takes_the_vmap_path():
+    factory = lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, momentum=None))  # noqa: E731
+    assert ModelArray.from_factory(factory, seeds=SEEDS)._native is None
+
+
+def test_batch_norm_refuses_one_value_per_channel_as_torch_does():
+    factory, shape = BATCH_NORMS["linear-bn1d-relu"]
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    models = per_model(factory)
+    x = torch.randn(len(SEEDS), 1, *shape, dtype=torch.float64)
+    for _ in range(2):  # the second call too (the vmap-free path remembers the refusal)
+        with pytest.raises(ValueError, match="more than 1 value per channel"):
+            arr(x)
+        for slot, model in enumerate(models):
+            with pytest.raises(ValueError, match="more than 1 value per channel"):
+                model(x[slot])
+        _assert_buffers_match(arr, models)  # torch counts the batch before refusing it; so does the array
+
+
+def test_double_backward_through_the_batch_norm_loop():
+    factory, shape = BATCH_NORMS["linear-bn1d-relu"]
+    x = torch.randn(len(SEEDS), N, *shape, dtype=torch.float64, requires_grad=True)
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    (grad_x,) = torch.autograd.grad(arr(x).pow(2).sum(), x, create_graph=True)
+    grad_x.pow(2).sum().backward()
+    for slot, model in enumerate(per_model(factory)):
+        xs = x[slot].detach().requires_grad_()
+        (expected,) = torch.autograd.grad(model(xs).pow(2).sum(), xs, create_graph=True)
+        torch.testing.assert_close(grad_x[slot], expected)
+        expected.pow(2).sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        torch.testing.assert_close(arr.gradient()[slot], grads)
