@@ -335,6 +335,14 @@ _ELEMENTWISE = frozenset({
 })
 
 
+# Pooling layers and their spatial dims: each sample is pooled on its own, so
+# [B, N, ...] runs as a batch of B * N samples.
+_POOLING_DIMS = {
+    **dict.fromkeys((nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveMaxPool1d, nn.AdaptiveAvgPool1d), 1),
+    **dict.fromkeys((nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool2d), 2),
+    **dict.fromkeys((nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveMaxPool3d, nn.AdaptiveAvgPool3d), 3),
+}
+
 # Per-slot input dims each BatchNorm accepts ([N, C] or [N, C, L] for 1d, ...).
 _BATCH_NORM_DIMS = {nn.BatchNorm1d: (2, 3), nn.BatchNorm2d: (4,), nn.BatchNorm3d: (5,)}
 
@@ -392,6 +400,16 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
         return conv
     if kind in _BATCH_NORM_DIMS:
         return _native_batch_norm(module, prefix, aliases, relu)
+    if kind in _POOLING_DIMS and not getattr(module, "return_indices", False):
+        spatial = _POOLING_DIMS[kind]
+
+        def pool(leaves, x):
+            if x.dim() == spatial + 2:  # per-slot [C, *spatial]: the slots are the batch
+                return module.forward(x)
+            if x.dim() != spatial + 3:
+                raise NeedsVmap  # a shape torch refuses: the vmap path raises torch's own error
+            return module.forward(x.flatten(0, 1)).unflatten(0, x.shape[:2])  # [B * N, C, ...]: same op per sample
+        return pool
     if kind in _ELEMENTWISE:
         return lambda leaves, x: module.forward(x)
     if kind is nn.Flatten:

@@ -247,3 +247,33 @@ def test_double_backward_through_the_batch_norm_loop():
         expected.pow(2).sum().backward()
         grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         torch.testing.assert_close(arr.gradient()[slot], grads)
+
+
+POOLING = {
+    "conv1d-relu-maxpool": (lambda: nn.Sequential(
+        nn.Conv1d(1, 4, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2), nn.Conv1d(4, 4, 3), nn.ReLU(), nn.AvgPool1d(2, ceil_mode=True),
+        nn.AdaptiveMaxPool1d(3), nn.Flatten(), nn.Linear(12, 3)), (1, 20)),
+    "conv2d-pools": (lambda: nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1), nn.MaxPool2d(2, stride=1, padding=1, dilation=2), nn.AvgPool2d(2, count_include_pad=False, padding=1),
+        nn.AdaptiveAvgPool2d((2, 1)), nn.Flatten()), (2, 7, 6)),
+    "conv3d-pools": (lambda: nn.Sequential(nn.Conv3d(2, 2, 2), nn.MaxPool3d(2), nn.AvgPool3d(1), nn.AdaptiveAvgPool3d(1)),
+                     (2, 5, 5, 5)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOLING))
+def test_pooling_runs_in_the_vmap_free_path_with_the_same_results(name, conv_loop_everywhere):
+    factory, shape = POOLING[name]
+    x = torch.randn(len(SEEDS), N, *shape, dtype=torch.float64)
+    arr = assert_matches_separate_models(factory, x)
+    assert arr._native is not None and not arr._native_refused
+
+
+def test_pooling_of_unbatched_per_slot_inputs(conv_loop_everywhere):
+    factory, shape = POOLING["conv3d-pools"]
+    assert_matches_separate_models(factory, torch.randn(len(SEEDS), *shape, dtype=torch.float64))  # [C, D, H, W] per slot
+
+
+def test_max_pooling_with_indices_takes_the_vmap_path():
+    factory = lambda: nn.Sequential(nn.Conv1d(1, 2, 3), nn.MaxPool1d(2, return_indices=True))  # noqa: E731
+    assert ModelArray.from_factory(factory, seeds=SEEDS)._native is None
