@@ -316,7 +316,7 @@ class ModelArray:
         if key in self._native_refused:
             return None
         try:
-            return self._native({**self._leaves, **self.buffers}, x)
+            return self._native({**self._leaves, **self.buffers, **self._slot_random}, x)
         except NeedsVmap:
             self._native_refused.add(key)
             return None

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hfta_nas._slot_ops import SLOT_OPS
-from hfta_nas._slot_random import slot_keys, uniform_like
+from hfta_nas._slot_ops import SLOT_OPS, _slot_first, physical_call
+from hfta_nas._slot_random import keep_mask, slot_keys
 from hfta_nas.errors import FusionError
 
 
@@ -53,12 +53,37 @@ class SlotDropout(nn.Module):
         self.calls.add_(1)
         if self.p == 1.0:
             return x * 0.0
-        # Channel dropout keeps one draw per (sample, channel): the trailing
-        # spatial dims of the mask have size 1 and broadcast.
-        mask_shape = x.shape if self.channel_dims == 0 else x.shape[: x.dim() - self.channel_dims] + (1,) * self.channel_dims
-        u = uniform_like(x.new_empty(mask_shape), self.slot_key, self.calls)
-        keep = (u >= self.p).to(x.dtype)
+        # Under vmap the masks of all slots are made at once on the physical
+        # tensors (in place, no per-op batching); outside it from this module's scalars.
+        keep = physical_call(self._keep_kernel, x, self.slot_key, self.calls)
+        if keep is None:
+            keep = keep_mask(self._mask_shape(x.shape), self.slot_key, self.calls, self.p, x.dtype, x.device)
         return x * keep * (1.0 / (1.0 - self.p))
+
+    def native_forward(self, x: torch.Tensor, slot_key: torch.Tensor, calls: torch.Tensor) -> torch.Tensor:
+        """`forward` for all slots at once on physical tensors: x [B, ...], slot_key and calls [B]."""
+        calls.add_(1)
+        if self.p == 1.0:
+            return x * 0.0
+        keep, _ = self._keep_kernel(x.shape[0], (0, 0, 0), x, slot_key, calls)
+        return x * keep * (1.0 / (1.0 - self.p))
+
+    def _mask_shape(self, shape: torch.Size) -> torch.Size:
+        """One slot's mask shape for an input of one slot's `shape`. Channel dropout keeps one
+        draw per (sample, channel): the trailing spatial dims have size 1 and broadcast."""
+        if self.channel_dims == 0:
+            return shape
+        return shape[: len(shape) - self.channel_dims] + (1,) * self.channel_dims
+
+    def _keep_kernel(self, batch_size: int, dims, x, slot_key, calls):
+        """[B, *mask_shape] keep masks of all slots (physical tensors; see `physical_call`)."""
+        x_dim = dims[0]
+        per_slot = x.shape if x_dim is None else x.shape[:x_dim] + x.shape[x_dim + 1:]
+        mask_shape = self._mask_shape(per_slot)
+        lead = (batch_size,) + (1,) * len(mask_shape)  # each slot's scalars against its own mask
+        key = _slot_first(slot_key, dims[1], batch_size).reshape(lead)
+        counter = _slot_first(calls, dims[2], batch_size).reshape(lead)
+        return keep_mask(torch.Size((1, *mask_shape)), key, counter, self.p, x.dtype, x.device), 0
 
     def extra_repr(self) -> str:
         return f"p={self.p}, channel_dims={self.channel_dims}"

@@ -29,7 +29,7 @@ The layers are swapped into the array's template by `make_fusable` (same
 class with only `forward` changed, so parameters, buffers and state_dict keys
 are untouched). Outside vmap (weights not batched) they run torch's own code.
 
-To reach vmap's physical tensors, `_physical_call` unwraps them at the
+To reach vmap's physical tensors, `physical_call` unwraps them at the
 array's vmap level, runs the kernel with that level popped off functorch's
 stack (so the kernel's ops, and autograd.Functions in it, are plain torch ops
 recorded by ordinary autograd), and wraps the result back. This is what
@@ -66,26 +66,26 @@ def _slot_first(tensor: torch.Tensor | None, dim: int | None, batch_size: int) -
     return tensor if dim == 0 else tensor.movedim(dim, 0)  # no autograd node for the common case
 
 
-def _physical_call(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """`kernel(batch_size, (x_dim, weight_dim, bias_dim), x, weight, bias)` on vmap's physical tensors.
+def physical_call(kernel, *tensors: torch.Tensor | None) -> torch.Tensor | None:
+    """`kernel(batch_size, dims, *physical)` on vmap's physical tensors, its result wrapped back.
 
-    Returns None (the caller then runs torch's own forward) unless the
-    innermost functorch transform is a vmap over which `weight` is batched,
-    as it is inside `ModelArray.__call__`. The kernel returns (output, its
-    slot dim).
+    `dims` holds each tensor's slot dim (None: not batched, or None given).
+    Returns None (the caller then runs its ordinary code) unless the
+    innermost functorch transform is a vmap, as it is inside
+    `ModelArray.__call__`, and the kernel returns (output, its slot dim)
+    rather than None.
     """
     cdata = _functorch.peek_interpreter_stack()
     if cdata is None or cdata.key() != TransformType.Vmap:
         return None
     interpreter = coerce_cinterpreter(cdata)
     level = interpreter.level()
-    weight, weight_dim = _functorch._unwrap_batched(weight, level)
-    if weight_dim is None:
-        return None
-    x, x_dim = _functorch._unwrap_batched(x, level)
-    bias, bias_dim = _functorch._unwrap_batched(bias, level) if bias is not None else (None, None)
+    unwrapped = [_functorch._unwrap_batched(t, level) if t is not None else (None, None) for t in tensors]
     with temporarily_pop_interpreter_stack():
-        out, out_dim = kernel(interpreter.batch_size(), (x_dim, weight_dim, bias_dim), x, weight, bias)
+        result = kernel(interpreter.batch_size(), tuple(dim for _, dim in unwrapped), *(t for t, _ in unwrapped))
+    if result is None:
+        return None
+    out, out_dim = result
     return _functorch._add_batch_dim(out, out_dim, level)
 
 
@@ -125,6 +125,8 @@ class _BatchedLinear(torch.autograd.Function):
 
 def _linear_kernel(batch_size: int, in_dims, x, weight, bias, relu: bool = False):
     x_dim, weight_dim, bias_dim = in_dims
+    if weight_dim is None:
+        return None  # one weight for all slots: not an array's layer; torch's own forward
     weight = _slot_first(weight, weight_dim, batch_size)
     bias = _slot_first(bias, bias_dim, batch_size)
     x = _slot_first(x, x_dim, batch_size)  # a shared input is expanded, as vmap would
@@ -137,7 +139,7 @@ class SlotLinear(nn.Linear):
     """nn.Linear whose array forward is `_BatchedLinear` (see the module docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = _physical_call(_linear_kernel, x, self.weight, self.bias)
+        out = physical_call(_linear_kernel, x, self.weight, self.bias)
         return super().forward(x) if out is None else out
 
 
@@ -277,10 +279,12 @@ class _SlotConvMixin:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = None
         if _per_slot_macs(self, x.shape) >= _LOOP_MIN_MACS:
-            out = _physical_call(self._loop_kernel, x, self.weight, self.bias)
+            out = physical_call(self._loop_kernel, x, self.weight, self.bias)
         return super().forward(x) if out is None else out  # small: vmap's grouped convolution
 
     def _loop_kernel(self, batch_size: int, in_dims, x, weight, bias, relu: bool = False):
+        if in_dims[1] is None:
+            return None  # one weight for all slots: not an array's layer; torch's own forward
         x = _slot_first(x, in_dims[0], batch_size)
         weight = _slot_first(weight, in_dims[1], batch_size)
         bias = _slot_first(bias, in_dims[2], batch_size)
@@ -325,8 +329,8 @@ SLOT_OPS: dict[type[nn.Module], type[nn.Module]] = {
 # These layers have an exact implementation on the physical [B, ...] tensors,
 # the same ops the vmap path runs (BatchNorm: the ops a model trained alone
 # runs, slot by slot), so `native_forward` chains them directly.
-# Anything else (another module type, hooks, dropout while training, a small
-# convolution) makes the array use vmap, with the same results.
+# Anything else (another module type, hooks, a small convolution) makes the
+# array use vmap, with the same results.
 
 # Element-wise layers: the same op on [B, N, ...] as on each slot's [N, ...].
 _ELEMENTWISE = frozenset({
@@ -421,9 +425,9 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
         return flatten
     if kind is SlotDropout:
         def dropout(leaves, x):
-            if module.training and module.p > 0.0:
-                raise NeedsVmap  # per-slot masks are drawn under vmap
-            return x
+            if not module.training or module.p == 0.0:
+                return x
+            return module.native_forward(x, leaves[prefix + "slot_key"], leaves[prefix + "calls"])
         return dropout
     return None
 
@@ -453,7 +457,8 @@ def _native_batch_norm(module: nn.modules.batchnorm._BatchNorm, prefix: str, ali
 def native_forward(template: nn.Module, aliases: dict[str, str]):
     """fn(leaves, x) -> [B, ...] output of the template without vmap, or None if it has other layers.
 
-    `leaves` maps canonical parameter names and buffer names to their [B, ...] tensors,
+    `leaves` maps canonical parameter names, buffer names and the dropout
+    layers' per-slot random state to their [B, ...] tensors,
     `aliases` every parameter name (tied ones too) to its canonical name. The
     function raises NeedsVmap when a call must take the vmap path.
     """

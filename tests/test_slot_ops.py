@@ -96,18 +96,40 @@ def test_sequential_models_skip_vmap_with_the_same_results():
     assert torch.equal(arr(x), vmapped(x))  # bit for bit: the same kernels
 
 
-def test_dropout_while_training_and_hooks_take_the_vmap_path():
-    factory = lambda: nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 2))  # noqa: E731
-    x = torch.randn(len(SEEDS), N, 6, dtype=torch.float64)
+DROPOUTS = {
+    "dropout": (lambda: nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 2), nn.Dropout(0.1)), (6,)),
+    "channel-dropout": (lambda: nn.Sequential(
+        nn.Conv1d(2, 4, 3), nn.ReLU(), nn.Dropout1d(0.3), nn.Flatten(), nn.Dropout(1.0), nn.Linear(4 * 5, 2)), (2, 7)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DROPOUTS))
+def test_dropout_in_the_vmap_free_path_draws_the_masks_of_the_vmap_path(name, conv_loop_everywhere):
+    factory, shape = DROPOUTS[name]
     arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
     vmapped = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
     vmapped._native = None
-    assert torch.equal(arr(x), vmapped(x))  # per-slot dropout masks, drawn under vmap
-    assert arr._native_refused
+    for _ in range(2):  # a fresh mask every step
+        x = torch.randn(len(SEEDS), N, *shape, dtype=torch.float64)
+        outs = []
+        for array in (arr, vmapped):
+            array.zero_grad()
+            out = array(x)
+            out.pow(2).sum().backward()
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1])
+        assert torch.equal(arr.gradient(), vmapped.gradient())
+    assert arr._native is not None and not arr._native_refused
+    assert all(torch.equal(arr._slot_random[k], vmapped._slot_random[k]) for k in arr._slot_random)
     arr.eval()
     vmapped.eval()
     assert torch.equal(arr(x), vmapped(x))
 
+
+def test_hooks_take_the_vmap_path():
+    factory = DROPOUTS["dropout"][0]
+    x = torch.randn(len(SEEDS), N, 6, dtype=torch.float64)
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
     calls = []
     handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: calls.append(type(module)))
     try:
@@ -277,3 +299,16 @@ def test_pooling_of_unbatched_per_slot_inputs(conv_loop_everywhere):
 def test_max_pooling_with_indices_takes_the_vmap_path():
     factory = lambda: nn.Sequential(nn.Conv1d(1, 2, 3), nn.MaxPool1d(2, return_indices=True))  # noqa: E731
     assert ModelArray.from_factory(factory, seeds=SEEDS)._native is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("p", [0.1, 0.5, 1 / 3, 1e-7, 0.999999])
+def test_keep_mask_equals_thresholding_the_slot_uniforms(dtype, p):
+    # keep_mask's shortcuts (in-place mixes, integer threshold) draw exactly the masks of uniform_like >= p
+    from hfta_nas._slot_random import keep_mask, slot_keys, uniform_like
+
+    keys = slot_keys(torch.arange(4), stream=3)
+    counters = torch.tensor([1, 2, 7, 1000])
+    expected = torch.stack([uniform_like(torch.empty(3, 50, 7, dtype=dtype), k, c) >= p for k, c in zip(keys, counters)])
+    got = keep_mask(torch.Size((1, 3, 50, 7)), keys.view(4, 1, 1, 1), counters.view(4, 1, 1, 1), p, dtype, torch.device("cpu"))
+    assert torch.equal(got, expected)
