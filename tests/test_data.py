@@ -21,7 +21,8 @@ from hfta_nas.errors import HftaNasError
 
 @pytest.fixture
 def offline(monkeypatch: pytest.MonkeyPatch, tmp_path):
-    """Fail on any download, and run in an empty directory to catch files written to cwd."""
+    """Fail on any download, and run in an empty directory to catch files written to cwd
+    (the MNIST-1D file cache goes to a folder of its own)."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("the network must not be used")
@@ -30,8 +31,10 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path):
     monkeypatch.setattr(urllib.request, "urlopen", refuse)
     requests = pytest.importorskip("requests")
     monkeypatch.setattr(requests, "get", refuse)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    monkeypatch.setenv("HFTA_NAS_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    return tmp_path / "work"
 
 
 def split_sizes(data: Dataset) -> tuple[int, int, int]:
@@ -51,7 +54,8 @@ def test_builtin_names():
     assert DATASETS == ("mnist1d", "digits")
 
 
-def test_mnist1d_is_generated_offline_and_deterministic(offline):
+def test_mnist1d_is_generated_offline_and_deterministic(offline, monkeypatch):
+    monkeypatch.setenv("HFTA_NAS_CACHE_DIR", "off")
     python_state, numpy_state = random.getstate(), np.random.get_state()
     loads = []
     for _ in range(2):
@@ -66,6 +70,40 @@ def test_mnist1d_is_generated_offline_and_deterministic(offline):
     # make_dataset reseeds the global generators; the loader must put them back.
     assert random.getstate() == python_state
     assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), numpy_state))
+
+
+def test_mnist1d_file_cache_gives_the_generated_arrays_without_generating(offline, monkeypatch):
+    cache = offline.parent / "cache"
+    _datasets._generate_mnist1d.cache_clear()
+    generated = load_dataset("mnist1d", num_samples=300)
+    (cache_file,) = cache.iterdir()
+    assert cache_file.name.startswith("mnist1d-") and cache_file.name.endswith("-n300.npz")
+
+    def refuse(num_samples):
+        raise AssertionError("generated again despite the cache")
+
+    monkeypatch.setattr(_datasets, "_make_mnist1d", refuse)
+    _datasets._generate_mnist1d.cache_clear()
+    cached = load_dataset("mnist1d", num_samples=300)
+    for key in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
+        assert torch.equal(getattr(generated, key), getattr(cached, key))
+    assert list(offline.iterdir()) == []
+
+
+def test_mnist1d_cache_file_that_is_damaged_or_unwritable_is_generated_again(offline, monkeypatch):
+    cache = offline.parent / "cache"
+    _datasets._generate_mnist1d.cache_clear()
+    expected = load_dataset("mnist1d", num_samples=200)
+    (cache_file,) = cache.iterdir()
+    cache_file.write_bytes(cache_file.read_bytes()[:1000])  # a truncated file, as after a full disk
+    _datasets._generate_mnist1d.cache_clear()
+    assert torch.equal(load_dataset("mnist1d", num_samples=200).x_train, expected.x_train)
+    assert np.load(cache_file)["x"].shape[0] == 160  # rewritten whole
+    blocked = offline.parent / "not-a-dir"
+    blocked.write_text("")  # the cache folder cannot be made: loading still works
+    monkeypatch.setenv("HFTA_NAS_CACHE_DIR", str(blocked))
+    _datasets._generate_mnist1d.cache_clear()
+    assert torch.equal(load_dataset("mnist1d", num_samples=200).x_train, expected.x_train)
 
 
 def test_mnist1d_default_size_and_split_seed(offline):

@@ -15,6 +15,8 @@ import contextlib
 import difflib
 import functools
 import importlib
+import importlib.metadata
+import io
 import os
 import random
 import re
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hfta_nas._files import atomic_write_bytes
 from hfta_nas.errors import HftaNasError
 
 DATASETS: tuple[str, ...] = ("mnist1d", "digits")
@@ -204,11 +207,29 @@ def _read_source(
 
 @functools.lru_cache(maxsize=4)
 def _generate_mnist1d(num_samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """mnist1d's train and test arrays, generated offline (about 2 s for 5000 samples, hence the cache).
+    """mnist1d's train and test arrays, generated offline.
 
-    `mnist1d.data.get_dataset` is never used: it downloads from the network and
-    writes a pickle into the current directory.
+    Generating 5000 samples takes 2-4 s and importing the package 1.5 s, so
+    the arrays are kept in this process (lru_cache) and in a file cache
+    (`_mnist1d_cache_file`) for the next command. `mnist1d.data.get_dataset`
+    is never used: it downloads from the network and writes a pickle into the
+    current directory.
     """
+    cache_file = _mnist1d_cache_file(num_samples)
+    arrays = _read_mnist1d_cache(cache_file, num_samples) if cache_file is not None else None
+    if arrays is None:
+        arrays = _make_mnist1d(num_samples)
+        if cache_file is not None:
+            buffer = io.BytesIO()
+            np.savez(buffer, x=arrays[0], y=arrays[1], x_test=arrays[2], y_test=arrays[3])
+            with contextlib.suppress(OSError):  # a read-only home only costs the next run the generation
+                atomic_write_bytes(cache_file, buffer.getvalue())
+    for array in arrays:
+        array.flags.writeable = False  # cached: nobody may change it for the next caller
+    return arrays
+
+
+def _make_mnist1d(num_samples: int) -> tuple[np.ndarray, ...]:
     import mnist1d.data  # lazy: only this source needs the package (and the requests it imports)
 
     args = mnist1d.data.get_dataset_args()
@@ -221,10 +242,39 @@ def _generate_mnist1d(num_samples: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     finally:
         random.setstate(python_state)
         np.random.set_state(numpy_state)
-    arrays = (data["x"][:, None, :], data["y"], data["x_test"][:, None, :], data["y_test"])
-    for array in arrays:
-        array.flags.writeable = False  # cached: nobody may change it for the next caller
-    return arrays
+    return data["x"][:, None, :], data["y"], data["x_test"][:, None, :], data["y_test"]
+
+
+def _mnist1d_cache_file(num_samples: int) -> Path | None:
+    """Where generated MNIST-1D arrays are kept between runs, or None when the cache is off.
+
+    `HFTA_NAS_CACHE_DIR` (empty or "off": no file cache), else
+    `$XDG_CACHE_HOME/hfta-nas`, else `~/.cache/hfta-nas`. The name carries the
+    mnist1d version and the sample count: with the package's default seed
+    they determine the data.
+    """
+    setting = os.environ.get("HFTA_NAS_CACHE_DIR")
+    if setting is not None and setting.strip().lower() in ("", "0", "off", "none"):
+        return None
+    try:
+        version = importlib.metadata.version("mnist1d")
+        base = Path(setting) if setting else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfta-nas"
+    except (importlib.metadata.PackageNotFoundError, RuntimeError):  # no package metadata / no home directory
+        return None
+    return base / f"mnist1d-{version}-n{num_samples}.npz"
+
+
+def _read_mnist1d_cache(path: Path, num_samples: int) -> tuple[np.ndarray, ...] | None:
+    """The cached arrays, or None when the file is missing or not a whole, matching cache."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = tuple(archive[key] for key in ("x", "y", "x_test", "y_test"))
+    except Exception:  # missing, truncated or foreign: generate again
+        return None
+    x, y, x_test, y_test = arrays
+    whole = (len(x) == len(y) and len(x_test) == len(y_test) and len(y) + len(y_test) == num_samples
+             and x.ndim == x_test.ndim == 3)
+    return arrays if whole else None
 
 
 def _mnist1d_splits(num_samples: int | None, val_fraction: float, split_seed: int) -> dict[str, np.ndarray]:
