@@ -149,6 +149,7 @@ class ModelArray:
         # Sequential models of plain layers skip vmap (same ops, less overhead; _slot_ops.py).
         self._native = native_forward(self._template, self._param_aliases)
         self._native_refused: set[tuple[Any, ...]] = set()
+        self._native_accepted: set[tuple[Any, ...]] = set()
         self._buffer_names = [n for n, _ in models[0].named_buffers()]
 
         self.flat = torch.stack([self._flatten(m) for m in models]).to(device=device, dtype=dtype).requires_grad_()
@@ -309,17 +310,30 @@ class ModelArray:
 
     def _native_call(self, x: Any) -> torch.Tensor | None:
         """The template's output computed without vmap, or None where this call needs vmap
-        (remembered per input shape and mode, so a refused call is not tried again)."""
+        (remembered per input shape and mode, so a refused call is not tried again).
+
+        Layers before the one that refuses may have run already and changed
+        state (BatchNorm running stats, dropout counters): on the first call
+        of a kind those are saved, and put back if the call is refused, so the
+        vmap path starts from the same state. Refusals depend only on shapes
+        and mode, so a call of a kind that once ran through never refuses.
+        """
         if not isinstance(x, torch.Tensor) or global_hooks_set():
             return None
         key = (tuple(x.shape), x.dtype, self.training)
         if key in self._native_refused:
             return None
+        stateful = {**self.buffers, **self._slot_random}
+        saved = {name: value.clone() for name, value in stateful.items()} if key not in self._native_accepted else None
         try:
-            return self._native({**self._leaves, **self.buffers, **self._slot_random}, x)
+            out = self._native({**self._leaves, **stateful}, x)
         except NeedsVmap:
             self._native_refused.add(key)
+            for name, value in saved.items():
+                stateful[name].copy_(value)
             return None
+        self._native_accepted.add(key)
+        return out
 
     def _first_call(self, fused, state, inputs):
         """Run once while watching for vmap's per-slot-loop fallbacks and

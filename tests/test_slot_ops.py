@@ -312,3 +312,22 @@ def test_keep_mask_equals_thresholding_the_slot_uniforms(dtype, p):
     expected = torch.stack([uniform_like(torch.empty(3, 50, 7, dtype=dtype), k, c) >= p for k, c in zip(keys, counters)])
     got = keep_mask(torch.Size((1, 3, 50, 7)), keys.view(4, 1, 1, 1), counters.view(4, 1, 1, 1), p, dtype, torch.device("cpu"))
     assert torch.equal(got, expected)
+
+
+def test_a_refusal_midway_leaves_no_trace_of_the_layers_that_ran(monkeypatch):
+    # conv0 is looped (large), conv1 is not (small): the vmap-free path refuses at conv1, after
+    # BatchNorm and dropout have run; their running stats and counters must not move twice.
+    monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 4000)
+    factory = lambda: nn.Sequential(  # noqa: E731
+        nn.Conv1d(1, 8, 3), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Conv1d(8, 2, 1), nn.Flatten())
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    vmapped = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    vmapped._native = None
+    for _ in range(2):
+        x = torch.randn(len(SEEDS), 10, 1, 20, dtype=torch.float64)
+        assert torch.equal(arr(x), vmapped(x))
+    assert arr._native_refused
+    for slot in range(len(SEEDS)):
+        for key, value in vmapped.slot_state_dict(slot).items():
+            assert torch.equal(arr.slot_state_dict(slot)[key], value), key
+    assert all(torch.equal(arr._slot_random[k], vmapped._slot_random[k]) for k in arr._slot_random)
