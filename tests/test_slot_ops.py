@@ -139,19 +139,23 @@ def test_hooks_take_the_vmap_path():
     assert nn.Linear in {c.__mro__[1] for c in calls}
 
 
-def test_double_backward_through_the_batched_linear():
-    factory = lambda: nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 1))  # noqa: E731
-    x = torch.randn(len(SEEDS), N, 3, dtype=torch.float64, requires_grad=True)
+def assert_double_backward_matches(factory, per_slot_shape, loss=lambda out: out.sum()):
+    """A gradient penalty (grad of the input gradient) through the array equals per-model autograd."""
+    x = torch.randn(len(SEEDS), N, *per_slot_shape, dtype=torch.float64, requires_grad=True)
     arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
-    (grad_x,) = torch.autograd.grad(arr(x).sum(), x, create_graph=True)
+    (grad_x,) = torch.autograd.grad(loss(arr(x)), x, create_graph=True)
     grad_x.pow(2).sum().backward()
     for slot, model in enumerate(per_model(factory)):
         xs = x[slot].detach().requires_grad_()
-        (expected,) = torch.autograd.grad(model(xs).sum(), xs, create_graph=True)
+        (expected,) = torch.autograd.grad(loss(model(xs)), xs, create_graph=True)
         torch.testing.assert_close(grad_x[slot], expected)
         expected.pow(2).sum().backward()
         grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()])
         torch.testing.assert_close(arr.gradient()[slot], grads)
+
+
+def test_double_backward_through_the_batched_linear():
+    assert_double_backward_matches(lambda: nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 1)), (3,))
 
 
 CONV_RELU = {
@@ -182,17 +186,7 @@ def test_fused_relu_layers_equal_separate_models(name, loop, monkeypatch):
 
 def test_double_backward_through_the_convolution_loop(conv_loop_everywhere):
     factory = lambda: nn.Sequential(nn.Conv1d(2, 3, 3, padding=1), nn.ReLU(), nn.Conv1d(3, 1, 3), nn.Tanh())  # noqa: E731
-    x = torch.randn(len(SEEDS), N, 2, 7, dtype=torch.float64, requires_grad=True)
-    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
-    (grad_x,) = torch.autograd.grad(arr(x).sum(), x, create_graph=True)
-    grad_x.pow(2).sum().backward()
-    for slot, model in enumerate(per_model(factory)):
-        xs = x[slot].detach().requires_grad_()
-        (expected,) = torch.autograd.grad(model(xs).sum(), xs, create_graph=True)
-        torch.testing.assert_close(grad_x[slot], expected)
-        expected.pow(2).sum().backward()
-        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        torch.testing.assert_close(arr.gradient()[slot], grads)
+    assert_double_backward_matches(factory, (2, 7))
 
 
 BATCH_NORMS = {
@@ -258,17 +252,7 @@ def test_batch_norm_refuses_one_value_per_channel_as_torch_does():
 
 def test_double_backward_through_the_batch_norm_loop():
     factory, shape = BATCH_NORMS["linear-bn1d-relu"]
-    x = torch.randn(len(SEEDS), N, *shape, dtype=torch.float64, requires_grad=True)
-    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
-    (grad_x,) = torch.autograd.grad(arr(x).pow(2).sum(), x, create_graph=True)
-    grad_x.pow(2).sum().backward()
-    for slot, model in enumerate(per_model(factory)):
-        xs = x[slot].detach().requires_grad_()
-        (expected,) = torch.autograd.grad(model(xs).pow(2).sum(), xs, create_graph=True)
-        torch.testing.assert_close(grad_x[slot], expected)
-        expected.pow(2).sum().backward()
-        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        torch.testing.assert_close(arr.gradient()[slot], grads)
+    assert_double_backward_matches(factory, shape, loss=lambda out: out.pow(2).sum())
 
 
 POOLING = {
