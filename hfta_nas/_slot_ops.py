@@ -40,6 +40,7 @@ small model.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -89,6 +90,37 @@ def physical_call(kernel, *tensors: torch.Tensor | None) -> torch.Tensor | None:
     return _functorch._add_batch_dim(out, out_dim, level)
 
 
+class _ReusedBuffer:
+    """One [B, ...] buffer a layer writes every step, handed out again once nothing uses it.
+
+    Each step's Linear/Conv outputs and input gradients are tens of MB. Freed
+    and allocated afresh, glibc returns them to the OS and page-faults them
+    back in (zero-filled) the next step: ~20% of a cnn1d array's step on CPU
+    (unless the process keeps freed memory, see `hfta_nas._allocator`). This
+    keeps the memory of the last buffer and gives it out again when no tensor
+    shares its storage any more (not the output still held by a graph, a
+    saved tensor, a view or the caller), checked through the storage's use
+    count. Each hand-out is a new tensor over that storage, never the cached
+    one, so autograd's metadata never carries over between steps.
+    """
+
+    def __init__(self) -> None:
+        self._tensor: torch.Tensor | None = None
+
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        cached = self._tensor
+        if (cached is None or cached.shape != shape or cached.dtype != like.dtype or cached.device != like.device
+                or torch._C._storage_Use_Count(cached.untyped_storage()._cdata) > 2):  # 2: cached + this query
+            cached = self._tensor = like.new_empty(shape)  # still used (or first use): a fresh one
+        return like.new_empty((0,)).set_(cached.untyped_storage(), 0, shape, cached.stride())
+
+
+def _reused(module: nn.Module, role: str) -> _ReusedBuffer:
+    """The module's reusable buffer for `role` (made on first use; lives as long as the template)."""
+    buffers = module.__dict__.setdefault("_hfta_reused_buffers", {})
+    return buffers.setdefault(role, _ReusedBuffer())
+
+
 class _BatchedLinear(torch.autograd.Function):
     """y[b] = x[b] @ w[b]^T + bias[b] for x [B, M, I], w [B, O, I], bias [B, O] or None,
     then ReLU (in place, as `_ConvLoop` does) if `relu`.
@@ -102,14 +134,18 @@ class _BatchedLinear(torch.autograd.Function):
     # Old-style forward(ctx, ...): it runs below vmap (no functorch transform
     # active), and skips the signature binding that setup_context costs.
     @staticmethod
-    def forward(ctx, relu, x, weight, bias):
+    def forward(ctx, owner, relu, x, weight, bias):
         weight_t = weight.transpose(1, 2)
-        out = torch.bmm(x, weight_t) if bias is None else torch.baddbmm(bias.unsqueeze(1), x, weight_t)
+        out = _reused(owner, "out").take((x.shape[0], x.shape[1], weight.shape[1]), x)
+        if bias is None:
+            torch.bmm(x, weight_t, out=out)
+        else:
+            torch.baddbmm(bias.unsqueeze(1), x, weight_t, out=out)
         if relu:
             out.relu_()
         ctx.save_for_backward(x, weight, out if relu else None)
         ctx.has_bias = bias is not None
-        ctx.relu = relu
+        ctx.relu, ctx.owner = relu, owner
         return out
 
     @staticmethod
@@ -117,13 +153,18 @@ class _BatchedLinear(torch.autograd.Function):
         x, weight, out = ctx.saved_tensors
         if ctx.relu:
             grad = torch.ops.aten.threshold_backward(grad, out, 0)
-        grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[1] else None
-        grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[2] else None
-        grad_bias = grad.sum(1) if ctx.has_bias and ctx.needs_input_grad[3] else None
-        return None, grad_x, grad_weight, grad_bias
+        grad_x = None
+        if ctx.needs_input_grad[2]:
+            if torch.is_grad_enabled():  # a create_graph backward: differentiable ops only (no out=)
+                grad_x = torch.bmm(grad, weight)
+            else:
+                grad_x = torch.bmm(grad, weight, out=_reused(ctx.owner, "grad_x").take(tuple(x.shape), x))
+        grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[3] else None
+        grad_bias = grad.sum(1) if ctx.has_bias and ctx.needs_input_grad[4] else None
+        return None, None, grad_x, grad_weight, grad_bias
 
 
-def _linear_kernel(batch_size: int, in_dims, x, weight, bias, relu: bool = False):
+def _linear_kernel(owner: nn.Module, batch_size: int, in_dims, x, weight, bias, relu: bool = False):
     x_dim, weight_dim, bias_dim = in_dims
     if weight_dim is None:
         return None  # one weight for all slots: not an array's layer; torch's own forward
@@ -131,7 +172,7 @@ def _linear_kernel(batch_size: int, in_dims, x, weight, bias, relu: bool = False
     bias = _slot_first(bias, bias_dim, batch_size)
     x = _slot_first(x, x_dim, batch_size)  # a shared input is expanded, as vmap would
     lead = x.shape[1:-1]
-    out = _BatchedLinear.apply(relu, x.reshape(batch_size, -1, x.shape[-1]), weight, bias)
+    out = _BatchedLinear.apply(owner, relu, x.reshape(batch_size, -1, x.shape[-1]), weight, bias)
     return out.view(batch_size, *lead, out.shape[-1]), 0
 
 
@@ -139,7 +180,7 @@ class SlotLinear(nn.Linear):
     """nn.Linear whose array forward is `_BatchedLinear` (see the module docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = physical_call(_linear_kernel, x, self.weight, self.bias)
+        out = physical_call(functools.partial(_linear_kernel, self), x, self.weight, self.bias)
         return super().forward(x) if out is None else out
 
 
@@ -183,14 +224,14 @@ class _ConvLoop(torch.autograd.Function):
     def forward(ctx, conv, padding, relu, x, weight, bias):
         nd = len(conv.kernel_size)
         ctx.conv_args = (list(conv.stride), padding, list(conv.dilation), False, [0] * nd, conv.groups)
-        ctx.relu = relu
+        ctx.relu, ctx.conv = relu, conv
         out = None
         for b in range(x.shape[0]):
             y = torch.convolution(x[b], weight[b], None if bias is None else bias[b], *ctx.conv_args)
             if relu:
                 y = y.relu_()
             if out is None:
-                out = y.new_empty((x.shape[0], *y.shape))
+                out = _reused(conv, "out").take((x.shape[0], *y.shape), y)
             out[b] = y
         ctx.save_for_backward(x, weight, out if relu else None)
         ctx.has_bias = bias is not None
@@ -200,7 +241,7 @@ class _ConvLoop(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight, out = ctx.saved_tensors
         need = [ctx.needs_input_grad[3], ctx.needs_input_grad[4], ctx.has_bias and ctx.needs_input_grad[5]]
-        grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if need[0] else None
+        grad_x = _reused(ctx.conv, "grad_x").take(tuple(x.shape), x) if need[0] else None
         grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need[1] else None
         grad_bias = weight.new_empty(weight.shape[:2]) if need[2] else None
         for b in range(x.shape[0]):
@@ -232,9 +273,9 @@ class _BatchNormLoop(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, relu, batch_stats, momentum, eps, stats, x, weight, bias):
+    def forward(ctx, owner, relu, batch_stats, momentum, eps, stats, x, weight, bias):
         running_mean, running_var = stats
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        out = _reused(owner, "out").take(tuple(x.shape), x)
         save_mean = x.new_empty((x.shape[0], x.shape[2])) if batch_stats else None
         save_invstd = x.new_empty((x.shape[0], x.shape[2])) if batch_stats else None
         for b in range(x.shape[0]):
@@ -248,16 +289,17 @@ class _BatchNormLoop(torch.autograd.Function):
             if batch_stats:
                 save_mean[b], save_invstd[b] = mean, invstd
         ctx.save_for_backward(x, weight, out if relu else None, save_mean, save_invstd)
-        ctx.relu, ctx.batch_stats, ctx.eps, ctx.stats = relu, batch_stats, eps, stats
+        ctx.relu, ctx.batch_stats, ctx.eps, ctx.stats, ctx.owner = relu, batch_stats, eps, stats, owner
         return out
 
     @staticmethod
     def backward(ctx, grad):
         x, weight, out, save_mean, save_invstd = ctx.saved_tensors
         running_mean, running_var = ctx.stats
-        need = [ctx.needs_input_grad[5], weight is not None and ctx.needs_input_grad[6],
-                ctx.needs_input_grad[7] and weight is not None]
-        grads = [torch.empty_like(t) if wanted else None for t, wanted in zip((x, weight, weight), need)]
+        need = [ctx.needs_input_grad[6], weight is not None and ctx.needs_input_grad[7],
+                ctx.needs_input_grad[8] and weight is not None]
+        grads = [_reused(ctx.owner, "grad_x").take(tuple(x.shape), x) if need[0] else None,
+                 *(torch.empty_like(weight) if wanted else None for wanted in need[1:])]
         for b in range(x.shape[0]):
             g = grad[b]
             if ctx.relu:
@@ -270,7 +312,7 @@ class _BatchNormLoop(torch.autograd.Function):
             for target, part in zip(grads, parts):
                 if target is not None:
                     target[b] = part
-        return None, None, None, None, None, *grads
+        return None, None, None, None, None, None, *grads
 
 
 class _SlotConvMixin:
@@ -394,7 +436,8 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
         bias = aliases[prefix + "bias"] if module.bias is not None else None
         if kind is SlotLinear:
             def linear(leaves, x):
-                return _linear_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None, relu)[0]
+                return _linear_kernel(module, x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None,
+                                      relu)[0]
             return linear
 
         def conv(leaves, x):
@@ -449,7 +492,7 @@ def _native_batch_norm(module: nn.modules.batchnorm._BatchNorm, prefix: str, ali
         use_running = not module.training or module.track_running_stats
         stats = (leaves.get(prefix + "running_mean"), leaves.get(prefix + "running_var")) if use_running else (None, None)
         batch_stats = module.training or all(stat is None for stat in stats)
-        return _BatchNormLoop.apply(relu, batch_stats, module.momentum, module.eps, stats, x,
+        return _BatchNormLoop.apply(module, relu, batch_stats, module.momentum, module.eps, stats, x,
                                     leaves[weight] if weight else None, leaves[bias] if bias else None)
     return batch_norm
 

@@ -315,3 +315,30 @@ def test_a_refusal_midway_leaves_no_trace_of_the_layers_that_ran(monkeypatch):
         for key, value in vmapped.slot_state_dict(slot).items():
             assert torch.equal(arr.slot_state_dict(slot)[key], value), key
     assert all(torch.equal(arr._slot_random[k], vmapped._slot_random[k]) for k in arr._slot_random)
+
+
+def test_reused_buffers_never_overwrite_a_tensor_still_in_use(conv_loop_everywhere):
+    # Two forwards before one backward: the first graph still holds its outputs, so the
+    # second may not reuse their memory; after backward the memory is reused.
+    factory = lambda: nn.Sequential(  # noqa: E731
+        nn.Conv1d(2, 4, 3), nn.ReLU(), nn.BatchNorm1d(4), nn.Flatten(), nn.Linear(4 * 5, 6), nn.ReLU(), nn.Linear(6, 3))
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    x1, x2 = (torch.randn(len(SEEDS), N, 2, 7, dtype=torch.float64) for _ in range(2))
+    out1 = arr(x1)
+    kept = out1.clone()
+    out2 = arr(x2)
+    assert torch.equal(out1, kept)
+    (out1.pow(2).sum() + out2.sum()).backward()
+    models = per_model(factory)
+    for slot, model in enumerate(models):
+        expected1, expected2 = model(x1[slot]), model(x2[slot])
+        torch.testing.assert_close(out1[slot], expected1, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(out2[slot], expected2, rtol=1e-10, atol=1e-12)
+        (expected1.pow(2).sum() + expected2.sum()).backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        torch.testing.assert_close(arr.gradient()[slot], grads, rtol=1e-10, atol=1e-12)
+    conv = arr._template[0]
+    before = conv._hfta_reused_buffers["out"]._tensor.data_ptr()
+    del out1, out2, kept
+    arr(x1).sum().backward()
+    assert conv._hfta_reused_buffers["out"]._tensor.data_ptr() == before  # nothing holds it now: reused
