@@ -117,8 +117,18 @@ class _ReusedBuffer:
 
 def _reused(module: nn.Module, role: str) -> _ReusedBuffer:
     """The module's reusable buffer for `role` (made on first use; lives as long as the template)."""
-    buffers = module.__dict__.setdefault("_hfta_reused_buffers", {})
-    return buffers.setdefault(role, _ReusedBuffer())
+    buffers = module.__dict__.get("_hfta_reused_buffers")
+    if buffers is None:
+        buffers = module.__dict__["_hfta_reused_buffers"] = {}
+    buffer = buffers.get(role)
+    if buffer is None:  # not setdefault: that would build a throw-away buffer object on every call
+        buffer = buffers[role] = _ReusedBuffer()
+    return buffer
+
+
+def _slot(tensor: torch.Tensor | None, b: int) -> torch.Tensor | None:
+    """Slot b's row of a [B, ...] tensor, None for an absent (optional) one."""
+    return None if tensor is None else tensor[b]
 
 
 class _BatchedLinear(torch.autograd.Function):
@@ -227,7 +237,7 @@ class _ConvLoop(torch.autograd.Function):
         ctx.relu, ctx.conv = relu, conv
         out = None
         for b in range(x.shape[0]):
-            y = torch.convolution(x[b], weight[b], None if bias is None else bias[b], *ctx.conv_args)
+            y = torch.convolution(x[b], weight[b], _slot(bias, b), *ctx.conv_args)
             if relu:
                 y = y.relu_()
             if out is None:
@@ -280,8 +290,7 @@ class _BatchNormLoop(torch.autograd.Function):
         save_invstd = x.new_empty((x.shape[0], x.shape[2])) if batch_stats else None
         for b in range(x.shape[0]):
             y, mean, invstd = torch.native_batch_norm(
-                x[b], None if weight is None else weight[b], None if bias is None else bias[b],
-                None if running_mean is None else running_mean[b], None if running_var is None else running_var[b],
+                x[b], _slot(weight, b), _slot(bias, b), _slot(running_mean, b), _slot(running_var, b),
                 batch_stats, momentum, eps)
             if relu:
                 y = y.relu_()
@@ -305,9 +314,8 @@ class _BatchNormLoop(torch.autograd.Function):
             if ctx.relu:
                 g = torch.ops.aten.threshold_backward(g, out[b], 0)
             parts = torch.ops.aten.native_batch_norm_backward(
-                g, x[b], None if weight is None else weight[b],
-                None if running_mean is None else running_mean[b], None if running_var is None else running_var[b],
-                save_mean[b] if ctx.batch_stats else None, save_invstd[b] if ctx.batch_stats else None,
+                g, x[b], _slot(weight, b), _slot(running_mean, b), _slot(running_var, b),
+                _slot(save_mean, b), _slot(save_invstd, b),
                 ctx.batch_stats, ctx.eps, need)
             for target, part in zip(grads, parts):
                 if target is not None:
