@@ -1,4 +1,4 @@
-"""`ModelArray`: B models with equal shapes, fused into one array.
+"""`ModelArray`: B models fused into one array (equal shapes, or padded into an envelope).
 
 All parameters live in ONE tensor `flat` of shape [B, P] (slot first,
 contract 4), and so do their gradients (`flat.grad`). Each named parameter is
@@ -31,6 +31,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from hfta_nas._envelope import SlotEmbedding, embed_into, take_from
+from hfta_nas._envelope_template import Envelope
+from hfta_nas._probe import PaddingCost, count_macs, verify_slot
 from hfta_nas._slot_layers import init_slot_randomness, make_fusable
 from hfta_nas._slot_ops import NeedsVmap, global_hooks_set, native_forward
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
@@ -86,11 +89,23 @@ class FusionSignature:
                 )
 
 
-def check_fusable(models: Sequence[nn.Module]) -> None:
-    """Raise FusionError unless every model can share slot 0's forward and layout."""
+def _equal_shapes(models: Sequence[nn.Module]) -> bool:
+    """Whether every model has slot 0's tensors, shapes and module tree (no envelope needed)."""
     signature = FusionSignature(models[0])
-    for slot, model in enumerate(models[1:], start=1):
-        signature.check(model, slot)
+    try:
+        for slot, model in enumerate(models[1:], start=1):
+            signature.check(model, slot)
+    except FusionError:
+        return False
+    return True
+
+
+def check_fusable(models: Sequence[nn.Module]) -> None:
+    """Raise FusionError (naming the layer) unless the models can train as one array:
+    equal shapes, or one structure of different sizes that pads into an envelope."""
+    models = list(models)
+    if not _equal_shapes(models):
+        Envelope(models)
 
 
 def _per_slot_ints(values: Iterable[int] | None, count: int, name: str) -> list[int]:
@@ -104,7 +119,7 @@ def _per_slot_ints(values: Iterable[int] | None, count: int, name: str) -> list[
 
 
 class ModelArray:
-    """B models of equal shapes trained as one.
+    """B models trained as one: of equal shapes, or of one structure and different sizes.
 
     >>> arr = ModelArray.from_factory(make_model, seeds=[0, 1, 2, 3])
     >>> logits = arr(x)                 # x: [B, N, ...] one batch per slot
@@ -112,6 +127,15 @@ class ModelArray:
 
     Each slot has its own dropout seed (default: its index, or its init seed
     with `from_factory`); dropout masks depend on that seed only.
+
+    Models of different sizes (widths, channels, odd kernels, hidden sizes,
+    depth where a block can be skipped, activation and dropout rate per slot)
+    are padded into one *envelope* (`_envelope.py`): each slot's entries sit in
+    a corner of the envelope's tensors, the rest stay exactly zero (their
+    gradients are masked), and the slot computes what its own model computes.
+    Before such an array first runs, each slot's own model is compared with
+    its place in the envelope on the first batch (float64, forward and
+    backward); a mismatch raises FusionError naming the layer.
     """
 
     def __init__(
@@ -128,9 +152,6 @@ class ModelArray:
         for slot, model in enumerate(models):
             if not isinstance(model, nn.Module):
                 raise HftaNasError(f"slot {slot} is a {type(model).__name__}, not a torch.nn.Module.")
-        self._signature = FusionSignature(models[0])
-        for slot, model in enumerate(models[1:], start=1):
-            self._signature.check(model, slot)
         first_param = next(models[0].parameters(), None)
         if first_param is None:
             raise FusionError("the model has no parameters; there is nothing to train in an array.")
@@ -140,30 +161,142 @@ class ModelArray:
         self._listeners: list[Any] = []
         self._checked_modes: set[tuple[bool, bool]] = set()
 
-        # The template keeps the original module's names (state_dict keys) and
+        # Equal shapes: slot 0's model is the source of names and shapes. Else
+        # the envelope of all slots is (FusionError naming the layer if none).
+        self._envelope = None if _equal_shapes(models) else Envelope(models)
+        source = models[0] if self._envelope is None else self._envelope.tree
+        self._signature = FusionSignature(source)
+        # The template keeps the source module's names (state_dict keys) and
         # its non-tensor attributes; its own tensors are never used.
-        self._template = make_fusable(copy.deepcopy(models[0])).to(device=device)
-        self._state_keys = list(models[0].state_dict().keys())
-        self._layout = self._param_layout(models[0])
-        self._param_aliases = self._aliases(models[0])
+        template = make_fusable(copy.deepcopy(source)) if self._envelope is None else self._envelope.template()
+        self._template = template.to(device=device)
+        self._state_keys = list(source.state_dict().keys())
+        self._layout = self._param_layout(source)
+        self._param_aliases = self._aliases(source)
         # Sequential models of plain layers skip vmap (same ops, less overhead; _slot_ops.py).
         self._native = native_forward(self._template, self._param_aliases)
         self._native_refused: set[tuple[Any, ...]] = set()
         self._native_accepted: set[tuple[Any, ...]] = set()
-        self._buffer_names = [n for n, _ in models[0].named_buffers()]
+        self._buffer_names = [n for n, _ in source.named_buffers()]
 
-        self.flat = torch.stack([self._flatten(m) for m in models]).to(device=device, dtype=dtype).requires_grad_()
+        if self._envelope is None:
+            self.flat = torch.stack([self._flatten(m) for m in models]).to(device=device, dtype=dtype).requires_grad_()
+            self.buffers: dict[str, torch.Tensor] = {
+                name: torch.stack([dict(m.named_buffers())[name].detach() for m in models]).to(device=device)
+                for name in self._buffer_names
+            }
+        else:
+            self._init_envelope_slots(models, source)
         self._bind_leaves()
-        self.buffers: dict[str, torch.Tensor] = {
-            name: torch.stack([dict(m.named_buffers())[name].detach() for m in models]).to(device=device)
-            for name in self._buffer_names
-        }
         for name, value in self.buffers.items():
             if value.is_floating_point():
                 self.buffers[name] = value.to(dtype)
         seeds = _per_slot_ints(dropout_seeds, len(models), "dropout_seeds")
         self.dropout_seeds = torch.tensor(seeds, dtype=torch.int64, device=device)
         self._slot_random = init_slot_randomness(self._template, self.dropout_seeds)
+
+    # ------------------------------------------------------------- envelopes
+    def _init_envelope_slots(self, models: list[nn.Module], source: nn.Module) -> None:
+        """Stacked envelope tensors with each slot in its place, gradient masks, per-slot constants."""
+        envelope = self._envelope
+        self._embeddings: list[SlotEmbedding] = list(envelope.slots)
+        count = len(models)
+        self.flat = torch.zeros(count, sum(shape.numel() for _, _, shape in self._layout), dtype=self.dtype,
+                                device=self.device)
+        self.buffers = {name: torch.zeros(count, *b.shape, dtype=b.dtype, device=self.device)
+                        for name, b in source.named_buffers()}
+        self._padded = torch.ones_like(self.flat, dtype=torch.bool)  # True: an entry no slot owns
+        constants = [envelope.constants(emb) for emb in self._embeddings]
+        self._slot_consts = {name: torch.stack([c[name] for c in constants]).to(self.device) for name in constants[0]}
+        for name, value in self._slot_consts.items():
+            if value.is_floating_point() and value.dtype != torch.float64:
+                self._slot_consts[name] = value.to(self.dtype)
+        for slot, model in enumerate(models):
+            self._write_slot(slot, self._embeddings[slot], dict(model.named_parameters(remove_duplicate=False)),
+                             dict(model.named_buffers()))
+        # Each slot's own model, kept until it has been checked against its embedding (first call).
+        self._unverified: dict[int, nn.Module] = {slot: copy.deepcopy(m) for slot, m in enumerate(models)}
+        self._macs: dict[int, tuple[int, int]] = {}
+
+    def _write_slot(self, slot: int, emb: SlotEmbedding, params: Mapping[str, torch.Tensor],
+                    buffers: Mapping[str, torch.Tensor]) -> None:
+        """Zero slot `slot` in every envelope tensor, then write the given tensors into their places."""
+        views = self._views(self.flat.detach())
+        canonical = {}
+        with torch.no_grad():
+            self.flat[slot].zero_()
+            self._padded[slot] = True
+            padded = self._views(self._padded)
+            for name, value in params.items():
+                env_name, index = emb.places[name]
+                env_name = self._param_aliases[env_name]
+                embed_into(views[env_name][slot], value.detach(), index)
+                embed_into(padded[env_name][slot], torch.zeros_like(value, dtype=torch.bool), index)
+                canonical[env_name] = True
+            for name, value in buffers.items():
+                env_name, index = emb.places[name]
+                if value.dim() > 0:
+                    self.buffers[env_name][slot].zero_()
+                embed_into(self.buffers[env_name][slot], value.detach(), index)
+
+    def _set_slot_constants(self, slot: int, emb: SlotEmbedding) -> None:
+        for name, value in self._envelope.constants(emb).items():
+            self._slot_consts[name][slot] = value.to(self._slot_consts[name].dtype)
+
+    def _verify_pending(self, inputs: tuple[Any, ...], shared_input: bool) -> None:
+        """Compare every not yet checked slot's own model with its embedding on this batch."""
+        for slot in sorted(self._unverified):
+            slot_inputs = tuple(
+                x if shared_input or not isinstance(x, torch.Tensor) else x[slot] for x in inputs
+            )
+            macs = verify_slot(self, slot, self._unverified[slot], slot_inputs)
+            self._macs[slot] = macs
+            del self._unverified[slot]
+
+    def verify(self, *example_inputs: Any) -> None:
+        """Check now (rather than on the first call) that every slot computes exactly what its
+        own model computes, on one example batch shared by all slots ([N, ...], like shared_input)."""
+        if self._envelope is not None and self._unverified:
+            self._verify_pending(example_inputs, shared_input=True)
+
+    def padding_cost(self, *example_inputs: Any) -> PaddingCost:
+        """Multiply-adds per sample, one forward: what the slots' own models need (useful) and
+        what the array executes (executed = slots x envelope). Equal-shape arrays waste nothing.
+
+        Counted on the batch that verified the slots (the first call), or on `example_inputs`
+        (one batch [N, ...]) when there was none yet.
+        """
+        if self._envelope is None:
+            if not example_inputs:
+                raise HftaNasError("padding_cost() of an array of equal shapes needs an example batch [N, ...].")
+            per_slot = count_macs(self._template, self._slot_state(0), example_inputs)
+            return PaddingCost([(per_slot, per_slot)] * len(self))
+        if self._unverified:
+            if not example_inputs:
+                raise HftaNasError("padding_cost() before the array's first call needs an example batch [N, ...].")
+            self.verify(*example_inputs)
+        return PaddingCost([self._macs[slot] for slot in range(len(self))])
+
+    def _slot_state(self, slot: int) -> dict[str, torch.Tensor]:
+        """Slot `slot`'s view of every tensor the template reads (parameters, buffers, per-slot state)."""
+        consts = getattr(self, "_slot_consts", {})
+        state = {**self._leaves, **self.buffers, **self._slot_random, **consts}
+        return {name: value[slot] for name, value in state.items()}
+
+    def fits(self, model: nn.Module) -> bool:
+        """Whether `model` can replace a slot of this array (`replace_slot`) without a new array."""
+        try:
+            self._placement(model, 0)
+        except FusionError:
+            return False
+        return True
+
+    def _placement(self, model: nn.Module, slot: int) -> SlotEmbedding | None:
+        """Where `model` goes in slot `slot` (None: equal shapes); FusionError if it cannot."""
+        if self._envelope is None:
+            self._signature.check(model, slot)
+            return None
+        return self._envelope.place(model, slot)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -189,9 +322,9 @@ class ModelArray:
         try:
             check_fusable(models)
         except FusionError as error:
-            raise FusionError(f"the model factory built different models on different calls (one per seed): {error} "
-                              "A factory must build the same layers and shapes every time; only the initial "
-                              "weights may depend on the seed.") from None
+            raise FusionError(f"the model factory built models of different structure on different calls (one per "
+                              f"seed): {error} A factory must build the same layers every time; only the initial "
+                              "weights (and sizes) may depend on the seed.") from None
         return cls(models, dropout_seeds=dropout_seeds if dropout_seeds is not None else seeds, device=device, dtype=dtype)
 
     @staticmethod
@@ -277,6 +410,9 @@ class ModelArray:
                 if value is not None:
                     self._grad_views[name].copy_(value)
                 self._leaves[name].grad = self._grad_views[name]
+            if self._envelope is not None:
+                # Padded entries get no gradient, so every optimizer keeps them at exactly zero.
+                self.flat.grad.masked_fill_(self._padded, 0.0)
         return self.flat.grad
 
     # ------------------------------------------------------------------- forward
@@ -290,11 +426,13 @@ class ModelArray:
                         f"input {position} has shape {list(x.shape)}; an array of {len(self)} slots expects "
                         f"[{len(self)}, N, ...] (one batch per slot), or pass shared_input=True for one batch [N, ...] shared by all slots."
                     )
+        if self._envelope is not None and self._unverified:
+            self._verify_pending(inputs, shared_input)
         if self._native is not None and not shared_input and len(inputs) == 1:
             out = self._native_call(inputs[0])
             if out is not None:
                 return out
-        state = {**self._leaves, **self.buffers, **self._slot_random}
+        state = {**self._leaves, **self.buffers, **self._slot_random, **self._constants()}
 
         def one_slot(slot_state, *slot_inputs):
             return functional_call(self._template, slot_state, slot_inputs, tie_weights=True)
@@ -326,7 +464,7 @@ class ModelArray:
         stateful = {**self.buffers, **self._slot_random}
         saved = {name: value.clone() for name, value in stateful.items()} if key not in self._native_accepted else None
         try:
-            out = self._native({**self._leaves, **stateful}, x)
+            out = self._native({**self._leaves, **stateful, **self._constants()}, x)
         except NeedsVmap:
             self._native_refused.add(key)
             for name, value in saved.items():
@@ -363,6 +501,9 @@ class ModelArray:
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         return result
 
+    def _constants(self) -> dict[str, torch.Tensor]:
+        return self._slot_consts if self._envelope is not None else {}
+
     # ------------------------------------------------------------- slot access
     def _check_slot(self, slot: int) -> int:
         if not isinstance(slot, int) or not -len(self) <= slot < len(self):
@@ -370,10 +511,18 @@ class ModelArray:
         return slot % len(self)
 
     def slot_state_dict(self, slot: int) -> "OrderedDict[str, torch.Tensor]":
-        """A plain state_dict of one slot, loadable into a model from the same factory."""
+        """A plain state_dict of one slot, loadable into a model from the same factory
+        (a slot of an envelope: into its own model, with its own shapes)."""
         slot = self._check_slot(slot)
         params = self.parameters()
         result: OrderedDict[str, torch.Tensor] = OrderedDict()
+        if self._envelope is not None:
+            emb = self._embeddings[slot]
+            for key in emb.state_keys:
+                env_name, index = emb.places[key]
+                source = params[self._param_aliases[env_name]] if env_name in self._param_aliases else self.buffers[env_name]
+                result[key] = take_from(source[slot].detach(), index)
+            return result
         for key in self._state_keys:
             if key in self._param_aliases:
                 result[key] = params[self._param_aliases[key]][slot].detach().clone()
@@ -382,8 +531,11 @@ class ModelArray:
         return result
 
     def load_slot(self, slot: int, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Overwrite one slot's parameters and buffers from a plain state_dict."""
+        """Overwrite one slot's parameters and buffers from a plain state_dict (of its own model)."""
         slot = self._check_slot(slot)
+        if self._envelope is not None:
+            self._load_envelope_slot(slot, self._embeddings[slot], state_dict)
+            return
         missing = [k for k in self._state_keys if k not in state_dict]
         unexpected = [k for k in state_dict if k not in self._state_keys]
         if missing or unexpected:
@@ -396,6 +548,22 @@ class ModelArray:
                 if value.shape != target.shape:
                     raise FusionError(f"'{key}' has shape {list(value.shape)} but the array expects {list(target.shape)}.")
                 target.copy_(value)
+
+    def _load_envelope_slot(self, slot: int, emb: SlotEmbedding, state_dict: Mapping[str, torch.Tensor]) -> None:
+        missing = [k for k in emb.state_keys if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in emb.state_keys]
+        if missing or unexpected:
+            raise HftaNasError(f"state_dict does not match slot {slot}'s model: missing keys {missing}, "
+                               f"unexpected keys {unexpected}.")
+        params, buffers = {}, {}
+        for key in emb.state_keys:
+            value = torch.as_tensor(state_dict[key])
+            if value.shape != emb.shapes[key]:
+                raise FusionError(f"'{key}' has shape {list(value.shape)} but slot {slot}'s model has "
+                                  f"{list(emb.shapes[key])}.")
+            env_name = emb.places[key][0]
+            (params if env_name in self._param_aliases else buffers)[key] = value
+        self._write_slot(slot, emb, params, buffers)
 
     def to_module(self, slot: int, model: nn.Module) -> nn.Module:
         """Load slot `slot` into `model` (a fresh instance from the same factory) and return it."""
@@ -420,6 +588,12 @@ class ModelArray:
             raise HftaNasError("cannot drop every slot of an array.")
         index = torch.tensor(keep, device=self.device)
         self.flat = self.flat.detach().index_select(0, index).requires_grad_()
+        if self._envelope is not None:
+            self._padded = self._padded.index_select(0, index)
+            self._slot_consts = {name: value.index_select(0, index) for name, value in self._slot_consts.items()}
+            self._embeddings = [self._embeddings[b] for b in keep]
+            self._unverified = {keep.index(b): m for b, m in self._unverified.items() if b in keep}
+            self._macs = {keep.index(b): m for b, m in self._macs.items() if b in keep}
         self._bind_leaves()
         self.buffers = {name: value.index_select(0, index) for name, value in self.buffers.items()}
         self._slot_random = {name: value.index_select(0, index) for name, value in self._slot_random.items()}
@@ -434,8 +608,15 @@ class ModelArray:
         slot = self._check_slot(slot)
         if not isinstance(model, nn.Module):
             raise HftaNasError(f"replace_slot needs a torch.nn.Module, got {type(model).__name__}.")
-        self._signature.check(model, slot)
-        self.load_slot(slot, model.state_dict())
+        emb = self._placement(model, slot)
+        if emb is None:
+            self.load_slot(slot, model.state_dict())
+        else:
+            self._embeddings[slot] = emb
+            self._set_slot_constants(slot, emb)
+            self._write_slot(slot, emb, dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()))
+            self._unverified[slot] = copy.deepcopy(model)
+            self._macs.pop(slot, None)
         seed = _per_slot_ints([slot if dropout_seed is None else dropout_seed], 1, "dropout_seed")[0]
         self.dropout_seeds[slot] = seed
         fresh = init_slot_randomness(self._template, self.dropout_seeds[slot : slot + 1])

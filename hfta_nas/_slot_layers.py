@@ -40,17 +40,25 @@ class SlotDropout(nn.Module):
     `channel_dims` > 0 drops whole channels (Dropout1d/2d/3d semantics).
     """
 
-    def __init__(self, p: float, channel_dims: int = 0) -> None:
+    def __init__(self, p: float, channel_dims: int = 0, per_slot_rate: bool = False) -> None:
         super().__init__()
-        self.p = p
+        self.p = p  # with per_slot_rate: the largest slot's rate (0: no slot drops anything)
         self.channel_dims = channel_dims
+        self.per_slot_rate = per_slot_rate
         self.register_buffer("slot_key", torch.zeros((), dtype=torch.int64))
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        if per_slot_rate:  # each slot's own p, a per-slot constant like slot_key
+            self.register_buffer("rate", torch.full((), p, dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
         self.calls.add_(1)
+        if self.per_slot_rate:
+            keep = physical_call(self._keep_kernel, x, self.slot_key, self.calls, self.rate)
+            if keep is None:
+                keep = keep_mask(self._mask_shape(x.shape), self.slot_key, self.calls, self.rate, x.dtype, x.device)
+            return x * keep * _inverse_keep(self.rate).to(x.dtype)
         if self.p == 1.0:
             return x * 0.0
         # Under vmap the masks of all slots are made at once on the physical
@@ -60,9 +68,13 @@ class SlotDropout(nn.Module):
             keep = keep_mask(self._mask_shape(x.shape), self.slot_key, self.calls, self.p, x.dtype, x.device)
         return x * keep * (1.0 / (1.0 - self.p))
 
-    def native_forward(self, x: torch.Tensor, slot_key: torch.Tensor, calls: torch.Tensor) -> torch.Tensor:
-        """`forward` for all slots at once on physical tensors: x [B, ...], slot_key and calls [B]."""
+    def native_forward(self, x: torch.Tensor, slot_key: torch.Tensor, calls: torch.Tensor,
+                       rate: torch.Tensor | None = None) -> torch.Tensor:
+        """`forward` for all slots at once on physical tensors: x [B, ...], slot_key, calls (and rate) [B]."""
         calls.add_(1)
+        if rate is not None:
+            keep, _ = self._keep_kernel(x.shape[0], (0, 0, 0, 0), x, slot_key, calls, rate)
+            return x * keep * _inverse_keep(rate).to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
         if self.p == 1.0:
             return x * 0.0
         keep, _ = self._keep_kernel(x.shape[0], (0, 0, 0), x, slot_key, calls)
@@ -75,7 +87,7 @@ class SlotDropout(nn.Module):
             return shape
         return shape[: len(shape) - self.channel_dims] + (1,) * self.channel_dims
 
-    def _keep_kernel(self, batch_size: int, dims, x, slot_key, calls):
+    def _keep_kernel(self, batch_size: int, dims, x, slot_key, calls, rate=None):
         """[B, *mask_shape] keep masks of all slots (physical tensors; see `physical_call`)."""
         x_dim = dims[0]
         per_slot = x.shape if x_dim is None else x.shape[:x_dim] + x.shape[x_dim + 1:]
@@ -83,10 +95,17 @@ class SlotDropout(nn.Module):
         lead = (batch_size,) + (1,) * len(mask_shape)  # each slot's scalars against its own mask
         key = _slot_first(slot_key, dims[1], batch_size).reshape(lead)
         counter = _slot_first(calls, dims[2], batch_size).reshape(lead)
-        return keep_mask(torch.Size((1, *mask_shape)), key, counter, self.p, x.dtype, x.device), 0
+        p = self.p if rate is None else _slot_first(rate, dims[3], batch_size).reshape(lead)
+        return keep_mask(torch.Size((1, *mask_shape)), key, counter, p, x.dtype, x.device), 0
 
     def extra_repr(self) -> str:
-        return f"p={self.p}, channel_dims={self.channel_dims}"
+        rate = ", per-slot rate" if self.per_slot_rate else ""
+        return f"p={self.p}, channel_dims={self.channel_dims}{rate}"
+
+
+def _inverse_keep(rate: torch.Tensor) -> torch.Tensor:
+    """1 / (1 - p) per slot, 0 where p = 1 (everything dropped, as torch returns zeros)."""
+    return torch.where(rate < 1.0, 1.0 / (1.0 - rate), torch.zeros_like(rate))
 
 
 class _FusableRecurrent(nn.Module):
@@ -151,7 +170,19 @@ class _FusableRecurrent(nn.Module):
                 outputs.append(torch.stack(out_steps, dim=1))
                 finals_h.append(h)
                 finals_c.append(c)
-            layer_input = torch.cat(outputs, dim=2) if self.directions == 2 else outputs[0]
+            layer_output = torch.cat(outputs, dim=2) if self.directions == 2 else outputs[0]
+            layer_present = getattr(self, "layer_present", None)
+            if layer_present is not None and layer > 0:
+                # A slot with fewer layers passes its last layer's output and final
+                # states through the envelope's extra layers (exact selection).
+                present = layer_present[layer]
+                layer_output = torch.where(present, layer_output, below_output)  # before dropout, as alone
+                for d in range(1, self.directions + 1):
+                    below = len(finals_h) - d - self.directions
+                    finals_h[-d] = torch.where(present, finals_h[-d], finals_h[below])
+                    if c0 is not None:
+                        finals_c[-d] = torch.where(present, finals_c[-d], finals_c[below])
+            layer_input = below_output = layer_output
             if self.inter_layer_dropout is not None and layer < self.num_layers - 1:
                 layer_input = self.inter_layer_dropout(layer_input)
         output = layer_input if self.batch_first else layer_input.transpose(0, 1)
@@ -162,6 +193,10 @@ class _FusableRecurrent(nn.Module):
             h_n = h_n.squeeze(1)
             c_n = c_n.squeeze(1) if c_n is not None else None
         return output, self._final_state(h_n, c_n)
+
+    def enable_layer_gates(self) -> None:
+        """Per-slot `layer_present` [num_layers]: slots of fewer layers skip the top ones."""
+        self.register_buffer("layer_present", torch.ones(self.num_layers, dtype=torch.bool))
 
     def _zeros(self, n: int, x: torch.Tensor) -> torch.Tensor:
         return x.new_zeros(self.num_layers * self.directions, n, self.hidden_size)

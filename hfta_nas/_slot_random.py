@@ -65,7 +65,7 @@ def _mix32_(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def keep_mask(shape: torch.Size, key: torch.Tensor, counter: torch.Tensor, p: float, dtype: torch.dtype,
+def keep_mask(shape: torch.Size, key: torch.Tensor, counter: torch.Tensor, p: float | torch.Tensor, dtype: torch.dtype,
               device: torch.device) -> torch.Tensor:
     """`uniform_like(torch.empty(shape, dtype=dtype), key, counter) >= p` as a bool tensor, computed
     with about a third of the passes over memory and two int64 buffers instead of ~30.
@@ -77,8 +77,9 @@ def keep_mask(shape: torch.Size, key: torch.Tensor, counter: torch.Tensor, p: fl
     comparison: u = (bits >> 8) / 2**24 exactly in float32 and float64, so
     u >= p (p rounded to `dtype`, as torch compares) holds exactly when
     bits >= ceil(p * 2**24) << 8. Other cases take `uniform_like` itself.
-    Runs on physical tensors (not under vmap): `key` and `counter` are
-    scalars, or [B, 1, ...] tensors that broadcast against `shape` ([1, ...]).
+    Runs on physical tensors (not under vmap): `key` and `counter` (and `p`,
+    where each slot has its own rate) are scalars, or [B, 1, ...] tensors that
+    broadcast against `shape` ([1, ...]).
     """
     numel = math.prod(shape)
     if dtype not in (torch.float32, torch.float64) or numel >= 2**32:
@@ -87,5 +88,8 @@ def keep_mask(shape: torch.Size, key: torch.Tensor, counter: torch.Tensor, p: fl
     bits = torch.arange(numel, device=device, dtype=torch.int64).view(shape) ^ state
     scratch = torch.empty_like(bits)
     _mix32_(bits, scratch).bitwise_xor_(state)
-    threshold = math.ceil(torch.tensor(p, dtype=dtype).item() * (1 << 24))
+    if isinstance(p, torch.Tensor):  # one rate per slot ([B, 1, ...]); 2**24 * p is exact in float64
+        threshold = torch.ceil(p.to(dtype).to(torch.float64) * (1 << 24)).to(torch.int64)
+    else:
+        threshold = math.ceil(torch.tensor(p, dtype=dtype).item() * (1 << 24))
     return _mix32_(bits, scratch) >= (threshold << 8)

@@ -1,0 +1,568 @@
+"""Envelopes: models of one structure and different sizes, padded into one shape.
+
+`build_envelope(models)` walks the slots' module trees side by side and
+returns the *envelope*: the same tree with every tensor as large as the
+largest slot's (per dim), the longest children list of every Sequential /
+ModuleList, and `ActivationChoice` / `DropoutChoice` where slots differ in
+activation or dropout rate. Its tensors are zeros; only their shapes matter.
+
+`embed(envelope, model)` places one slot in it: for every parameter and
+buffer of the slot, the envelope tensor it lives in and the index of each of
+its entries there. Entries no slot maps stay zero. Placement per dim:
+
+- prefix (entry i at i): widths, channels, features, embedding dims;
+- centred: the kernel dims of a convolution (a kernel-3 inside a kernel-7:
+  offset 2), exact when the padding keeps the geometry (checked here);
+- chunked: dims made of equal parts that each grow: GRU/LSTM gates, the
+  q/k/v blocks and heads of attention (entry j of part i at i * envelope part
+  size + j).
+
+Depth: a shorter Sequential / ModuleList maps onto a prefix and a suffix of
+the envelope's children; the children in between must keep their input's
+shape (judged from their sizes) and are skipped by that slot. What cannot be
+placed exactly raises `FusionError` naming the layer; whatever passes is still
+verified numerically by the array before it trains (`_probe.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from hfta_nas._padded_layers import ActivationChoice, DropoutChoice
+from hfta_nas._slot_ops import _ELEMENTWISE, _POOLING_DIMS
+from hfta_nas.errors import FusionError
+
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+_CONTAINERS = (nn.Sequential, nn.ModuleList)
+_RECURRENT = (nn.GRU, nn.LSTM)
+_NORMS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
+_NO_SKIP = (nn.Flatten, nn.Unflatten, nn.Embedding, nn.RNNBase, nn.modules.conv._ConvTransposeNd, *_POOLING_DIMS)
+
+# Attributes of torch layers that are sizes: they may differ between slots, and
+# the envelope takes the largest (per dim). Every other setting must be equal.
+_SIZE_ATTRIBUTES = frozenset({
+    "in_features", "out_features", "in_channels", "out_channels", "kernel_size", "num_features", "num_channels",
+    "normalized_shape", "num_embeddings", "embedding_dim", "input_size", "hidden_size", "num_layers",
+    "embed_dim", "kdim", "vdim", "head_dim",
+})
+
+
+def _where(path: str) -> str:
+    return path or "<root>"
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _kind(module: nn.Module) -> Any:
+    """What must be equal across slots at one position (activations may differ among themselves)."""
+    if type(module) in _ELEMENTWISE or isinstance(module, ActivationChoice):
+        return "activation"
+    return module.kind if isinstance(module, DropoutChoice) else type(module)
+
+
+def _is_user_module(module: nn.Module) -> bool:
+    return not type(module).__module__.startswith("torch.")
+
+
+# ------------------------------------------------------------------ alignment
+def _compatible(a: nn.Module, b: nn.Module) -> bool:
+    """Same kind of layer with the same named children (containers may differ in length)."""
+    if _kind(a) != _kind(b):
+        return False
+    if isinstance(a, _CONTAINERS) or _kind(a) == "activation":
+        return True
+    if list(a._modules) != list(b._modules):
+        return False
+    return all(
+        (x is None) == (y is None) and (x is None or _compatible(x, y))
+        for x, y in zip(a._modules.values(), b._modules.values())
+    )
+
+
+def _sized_leaves(module: nn.Module) -> list[nn.Module]:
+    return [m for m in module.modules() if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
+
+
+def _keeps_geometry(conv: nn.modules.conv._ConvNd) -> bool:
+    if any(s != 1 for s in conv.stride):
+        return False
+    if conv.padding == "same":
+        return True
+    if conv.padding == "valid":
+        return all(k == 1 for k in conv.kernel_size)
+    return all(2 * p == d * (k - 1) for p, d, k in zip(conv.padding, conv.dilation, conv.kernel_size))
+
+
+def _keeps_shape(module: nn.Module) -> bool:
+    """Whether `module` maps an input to an output of the same shape, judged from its layers' sizes.
+
+    Only a layer that keeps its input's shape can be skipped by a slot of
+    smaller depth (skipping makes it the identity). A wrong guess is caught
+    when the array runs (the skip gate checks shapes) and by the verification.
+    """
+    if type(module) in _ELEMENTWISE or isinstance(module, (*_DROPOUTS, *_NORMS, nn.TransformerEncoderLayer,
+                                                           nn.TransformerDecoderLayer, nn.MultiheadAttention)):
+        return True
+    if any(isinstance(m, _NO_SKIP) for m in module.modules()):
+        return False
+    convs = [m for m in module.modules() if isinstance(m, nn.modules.conv._ConvNd)]
+    if not all(_keeps_geometry(c) for c in convs):
+        return False
+    sized = _sized_leaves(module)
+    if not sized:
+        return True
+    first, last = sized[0], sized[-1]
+    first_in = first.in_features if isinstance(first, nn.Linear) else first.in_channels
+    last_out = last.out_features if isinstance(last, nn.Linear) else last.out_channels
+    return first_in == last_out
+
+
+def align_children(path: str, long: Sequence[nn.Module], short: Sequence[nn.Module]) -> list[int]:
+    """For each child of `short`, its position among `long`'s (the envelope's).
+
+    `short` maps onto a prefix and a suffix of `long`; the children between
+    are skipped and must keep their input's shape. The longest prefix that
+    works is taken (an MLP of depth 1 in one of depth 3 skips hidden layers 2
+    and 3 and keeps its output layer last).
+    """
+    gap = len(long) - len(short)
+    if gap < 0:
+        raise FusionError(f"layer '{_where(path)}' has {len(short)} children in a slot but {len(long)} in the envelope.")
+    for prefix in range(len(short), -1, -1):
+        mapping = list(range(prefix)) + list(range(prefix + gap, len(long)))
+        if all(_compatible(long[j], child) for j, child in zip(mapping, short)) and all(
+            _keeps_shape(long[j]) for j in range(prefix, prefix + gap)
+        ):
+            return mapping
+    kinds = lambda children: "[" + ", ".join(type(c).__name__ for c in children) + "]"  # noqa: E731
+    if gap == 0:
+        raise FusionError(
+            f"layer '{_where(path)}' holds {kinds(short)} in one slot but {kinds(long)} in another; "
+            "slots must have the same layer types in the same order."
+        )
+    raise FusionError(
+        f"layer '{_where(path)}' holds {len(short)} layers {kinds(short)} in one slot and {len(long)} {kinds(long)} "
+        "in another, and no choice of skipped layers keeps the shapes (a skipped layer must map its input to "
+        "the same shape, e.g. a hidden Linear of equal width, a residual block, a transformer layer); "
+        "models whose depth differs here need separate arrays."
+    )
+
+
+# -------------------------------------------------------------- the envelope
+def _shell(module: nn.Module) -> nn.Module:
+    """A copy of `module` with its own (empty) parameter, buffer and child tables."""
+    shell = copy.copy(module)
+    shell._parameters, shell._buffers, shell._modules = OrderedDict(), OrderedDict(), OrderedDict()
+    shell._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
+    for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+        if hasattr(module, hooks):
+            setattr(shell, hooks, OrderedDict(getattr(module, hooks)))
+    return shell
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool((a == b).all())
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an attribute whose == is not a bool: compare identity
+        return a is b
+
+
+def _settings(module: nn.Module) -> dict[str, Any]:
+    return {k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training"}
+
+
+def _largest(values: list[Any]) -> Any:
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return max(values)
+    if all(isinstance(v, (tuple, list)) and len(v) == len(values[0]) for v in values):
+        return type(values[0])(max(parts) for parts in zip(*values))
+    return None
+
+
+def _merge_settings(path: str, env: nn.Module, present: list[tuple[int, nn.Module]]) -> None:
+    """Settings must be equal; sizes (and ints of user modules) become the largest slot's."""
+    s0, first = present[0]
+    names = set(_settings(first))
+    for slot, module in present[1:]:
+        if set(_settings(module)) != names:
+            raise FusionError(f"layer '{_where(path)}' has different attributes in slots {s0} and {slot}.")
+    for name in sorted(names):
+        values = [getattr(m, name) for _, m in present]
+        if all(_same(values[0], v) for v in values[1:]):
+            continue
+        if name == "padding" and isinstance(first, nn.modules.conv._ConvNd):
+            continue  # set from the geometry in _merge_conv
+        largest = _largest(values)
+        if largest is not None and (name in _SIZE_ATTRIBUTES or _is_user_module(first)):
+            setattr(env, name, largest)
+            continue
+        slot = next(s for (s, _), v in zip(present, values) if not _same(values[0], v))
+        raise FusionError(
+            f"layer '{_where(path)}' ({type(first).__name__}): '{name}' is {values[0]!r} in slot {s0} but "
+            f"{getattr(dict(present)[slot], name)!r} in slot {slot}; slots share one forward, so settings "
+            "other than sizes must be equal."
+        )
+
+
+def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int, nn.Module]]) -> None:
+    """Kernels are centred in the envelope's: the padding must grow with them (same output geometry)."""
+    kernels = [m.kernel_size for _, m in present]
+    channels = {(m.in_channels, m.out_channels) for _, m in present}
+    if len(channels) > 1 and env.groups != 1:
+        raise FusionError(
+            f"layer '{_where(path)}' ({type(env).__name__}): a grouped convolution (groups={env.groups}) with "
+            "different channel counts per slot cannot be padded (its groups would mix); use equal channels here."
+        )
+    if len(set(kernels)) == 1 and len({str(m.padding) for _, m in present}) == 1:
+        return
+    if env.padding_mode != "zeros":
+        raise FusionError(f"layer '{_where(path)}': kernels of different sizes need padding_mode='zeros', "
+                          f"got {env.padding_mode!r}.")
+    big = tuple(max(ks) for ks in zip(*kernels))
+    paddings = set()
+    for slot, conv in present:
+        for k, big_k, d in zip(conv.kernel_size, big, conv.dilation):
+            if (big_k - k) % 2:
+                raise FusionError(
+                    f"layer '{_where(path)}' ({type(conv).__name__}): kernel sizes {k} (slot {slot}) and {big_k} "
+                    "differ by an odd number, so the smaller kernel cannot be centred in the larger; use odd "
+                    "kernel sizes (3, 5, 7) throughout."
+                )
+        if conv.padding == "same":
+            own = tuple(d * (k - 1) / 2 for k, d in zip(conv.kernel_size, conv.dilation))
+        elif conv.padding == "valid":
+            own = (0,) * len(big)
+        else:
+            own = tuple(conv.padding)
+        paddings.add(tuple(p + d * (big_k - k) / 2 for p, k, big_k, d in zip(own, conv.kernel_size, big, conv.dilation)))
+    if len(paddings) > 1 or any(p != int(p) for p in next(iter(paddings))):
+        raise FusionError(
+            f"layer '{_where(path)}' ({type(env).__name__}): kernels {sorted(set(kernels))} with paddings "
+            f"{[m.padding for _, m in present]} give outputs of different geometry, so the smaller kernels cannot "
+            "be centred in the larger; pad each to keep the geometry (padding='same', or (k - 1) / 2)."
+        )
+    padding = next(iter(paddings))
+    env.padding = "same" if all(m.padding == "same" for _, m in present) else tuple(int(p) for p in padding)
+    env._reversed_padding_repeated_twice = [int(p) for p in reversed(padding) for _ in range(2)]
+
+
+def _merge_recurrent(path: str, present: list[tuple[int, nn.Module]]) -> nn.Module:
+    s0, first = present[0]
+    for slot, rnn in present[1:]:
+        for name in ("bias", "batch_first", "dropout", "bidirectional", "proj_size"):
+            if getattr(rnn, name) != getattr(first, name):
+                raise FusionError(f"layer '{_where(path)}' ({type(first).__name__}): '{name}' is "
+                                  f"{getattr(first, name)!r} in slot {s0} but {getattr(rnn, name)!r} in slot {slot}.")
+    hidden = {m.hidden_size for _, m in present}
+    if first.bidirectional and len(hidden) > 1:
+        raise FusionError(
+            f"layer '{_where(path)}' ({type(first).__name__}): a bidirectional layer of different hidden sizes "
+            "cannot be padded (its output joins both directions, so the padding would sit between them); "
+            "use one hidden size, or bidirectional=False."
+        )
+    # Built on the meta device: the constructor's random init must not touch torch's RNG.
+    env = type(first)(max(m.input_size for _, m in present), max(hidden), num_layers=max(m.num_layers for _, m in present),
+                      bias=first.bias, batch_first=first.batch_first, dropout=first.dropout,
+                      bidirectional=first.bidirectional, device="meta")
+    env.to_empty(device="cpu")
+    for param in env.parameters():
+        param.data.zero_()
+    return env
+
+
+def _merge_tensors(path: str, env: nn.Module, present: list[tuple[int, nn.Module]], table: str, tied: dict) -> None:
+    s0, first = present[0]
+    names = list(getattr(first, table))
+    for slot, module in present[1:]:
+        if list(getattr(module, table)) != names:
+            raise FusionError(
+                f"layer '{_where(path)}' has {table[1:]} {names} in slot {s0} but {list(getattr(module, table))} "
+                f"in slot {slot}; models must have the same layers."
+            )
+    for name in names:
+        tensors = [getattr(m, table)[name] for _, m in present]
+        if any(t is None for t in tensors):
+            if not all(t is None for t in tensors):
+                raise FusionError(f"'{_join(path, name)}' is None in some slots only.")
+            getattr(env, table)[name] = None
+            continue
+        key = tuple(id(t) for t in tensors)
+        if key in tied:  # the same tensor again (tied weights): the same envelope tensor
+            getattr(env, table)[name] = tied[key]
+            continue
+        if len({t.dim() for t in tensors}) > 1:
+            raise FusionError(f"'{_join(path, name)}' has a different number of dims across slots.")
+        shape = tuple(max(sizes) for sizes in zip(*(t.shape for t in tensors)))
+        zeros = torch.zeros(shape, dtype=tensors[0].dtype)
+        made = nn.Parameter(zeros, requires_grad=tensors[0].requires_grad) if table == "_parameters" else zeros
+        getattr(env, table)[name] = tied[key] = made
+
+
+def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
+    """The envelope of the modules at one position (None: a slot that skips it)."""
+    present = [(slot, m) for slot, m in enumerate(column) if m is not None]
+    s0, first = present[0]
+    for slot, module in present[1:]:
+        if _kind(module) != _kind(first):
+            raise FusionError(
+                f"layer '{_where(path)}' is {type(first).__name__} in slot {s0} but {type(module).__name__} in slot "
+                f"{slot}; slots must have the same layer types in the same order."
+            )
+    if _kind(first) == "activation":
+        variants: list[nn.Module] = []
+        for _, m in present:
+            if repr(m) not in {repr(v) for v in variants}:
+                variant = copy.deepcopy(m)
+                if getattr(variant, "inplace", False):
+                    variant.inplace = False  # each variant reads the same input
+                variants.append(variant)
+        return copy.deepcopy(first) if len(variants) == 1 else ActivationChoice(variants)
+    if isinstance(first, _DROPOUTS):
+        rates = {m.p for _, m in present}
+        return copy.deepcopy(first) if len(rates) == 1 else DropoutChoice(type(first), max(rates))
+    if isinstance(first, _RECURRENT):
+        return _merge_recurrent(path, present)
+    env = _shell(first)
+    _merge_settings(path, env, present)
+    if isinstance(first, _CONTAINERS):
+        longest = max((m for _, m in present), key=len)
+        reference = list(longest._modules.items())
+        columns: list[list[nn.Module | None]] = [[None] * len(column) for _ in reference]
+        for slot, module in present:
+            children = list(module._modules.values())
+            for child, position in zip(children, align_children(path, [c for _, c in reference], children)):
+                columns[position][slot] = child
+        for (name, _), child_column in zip(reference, columns):
+            env._modules[name] = _merge(_join(path, name), child_column, tied)
+    else:
+        names = list(first._modules)
+        for slot, module in present[1:]:
+            if list(module._modules) != names:
+                raise FusionError(f"layer '{_where(path)}' has children {names} in slot {s0} but "
+                                  f"{list(module._modules)} in slot {slot}; models must have the same layers.")
+        for name in names:
+            child_column = [m._modules[name] if m is not None else None for m in column]
+            present_children = [c for c in child_column if c is not None]
+            if not present_children:
+                env._modules[name] = None
+            elif len(present_children) != len(present):
+                raise FusionError(f"'{_join(path, name)}' is None in some slots only.")
+            else:
+                env._modules[name] = _merge(_join(path, name), child_column, tied)
+    _merge_tensors(path, env, present, "_parameters", tied)
+    _merge_tensors(path, env, present, "_buffers", tied)
+    if isinstance(first, nn.modules.conv._ConvNd):
+        _merge_conv(path, env, present)
+    if isinstance(first, nn.MultiheadAttention) and len({m.num_heads for _, m in present}) > 1:
+        raise FusionError(f"layer '{_where(path)}' (MultiheadAttention): slots must have the same num_heads.")
+    return env
+
+
+def build_envelope(models: Sequence[nn.Module]) -> nn.Module:
+    """The envelope tree of `models` (see the module docstring); FusionError naming the layer if none exists."""
+    return _merge("", list(models), {})
+
+
+# ------------------------------------------------------------------ placement
+def _prefix(own: int, env: int) -> torch.Tensor:
+    return torch.arange(own)
+
+
+def _centred(own: int, env: int) -> torch.Tensor:
+    return torch.arange(own) + (env - own) // 2
+
+
+def _chunked(parts: int):
+    def place(own: int, env: int) -> torch.Tensor:
+        if own % parts or env % parts:
+            raise FusionError(f"a dim of {own} (envelope {env}) does not split into {parts} equal parts.")
+        part, env_part = own // parts, env // parts
+        index = torch.arange(own)
+        return (index // part) * env_part + index % part
+    return place
+
+
+def _placers(module: nn.Module, name: str, dims: int, hint: dict[str, Any]) -> list[Any]:
+    """How each dim of `module`'s tensor `name` sits in the envelope (prefix unless the layer says otherwise)."""
+    placers: list[Any] = [_prefix] * dims
+    if name in hint:
+        return list(hint[name])
+    if isinstance(module, nn.modules.conv._ConvNd) and name == "weight":
+        placers[2:] = [_centred] * (dims - 2)
+    elif isinstance(module, nn.RNNBase):
+        gates = {nn.GRU: 3, nn.LSTM: 4}.get(type(module), 1)
+        placers[0] = _chunked(gates)
+        layer = int(name.split("_l")[1].split("_")[0]) if "_l" in name else 0
+        if name.startswith("weight_ih") and layer > 0 and module.bidirectional:
+            placers[1] = _chunked(2)
+    elif isinstance(module, nn.MultiheadAttention):
+        heads = module.num_heads
+        if name in ("in_proj_weight", "in_proj_bias"):
+            placers[0] = _chunked(3 * heads)
+        elif name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+            placers[0] = _chunked(heads)
+        elif name in ("bias_k", "bias_v"):
+            placers[2] = _chunked(heads)
+    return placers
+
+
+def _child_hint(module: nn.Module, child: str) -> dict[str, Any]:
+    """Placement a parent imposes on a child's tensors: attention's output projection reads heads."""
+    if isinstance(module, nn.MultiheadAttention) and child == "out_proj":
+        return {"weight": (_prefix, _chunked(module.num_heads))}
+    return {}
+
+
+@dataclass
+class SlotEmbedding:
+    """Where one slot's model sits in the envelope."""
+
+    state_keys: list[str]  # the slot's own state_dict keys, in order
+    shapes: dict[str, torch.Size]  # own tensor name -> own shape
+    places: dict[str, tuple[str, tuple[torch.Tensor, ...]]]  # own tensor name -> (envelope name, index per dim)
+    modules: dict[str, str] = field(default_factory=dict)  # own module path -> envelope module path
+    absent: list[str] = field(default_factory=list)  # envelope module paths this slot skips
+    choices: dict[str, int] = field(default_factory=dict)  # ActivationChoice path -> variant
+    rates: dict[str, float] = field(default_factory=dict)  # DropoutChoice path -> p
+    own: dict[str, nn.Module] = field(default_factory=dict)  # envelope path -> the slot's module there
+
+    def index(self, own_name: str) -> tuple[str, tuple[torch.Tensor, ...]]:
+        return self.places[own_name]
+
+
+def place_index(index: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Per-dim index vectors as one advanced index (their outer product)."""
+    dims = len(index)
+    return tuple(i.view(*([1] * d), -1, *([1] * (dims - d - 1))) for d, i in enumerate(index))
+
+
+def _embed_tensors(env: nn.Module, own: nn.Module, env_path: str, own_path: str, emb: SlotEmbedding, hint) -> None:
+    for table in ("_parameters", "_buffers"):
+        for name, tensor in getattr(own, table).items():
+            if tensor is None:
+                continue
+            target = getattr(env, table).get(name)
+            if target is None:
+                raise FusionError(f"'{_join(own_path, name)}' has no place in the array's envelope at '{_join(env_path, name)}'.")
+            if tensor.dim() != target.dim() or any(o > e for o, e in zip(tensor.shape, target.shape)):
+                raise FusionError(
+                    f"'{_join(own_path, name)}' has shape {list(tensor.shape)}, larger than the array's envelope "
+                    f"{list(target.shape)}; a model must fit inside the envelope of the models the array was built from."
+                )
+            placers = _placers(env, name, tensor.dim(), hint)
+            index = tuple(place(o, e) for place, o, e in zip(placers, tensor.shape, target.shape))
+            emb.places[_join(own_path, name)] = (_join(env_path, name), index)
+            emb.shapes[_join(own_path, name)] = tensor.shape
+
+
+def _embed(env: nn.Module, own: nn.Module, env_path: str, own_path: str, emb: SlotEmbedding, hint) -> None:
+    emb.modules[own_path] = env_path
+    emb.own[env_path] = own
+    if isinstance(env, ActivationChoice):
+        choice = env.index_of(own) if type(own) in _ELEMENTWISE else None
+        if choice is None:
+            raise FusionError(f"layer '{_where(own_path)}' ({own!r}) is none of the array's activations there "
+                              f"({', '.join(repr(v) for v in env.variants)}).")
+        emb.choices[env_path] = choice
+        return
+    if isinstance(env, DropoutChoice):
+        if type(own) is not env.kind:
+            raise FusionError(f"layer '{_where(own_path)}' is {type(own).__name__}, the array has {env.kind.__name__}.")
+        emb.rates[env_path] = own.p
+        return
+    if _kind(env) != _kind(own) or (_kind(env) == "activation" and repr(env) != repr(own)):
+        raise FusionError(f"layer '{_where(own_path)}' is {own!r}; the array has {env!r} there.")
+    if isinstance(env, _DROPOUTS) and env.p != own.p:
+        raise FusionError(f"layer '{_where(own_path)}' has dropout p={own.p}; the array has p={env.p} there for every slot.")
+    _check_fits(env, own, own_path)
+    if isinstance(env, _CONTAINERS):
+        env_children, own_children = list(env._modules.items()), list(own._modules.items())
+        mapping = align_children(own_path, [c for _, c in env_children], [c for _, c in own_children])
+        for (own_name, child), position in zip(own_children, mapping):
+            env_name = env_children[position][0]
+            _embed(env_children[position][1], child, _join(env_path, env_name), _join(own_path, own_name), emb, {})
+        for position in sorted(set(range(len(env_children))) - set(mapping)):
+            emb.absent.append(_join(env_path, env_children[position][0]))
+    else:
+        if list(own._modules) != list(env._modules):
+            raise FusionError(f"layer '{_where(own_path)}' has children {list(own._modules)}; the array's model "
+                              f"has {list(env._modules)}.")
+        for name, child in own._modules.items():
+            if child is not None:
+                _embed(env._modules[name], child, _join(env_path, name), _join(own_path, name), emb, _child_hint(env, name))
+    _embed_tensors(env, own, env_path, own_path, emb, hint)
+
+
+def _padding_of(conv: nn.modules.conv._ConvNd) -> tuple[float, ...]:
+    if conv.padding == "same":
+        return tuple(d * (k - 1) / 2 for k, d in zip(conv.kernel_size, conv.dilation))
+    if conv.padding == "valid":
+        return (0.0,) * len(conv.kernel_size)
+    return tuple(float(p) for p in conv.padding)
+
+
+def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
+    """Settings of `own` that must equal the envelope's (sizes are checked with the tensors)."""
+    if isinstance(env, _RECURRENT):
+        for name in ("bias", "batch_first", "dropout", "bidirectional", "proj_size"):
+            if getattr(own, name) != getattr(env, name):
+                raise FusionError(f"layer '{_where(own_path)}': '{name}' is {getattr(own, name)!r}; the array has "
+                                  f"{getattr(env, name)!r}.")
+        if own.bidirectional and own.hidden_size != env.hidden_size:
+            raise FusionError(f"layer '{_where(own_path)}': a bidirectional layer must have the array's hidden size "
+                              f"({env.hidden_size}).")
+        return
+    env_settings = _settings(env)
+    for name, value in _settings(own).items():
+        if name in env_settings and _same(env_settings[name], value):
+            continue
+        if name in env_settings and (name in _SIZE_ATTRIBUTES or name == "padding" or _is_user_module(own)):
+            continue  # sizes: checked with the tensors; a user module's ints: by the verification
+        raise FusionError(f"layer '{_where(own_path)}' ({type(own).__name__}): '{name}' is {value!r}; the array's "
+                          f"model has {env_settings.get(name, '<missing>')!r}.")
+    if isinstance(env, nn.modules.conv._ConvNd):
+        for k, big_k, d, p, big_p in zip(own.kernel_size, env.kernel_size, own.dilation, _padding_of(own), _padding_of(env)):
+            if (big_k - k) % 2 or p + d * (big_k - k) / 2 != big_p:
+                raise FusionError(
+                    f"layer '{_where(own_path)}' ({type(own).__name__}): kernel {own.kernel_size} with padding "
+                    f"{own.padding!r} does not keep the geometry of the array's kernel {env.kernel_size} with padding "
+                    f"{env.padding!r}; the smaller kernel cannot be centred in the larger."
+                )
+
+
+def embed(envelope: nn.Module, model: nn.Module) -> SlotEmbedding:
+    """Where `model`'s tensors sit in `envelope` (FusionError naming the layer if they cannot)."""
+    emb = SlotEmbedding(state_keys=list(model.state_dict().keys()), shapes={}, places={})
+    _embed(envelope, model, "", "", emb, {})
+    return emb
+
+
+def embed_into(envelope_value: torch.Tensor, value: torch.Tensor, index: tuple[torch.Tensor, ...]) -> None:
+    """Write `value` into its place in one slot's envelope tensor (in place)."""
+    if value.dim() == 0:
+        envelope_value.copy_(value)
+    else:
+        envelope_value[place_index(index)] = value.to(envelope_value.dtype)
+
+
+def take_from(envelope_value: torch.Tensor, index: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """One slot's own tensor out of its envelope tensor (a copy)."""
+    if envelope_value.dim() == 0:
+        return envelope_value.clone()
+    return envelope_value[place_index(tuple(i.to(envelope_value.device) for i in index))]
+
+
+def slot_numel(emb: SlotEmbedding) -> int:
+    return sum(math.prod(shape) for shape in emb.shapes.values())

@@ -1,0 +1,249 @@
+"""The check that makes envelopes safe: each slot's own model against its embedding.
+
+Placement rules (`_envelope.py`) cover the layers torch ships; a user's module
+may do anything with its sizes (a reshape, a mean over features, a scale by
+1/width). So before an array of different sizes trains, every slot's own model
+and the template running that slot's padded tensors are compared on the first
+batch (at most `PROBE_SAMPLES` samples) in float64 on the CPU: outputs in
+train and eval mode, every parameter gradient of a random linear loss, and the
+buffers after the training-mode forward (BatchNorm running stats). Dropout is
+off on both sides (their masks differ by design). A mismatch raises
+FusionError naming the first layer whose output differs, so a combination
+that cannot be embedded exactly is refused, never trained differently.
+
+The same pass counts multiply-adds (torch's FlopCounterMode): what the slot's
+own model needs per sample and what its place in the envelope executes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode
+
+from hfta_nas._slot_layers import SlotDropout
+from hfta_nas.errors import FusionError
+
+if TYPE_CHECKING:
+    from hfta_nas._array import ModelArray
+
+PROBE_SAMPLES = 32
+_TOLERANCE = 1e-9  # relative to each tensor's largest magnitude; float64 rounding is ~1e-15
+
+
+@dataclass(frozen=True)
+class PaddingCost:
+    """Multiply-adds per sample of one forward: (useful, executed) per slot.
+
+    useful: what the slot's own model needs; executed: what the array runs for
+    that slot (its envelope). Their ratio is the price of padding.
+    """
+
+    per_slot: list[tuple[int, int]]
+
+    @property
+    def useful(self) -> int:
+        return sum(u for u, _ in self.per_slot)
+
+    @property
+    def executed(self) -> int:
+        return sum(e for _, e in self.per_slot)
+
+    @property
+    def waste(self) -> float:
+        """Fraction of executed multiply-adds spent on padding (0 for equal shapes)."""
+        return 1.0 - self.useful / self.executed if self.executed else 0.0
+
+    def __str__(self) -> str:
+        return (f"{len(self.per_slot)} slots: {self.useful:,} useful / {self.executed:,} executed multiply-adds "
+                f"per sample ({self.waste:.1%} padding)")
+
+
+def _samples(x: Any) -> Any:
+    return x[:PROBE_SAMPLES] if isinstance(x, torch.Tensor) and x.dim() > 0 else x
+
+
+def _as_float64(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return x.double() if x.is_floating_point() else x
+    return x
+
+
+def count_macs(module: nn.Module, state: dict[str, torch.Tensor] | None, inputs: tuple[Any, ...]) -> int:
+    """Multiply-adds per sample of one forward of `module` (with `state` swapped in, if given)."""
+    samples = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), 1)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        if state is None:
+            module(*inputs)
+        else:
+            functional_call(module, state, inputs, tie_weights=True)
+    return round(counter.get_total_flops() / 2 / max(samples, 1))
+
+
+@contextlib.contextmanager
+def _probing(template: nn.Module):
+    """Template in training mode with its dropout off, attention's fused kernels off; restored after."""
+    training = template.training
+    dropouts = [m for m in template.modules() if isinstance(m, SlotDropout)]
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        template.train()
+        for m in dropouts:
+            m.training = False
+        yield
+    finally:
+        template.train(training)
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+
+
+def _own_copy(model: nn.Module) -> nn.Module:
+    own = copy.deepcopy(model).cpu().double()
+    for m in own.modules():
+        if isinstance(m, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)):
+            m.p = 0.0
+        elif isinstance(m, nn.RNNBase):
+            m.dropout = 0.0
+    return own.train()
+
+
+def _difference(own: torch.Tensor, padded: torch.Tensor) -> float:
+    """Largest difference relative to the own tensor's scale (inf for a shape mismatch)."""
+    if own.shape != padded.shape:
+        return float("inf")
+    if not own.is_floating_point():
+        return 0.0 if torch.equal(own, padded) else float("inf")
+    scale = max(own.abs().max().item() if own.numel() else 0.0, 1e-30)
+    return (own - padded).abs().max().item() / scale if own.numel() else 0.0
+
+
+class _Mismatch(Exception):
+    def __init__(self, what: str, error: float) -> None:
+        super().__init__(what)
+        self.what, self.error = what, error
+
+
+def _check(what: str, own: torch.Tensor, padded: torch.Tensor) -> None:
+    error = _difference(own, padded)
+    if error > _TOLERANCE:
+        raise _Mismatch(what, error)
+
+
+def _compare_outputs(what: str, own_out: Any, padded_out: Any) -> list[torch.Tensor]:
+    own_leaves, own_spec = tree_flatten(own_out)
+    padded_leaves, padded_spec = tree_flatten(padded_out)
+    if own_spec != padded_spec:
+        raise _Mismatch(f"{what} (the output's structure)", float("inf"))
+    for own, padded in zip(own_leaves, padded_leaves):
+        if isinstance(own, torch.Tensor):
+            _check(what, own, padded)
+    return [t for t in own_leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _first_differing_layer(array: "ModelArray", slot: int, own: nn.Module, state, inputs) -> str:
+    """The first layer (in the own model's execution order) whose output differs from its padded place."""
+    from hfta_nas._envelope import SlotEmbedding  # noqa: PLC0415 (typing only)
+
+    emb: SlotEmbedding = array._embeddings[slot]
+    own_outputs: list[tuple[str, torch.Tensor]] = []
+    padded_outputs: dict[str, torch.Tensor] = {}
+
+    def recorder(store, path):
+        def hook(module, args, output):
+            tensor = output[0] if isinstance(output, (tuple, list)) and output else output
+            if isinstance(tensor, torch.Tensor):
+                if isinstance(store, list):
+                    store.append((path, tensor.detach()))
+                else:
+                    store.setdefault(path, tensor.detach())
+        return hook
+
+    handles = [m.register_forward_hook(recorder(own_outputs, p)) for p, m in own.named_modules() if p]
+    handles += [array._template.get_submodule(env).register_forward_hook(recorder(padded_outputs, own_path))
+                for own_path, env in emb.modules.items() if own_path]
+    try:
+        with torch.no_grad(), contextlib.suppress(Exception):
+            own(*inputs)
+            functional_call(array._template, {k: v.clone() for k, v in state.items()}, inputs, tie_weights=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for path, own_out in own_outputs:
+        padded = padded_outputs.get(path)
+        if padded is None or padded.dim() != own_out.dim() or any(o > p for o, p in zip(own_out.shape, padded.shape)):
+            continue
+        corner = padded[tuple(slice(0, n) for n in own_out.shape)]
+        if _difference(own_out, corner) > _TOLERANCE:
+            return f", first at layer '{path}' ({type(own.get_submodule(path)).__name__})"
+    return ""
+
+
+def verify_slot(array: "ModelArray", slot: int, model: nn.Module, inputs: tuple[Any, ...]) -> tuple[int, int]:
+    """Raise FusionError unless slot `slot` of `array` computes what `model` computes on `inputs`
+    (one slot's batch). Returns (useful, executed) multiply-adds per sample."""
+    inputs = tuple(_as_float64(_samples(x)) for x in inputs)
+    own = _own_copy(model)
+    emb = array._embeddings[slot]
+    state = {name: _as_float64(value).clone() for name, value in array._slot_state(slot).items()}
+    for name in array._leaves:
+        state[name].requires_grad_()
+    template = array._template
+    with _probing(template), torch.enable_grad():
+        own_out = own(*inputs)  # the user's own model: its errors are the user's, raised as they are
+        try:
+            padded_out = functional_call(template, state, inputs, tie_weights=True)
+        except Exception as error:  # noqa: BLE001 - any failure of the padded forward refuses the combination
+            raise FusionError(f"slot {slot}: its model fails when padded into the array's envelope "
+                              f"({type(error).__name__}: {error}); models like it need a separate array.") from None
+        try:
+            _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs)
+        except _Mismatch as mismatch:
+            where = _first_differing_layer(array, slot, _own_copy(model), _initial_state(array, slot), inputs)
+            raise FusionError(
+                f"slot {slot}: its model and its place in the array's envelope compute different {mismatch.what} "
+                f"(relative difference {mismatch.error:.2g}){where}; this combination cannot be embedded exactly, "
+                "so it is refused: train models of this size in a separate array."
+            ) from None
+    useful = count_macs(_own_copy(model), None, inputs)
+    executed = count_macs(template, _initial_state(array, slot), inputs)
+    return useful, executed
+
+
+def _initial_state(array: "ModelArray", slot: int) -> dict[str, torch.Tensor]:
+    return {name: _as_float64(value).clone() for name, value in array._slot_state(slot).items()}
+
+
+def _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs) -> None:
+    from hfta_nas._envelope import take_from  # noqa: PLC0415
+
+    tensors = _compare_outputs("outputs", own_out, padded_out)
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in tensors]
+    padded_tensors = [t for t in tree_flatten(padded_out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    own_params = dict(own.named_parameters())
+    leaves = [state[name] for name in array._leaves]
+    own_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(tensors, weights)), list(own_params.values()),
+                                    allow_unused=True)
+    padded_grads = dict(zip(array._leaves, torch.autograd.grad(
+        sum((t * w).sum() for t, w in zip(padded_tensors, weights)), leaves, allow_unused=True)))
+    for (name, param), grad in zip(own_params.items(), own_grads):
+        env_name, index = emb.places[name]
+        padded = padded_grads.get(array._param_aliases[env_name])
+        own_grad = grad if grad is not None else torch.zeros_like(param)
+        padded_grad = take_from(padded, index) if padded is not None else torch.zeros_like(own_grad)
+        _check(f"gradients of '{name}'", own_grad, padded_grad)
+    for name, buffer in own.named_buffers():
+        env_name, index = emb.places[name]
+        _check(f"buffer '{name}' after a training step", buffer, take_from(state[env_name], index))
+    own.eval()
+    array._template.eval()
+    with torch.no_grad():
+        _compare_outputs("outputs in eval mode", own(*inputs), functional_call(array._template, state, inputs, tie_weights=True))
