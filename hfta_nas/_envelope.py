@@ -310,6 +310,23 @@ def _merge_tensors(path: str, env: nn.Module, present: list[tuple[int, nn.Module
         getattr(env, table)[name] = tied[key] = made
 
 
+def _add_stand_ins(columns: list[list[nn.Module | None]], slot: int, reference: list[nn.Module],
+                   placed: dict[int, nn.Module]) -> None:
+    """Size a block that `slot` skips as if the slot had it too.
+
+    A block only deeper slots have would otherwise get their width alone,
+    while the skipping slot feeds it its own (maybe wider) activations: a
+    transformer of width 16 and 2 layers beside one of width 12 and 3 layers
+    needs a third layer of width 16. The nearest block of the same kind that
+    the slot does have stands in for the size merge only (not for placement).
+    """
+    for position, column in enumerate(columns):
+        if column[slot] is not None:
+            continue
+        candidates = sorted(placed, key=lambda p: (abs(p - position), p > position))
+        column[slot] = next((placed[p] for p in candidates if _compatible(reference[position], placed[p])), None)
+
+
 def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
     """The envelope of the modules at one position (None: a slot that skips it)."""
     present = [(slot, m) for slot, m in enumerate(column) if m is not None]
@@ -342,8 +359,10 @@ def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
         columns: list[list[nn.Module | None]] = [[None] * len(column) for _ in reference]
         for slot, module in present:
             children = list(module._modules.values())
-            for child, position in zip(children, align_children(path, [c for _, c in reference], children)):
+            mapping = align_children(path, [c for _, c in reference], children)
+            for child, position in zip(children, mapping):
                 columns[position][slot] = child
+            _add_stand_ins(columns, slot, [c for _, c in reference], dict(zip(mapping, children)))
         for (name, _), child_column in zip(reference, columns):
             env._modules[name] = _merge(_join(path, name), child_column, tied)
     else:
