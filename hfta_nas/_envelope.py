@@ -146,9 +146,10 @@ def align_children(path: str, long: Sequence[nn.Module], short: Sequence[nn.Modu
             return mapping
     kinds = lambda children: "[" + ", ".join(type(c).__name__ for c in children) + "]"  # noqa: E731
     if gap == 0:
+        k = next(k for k, (a, b) in enumerate(zip(long, short)) if not _compatible(a, b))
         raise FusionError(
-            f"layer '{_where(path)}' holds {kinds(short)} in one slot but {kinds(long)} in another; "
-            "slots must have the same layer types in the same order."
+            f"layer {k} of '{_where(path)}' is {type(short[k]).__name__} in one slot but {type(long[k]).__name__} "
+            f"in another ({kinds(short)} vs {kinds(long)}); slots must have the same layer types in the same order."
         )
     raise FusionError(
         f"layer '{_where(path)}' holds {len(short)} layers {kinds(short)} in one slot and {len(long)} {kinds(long)} "

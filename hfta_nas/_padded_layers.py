@@ -181,4 +181,6 @@ def _gate(path: str, module: nn.Module, args: tuple, output):
 def gate_skipped_layer(module: nn.Module, path: str) -> None:
     """Make `module` an identity for the slots whose `slot_present` is False."""
     module.register_buffer("slot_present", torch.ones((), dtype=torch.bool))
-    module.register_forward_hook(functools.partial(_gate, path))
+    gate = functools.partial(_gate, path)
+    module._hfta_skip_gate = gate  # lets the vmap-free path (`_slot_ops`) run the gate itself
+    module.register_forward_hook(gate)

@@ -147,6 +147,9 @@ def _compare_outputs(what: str, own_out: Any, padded_out: Any) -> list[torch.Ten
     if own_spec != padded_spec:
         raise _Mismatch(f"{what} (the output's structure)", float("inf"))
     for own, padded in zip(own_leaves, padded_leaves):
+        if isinstance(own, torch.Tensor) and isinstance(padded, torch.Tensor) and own.shape != padded.shape:
+            raise _Mismatch(f"output shapes ({list(own.shape)} alone, {list(padded.shape)} in the envelope: the "
+                            "slots' outputs must have equal shapes, e.g. the same number of classes)", float("inf"))
         if isinstance(own, torch.Tensor):
             _check(what, own, padded)
     return [t for t in own_leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
@@ -211,9 +214,10 @@ def verify_slot(array: "ModelArray", slot: int, model: nn.Module, inputs: tuple[
             _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs)
         except _Mismatch as mismatch:
             where = _first_differing_layer(array, slot, _own_copy(model), _initial_state(array, slot), inputs)
+            size = f" (relative difference {mismatch.error:.2g})" if mismatch.error != float("inf") else ""
             raise FusionError(
-                f"slot {slot}: its model and its place in the array's envelope compute different {mismatch.what} "
-                f"(relative difference {mismatch.error:.2g}){where}; this combination cannot be embedded exactly, "
+                f"slot {slot}: its model and its place in the array's envelope compute different {mismatch.what}"
+                f"{size}{where}; this combination cannot be embedded exactly, "
                 "so it is refused: train models of this size in a separate array."
             ) from None
     useful = count_macs(_own_copy(model), None, inputs)

@@ -413,13 +413,38 @@ def _has_hooks(module: nn.Module) -> bool:
                 or getattr(module, "_backward_pre_hooks", None))
 
 
+def _only_skip_gate(module: nn.Module) -> bool:
+    """Whether the module's one hook is the array's skip gate (`_padded_layers.gate_skipped_layer`)."""
+    hooks = list(module._forward_hooks.values())
+    gate = getattr(module, "_hfta_skip_gate", None)
+    return (gate is not None and len(hooks) == 1 and hooks[0] is gate and not module._forward_pre_hooks
+            and not module._backward_hooks and not getattr(module, "_backward_pre_hooks", None))
+
+
 def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: bool = False):
     """fn(leaves, x) computing `module` on physical [B, ...] tensors, or None if unsupported.
     `relu`: a convolution also applies the ReLU that follows it."""
-    from hfta_nas._slot_layers import SlotDropout  # noqa: PLC0415 (_slot_layers imports this module)
-
     if _has_hooks(module):
-        return None
+        if not _only_skip_gate(module):
+            return None
+        step = _native_layer(module, prefix, aliases, relu)
+        if step is None:
+            return None
+        present = prefix + "slot_present"
+
+        def gated(leaves, x):  # a slot of smaller depth passes x through (the gate's rule, on [B, ...])
+            y = step(leaves, x)
+            if y.shape != x.shape:
+                raise NeedsVmap  # the vmap path's gate raises the error that names the layer
+            return torch.where(leaves[present].view(-1, *([1] * (x.dim() - 1))), y, x)
+        return gated
+    return _native_layer(module, prefix, aliases, relu)
+
+
+def _native_layer(module: nn.Module, prefix: str, aliases: dict[str, str], relu: bool = False):
+    from hfta_nas._padded_layers import SlotActivation  # noqa: PLC0415 (both import this module)
+    from hfta_nas._slot_layers import SlotDropout  # noqa: PLC0415
+
     kind = type(module)
     if kind is nn.Sequential:
         children = list(module.named_children())
@@ -428,7 +453,8 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
             name, child = children[index]
             following = children[index + 1][1] if index + 1 < len(children) else None
             # Linear/Conv -> ReLU: the ReLU runs inside the layer's kernel, in place.
-            relu = (type(child) in _TAKES_RELU and type(following) is nn.ReLU and not _has_hooks(following))
+            relu = (type(child) in _TAKES_RELU and type(following) is nn.ReLU and not _has_hooks(following)
+                    and not _has_hooks(child))
             steps.append(_native_step(child, f"{prefix}{name}.", aliases, relu=relu))
             index += 2 if relu else 1
         if any(step is None for step in steps):
@@ -478,8 +504,11 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
         def dropout(leaves, x):
             if not module.training or module.p == 0.0:
                 return x
-            return module.native_forward(x, leaves[prefix + "slot_key"], leaves[prefix + "calls"])
+            return module.native_forward(x, leaves[prefix + "slot_key"], leaves[prefix + "calls"],
+                                         leaves.get(prefix + "rate"))
         return dropout
+    if kind is SlotActivation:
+        return lambda leaves, x: module.native_forward(x, leaves[prefix + "choice"])
     return None
 
 

@@ -225,14 +225,16 @@ def test_tied_weights_share_one_parameter():
     Tied().load_state_dict(state)
 
 
-def test_mismatched_shapes_name_the_parameter_and_both_shapes():
-    with pytest.raises(FusionError, match=r"parameter '0.weight' has shape \[9, 6\] in slot 1 but \[8, 6\] in slot 0"):
-        ModelArray([nn.Sequential(nn.Linear(6, 8)), nn.Sequential(nn.Linear(6, 9))])
+def test_outputs_of_different_shapes_are_refused_on_the_first_call():
+    # Different widths pad into one envelope, but the slots' outputs must agree in shape.
+    arr = ModelArray([nn.Sequential(nn.Linear(6, 8)), nn.Sequential(nn.Linear(6, 9))])
+    with pytest.raises(FusionError, match=r"slot 0: .*output shapes \(\[4, 8\] alone, \[4, 9\] in the envelope"):
+        arr(torch.randn(2, 4, 6))
 
 
-def test_same_shapes_but_different_layers_are_refused():
-    with pytest.raises(FusionError, match="differs from slot 0 in structure.*GELU"):
-        ModelArray([nn.Sequential(nn.Linear(3, 3), nn.ReLU()), nn.Sequential(nn.Linear(3, 3), nn.GELU())])
+def test_different_layer_types_are_refused_by_name():
+    with pytest.raises(FusionError, match="layer 1 of '<root>' is BatchNorm1d in one slot but ReLU in another"):
+        ModelArray([nn.Sequential(nn.Linear(3, 3), nn.ReLU()), nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))])
 
 
 @pytest.mark.parametrize("layer,match", [
