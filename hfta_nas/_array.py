@@ -311,6 +311,9 @@ class ModelArray:
     ) -> "ModelArray":
         """One slot per seed: slot b is `factory()` built right after `torch.manual_seed(seeds[b])`.
 
+        The factory must build the same shapes every time (replicas of one model);
+        models of different sizes go into one array as a list, `ModelArray(models)`.
+
         The global RNG state is restored afterwards, so building an array does
         not change the randomness of the caller's code.
         """
@@ -319,12 +322,16 @@ class ModelArray:
             raise HftaNasError("from_factory needs at least one seed.")
         with torch.random.fork_rng(devices=[]):
             models = [_build_seeded(factory, seed) for seed in seeds]
+        # One factory, many seeds means replicas: a factory whose sizes change with the seed
+        # is a bug here (models of different sizes go in as a list: `ModelArray(models)`).
+        signature = FusionSignature(models[0])
         try:
-            check_fusable(models)
+            for slot, model in enumerate(models[1:], start=1):
+                signature.check(model, slot)
         except FusionError as error:
-            raise FusionError(f"the model factory built models of different structure on different calls (one per "
-                              f"seed): {error} A factory must build the same layers every time; only the initial "
-                              "weights (and sizes) may depend on the seed.") from None
+            raise FusionError(f"the model factory built different models on different calls (one per seed): {error} "
+                              "A factory must build the same layers and shapes every time; only the initial "
+                              "weights may depend on the seed.") from None
         return cls(models, dropout_seeds=dropout_seeds if dropout_seeds is not None else seeds, device=device, dtype=dtype)
 
     @staticmethod

@@ -189,7 +189,8 @@ def _first_differing_layer(array: "ModelArray", slot: int, own: nn.Module, state
             continue
         corner = padded[tuple(slice(0, n) for n in own_out.shape)]
         if _difference(own_out, corner) > _TOLERANCE:
-            return f", first at layer '{path}' ({type(own.get_submodule(path)).__name__})"
+            return (f", first at layer '{path}' ({type(own.get_submodule(path)).__name__}) or in the forward code "
+                    "that feeds it")
     return ""
 
 
