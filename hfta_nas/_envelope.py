@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hfta_nas._padded_layers import ActivationChoice, DropoutChoice
+from hfta_nas._padded_layers import ActivationChoice, DropoutChoice, activation_key
 from hfta_nas._slot_ops import _ELEMENTWISE, _POOLING_DIMS
 from hfta_nas.errors import FusionError
 
@@ -325,7 +325,8 @@ def _add_stand_ins(columns: list[list[nn.Module | None]], slot: int, reference: 
         if column[slot] is not None:
             continue
         candidates = sorted(placed, key=lambda p: (abs(p - position), p > position))
-        column[slot] = next((placed[p] for p in candidates if _compatible(reference[position], placed[p])), None)
+        column[slot] = next((placed[p] for p in candidates
+                             if _compatible(reference[position], placed[p]) and _keeps_shape(placed[p])), None)
 
 
 def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
@@ -341,7 +342,7 @@ def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
     if _kind(first) == "activation":
         variants: list[nn.Module] = []
         for _, m in present:
-            if repr(m) not in {repr(v) for v in variants}:
+            if activation_key(m) not in {activation_key(v) for v in variants}:
                 variant = copy.deepcopy(m)
                 if getattr(variant, "inplace", False):
                     variant.inplace = False  # each variant reads the same input
@@ -502,7 +503,7 @@ def _embed(env: nn.Module, own: nn.Module, env_path: str, own_path: str, emb: Sl
             raise FusionError(f"layer '{_where(own_path)}' is {type(own).__name__}, the array has {env.kind.__name__}.")
         emb.rates[env_path] = own.p
         return
-    if _kind(env) != _kind(own) or (_kind(env) == "activation" and repr(env) != repr(own)):
+    if _kind(env) != _kind(own) or (_kind(env) == "activation" and activation_key(env) != activation_key(own)):
         raise FusionError(f"layer '{_where(own_path)}' is {own!r}; the array has {env!r} there.")
     if isinstance(env, _DROPOUTS) and env.p != own.p:
         raise FusionError(f"layer '{_where(own_path)}' has dropout p={own.p}; the array has p={env.p} there for every slot.")

@@ -88,6 +88,9 @@ class Envelope:
     def template(self) -> nn.Module:
         """The module the array runs: stand-ins where slots need them, then the fusable swaps."""
         root = copy.deepcopy(self.tree)
+        for module in root.modules():
+            if getattr(module, "inplace", False):
+                module.inplace = False  # a skip gate passes its input through: it must not be overwritten
         for path, kind in sorted(self.standins):
             module = root.get_submodule(path) if path else root
             if kind == "activation":

@@ -23,6 +23,7 @@ layers here are the exceptions, each fixed with per-slot constants (stacked
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 
@@ -34,6 +35,14 @@ from hfta_nas._slot_layers import FusableMultiheadAttention
 from hfta_nas.errors import FusionError
 
 
+def activation_key(activation: nn.Module) -> str:
+    """What makes two activation modules the same function: type and settings, not `inplace`."""
+    if getattr(activation, "inplace", False):
+        activation = copy.copy(activation)
+        activation.inplace = False
+    return repr(activation)
+
+
 class ActivationChoice(nn.Module):
     """Envelope-tree marker: slots use different element-wise activations here."""
 
@@ -42,9 +51,9 @@ class ActivationChoice(nn.Module):
         self.variants = nn.ModuleList(variants)
 
     def index_of(self, activation: nn.Module) -> int | None:
-        """Which variant `activation` is (compared by repr: type and settings), None if none."""
-        shown = repr(activation)
-        return next((i for i, v in enumerate(self.variants) if repr(v) == shown), None)
+        """Which variant `activation` is (type and settings), None if none."""
+        key = activation_key(activation)
+        return next((i for i, v in enumerate(self.variants) if activation_key(v) == key), None)
 
 
 class DropoutChoice(nn.Module):

@@ -175,3 +175,97 @@ def test_search_quick_run_has_both_methods(search_quick_run):
     for header in ("plain", "search", "wall s", "best val_acc", "mean final", "median final", "plain / search wall time",
                    "1 torch threads"):
         assert header in stdout
+
+
+# ---------------------------------------------------------------- benchmarks/envelope.py
+from benchmarks import envelope  # noqa: E402
+
+ENVELOPE_METHODS = ["padded", "grouped", "serial"]
+
+
+@pytest.fixture(scope="module")
+def envelope_quick_run(tmp_path_factory):
+    """`python -m benchmarks.envelope --quick` cut down to one mixed workload and two tiny sweep series (a few seconds)."""
+    out = tmp_path_factory.mktemp("bench-envelope") / "envelope.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.envelope", "--quick", "--threads", "1", "--workloads", "mlp",
+         "--sweep", "mlp", "--mixes", "pair,ladder", "--ratios", "1,0.5", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(out.read_text()), completed.stdout
+
+
+def _envelope_entries(result):
+    yield from result["results"].items()
+    yield from ((point["name"], point) for point in result["sweep"])
+
+
+def test_envelope_quick_run_has_three_methods_with_positive_rates(envelope_quick_run):
+    result, _ = envelope_quick_run
+    settings = result["settings"]
+    assert settings["quick"] is True and settings["threads"] == 1 and result["machine"]["threads"] == 1
+    assert settings["methods"] == ENVELOPE_METHODS
+    assert list(result["results"]) == ["mlp"]
+    assert len(result["sweep"]) == 4  # mlp x (pair, ladder) x (1, 0.5)
+    assert result["flags"] == []
+    for name, entry in _envelope_entries(result):
+        assert list(entry["methods"]) == ENVELOPE_METHODS, name
+        for method, cell in entry["methods"].items():
+            rate = cell["samples_per_s"]
+            assert rate is not None and math.isfinite(rate) and rate > 0, (name, method, cell.get("unsupported"))
+            assert cell["models_timed"] == entry["models"] and cell["equivalence"]["ok"], (name, method)
+        for ratio, (top, bottom, _) in envelope.RATIOS.items():
+            expected = entry["methods"][top]["samples_per_s"] / entry["methods"][bottom]["samples_per_s"]
+            assert entry["ratios"][ratio] == pytest.approx(expected, rel=1e-12), (name, ratio)
+        # Groups partition the slots by exact config.
+        assert sorted(s for g in entry["groups"] for s in g) == list(range(entry["models"]))
+        for group in entry["groups"]:
+            assert all(entry["configs"][s] == entry["configs"][group[0]] for s in group)
+
+
+def test_envelope_quick_run_reports_padding_waste(envelope_quick_run):
+    result, _ = envelope_quick_run
+    mixed = result["results"]["mlp"]
+    assert mixed["models"] == 4 and len(mixed["groups"]) == 4  # widths 32, 128 x depth 1, 2 in quick mode
+    assert 0 < mixed["padding"]["waste"] < 1
+    for name, entry in _envelope_entries(result):
+        padding = entry["padding"]
+        assert padding["executed_macs_per_sample"] >= padding["useful_macs_per_sample"] > 0, name
+        assert padding["executed_over_useful"] == pytest.approx(
+            padding["executed_macs_per_sample"] / padding["useful_macs_per_sample"])
+        assert padding["waste"] == pytest.approx(1 - 1 / padding["executed_over_useful"])
+        if entry.get("sweep", {}).get("ratio") == 1.0:
+            assert padding["waste"] == 0 and len(entry["groups"]) == 1, name  # equal shapes: the control
+    assert set(result["crossover"]) == {"mlp pair", "mlp ladder"}
+    for cross in result["crossover"].values():
+        assert isinstance(cross["summary"], str) and len(cross["points"]) == 1
+
+
+def test_envelope_quick_run_prints_table(envelope_quick_run):
+    _, stdout = envelope_quick_run
+    for header in ("padded", "grouped", "serial", "padded/serial", "grouped/serial", "padded/grouped", "exec/useful",
+                   "waste", "Where padding stops paying", "padded/grouped, mlp pair:"):
+        assert header in stdout
+
+
+def test_envelope_crossover_interpolates_the_waste_at_parity():
+    points = [{"waste": 0.0, "padded/grouped": 0.98}, {"waste": 0.1, "padded/grouped": 1.2},
+              {"waste": 0.3, "padded/grouped": 1.1}, {"waste": 0.5, "padded/grouped": 0.9}]
+    cross = envelope.crossover(points)
+    assert cross["waste_at_parity"] == pytest.approx(0.4)
+    assert cross["equal_shape_control"] == [0.98]  # no waste: left out of the crossing
+    assert cross["clearly_pays_up_to_waste"] == 0.3 and cross["clearly_loses_from_waste"] == 0.5
+    assert envelope.crossover(points[:3])["waste_at_parity"] is None  # pays everywhere
+    assert "never pays" in envelope.crossover([{"waste": 0.2, "padded/grouped": 0.5}])["summary"]
+
+
+def test_envelope_bad_arguments_are_rejected(capsys):
+    parser = envelope.build_parser()
+    for argv in (["--workloads", "gru"], ["--sweep", "resnet"], ["--mixes", "odd"], ["--ratios", "x"]):
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args(argv)
+        assert exit_info.value.code == 2
+    assert envelope.main(["--quick", "--ratios", "1.5", "--workloads", "none", "--quiet"]) == 2
+    assert "ratios" in capsys.readouterr().err
