@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from hfta_nas._envelope import SlotEmbedding, embed_into, take_from
+from hfta_nas._envelope import SlotEmbedding, embed_into, same_setting, settings_of, take_from
 from hfta_nas._envelope_template import Envelope
 from hfta_nas._probe import PaddingCost, count_macs, verify_slot
 from hfta_nas._slot_layers import init_slot_randomness, make_fusable
@@ -62,6 +62,7 @@ class FusionSignature:
     def __init__(self, model: nn.Module) -> None:
         self.tensors = _describe_tensors(model)
         self.structure = repr(model).splitlines()
+        self.settings = [(path, settings_of(m)) for path, m in model.named_modules()]
 
     def check(self, model: nn.Module, slot: int) -> None:
         """Raise FusionError naming the first difference between `model` and the reference (slot 0)."""
@@ -87,6 +88,15 @@ class FusionSignature:
                     f"slot {slot} differs from slot 0 in structure: '{line.strip()}' vs '{line0.strip()}'; "
                     "slots share one forward, so layer types and settings must be equal."
                 )
+        # Attributes repr does not show (a user module's temperature, say) are read by the shared forward too.
+        for (path, settings0), (_, module) in zip(self.settings, model.named_modules()):
+            settings = settings_of(module)
+            for name, value0 in settings0.items():
+                if name not in settings or not same_setting(value0, settings[name]):
+                    raise FusionError(
+                        f"layer '{path or '<root>'}': '{name}' is {settings.get(name, '<missing>')!r} in slot {slot} "
+                        f"but {value0!r} in slot 0; slots share one forward, so settings must be equal."
+                    )
 
 
 def _equal_shapes(models: Sequence[nn.Module]) -> bool:
@@ -106,6 +116,17 @@ def check_fusable(models: Sequence[nn.Module]) -> None:
     models = list(models)
     if not _equal_shapes(models):
         Envelope(models)
+
+
+def _refuse_frozen(models: Sequence[nn.Module]) -> None:
+    """Every parameter of an array is trained: a frozen one would silently be trained too."""
+    for slot, model in enumerate(models):
+        for name, param in model.named_parameters():
+            if not param.requires_grad:
+                raise FusionError(
+                    f"parameter '{name}' of slot {slot} has requires_grad=False; arrays train every parameter, so "
+                    "frozen parameters are not supported: register the tensor as a buffer instead."
+                )
 
 
 def _per_slot_ints(values: Iterable[int] | None, count: int, name: str) -> list[int]:
@@ -155,6 +176,7 @@ class ModelArray:
         first_param = next(models[0].parameters(), None)
         if first_param is None:
             raise FusionError("the model has no parameters; there is nothing to train in an array.")
+        _refuse_frozen(models)
         dtype = dtype or first_param.dtype
         device = torch.device(device) if device is not None else first_param.device
         self.device, self.dtype = device, dtype
@@ -287,7 +309,10 @@ class ModelArray:
 
     def fits(self, model: nn.Module) -> bool:
         """Whether `model` can replace a slot of this array (`replace_slot`) without a new array."""
+        if not isinstance(model, nn.Module):
+            raise HftaNasError(f"fits needs a torch.nn.Module, got {type(model).__name__}.")
         try:
+            _refuse_frozen([model])
             self._placement(model, 0)
         except FusionError:
             return False
@@ -296,7 +321,11 @@ class ModelArray:
     def _placement(self, model: nn.Module, slot: int) -> SlotEmbedding | None:
         """Where `model` goes in slot `slot` (None: equal shapes); FusionError if it cannot."""
         if self._envelope is None:
-            self._signature.check(model, slot)
+            try:
+                self._signature.check(model, slot)
+            except FusionError as error:
+                raise FusionError(f"this array was built from models of equal shapes, so a new model must have "
+                                  f"them too (compared with slot 0): {error}") from None
             return None
         return self._envelope.place(model, slot)
 
@@ -555,7 +584,7 @@ class ModelArray:
         params = self._views(self.flat.detach())
         with torch.no_grad():
             for key in self._state_keys:
-                value = torch.as_tensor(state_dict[key])
+                value = _as_tensor(key, state_dict[key])
                 target = params[self._param_aliases[key]][slot] if key in self._param_aliases else self.buffers[key][slot]
                 if value.shape != target.shape:
                     raise FusionError(f"'{key}' has shape {list(value.shape)} but the array expects {list(target.shape)}.")
@@ -569,7 +598,7 @@ class ModelArray:
                                f"unexpected keys {unexpected}.")
         params, buffers = {}, {}
         for key in emb.state_keys:
-            value = torch.as_tensor(state_dict[key])
+            value = _as_tensor(key, state_dict[key])
             if value.shape != emb.shapes[key]:
                 raise FusionError(f"'{key}' has shape {list(value.shape)} but slot {slot}'s model has "
                                   f"{list(emb.shapes[key])}.")
@@ -621,6 +650,7 @@ class ModelArray:
         slot = self._check_slot(slot)
         if not isinstance(model, nn.Module):
             raise HftaNasError(f"replace_slot needs a torch.nn.Module, got {type(model).__name__}.")
+        _refuse_frozen([model])
         emb = self._placement(model, slot)
         if emb is None:
             self.load_slot(slot, model.state_dict())
@@ -637,6 +667,13 @@ class ModelArray:
             self._slot_random[name][slot] = value[0]
         for listener in self._listeners:
             listener.reset_slot(slot)
+
+
+def _as_tensor(key: str, value: Any) -> torch.Tensor:
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise HftaNasError(f"state_dict entry '{key}' is a {type(value).__name__}, not a tensor.") from None
 
 
 @contextlib.contextmanager

@@ -171,17 +171,40 @@ def _shell(module: nn.Module) -> nn.Module:
     return shell
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_setting(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool((a == b).all())
+    if callable(a) and callable(b) and hasattr(a, "__code__") and hasattr(b, "__code__"):
+        return a.__code__ is b.__code__  # the same function made again per instance (a lambda in __init__)
     try:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - an attribute whose == is not a bool: compare identity
         return a is b
 
 
-def _settings(module: nn.Module) -> dict[str, Any]:
+def settings_of(module: nn.Module) -> dict[str, Any]:
+    """A module's settings: its public non-tensor attributes (what its forward may read)."""
     return {k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training"}
+
+
+def _sizes_in(module: nn.Module) -> set[int]:
+    """The sizes a module's subtree has: every tensor dim and every container's length."""
+    sizes = {n for t in [*module.parameters(), *module.buffers()] for n in t.shape}
+    return sizes | {len(m) for m in module.modules() if isinstance(m, _CONTAINERS)}
+
+
+def _is_size(module: nn.Module, name: str, value: Any) -> bool:
+    """Whether a setting that differs between slots is a size the envelope may take the largest of.
+
+    torch layers: their size attributes (`kernel_size` for convolutions only). A user's
+    module: an int that is one of its own sizes (a width, a block count), so that a
+    clamp bound or a temperature that merely differs is refused, not silently replaced.
+    """
+    if _is_user_module(module):
+        return isinstance(value, int) and not isinstance(value, bool) and value in _sizes_in(module)
+    if name == "kernel_size":
+        return isinstance(module, nn.modules.conv._ConvNd)
+    return name in _SIZE_ATTRIBUTES
 
 
 def _largest(values: list[Any]) -> Any:
@@ -195,21 +218,21 @@ def _largest(values: list[Any]) -> Any:
 def _merge_settings(path: str, env: nn.Module, present: list[tuple[int, nn.Module]]) -> None:
     """Settings must be equal; sizes (and ints of user modules) become the largest slot's."""
     s0, first = present[0]
-    names = set(_settings(first))
+    names = set(settings_of(first))
     for slot, module in present[1:]:
-        if set(_settings(module)) != names:
+        if set(settings_of(module)) != names:
             raise FusionError(f"layer '{_where(path)}' has different attributes in slots {s0} and {slot}.")
     for name in sorted(names):
         values = [getattr(m, name) for _, m in present]
-        if all(_same(values[0], v) for v in values[1:]):
+        if all(same_setting(values[0], v) for v in values[1:]):
             continue
         if name == "padding" and isinstance(first, nn.modules.conv._ConvNd):
             continue  # set from the geometry in _merge_conv
         largest = _largest(values)
-        if largest is not None and (name in _SIZE_ATTRIBUTES or _is_user_module(first)):
+        if largest is not None and all(_is_size(m, name, v) for (_, m), v in zip(present, values)):
             setattr(env, name, largest)
             continue
-        slot = next(s for (s, _), v in zip(present, values) if not _same(values[0], v))
+        slot = next(s for (s, _), v in zip(present, values) if not same_setting(values[0], v))
         raise FusionError(
             f"layer '{_where(path)}' ({type(first).__name__}): '{name}' is {values[0]!r} in slot {s0} but "
             f"{getattr(dict(present)[slot], name)!r} in slot {slot}; slots share one forward, so settings "
@@ -261,8 +284,14 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
 
 def _merge_recurrent(path: str, present: list[tuple[int, nn.Module]]) -> nn.Module:
     s0, first = present[0]
+    stacked = [(slot, m) for slot, m in present if m.num_layers > 1]  # dropout acts between layers only
+    for slot, rnn in stacked[1:]:
+        if rnn.dropout != stacked[0][1].dropout:
+            raise FusionError(f"layer '{_where(path)}' ({type(first).__name__}): 'dropout' is {stacked[0][1].dropout!r} "
+                              f"in slot {stacked[0][0]} but {rnn.dropout!r} in slot {slot}.")
+    dropout = stacked[0][1].dropout if stacked else 0.0
     for slot, rnn in present[1:]:
-        for name in ("bias", "batch_first", "dropout", "bidirectional", "proj_size"):
+        for name in ("bias", "batch_first", "bidirectional", "proj_size"):
             if getattr(rnn, name) != getattr(first, name):
                 raise FusionError(f"layer '{_where(path)}' ({type(first).__name__}): '{name}' is "
                                   f"{getattr(first, name)!r} in slot {s0} but {getattr(rnn, name)!r} in slot {slot}.")
@@ -275,7 +304,7 @@ def _merge_recurrent(path: str, present: list[tuple[int, nn.Module]]) -> nn.Modu
         )
     # Built on the meta device: the constructor's random init must not touch torch's RNG.
     env = type(first)(max(m.input_size for _, m in present), max(hidden), num_layers=max(m.num_layers for _, m in present),
-                      bias=first.bias, batch_first=first.batch_first, dropout=first.dropout,
+                      bias=first.bias, batch_first=first.batch_first, dropout=dropout,
                       bidirectional=first.bidirectional, device="meta")
     env.to_empty(device="cpu")
     for param in env.parameters():
@@ -537,7 +566,8 @@ def _padding_of(conv: nn.modules.conv._ConvNd) -> tuple[float, ...]:
 def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
     """Settings of `own` that must equal the envelope's (sizes are checked with the tensors)."""
     if isinstance(env, _RECURRENT):
-        for name in ("bias", "batch_first", "dropout", "bidirectional", "proj_size"):
+        names = ("bias", "batch_first", "bidirectional", "proj_size") + (("dropout",) if own.num_layers > 1 else ())
+        for name in names:
             if getattr(own, name) != getattr(env, name):
                 raise FusionError(f"layer '{_where(own_path)}': '{name}' is {getattr(own, name)!r}; the array has "
                                   f"{getattr(env, name)!r}.")
@@ -545,12 +575,13 @@ def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
             raise FusionError(f"layer '{_where(own_path)}': a bidirectional layer must have the array's hidden size "
                               f"({env.hidden_size}).")
         return
-    env_settings = _settings(env)
-    for name, value in _settings(own).items():
-        if name in env_settings and _same(env_settings[name], value):
+    env_settings = settings_of(env)
+    for name, value in settings_of(own).items():
+        if name in env_settings and same_setting(env_settings[name], value):
             continue
-        if name in env_settings and (name in _SIZE_ATTRIBUTES or name == "padding" or _is_user_module(own)):
-            continue  # sizes: checked with the tensors; a user module's ints: by the verification
+        if name in env_settings and (name == "padding" and isinstance(own, nn.modules.conv._ConvNd)
+                                     or _is_size(own, name, value)):
+            continue  # sizes: checked with the tensors (a user module's: by the verification too)
         raise FusionError(f"layer '{_where(own_path)}' ({type(own).__name__}): '{name}' is {value!r}; the array's "
                           f"model has {env_settings.get(name, '<missing>')!r}.")
     if isinstance(env, nn.modules.conv._ConvNd):

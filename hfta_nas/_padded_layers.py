@@ -177,8 +177,8 @@ class PaddedMultiheadAttention(FusableMultiheadAttention):
         return output, (weights if need_weights else None)
 
 
-def _gate(path: str, module: nn.Module, args: tuple, output):
-    x = args[0] if args else None
+def _gate(path: str, module: nn.Module, args: tuple, kwargs: dict, output):
+    x = args[0] if args else next(iter(kwargs.values()), None)  # the first input, however it was passed
     if not isinstance(output, torch.Tensor) or not isinstance(x, torch.Tensor) or output.shape != x.shape:
         raise FusionError(
             f"layer '{path}' is missing in some slots (smaller depth), but it does not map a tensor to a tensor "
@@ -192,4 +192,4 @@ def gate_skipped_layer(module: nn.Module, path: str) -> None:
     module.register_buffer("slot_present", torch.ones((), dtype=torch.bool))
     gate = functools.partial(_gate, path)
     module._hfta_skip_gate = gate  # lets the vmap-free path (`_slot_ops`) run the gate itself
-    module.register_forward_hook(gate)
+    module.register_forward_hook(gate, with_kwargs=True)

@@ -189,9 +189,9 @@ def _linear_kernel(owner: nn.Module, batch_size: int, in_dims, x, weight, bias, 
 class SlotLinear(nn.Linear):
     """nn.Linear whose array forward is `_BatchedLinear` (see the module docstring)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = physical_call(functools.partial(_linear_kernel, self), x, self.weight, self.bias)
-        return super().forward(x) if out is None else out
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - torch's name: callers may pass input=
+        out = physical_call(functools.partial(_linear_kernel, self), input, self.weight, self.bias)
+        return super().forward(input) if out is None else out
 
 
 def _per_slot_macs(conv: nn.modules.conv._ConvNd, shape: torch.Size) -> int:
@@ -326,11 +326,11 @@ class _BatchNormLoop(torch.autograd.Function):
 class _SlotConvMixin:
     """Conv forward for arrays: one ordinary convolution per slot when each slot's work is large."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - torch's name: callers may pass input=
         out = None
-        if _per_slot_macs(self, x.shape) >= _LOOP_MIN_MACS:
-            out = physical_call(self._loop_kernel, x, self.weight, self.bias)
-        return super().forward(x) if out is None else out  # small: vmap's grouped convolution
+        if _per_slot_macs(self, input.shape) >= _LOOP_MIN_MACS:
+            out = physical_call(self._loop_kernel, input, self.weight, self.bias)
+        return super().forward(input) if out is None else out  # small: vmap's grouped convolution
 
     def _loop_kernel(self, batch_size: int, in_dims, x, weight, bias, relu: bool = False):
         if in_dims[1] is None:

@@ -513,7 +513,38 @@ class NormBlock(nn.Module):
         return self.norm(self.fc(x))
 
 
+class Clipped(nn.Module):
+    """A user module whose int `bound` is a setting, not a size: it must be equal across slots."""
+
+    def __init__(self, width, bound):
+        super().__init__()
+        self.bound = bound
+        self.fc, self.head = nn.Linear(4, width), nn.Linear(width, CLASSES)
+
+    def forward(self, x):
+        return self.head(self.fc(x).clamp(-self.bound, self.bound))
+
+
+class Tempered(nn.Module):
+    """A float setting repr does not show: equal shapes, different behaviour."""
+
+    def __init__(self, temperature):
+        super().__init__()
+        self.temperature = temperature
+        self.fc = nn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        return self.fc(x) / self.temperature
+
+
 CONSTRUCTION_REFUSALS = {
+    "user_int_that_is_no_size": (lambda: [Clipped(8, 1), Clipped(16, 100)], ["'<root>'", "'bound'"]),
+    "hidden_setting_at_equal_shapes": (lambda: [Tempered(1.0), Tempered(0.1)], ["'temperature'"]),
+    "pool_kernels": (lambda: [named(fc=nn.Conv1d(2, 4, 3, padding=1), pool=nn.MaxPool1d(2, stride=1)),
+                              named(fc=nn.Conv1d(2, 8, 3, padding=1), pool=nn.MaxPool1d(3, stride=1))],
+                     ["'pool'", "kernel_size"]),
+    "frozen_parameter": (lambda: [named(fc=nn.Linear(4, 8).requires_grad_(False)), named(fc=nn.Linear(4, 12))],
+                         ["'fc.weight'", "requires_grad=False"]),
     "even_kernel_difference": (lambda: [named(conv=nn.Conv1d(2, 4, 3, padding=1)), named(conv=nn.Conv1d(2, 4, 4, padding=2))],
                                ["'conv'", "odd"]),
     "padding_changes_geometry": (lambda: [named(conv=nn.Conv1d(2, 4, 3)), named(conv=nn.Conv1d(2, 4, 5))],
@@ -546,6 +577,49 @@ def test_unembeddable_combinations_are_refused_at_construction(case):
         ModelArray(make_models())
     for part in expected:
         assert part in str(refused.value)
+
+
+def test_bad_arguments_to_slot_access_are_clear_errors():
+    arr = ModelArray([named(fc=nn.Linear(4, 8)), named(fc=nn.Linear(4, 12))])
+    with pytest.raises(hfta_nas.HftaNasError, match="fits needs a torch.nn.Module, got int"):
+        arr.fits(3)
+    state = arr.slot_state_dict(0)
+    state["fc.bias"] = "zeros"
+    with pytest.raises(hfta_nas.HftaNasError, match="'fc.bias' is a str, not a tensor"):
+        arr.load_slot(0, state)
+
+
+@pytest.mark.filterwarnings("ignore:dropout option adds dropout after all but last recurrent layer")
+def test_single_layer_recurrent_ignores_dropout_like_torch():
+    """torch applies GRU dropout between layers only: a 1-layer GRU's dropout setting does not matter."""
+    models = [named(rnn=nn.GRU(2, 8, num_layers=1, dropout=0.0, batch_first=True)),
+              named(rnn=nn.GRU(2, 12, num_layers=3, dropout=0.3, batch_first=True))]
+    assert ModelArray(models).fits(named(rnn=nn.GRU(2, 6, num_layers=1, dropout=0.5, batch_first=True)))
+
+
+class KeywordLayers(nn.Module):
+    """A skippable block called with a keyword argument, as some forwards do."""
+
+    def __init__(self, depth):
+        super().__init__()
+        self.inp, self.out = nn.Linear(4, 8), nn.Linear(8, CLASSES)
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(depth)])
+
+    def forward(self, x):
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(input=h)
+        return self.out(h)
+
+
+def test_skipped_block_called_with_a_keyword_is_exact():
+    torch.manual_seed(0)
+    models = [KeywordLayers(1).double(), KeywordLayers(3).double()]
+    arr = ModelArray(copy.deepcopy(models))
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    out = arr(x)
+    for slot, model in enumerate(models):
+        torch.testing.assert_close(out[slot], model(x[slot]), rtol=RTOL, atol=RTOL)
 
 
 def test_replacement_needing_a_missing_stand_in_is_refused():
