@@ -356,6 +356,59 @@ def _add_stand_ins(columns: list[list[nn.Module | None]], slot: int, reference: 
         candidates = sorted(placed, key=lambda p: (abs(p - position), p > position))
         column[slot] = next((placed[p] for p in candidates
                              if _compatible(reference[position], placed[p]) and _keeps_shape(placed[p])), None)
+        if column[slot] is None:  # the slot has no such block: the reference block at the slot's width
+            column[slot] = _widened(reference[position], _width_before(placed, position))
+
+
+def _out_size(module: nn.Module) -> int | None:
+    sized = _sized_leaves(module)
+    if not sized:
+        return None
+    last = sized[-1]
+    return last.out_features if isinstance(last, nn.Linear) else last.out_channels
+
+
+def _in_size(module: nn.Module) -> int | None:
+    sized = _sized_leaves(module)
+    if not sized:
+        return None
+    first = sized[0]
+    return first.in_features if isinstance(first, nn.Linear) else first.in_channels
+
+
+def _width_before(placed: dict[int, nn.Module], position: int) -> int | None:
+    """The width of the features a slot feeds into `position`: the output size of its
+    nearest earlier layer that has one."""
+    for p in sorted((p for p in placed if p < position), reverse=True):
+        size = _out_size(placed[p])
+        if size is not None:
+            return size
+    return None
+
+
+def _widened(block: nn.Module, width: int | None) -> nn.Module | None:
+    """A shape-only copy of a shape-keeping `block` whose width (its input size) becomes `width`,
+    or None where that would not make it wider. Only used to size the envelope."""
+    old = _in_size(block) if _keeps_shape(block) else None
+    if old is None or width is None or width <= old:
+        return None
+    ghost = copy.deepcopy(block)
+    resize = lambda n: width if n == old else n  # noqa: E731
+    for module in ghost.modules():
+        for table in ("_parameters", "_buffers"):
+            for name, tensor in getattr(module, table).items():
+                if tensor is not None:
+                    zeros = torch.zeros([resize(n) for n in tensor.shape], dtype=tensor.dtype)
+                    getattr(module, table)[name] = (nn.Parameter(zeros, requires_grad=tensor.requires_grad)
+                                                    if table == "_parameters" else zeros)
+        for name, value in settings_of(module).items():
+            if isinstance(value, int) and not isinstance(value, bool) and (name in _SIZE_ATTRIBUTES or _is_user_module(module)):
+                setattr(module, name, resize(value))
+            elif name in _SIZE_ATTRIBUTES and isinstance(value, tuple):
+                setattr(module, name, tuple(resize(v) for v in value))
+        if isinstance(module, nn.MultiheadAttention):
+            module.head_dim = module.embed_dim // module.num_heads
+    return ghost
 
 
 def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:

@@ -164,6 +164,9 @@ WORKLOADS = {
     "net": ([lambda: Net(16, 1), lambda: Net(24, 3), lambda: Net(32, 2)], float_inputs),
     # hidden layers narrower than the 24 inputs (as an MLP on images would have)
     "mlp_narrow": ([lambda: mlp(8, 1), lambda: mlp(12, 2), lambda: mlp(16, 3)], float_inputs),
+    # the widest slot is the shallowest: the layers it skips are sized to its width too
+    "wide_shallow": ([lambda: mlp(32, 1), lambda: mlp(8, 3), lambda: mlp(16, 2)], float_inputs),
+    "wide_shallow_transformer": ([lambda: TinyTransformer(16, 20, 1), lambda: TinyTransformer(8, 16, 3)], token_inputs),
     "inplace_relu": ([lambda: mlp(16, 2, lambda: nn.ReLU(inplace=True)), lambda: mlp(24, 2, lambda: nn.ReLU(inplace=True)),
                       lambda: mlp(16, 2, nn.Tanh)], float_inputs),
 }
@@ -346,6 +349,13 @@ def test_user_module_class_with_sizes_trains_like_plain_pytorch():
 
 def test_depths_differ_where_hidden_layers_are_narrower_than_the_input():
     arr, _, refs = train_both("mlp_narrow", "SGD")
+    for slot, ref in enumerate(refs):
+        assert_slot_equals(arr, slot, ref)
+
+
+@pytest.mark.parametrize("workload,opt_name", [("wide_shallow", "Adam"), ("wide_shallow_transformer", "SGD")])
+def test_widest_slot_may_be_the_shallowest(workload, opt_name):
+    arr, _, refs = train_both(workload, opt_name)
     for slot, ref in enumerate(refs):
         assert_slot_equals(arr, slot, ref)
 
