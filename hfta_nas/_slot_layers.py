@@ -290,6 +290,43 @@ class FusableEmbedding(nn.Embedding):
         return F.embedding(tokens, weight, self.padding_idx, None, self.norm_type, self.scale_grad_by_freq, False)
 
 
+class _CumulativeBatchNormMixin:
+    """BatchNorm with momentum=None (running stats as a cumulative average), fusable.
+
+    torch computes the average's factor as 1 / float(num_batches_tracked), a
+    host read that vmap cannot batch (and each slot has its own count). Here
+    the factor stays a tensor per slot: the batch is normalised with its own
+    statistics as torch does, and the running stats are updated in place with
+    the same formula (biased mean, unbiased variance).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and self.track_running_stats):
+            return super().forward(x)
+        self.num_batches_tracked.add_(1)
+        factor = 1.0 / self.num_batches_tracked.to(x.dtype)
+        dims = [0, *range(2, x.dim())]
+        with torch.no_grad():
+            mean, var = x.mean(dims), x.var(dims, unbiased=True)
+            self.running_mean.mul_(1.0 - factor).add_(mean * factor)
+            self.running_var.mul_(1.0 - factor).add_(var * factor)
+        return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+
+
+class FusableCumulativeBatchNorm1d(_CumulativeBatchNormMixin, nn.BatchNorm1d):
+    pass
+
+
+class FusableCumulativeBatchNorm2d(_CumulativeBatchNormMixin, nn.BatchNorm2d):
+    pass
+
+
+class FusableCumulativeBatchNorm3d(_CumulativeBatchNormMixin, nn.BatchNorm3d):
+    pass
+
+
+_CUMULATIVE_BATCH_NORM = {nn.BatchNorm1d: FusableCumulativeBatchNorm1d, nn.BatchNorm2d: FusableCumulativeBatchNorm2d,
+                          nn.BatchNorm3d: FusableCumulativeBatchNorm3d}
 _CHANNEL_DROPOUT_DIMS = {nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}
 _REFUSED = {
     nn.AlphaDropout: "AlphaDropout is not supported in arrays; use nn.Dropout",
@@ -318,6 +355,9 @@ def _replacement(module: nn.Module, path: str) -> nn.Module | None:
             "from torch's global generator inside a fused kernel and cannot be drawn per slot. "
             "Build it with dropout=0 (nn.Dropout modules elsewhere are fine)."
         )
+    if type(module) in _CUMULATIVE_BATCH_NORM and module.momentum is None:
+        module.__class__ = _CUMULATIVE_BATCH_NORM[type(module)]  # same state, per-slot average factor
+        return None
     if type(module) is nn.Embedding:
         if module.max_norm is not None or module.sparse:
             raise FusionError(f"layer '{where}' (Embedding): max_norm and sparse=True cannot be fused; use max_norm=None, sparse=False.")

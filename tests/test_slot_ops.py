@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import hfta_nas
 from hfta_nas import ModelArray
 from hfta_nas import _slot_ops
 
@@ -231,9 +232,29 @@ def test_batch_norm_loop_equals_separate_models_over_train_and_eval_steps(name, 
     assert arr._native is not None and not arr._native_refused
 
 
-def test_batch_norm_with_cumulative_average_takes_the_vmap_path():
-    factory = lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, momentum=None))  # noqa: E731
-    assert ModelArray.from_factory(factory, seeds=SEEDS)._native is None
+def test_batch_norm_with_cumulative_average_trains_like_torch():
+    """momentum=None: torch reads 1 / num_batches_tracked on the host, which vmap cannot; the array
+    keeps the factor a per-slot tensor (vmap path) and ends with torch's parameters and running stats."""
+    factory = lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, momentum=None), nn.Tanh())  # noqa: E731
+    arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
+    assert arr._native is None
+    models = [m.double() for m in per_model(factory)]
+    array_opt = hfta_nas.optim.SGD(arr, lr=0.1)
+    torch_opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x = torch.randn(len(SEEDS), 6, 4, dtype=torch.float64, generator=generator)
+        arr(x).square().sum().backward()
+        array_opt.step()
+        array_opt.zero_grad()
+        for slot, (model, opt) in enumerate(zip(models, torch_opts)):
+            model(x[slot]).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+    _assert_buffers_match(arr, models)
+    for slot, model in enumerate(models):
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(arr.slot_state_dict(slot)[key], value, rtol=1e-10, atol=1e-12)
 
 
 def test_batch_norm_refuses_one_value_per_channel_as_torch_does():
