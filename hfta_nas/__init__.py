@@ -3,6 +3,7 @@
 from hfta_nas import data, models, optim
 from hfta_nas._allocator import keep_freed_memory
 from hfta_nas._array import FusionSignature, ModelArray, check_fusable
+from hfta_nas._probe import PaddingCost
 from hfta_nas._run import TrainRun, train
 from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
@@ -15,6 +16,7 @@ __all__ = [
     "FusionSignature",
     "HftaNasError",
     "ModelArray",
+    "PaddingCost",
     "SlotResult",
     "TrainRun",
     "check_fusable",
