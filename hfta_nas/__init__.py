@@ -3,7 +3,7 @@
 from hfta_nas import data, models, optim
 from hfta_nas._allocator import keep_freed_memory
 from hfta_nas._array import FusionSignature, ModelArray, check_fusable
-from hfta_nas._probe import PaddingCost
+from hfta_nas._probe import PaddingCost, padding_cost
 from hfta_nas._run import TrainRun, train
 from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
@@ -24,6 +24,7 @@ __all__ = [
     "keep_freed_memory",
     "models",
     "optim",
+    "padding_cost",
     "train",
 ]
 __version__ = "0.1.0"

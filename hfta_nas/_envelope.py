@@ -306,9 +306,11 @@ def _merge_recurrent(path: str, present: list[tuple[int, nn.Module]]) -> nn.Modu
     env = type(first)(max(m.input_size for _, m in present), max(hidden), num_layers=max(m.num_layers for _, m in present),
                       bias=first.bias, batch_first=first.batch_first, dropout=dropout,
                       bidirectional=first.bidirectional, device="meta")
-    env.to_empty(device="cpu")
-    for param in env.parameters():
-        param.data.zero_()
+    device = next(first.parameters()).device
+    env.to_empty(device=device)
+    if device.type != "meta":
+        for param in env.parameters():
+            param.data.zero_()
     return env
 
 
@@ -335,7 +337,7 @@ def _merge_tensors(path: str, env: nn.Module, present: list[tuple[int, nn.Module
         if len({t.dim() for t in tensors}) > 1:
             raise FusionError(f"'{_join(path, name)}' has a different number of dims across slots.")
         shape = tuple(max(sizes) for sizes in zip(*(t.shape for t in tensors)))
-        zeros = torch.zeros(shape, dtype=tensors[0].dtype)
+        zeros = torch.zeros(shape, dtype=tensors[0].dtype, device=tensors[0].device)  # meta stays meta
         made = nn.Parameter(zeros, requires_grad=tensors[0].requires_grad) if table == "_parameters" else zeros
         getattr(env, table)[name] = tied[key] = made
 
@@ -398,7 +400,7 @@ def _widened(block: nn.Module, width: int | None) -> nn.Module | None:
         for table in ("_parameters", "_buffers"):
             for name, tensor in getattr(module, table).items():
                 if tensor is not None:
-                    zeros = torch.zeros([resize(n) for n in tensor.shape], dtype=tensor.dtype)
+                    zeros = torch.zeros([resize(n) for n in tensor.shape], dtype=tensor.dtype, device=tensor.device)
                     getattr(module, table)[name] = (nn.Parameter(zeros, requires_grad=tensor.requires_grad)
                                                     if table == "_parameters" else zeros)
         for name, value in settings_of(module).items():

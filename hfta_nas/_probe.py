@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from hfta_nas._slot_layers import SlotDropout
-from hfta_nas.errors import FusionError
+from hfta_nas.errors import FusionError, HftaNasError
 
 if TYPE_CHECKING:
     from hfta_nas._array import ModelArray
@@ -86,6 +87,29 @@ def count_macs(module: nn.Module, state: dict[str, torch.Tensor] | None, inputs:
         else:
             functional_call(module, state, inputs, tie_weights=True)
     return round(counter.get_total_flops() / 2 / max(samples, 1))
+
+
+def padding_cost(models: Sequence[nn.Module], *example_inputs: Any) -> PaddingCost:
+    """What one array of `models` would cost, without building it: per slot, the multiply-adds
+    per sample its own model needs (useful) and its place in the envelope executes.
+
+    `example_inputs` is one batch [N, ...]. Models and inputs may live on the meta
+    device (shapes only, no memory), as a search's candidates do before they are packed.
+    """
+    from hfta_nas._envelope_template import Envelope  # noqa: PLC0415 (it imports this module's neighbours)
+
+    models = list(models)
+    if not models:
+        raise HftaNasError("padding_cost needs at least one model.")
+    device = next((p.device for p in models[0].parameters()), torch.device("cpu"))
+    template = Envelope(models).template().to(device).eval()
+    with contextlib.ExitStack() as stack:
+        fast_path = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        stack.callback(torch.backends.mha.set_fastpath_enabled, fast_path)
+        executed = count_macs(template, None, example_inputs)
+        useful = [count_macs(copy.deepcopy(m).eval(), None, example_inputs) for m in models]
+    return PaddingCost([(u, executed) for u in useful])
 
 
 @contextlib.contextmanager

@@ -755,3 +755,16 @@ def test_padding_cost_of_equal_shapes_wastes_nothing():
     x = float_inputs(1, 16, torch.Generator().manual_seed(5))[0]
     cost = arr.padding_cost(x)
     assert cost.useful == cost.executed == 3 * macs_per_sample(models[0], x) and cost.waste == 0
+
+
+def test_padding_cost_without_an_array_equals_the_arrays_and_works_on_meta():
+    """hfta_nas.padding_cost(models, x): what packing needs before it builds anything."""
+    builders = [lambda: cnn1d((16, 16), 3), lambda: cnn1d((32, 32), 7), lambda: cnn1d((16, 32), 5)]
+    x = float_inputs(1, 16, torch.Generator().manual_seed(6))[0]
+    arr = ModelArray(build(builders), dtype=torch.float64)
+    arr.verify(x)
+    assert hfta_nas.padding_cost(build(builders), x) == arr.padding_cost()
+    with torch.device("meta"):
+        meta_models = [make() for make in builders]
+    on_meta = hfta_nas.padding_cost(meta_models, torch.empty(x.shape, device="meta"))
+    assert on_meta == arr.padding_cost() and on_meta.waste > 0
