@@ -31,11 +31,11 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from hfta_nas._envelope import SlotEmbedding, embed_into, same_setting, settings_of, take_from
+from hfta_nas._envelope import SlotEmbedding, conv_box, embed_into, same_setting, settings_of, take_from
 from hfta_nas._envelope_template import Envelope
 from hfta_nas._probe import PaddingCost, count_macs, verify_slot
 from hfta_nas._slot_layers import init_slot_randomness, make_fusable
-from hfta_nas._slot_ops import NeedsVmap, global_hooks_set, native_forward
+from hfta_nas._slot_ops import SLOT_OPS, NeedsVmap, global_hooks_set, native_forward
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
 
 # A parameter's gradient is a strided view into `flat.grad` by design (see the
@@ -240,6 +240,17 @@ class ModelArray:
         # Each slot's own model, kept until it has been checked against its embedding (first call).
         self._unverified: dict[int, nn.Module] = {slot: copy.deepcopy(m) for slot, m in enumerate(models)}
         self._macs: dict[int, tuple[int, int]] = {}
+        self._sync_conv_boxes()
+
+    def _sync_conv_boxes(self) -> None:
+        """Tell each convolution of the template where every slot sits in it, so that its per-slot
+        loop convolves a smaller slot at its own size (no padded arithmetic; `_slot_ops._ConvLoop`)."""
+        convs = tuple(SLOT_OPS[c] for c in (nn.Conv1d, nn.Conv2d, nn.Conv3d))
+        for path, module in self._template.named_modules():
+            if isinstance(module, convs):
+                env = self._envelope.tree.get_submodule(path) if path else self._envelope.tree
+                boxes = [conv_box(env, emb.own.get(path)) for emb in self._embeddings]
+                module._hfta_slot_boxes = boxes if any(box is not None for box in boxes) else None
 
     def _write_slot(self, slot: int, emb: SlotEmbedding, params: Mapping[str, torch.Tensor],
                     buffers: Mapping[str, torch.Tensor]) -> None:
@@ -634,6 +645,7 @@ class ModelArray:
             self._keep = None
             self._slot_consts = {name: value.index_select(0, index) for name, value in self._slot_consts.items()}
             self._embeddings = [self._embeddings[b] for b in keep]
+            self._sync_conv_boxes()
             self._unverified = {keep.index(b): m for b, m in self._unverified.items() if b in keep}
             self._macs = {keep.index(b): m for b, m in self._macs.items() if b in keep}
         self._bind_leaves()
@@ -656,6 +668,7 @@ class ModelArray:
             self.load_slot(slot, model.state_dict())
         else:
             self._embeddings[slot] = emb
+            self._sync_conv_boxes()
             self._set_slot_constants(slot, emb)
             self._write_slot(slot, emb, dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()))
             self._unverified[slot] = copy.deepcopy(model)

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from hfta_nas._padded_layers import ActivationChoice, DropoutChoice, activation_key
-from hfta_nas._slot_ops import _ELEMENTWISE, _POOLING_DIMS
+from hfta_nas._slot_ops import _ELEMENTWISE, _POOLING_DIMS, SlotBox, _explicit_padding
 from hfta_nas.errors import FusionError
 
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
@@ -541,7 +541,8 @@ class SlotEmbedding:
     absent: list[str] = field(default_factory=list)  # envelope module paths this slot skips
     choices: dict[str, int] = field(default_factory=dict)  # ActivationChoice path -> variant
     rates: dict[str, float] = field(default_factory=dict)  # DropoutChoice path -> p
-    own: dict[str, nn.Module] = field(default_factory=dict)  # envelope path -> the slot's module there
+    own: dict[str, nn.Module] = field(default_factory=dict)  # envelope path -> the slot's module there, its
+    # settings only (a shell without tensors or children: the array keeps no reference to the user's model)
 
     def index(self, own_name: str) -> tuple[str, tuple[torch.Tensor, ...]]:
         return self.places[own_name]
@@ -574,7 +575,7 @@ def _embed_tensors(env: nn.Module, own: nn.Module, env_path: str, own_path: str,
 
 def _embed(env: nn.Module, own: nn.Module, env_path: str, own_path: str, emb: SlotEmbedding, hint) -> None:
     emb.modules[own_path] = env_path
-    emb.own[env_path] = own
+    emb.own[env_path] = _shell(own)
     if isinstance(env, ActivationChoice):
         choice = env.index_of(own) if type(own) in _ELEMENTWISE else None
         if choice is None:
@@ -669,6 +670,20 @@ def take_from(envelope_value: torch.Tensor, index: tuple[torch.Tensor, ...]) -> 
     if envelope_value.dim() == 0:
         return envelope_value.clone()
     return envelope_value[place_index(tuple(i.to(envelope_value.device) for i in index))]
+
+
+def conv_box(env: nn.Module, own: nn.Module | None) -> SlotBox | None:
+    """Where a slot's own convolution sits in the envelope's (None: it fills it, or is absent)."""
+    if own is None or env.groups != 1 or env.transposed:
+        return None
+    sizes = lambda conv: (conv.out_channels, conv.in_channels, tuple(conv.kernel_size))  # noqa: E731
+    padding = _explicit_padding(own)
+    if sizes(own) == sizes(env) or padding is None:
+        return None
+    offsets = [(big - k) // 2 for big, k in zip(env.kernel_size, own.kernel_size)]
+    weight = (slice(0, own.out_channels), slice(0, own.in_channels),
+              *(slice(o, o + k) for o, k in zip(offsets, own.kernel_size)))
+    return SlotBox(own.out_channels, own.in_channels, weight, padding)
 
 
 def slot_numel(emb: SlotEmbedding) -> int:

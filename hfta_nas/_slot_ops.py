@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -235,14 +236,24 @@ class _ConvLoop(torch.autograd.Function):
         nd = len(conv.kernel_size)
         ctx.conv_args = (list(conv.stride), padding, list(conv.dilation), False, [0] * nd, conv.groups)
         ctx.relu, ctx.conv = relu, conv
+        ctx.boxes = getattr(conv, "_hfta_slot_boxes", None)
         out = None
         for b in range(x.shape[0]):
-            y = torch.convolution(x[b], weight[b], _slot(bias, b), *ctx.conv_args)
+            box = ctx.boxes[b] if ctx.boxes is not None else None
+            if box is None:
+                y = torch.convolution(x[b], weight[b], _slot(bias, b), *ctx.conv_args)
+            else:  # a slot smaller than the envelope: its own convolution, no padded arithmetic
+                y = torch.convolution(x[b][:, :box.in_channels], weight[b][box.weight], _slot(bias, b)[:box.out_channels]
+                                      if bias is not None else None, *_box_args(ctx.conv_args, box))
             if relu:
                 y = y.relu_()
             if out is None:
-                out = _reused(conv, "out").take((x.shape[0], *y.shape), y)
-            out[b] = y
+                out = _reused(conv, "out").take((x.shape[0], y.shape[0], weight.shape[1], *y.shape[2:]), y)
+            if box is None:
+                out[b] = y
+            else:
+                out[b][:, box.out_channels:] = 0.0  # what the envelope's zero weights give
+                out[b][:, :box.out_channels] = y
         ctx.save_for_backward(x, weight, out if relu else None)
         ctx.has_bias = bias is not None
         return out
@@ -258,15 +269,46 @@ class _ConvLoop(torch.autograd.Function):
             g = grad[b]
             if ctx.relu:
                 g = torch.ops.aten.threshold_backward(g, out[b], 0)
+            box = ctx.boxes[b] if ctx.boxes is not None else None
+            if box is None:
+                gx, gw, gb = torch.ops.aten.convolution_backward(
+                    g, x[b], weight[b], [weight.shape[1]], *ctx.conv_args, need)
+                if need[0]:
+                    grad_x[b] = gx
+                if need[1]:
+                    grad_weight[b] = gw
+                if need[2]:
+                    grad_bias[b] = gb
+                continue
             gx, gw, gb = torch.ops.aten.convolution_backward(
-                g, x[b], weight[b], [weight.shape[1]], *ctx.conv_args, need)
+                g[:, :box.out_channels], x[b][:, :box.in_channels], weight[b][box.weight], [box.out_channels],
+                *_box_args(ctx.conv_args, box), need)
+            # Padded entries: zero, as the envelope's zero weights and inputs' zero use give.
             if need[0]:
-                grad_x[b] = gx
+                grad_x[b][:, box.in_channels:] = 0.0
+                grad_x[b][:, :box.in_channels] = gx
             if need[1]:
-                grad_weight[b] = gw
+                grad_weight[b] = 0.0
+                grad_weight[b][box.weight] = gw
             if need[2]:
-                grad_bias[b] = gb
+                grad_bias[b] = 0.0
+                grad_bias[b][:box.out_channels] = gb
         return None, None, None, grad_x, grad_weight, grad_bias
+
+
+class SlotBox(NamedTuple):
+    """Where a slot smaller than the envelope sits in a convolution: its channels, its
+    (centred) kernel as an index of the weight, and its own padding."""
+
+    out_channels: int
+    in_channels: int
+    weight: tuple[slice, ...]
+    padding: list[int]
+
+
+def _box_args(conv_args: tuple, box: SlotBox) -> tuple:
+    stride, _, dilation, transposed, output_padding, groups = conv_args
+    return stride, box.padding, dilation, transposed, output_padding, groups
 
 
 class _BatchNormLoop(torch.autograd.Function):

@@ -495,8 +495,27 @@ def test_replace_slot_with_smaller_model_trains_like_it_alone():
     assert all((state[arr._padded] == 0).all() for state in opt.state.values())
 
 
-def test_drop_slots_keeps_survivors_exact():
-    """Dropping the slot with 32 channels in both convs mid-training changes no survivor."""
+@pytest.mark.parametrize("opt_name", ["Adam", "SGD"])
+def test_large_convolutions_run_each_slot_at_its_own_size(monkeypatch, opt_name):
+    """Convolutions that take the per-slot loop convolve a smaller slot at its own channels and
+    kernel (no padded arithmetic): still each slot's own training, padding still exactly zero."""
+    from hfta_nas import _slot_ops  # noqa: PLC0415
+
+    monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 0)  # every convolution takes the loop
+    arr, _, refs = train_both("cnn1d", opt_name)
+    boxed = [m for m in arr._template.modules() if getattr(m, "_hfta_slot_boxes", None)]
+    assert len(boxed) == 2 and all(box is not None for box in boxed[0]._hfta_slot_boxes)  # no slot fills (32, k7)
+    for slot, ref in enumerate(refs):
+        assert_slot_equals(arr, slot, ref)
+    assert not arr.flat.detach()[arr._padded].any()
+
+
+def test_drop_slots_keeps_survivors_exact(monkeypatch):
+    """Dropping the slot with 32 channels in both convs mid-training changes no survivor
+    (convolutions in the per-slot loop, whose per-slot sizes must follow the drop)."""
+    from hfta_nas import _slot_ops  # noqa: PLC0415
+
+    monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 0)
     builders, make_x = WORKLOADS["cnn1d"]
     models = build(builders)
     batches = make_batches(make_x, len(models), EPOCHS * STEPS_PER_EPOCH)
