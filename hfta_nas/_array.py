@@ -31,7 +31,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from hfta_nas._envelope import SlotEmbedding, conv_box, embed_into, same_setting, settings_of, take_from
+from hfta_nas._envelope import same_setting, settings_of
+from hfta_nas._placement import SlotEmbedding, conv_box, embed_into, take_from
 from hfta_nas._envelope_template import Envelope
 from hfta_nas._probe import PaddingCost, count_macs, verify_slot
 from hfta_nas._slot_layers import init_slot_randomness, make_fusable
@@ -256,7 +257,6 @@ class ModelArray:
                     buffers: Mapping[str, torch.Tensor]) -> None:
         """Zero slot `slot` in every envelope tensor, then write the given tensors into their places."""
         views = self._views(self.flat.detach())
-        canonical = {}
         self._keep = None
         with torch.no_grad():
             self.flat[slot].zero_()
@@ -267,7 +267,6 @@ class ModelArray:
                 env_name = self._param_aliases[env_name]
                 embed_into(views[env_name][slot], value.detach(), index)
                 embed_into(padded[env_name][slot], torch.zeros_like(value, dtype=torch.bool), index)
-                canonical[env_name] = True
             for name, value in buffers.items():
                 env_name, index = emb.places[name]
                 if value.dim() > 0:

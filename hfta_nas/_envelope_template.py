@@ -18,7 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hfta_nas._envelope import SlotEmbedding, build_envelope, embed
+from hfta_nas._envelope import build_envelope
+from hfta_nas._placement import SlotEmbedding, embed
 from hfta_nas._padded_layers import (
     ActivationChoice,
     DropoutChoice,

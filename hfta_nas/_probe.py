@@ -181,7 +181,7 @@ def _compare_outputs(what: str, own_out: Any, padded_out: Any) -> list[torch.Ten
 
 def _first_differing_layer(array: "ModelArray", slot: int, own: nn.Module, state, inputs) -> str:
     """The first layer (in the own model's execution order) whose output differs from its padded place."""
-    from hfta_nas._envelope import SlotEmbedding  # noqa: PLC0415 (typing only)
+    from hfta_nas._placement import SlotEmbedding  # noqa: PLC0415 (typing only)
 
     emb: SlotEmbedding = array._embeddings[slot]
     own_outputs: list[tuple[str, torch.Tensor]] = []
@@ -255,7 +255,7 @@ def _initial_state(array: "ModelArray", slot: int) -> dict[str, torch.Tensor]:
 
 
 def _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs) -> None:
-    from hfta_nas._envelope import take_from  # noqa: PLC0415
+    from hfta_nas._placement import take_from  # noqa: PLC0415
 
     tensors = _compare_outputs("outputs", own_out, padded_out)
     generator = torch.Generator().manual_seed(0)

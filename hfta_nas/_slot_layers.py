@@ -150,7 +150,7 @@ class _FusableRecurrent(nn.Module):
         n = x.shape[0]
         h0, c0 = self._initial_state(hx, n, x, unbatched)
         finals_h, finals_c = [], []
-        layer_input = x
+        layer_input = below_output = x  # below_output: the last layer's output before dropout
         for layer in range(self.num_layers):
             outputs = []
             for direction in range(self.directions):
