@@ -59,6 +59,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import hfta_nas
+from benchmarks._cli import comma_list, write_result
 from benchmarks._methods import LR, Runner, Timing, Warmed, measure_together, slot_losses, warm_up
 from benchmarks._report import make_console
 from benchmarks._workloads import BATCH_SIZE
@@ -638,37 +639,21 @@ def print_report(result: dict[str, Any], console=None) -> None:
 
 
 # ------------------------------------------------------------------------------ command line
-def _list(kind: Callable[[str], Any], allowed: Sequence[str] | None = None, empty_ok: bool = False):
-    def parse(text: str) -> list[Any]:
-        if empty_ok and text.strip().lower() in ("", "none"):
-            return []
-        try:
-            values = [kind(part.strip()) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"cannot parse {text!r}") from None
-        bad = [v for v in values if allowed is not None and v not in allowed]
-        if bad or not values:
-            raise argparse.ArgumentTypeError(f"unknown {bad or text!r}" + (f"; choose from {','.join(allowed)}" if allowed else ""))
-        return values
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.envelope",
         description="Models of one structure and different sizes trained as one padded ModelArray, as one array "
         "per exact shape, and serially: samples/s, ratios and padding waste, plus a sweep of where padding stops paying.",
     )
-    parser.add_argument("--workloads", type=_list(str, ("cnn1d", "mlp"), empty_ok=True), default=None,
+    parser.add_argument("--workloads", type=comma_list(str, ("cnn1d", "mlp"), empty_ok=True), default=None,
                         help="comma-separated mixed workloads from cnn1d,mlp, or 'none' (default: both)")
-    parser.add_argument("--sweep", type=_list(str, list(SWEEP_FAMILIES), empty_ok=True), default=None,
+    parser.add_argument("--sweep", type=comma_list(str, list(SWEEP_FAMILIES), empty_ok=True), default=None,
                         help=f"comma-separated sweep families from {','.join(SWEEP_FAMILIES)}, or 'none' "
                         f"(default: {','.join(DEFAULT_SWEEP)}; --quick: {','.join(QUICK_SWEEP)})")
-    parser.add_argument("--ratios", type=_list(float), default=None,
+    parser.add_argument("--ratios", type=comma_list(float), default=None,
                         help=f"small/large width ratios of the sweep (default: {','.join(map(str, DEFAULT_RATIOS))}; "
                         f"--quick: {','.join(map(str, QUICK_RATIOS))})")
-    parser.add_argument("--mixes", type=_list(str, list(MIXES)), default=None,
+    parser.add_argument("--mixes", type=comma_list(str, list(MIXES)), default=None,
                         help=f"sweep mixes from {', '.join(f'{k} ({m.label()})' for k, m in MIXES.items())} "
                         f"(small+large models; --quick uses fewer) (default: all; --quick: {','.join(QUICK_MIX_NAMES)})")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -709,10 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     out = args.out or RESULTS_DIR / f"envelope-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result["command"] = ["python", "-m", "benchmarks.envelope", *(sys.argv[1:] if argv is None else argv)]
-    result["out"] = str(out)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, out, "benchmarks.envelope", argv)
     print_report(result)
     return 0
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import gc
-import json
 import os
 import platform
 import sys
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from benchmarks._cli import comma_list, write_result
 from benchmarks._memory import PeakMemory, cpu_memory_supported
 from benchmarks._methods import RUNNERS, Measured, Timing, Warmed, measure_together, warm_up
 from benchmarks._processes import run_processes
@@ -361,28 +361,17 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        values = [part.strip() for part in text.split(",") if part.strip()]
-        bad = [v for v in values if v not in allowed]
-        if bad or not values:
-            raise argparse.ArgumentTypeError(f"unknown {bad or text!r}; choose from {','.join(allowed)}")
-        return values
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.throughput",
         description="Training throughput (samples/s summed over all models) and peak memory of B models trained "
         "serially, as B processes, with torch.func vmap, as one hfta_nas.ModelArray, and the fused limit.",
     )
-    parser.add_argument("--workloads", type=_choices(list(WORKLOADS)), default=None,
+    parser.add_argument("--workloads", type=comma_list(str, list(WORKLOADS)), default=None,
                         help=f"comma-separated workloads from {','.join(WORKLOADS)} (default: all; --quick: mlp,cnn1d)")
     parser.add_argument("--batches", type=_int_list, default=None,
                         help="comma-separated array sizes B (default: 1,8,32,128; --quick: 1,8)")
-    parser.add_argument("--methods", type=_choices(list(METHODS)), default=None,
+    parser.add_argument("--methods", type=comma_list(str, list(METHODS)), default=None,
                         help=f"comma-separated methods from {','.join(METHODS)} (default: all)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where data, models and training live (default: cpu)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the benchmarking process "
@@ -434,10 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     out = args.out or default_out()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result["command"] = ["python", "-m", "benchmarks.throughput", *(sys.argv[1:] if argv is None else argv)]
-    result["out"] = str(out)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, out, "benchmarks.throughput", argv)
     print_report(result)
     return 0
 
