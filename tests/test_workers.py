@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from optuna.trial import TrialState
 from hfta_nas.search import open_storage, run_search
 from hfta_nas.search._driver import _NOT_COUNTED as NOT_COUNTED  # "interrupted:", "surplus:", ...
 from hfta_nas.search._driver import RETRY_OF
+from hfta_nas.search._storage import study_lock
 from search_spaces import parse_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -165,6 +167,25 @@ def postgres_url():
         if started:
             subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_postgres_study_lock_excludes_another_worker(postgres_url):
+    """Two workers' locks on one PostgreSQL study: the second waits while the first holds it.
+    (Optuna's storage cache once hid the engine, and the lock silently did nothing.)"""
+    first = study_lock(open_storage(postgres_url)[0], postgres_url, "locked")
+    second = study_lock(open_storage(postgres_url)[0], postgres_url, "locked")
+    entered = threading.Event()
+
+    def other_worker():
+        with second:
+            entered.set()
+
+    with first:
+        thread = threading.Thread(target=other_worker, daemon=True)
+        thread.start()
+        assert not entered.wait(1.0), "the second worker entered while the first held the study lock"
+    assert entered.wait(30), "the second worker never got the lock after the first released it"
+    thread.join(30)
 
 
 def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):

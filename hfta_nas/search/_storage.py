@@ -179,7 +179,9 @@ def study_lock(storage: BaseStorage | str, location: str, study_name: str) -> St
 
 def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
     key = int.from_bytes(hashlib.sha256(study_name.encode()).digest()[:8], "big", signed=True)
-    engine = getattr(storage, "engine", None)
+    # optuna.storages.get_storage wraps an RDBStorage in a cache (_CachedStorage) that hides
+    # its engine: without unwrapping it, PostgreSQL workers ran with no lock at all.
+    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
     if engine is not None and engine.dialect.name in ("postgresql", "mysql"):
         from sqlalchemy import text
 
