@@ -239,21 +239,13 @@ class _ConvLoop(torch.autograd.Function):
         ctx.boxes = getattr(conv, "_hfta_slot_boxes", None)
         out = None
         for b in range(x.shape[0]):
-            box = ctx.boxes[b] if ctx.boxes is not None else None
-            if box is None:
-                y = torch.convolution(x[b], weight[b], _slot(bias, b), *ctx.conv_args)
-            else:  # a slot smaller than the envelope: its own convolution, no padded arithmetic
-                y = torch.convolution(x[b][:, :box.in_channels], weight[b][box.weight], _slot(bias, b)[:box.out_channels]
-                                      if bias is not None else None, *_box_args(ctx.conv_args, box))
+            x_b, weight_b, bias_b, args, _ = _operands(ctx, b, x, weight, bias)
+            y = torch.convolution(x_b, weight_b, bias_b, *args)
             if relu:
                 y = y.relu_()
             if out is None:
                 out = _reused(conv, "out").take((x.shape[0], y.shape[0], weight.shape[1], *y.shape[2:]), y)
-            if box is None:
-                out[b] = y
-            else:
-                out[b][:, box.out_channels:] = 0.0  # what the envelope's zero weights give
-                out[b][:, :box.out_channels] = y
+            _put(out[b], y, 1)
         ctx.save_for_backward(x, weight, out if relu else None)
         ctx.has_bias = bias is not None
         return out
@@ -269,30 +261,20 @@ class _ConvLoop(torch.autograd.Function):
             g = grad[b]
             if ctx.relu:
                 g = torch.ops.aten.threshold_backward(g, out[b], 0)
-            box = ctx.boxes[b] if ctx.boxes is not None else None
-            if box is None:
-                gx, gw, gb = torch.ops.aten.convolution_backward(
-                    g, x[b], weight[b], [weight.shape[1]], *ctx.conv_args, need)
-                if need[0]:
-                    grad_x[b] = gx
-                if need[1]:
-                    grad_weight[b] = gw
-                if need[2]:
-                    grad_bias[b] = gb
-                continue
-            gx, gw, gb = torch.ops.aten.convolution_backward(
-                g[:, :box.out_channels], x[b][:, :box.in_channels], weight[b][box.weight], [box.out_channels],
-                *_box_args(ctx.conv_args, box), need)
-            # Padded entries: zero, as the envelope's zero weights and inputs' zero use give.
+            x_b, weight_b, _, args, box = _operands(ctx, b, x, weight, None)
+            if box is not None:
+                g = g[:, :box.out_channels]
+            gx, gw, gb = torch.ops.aten.convolution_backward(g, x_b, weight_b, [weight_b.shape[0]], *args, need)
             if need[0]:
-                grad_x[b][:, box.in_channels:] = 0.0
-                grad_x[b][:, :box.in_channels] = gx
+                _put(grad_x[b], gx, 1)
             if need[1]:
-                grad_weight[b] = 0.0
-                grad_weight[b][box.weight] = gw
+                if box is None:
+                    grad_weight[b] = gw
+                else:
+                    grad_weight[b] = 0.0
+                    grad_weight[b][box.weight] = gw
             if need[2]:
-                grad_bias[b] = 0.0
-                grad_bias[b][:box.out_channels] = gb
+                _put(grad_bias[b], gb, 0)
         return None, None, None, grad_x, grad_weight, grad_bias
 
 
@@ -306,9 +288,28 @@ class SlotBox(NamedTuple):
     padding: list[int]
 
 
-def _box_args(conv_args: tuple, box: SlotBox) -> tuple:
-    stride, _, dilation, transposed, output_padding, groups = conv_args
-    return stride, box.padding, dilation, transposed, output_padding, groups
+def _operands(ctx, b: int, x, weight, bias) -> tuple:
+    """Slot b's convolution: (input, weight, bias, convolution args, its SlotBox or None), the
+    envelope's own tensors, or a smaller slot's part of them (its channels, its centred kernel)."""
+    box = ctx.boxes[b] if ctx.boxes is not None else None
+    bias_b = _slot(bias, b)
+    if box is None:
+        return x[b], weight[b], bias_b, ctx.conv_args, None
+    stride, _, dilation, transposed, output_padding, groups = ctx.conv_args
+    args = (stride, box.padding, dilation, transposed, output_padding, groups)
+    bias_b = None if bias_b is None else bias_b[:box.out_channels]
+    return x[b][:, :box.in_channels], weight[b][box.weight], bias_b, args, box
+
+
+def _put(target: torch.Tensor, value: torch.Tensor, dim: int) -> None:
+    """target = value, where value may cover only the first entries of `dim` (a smaller slot):
+    the rest is zero, what the envelope's zero weights give."""
+    size = value.shape[dim]
+    if size == target.shape[dim]:
+        target.copy_(value)
+        return
+    target.narrow(dim, size, target.shape[dim] - size).zero_()
+    target.narrow(dim, 0, size).copy_(value)
 
 
 class _BatchNormLoop(torch.autograd.Function):
