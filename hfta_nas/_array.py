@@ -100,12 +100,17 @@ class FusionSignature:
                     )
 
 
+def _check_equal_shapes(models: Sequence[nn.Module]) -> None:
+    """Raise FusionError naming the first model that differs from slot 0 in tensors, shapes or tree."""
+    signature = FusionSignature(models[0])
+    for slot, model in enumerate(models[1:], start=1):
+        signature.check(model, slot)
+
+
 def _equal_shapes(models: Sequence[nn.Module]) -> bool:
     """Whether every model has slot 0's tensors, shapes and module tree (no envelope needed)."""
-    signature = FusionSignature(models[0])
     try:
-        for slot, model in enumerate(models[1:], start=1):
-            signature.check(model, slot)
+        _check_equal_shapes(models)
     except FusionError:
         return False
     return True
@@ -313,8 +318,7 @@ class ModelArray:
 
     def _slot_state(self, slot: int) -> dict[str, torch.Tensor]:
         """Slot `slot`'s view of every tensor the template reads (parameters, buffers, per-slot state)."""
-        consts = getattr(self, "_slot_consts", {})
-        state = {**self._leaves, **self.buffers, **self._slot_random, **consts}
+        state = {**self._leaves, **self.buffers, **self._slot_random, **self._constants()}
         return {name: value[slot] for name, value in state.items()}
 
     def fits(self, model: nn.Module) -> bool:
@@ -365,10 +369,8 @@ class ModelArray:
             models = [_build_seeded(factory, seed) for seed in seeds]
         # One factory, many seeds means replicas: a factory whose sizes change with the seed
         # is a bug here (models of different sizes go in as a list: `ModelArray(models)`).
-        signature = FusionSignature(models[0])
         try:
-            for slot, model in enumerate(models[1:], start=1):
-                signature.check(model, slot)
+            _check_equal_shapes(models)
         except FusionError as error:
             raise FusionError(f"the model factory built different models on different calls (one per seed): {error} "
                               "A factory must build the same layers and shapes every time; only the initial "

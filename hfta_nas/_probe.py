@@ -224,7 +224,7 @@ def verify_slot(array: "ModelArray", slot: int, model: nn.Module, inputs: tuple[
     inputs = tuple(_as_float64(_samples(x)) for x in inputs)
     own = _own_copy(model)
     emb = array._embeddings[slot]
-    state = {name: _as_float64(value).clone() for name, value in array._slot_state(slot).items()}
+    state = _initial_state(array, slot)
     for name in array._leaves:
         state[name].requires_grad_()
     template = array._template
@@ -245,9 +245,8 @@ def verify_slot(array: "ModelArray", slot: int, model: nn.Module, inputs: tuple[
                 f"{size}{where}; this combination cannot be embedded exactly, "
                 "so it is refused: train models of this size in a separate array."
             ) from None
-    useful = count_macs(_own_copy(model), None, inputs)
-    executed = count_macs(template, _initial_state(array, slot), inputs)
-    return useful, executed
+    # Multiply-adds depend on shapes only: the compared copies (stats since updated) count as well.
+    return count_macs(own, None, inputs), count_macs(template, state, inputs)
 
 
 def _initial_state(array: "ModelArray", slot: int) -> dict[str, torch.Tensor]:
