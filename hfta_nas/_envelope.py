@@ -82,14 +82,18 @@ def _sized_leaves(module: nn.Module) -> list[nn.Module]:
     return [m for m in module.modules() if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
 
 
-def _keeps_geometry(conv: nn.modules.conv._ConvNd) -> bool:
-    if any(s != 1 for s in conv.stride):
-        return False
+def padding_of(conv: nn.modules.conv._ConvNd) -> tuple[float, ...]:
+    """The padding on each side per spatial dim ('same': half the dilated kernel, maybe x.5)."""
     if conv.padding == "same":
-        return True
+        return tuple(d * (k - 1) / 2 for k, d in zip(conv.kernel_size, conv.dilation))
     if conv.padding == "valid":
-        return all(k == 1 for k in conv.kernel_size)
-    return all(2 * p == d * (k - 1) for p, d, k in zip(conv.padding, conv.dilation, conv.kernel_size))
+        return (0.0,) * len(conv.kernel_size)
+    return tuple(float(p) for p in conv.padding)
+
+
+def _keeps_geometry(conv: nn.modules.conv._ConvNd) -> bool:
+    return all(s == 1 for s in conv.stride) and all(
+        2 * p == d * (k - 1) for p, d, k in zip(padding_of(conv), conv.dilation, conv.kernel_size))
 
 
 def _keeps_shape(module: nn.Module) -> bool:
@@ -253,13 +257,8 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
                     "differ by an odd number, so the smaller kernel cannot be centred in the larger; use odd "
                     "kernel sizes (3, 5, 7) throughout."
                 )
-        if conv.padding == "same":
-            own = tuple(d * (k - 1) / 2 for k, d in zip(conv.kernel_size, conv.dilation))
-        elif conv.padding == "valid":
-            own = (0,) * len(big)
-        else:
-            own = tuple(conv.padding)
-        paddings.add(tuple(p + d * (big_k - k) / 2 for p, k, big_k, d in zip(own, conv.kernel_size, big, conv.dilation)))
+        paddings.add(tuple(p + d * (big_k - k) / 2
+                           for p, k, big_k, d in zip(padding_of(conv), conv.kernel_size, big, conv.dilation)))
     if len(paddings) > 1 or any(p != int(p) for p in next(iter(paddings))):
         raise FusionError(
             f"layer '{_where(path)}' ({type(env).__name__}): kernels {sorted(set(kernels))} with paddings "

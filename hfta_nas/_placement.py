@@ -34,6 +34,7 @@ from hfta_nas._envelope import (
     _shell,
     _where,
     align_children,
+    padding_of,
     same_setting,
     settings_of,
 )
@@ -171,14 +172,6 @@ def _embed(env: nn.Module, own: nn.Module, env_path: str, own_path: str, emb: Sl
     _embed_tensors(env, own, env_path, own_path, emb, hint)
 
 
-def _padding_of(conv: nn.modules.conv._ConvNd) -> tuple[float, ...]:
-    if conv.padding == "same":
-        return tuple(d * (k - 1) / 2 for k, d in zip(conv.kernel_size, conv.dilation))
-    if conv.padding == "valid":
-        return (0.0,) * len(conv.kernel_size)
-    return tuple(float(p) for p in conv.padding)
-
-
 def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
     """Settings of `own` that must equal the envelope's (sizes are checked with the tensors)."""
     if isinstance(env, _RECURRENT):
@@ -201,7 +194,7 @@ def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
         raise FusionError(f"layer '{_where(own_path)}' ({type(own).__name__}): '{name}' is {value!r}; the array's "
                           f"model has {env_settings.get(name, '<missing>')!r}.")
     if isinstance(env, nn.modules.conv._ConvNd):
-        for k, big_k, d, p, big_p in zip(own.kernel_size, env.kernel_size, own.dilation, _padding_of(own), _padding_of(env)):
+        for k, big_k, d, p, big_p in zip(own.kernel_size, env.kernel_size, own.dilation, padding_of(own), padding_of(env)):
             if (big_k - k) % 2 or p + d * (big_k - k) / 2 != big_p:
                 raise FusionError(
                     f"layer '{_where(own_path)}' ({type(own).__name__}): kernel {own.kernel_size} with padding "
