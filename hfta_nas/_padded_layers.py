@@ -29,7 +29,6 @@ import math
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from hfta_nas._slot_layers import FusableMultiheadAttention
 from hfta_nas.errors import FusionError
@@ -151,13 +150,10 @@ class PaddedMultiheadAttention(FusableMultiheadAttention):
     def enable_padding(self) -> None:
         self.register_buffer("query_scale", torch.ones((), dtype=torch.float64))
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
-        transpose = self.batch_first and query.dim() == 3
-        if transpose:
-            query, key, value = (t.transpose(1, 0) for t in (query, key, value))
+    def _projections(self, dtype: torch.dtype) -> dict[str, torch.Tensor | bool | None]:
+        """The query's weight and bias times the slot's scale; keys and values as they are."""
         e = self.embed_dim
-        scale = self.query_scale.to(query.dtype)
+        scale = self.query_scale.to(dtype)
         if self._qkv_same_embed_dim:
             q_w, k_w, v_w = self.in_proj_weight[:e] * scale, self.in_proj_weight[e:2 * e], self.in_proj_weight[2 * e:]
         else:
@@ -165,16 +161,8 @@ class PaddedMultiheadAttention(FusableMultiheadAttention):
         bias = self.in_proj_bias
         if bias is not None:
             bias = torch.cat([bias[:e] * scale, bias[e:]])
-        output, weights = F.multi_head_attention_forward(
-            query, key, value, e, self.num_heads, None, bias,
-            self.bias_k, self.bias_v, self.add_zero_attn, self.dropout, self.out_proj.weight, self.out_proj.bias,
-            training=self.training, key_padding_mask=key_padding_mask, need_weights=True, attn_mask=attn_mask,
-            use_separate_proj_weight=True, q_proj_weight=q_w, k_proj_weight=k_w, v_proj_weight=v_w,
-            average_attn_weights=average_attn_weights, is_causal=is_causal,
-        )
-        if transpose:
-            output = output.transpose(1, 0)
-        return output, (weights if need_weights else None)
+        return {"in_proj_weight": None, "in_proj_bias": bias, "use_separate_proj_weight": True,
+                "q_proj_weight": q_w, "k_proj_weight": k_w, "v_proj_weight": v_w}
 
 
 def _gate(path: str, module: nn.Module, args: tuple, kwargs: dict, output):

@@ -257,20 +257,27 @@ class FusableMultiheadAttention(nn.MultiheadAttention):
         transpose = self.batch_first and query.dim() == 3
         if transpose:
             query, key, value = (t.transpose(1, 0) for t in (query, key, value))
-        separate = not self._qkv_same_embed_dim
         output, weights = F.multi_head_attention_forward(
-            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias,
-            self.bias_k, self.bias_v, self.add_zero_attn, self.dropout, self.out_proj.weight, self.out_proj.bias,
-            training=self.training, key_padding_mask=key_padding_mask, need_weights=True, attn_mask=attn_mask,
-            use_separate_proj_weight=separate,
-            q_proj_weight=self.q_proj_weight if separate else None,
-            k_proj_weight=self.k_proj_weight if separate else None,
-            v_proj_weight=self.v_proj_weight if separate else None,
-            average_attn_weights=average_attn_weights, is_causal=is_causal,
+            query, key, value, self.embed_dim, self.num_heads, bias_k=self.bias_k, bias_v=self.bias_v,
+            add_zero_attn=self.add_zero_attn, dropout_p=self.dropout, out_proj_weight=self.out_proj.weight,
+            out_proj_bias=self.out_proj.bias, training=self.training, key_padding_mask=key_padding_mask,
+            need_weights=True, attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal,
+            **self._projections(query.dtype),
         )
         if transpose:
             output = output.transpose(1, 0)
         return output, (weights if need_weights else None)
+
+    def _projections(self, dtype: torch.dtype) -> dict[str, torch.Tensor | bool | None]:
+        """The in-projection arguments of F.multi_head_attention_forward: the module's own."""
+        separate = not self._qkv_same_embed_dim
+        return {
+            "in_proj_weight": self.in_proj_weight, "in_proj_bias": self.in_proj_bias,
+            "use_separate_proj_weight": separate,
+            "q_proj_weight": self.q_proj_weight if separate else None,
+            "k_proj_weight": self.k_proj_weight if separate else None,
+            "v_proj_weight": self.v_proj_weight if separate else None,
+        }
 
 
 class FusableEmbedding(nn.Embedding):
