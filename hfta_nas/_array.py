@@ -20,7 +20,6 @@ tensors directly (`_slot_ops.native_forward`).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import warnings
 from collections import OrderedDict
@@ -35,7 +34,7 @@ from hfta_nas._envelope import same_setting, settings_of
 from hfta_nas._placement import SlotEmbedding, conv_box, embed_into, take_from
 from hfta_nas._envelope_template import Envelope
 from hfta_nas._probe import PaddingCost, count_macs, verify_slot
-from hfta_nas._slot_layers import init_slot_randomness, make_fusable
+from hfta_nas._slot_layers import init_slot_randomness, make_fusable, no_attention_fast_path
 from hfta_nas._slot_ops import SLOT_OPS, NeedsVmap, global_hooks_set, native_forward
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
 
@@ -493,7 +492,7 @@ class ModelArray:
         in_dims = (0,) + ((None if shared_input else 0),) * len(inputs)
         fused = vmap(one_slot, in_dims=in_dims, randomness="error")
         mode = (self.training, shared_input)
-        with _no_attention_fast_path():
+        with no_attention_fast_path():
             if mode in self._checked_modes:
                 return fused(state, *inputs)
             self._checked_modes.add(mode)
@@ -688,18 +687,6 @@ def _as_tensor(key: str, value: Any) -> torch.Tensor:
         return torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError):
         raise HftaNasError(f"state_dict entry '{key}' is a {type(value).__name__}, not a tensor.") from None
-
-
-@contextlib.contextmanager
-def _no_attention_fast_path():
-    """Turn off torch's fused inference kernels for attention/transformer layers
-    (they have no vmap batching rule and would loop over slots)."""
-    enabled = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 def _build_seeded(factory: Callable[[], nn.Module], seed: int) -> nn.Module:

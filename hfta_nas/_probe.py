@@ -29,7 +29,7 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from hfta_nas._slot_layers import SlotDropout
+from hfta_nas._slot_layers import SlotDropout, no_attention_fast_path
 from hfta_nas.errors import FusionError, HftaNasError
 
 if TYPE_CHECKING:
@@ -103,10 +103,7 @@ def padding_cost(models: Sequence[nn.Module], *example_inputs: Any) -> PaddingCo
         raise HftaNasError("padding_cost needs at least one model.")
     device = next((p.device for p in models[0].parameters()), torch.device("cpu"))
     template = Envelope(models).template().to(device).eval()
-    with contextlib.ExitStack() as stack:
-        fast_path = torch.backends.mha.get_fastpath_enabled()
-        torch.backends.mha.set_fastpath_enabled(False)
-        stack.callback(torch.backends.mha.set_fastpath_enabled, fast_path)
+    with no_attention_fast_path():
         executed = count_macs(template, None, example_inputs)
         useful = [count_macs(copy.deepcopy(m).eval(), None, example_inputs) for m in models]
     return PaddingCost([(u, executed) for u in useful])
@@ -117,16 +114,14 @@ def _probing(template: nn.Module):
     """Template in training mode with its dropout off, attention's fused kernels off; restored after."""
     training = template.training
     dropouts = [m for m in template.modules() if isinstance(m, SlotDropout)]
-    fast_path = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
     try:
         template.train()
         for m in dropouts:
             m.training = False
-        yield
+        with no_attention_fast_path():
+            yield
     finally:
         template.train(training)
-        torch.backends.mha.set_fastpath_enabled(fast_path)
 
 
 def _own_copy(model: nn.Module) -> nn.Module:

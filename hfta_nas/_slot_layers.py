@@ -22,6 +22,8 @@ exactly, naming the layer.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -278,6 +280,18 @@ class FusableMultiheadAttention(nn.MultiheadAttention):
             "k_proj_weight": self.k_proj_weight if separate else None,
             "v_proj_weight": self.v_proj_weight if separate else None,
         }
+
+
+@contextlib.contextmanager
+def no_attention_fast_path():
+    """Turn off torch's fused inference kernels for attention/transformer layers
+    (they have no vmap batching rule and would loop over slots)."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 class FusableEmbedding(nn.Embedding):
