@@ -226,7 +226,7 @@ class ModelArray:
     def _init_envelope_slots(self, models: list[nn.Module], source: nn.Module) -> None:
         """Stacked envelope tensors with each slot in its place, gradient masks, per-slot constants."""
         envelope = self._envelope
-        self._embeddings: list[SlotEmbedding] = list(envelope.slots)
+        self._embeddings: list[SlotEmbedding] = list(envelope.initial_slots)
         count = len(models)
         self.flat = torch.zeros(count, sum(shape.numel() for _, _, shape in self._layout), dtype=self.dtype,
                                 device=self.device)

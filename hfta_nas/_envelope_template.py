@@ -68,8 +68,9 @@ class Envelope:
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
         self.tree = build_envelope(models)
-        self.slots = [embed(self.tree, model) for model in models]
-        self.standins: set[tuple[str, str]] = set().union(*(_needs(self.tree, emb) for emb in self.slots))
+        # Where the models it was built from sit; the array keeps its own list through surgery.
+        self.initial_slots = [embed(self.tree, model) for model in models]
+        self.standins: set[tuple[str, str]] = set().union(*(_needs(self.tree, emb) for emb in self.initial_slots))
 
     def place(self, model: nn.Module, slot: int | None = None) -> SlotEmbedding:
         """Embed a further model (slot surgery); FusionError if the template cannot run it exactly."""
