@@ -227,7 +227,7 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--sampler", default=None, metavar="NAME", help="Override the space's sampler: tpe, random, cmaes, gp, grid, nsga2 (its defaults; the file's kwargs go with the file's sampler).")
 @click.option("--pruner", default=None, metavar="NAME", help="Override the space's pruner: none, median, successive_halving, hyperband (its defaults).")
 @click.option("--seed", type=int, default=None, help="Override the space's seed (sampler and every trial's init/data/dropout seeds).")
-@click.option("--dry-run", is_flag=True, help="Print the grouping plan (which trials go into which array, by shape signature) without training; nothing is written to the storage.")
+@click.option("--dry-run", is_flag=True, help="Print the packing plan (which trials go into which array, their padding and estimated time, by the policy the run uses) without training; nothing is written to the storage.")
 @click.option("--quiet", is_flag=True, help="No live progress display (the summary is still printed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary (or the --dry-run plan) as JSON (for machines).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, expose_value=False,
@@ -237,15 +237,14 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
 @_search_workers
 def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, device, dtype, threads, sampler, pruner,
            seed, dry_run, quiet, as_json) -> None:
-    """Search SPACE (a YAML file, see search_spaces/README.md) with Optuna, training
-    candidates of equal shape together as arrays. Re-running resumes the study."""
+    """Search SPACE (a YAML file, see search_spaces/README.md) with Optuna: every proposed
+    candidate trains as proposed, packed into arrays by measured cost. Re-running resumes the study."""
     import dataclasses
 
     import optuna
 
     from hfta_nas._run import _checked_device, _checked_out_dir, set_up_command_process
-    from hfta_nas.search import plan_search, run_search
-    from search_spaces import load_space
+    from search_spaces import load_space, plan_search, run_search
 
     set_up_command_process(threads)
     if array_size is not None and array_size != "auto":
@@ -262,7 +261,8 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
         plan = plan_search(loaded, storage=storage, study_name=study_name, n_trials=n_trials, timeout=timeout,
                            array_size=array_size, device=device, dtype=dtype)
         if as_json:
-            click.echo(json.dumps({**dataclasses.asdict(plan), "mean_occupancy": plan.mean_occupancy}, indent=2, default=str))
+            click.echo(json.dumps({**dataclasses.asdict(plan), "mean_occupancy": plan.mean_occupancy,
+                                   "estimated_s": plan.estimated_s}, indent=2, default=str))
         else:
             _print_search_plan(plan)
         return
@@ -327,7 +327,7 @@ class _SearchProgress:
             trial = f" (trial {self.best_trial})" if self.best_trial is not None else ""
             parts.append(f"best {self.metrics[0] if self.metrics else 'value'} {self.best:.4g}{trial}")
         if self.array is not None:
-            parts.append(f"1 array running ({self.running}/{self.array.get('array_size') or self.array['size']} slots)")
+            parts.append(f"1 array running ({self.running}/{self.array.array_size} slots)")
         else:
             parts.append("0 arrays running")
         if self.mean_occupancy is not None:
@@ -348,63 +348,70 @@ class _SearchProgress:
             return
         self.front = [other for other in self.front if not self._dominates(values, other)] + [list(values)]
 
-    def event(self, kind: str, info: dict[str, Any]) -> None:
-        if kind == "start":
-            self.metrics, self.directions = list(info.get("metrics", [])), list(info.get("directions", []))
-            for state in self.counts:
-                self.counts[state] = info.get("states", {}).get(state, 0)
-            self.best = info.get("best")
-            for values in info.get("best_values", []):
-                self._add_to_front(values)
-        elif kind == "trial":
-            state = info["state"]
-            if state in self.counts:
-                self.counts[state] += 1
-            if state == "COMPLETE" and info.get("values"):
-                values = list(info["values"])
-                if len(self.metrics) > 1:
-                    self._add_to_front(values)
-                elif self._better(values[0]):
-                    self.best, self.best_trial = values[0], info["trial"]
-        elif kind == "array":
-            self.array, self.running = info, info["size"]
-        elif kind == "epoch":
-            self.running = info.get("running", self.running)
-            self.mean_occupancy = info.get("mean_occupancy", self.mean_occupancy)
-            self.samples_per_s = info.get("samples_per_s", self.samples_per_s)
-        elif kind == "array_done":
-            self.array, self.running = None, 0
-            self.mean_occupancy = info.get("mean_occupancy", self.mean_occupancy)
+    def event(self, event: Any) -> None:
+        """Update the counts from one search event (hfta_nas.search's event types) and say what it means."""
+        handler = getattr(self, f"_on_{type(event).__name__}", None)
+        line = handler(event) if handler is not None else None
         if not self.enabled:
             return
-        say = functools.partial(self.console.print, soft_wrap=True, highlight=False)
-        if kind == "start":
-            done = "" if not info["done"] else f" ({info['done']} trials already done)"
-            say(f"study [bold]{info['study']}[/] in {info['storage']}{done}")
-            say(f"watch it live: [bold]{info['dashboard']}[/]")
-            self.task = self.progress.add_task("trials", total=info["n_trials"], completed=info["done"])
-        if kind == "trial" and self.task is not None:
-            self.progress.advance(self.task)
-        elif kind == "array":
-            size = info.get("array_size") or info["size"]
-            say(f"array {info['array']}: {info['size']}/{size} slots, shape {info['signature']}, trials {info['trials']}")
-        elif kind == "retry":
-            say(f"trial {info['trial']} was interrupted by an earlier run: failed and retried")
-        elif kind == "auto_size":
-            say(f"array size auto for shape {info['signature']}: {info['size']} ({info['reason']})")
-        elif kind == "split":
-            say(f"[yellow]out of memory[/] with {info['size']} models ({info['reason']}): arrays of {info['half']} from now on")
-        elif kind == "array_failed":
-            say(f"[red]array {info['array']} failed[/]: {info['error']}")
-        elif kind == "array_done" and not self.live:
-            say(self.status())
+        if line:
+            self.console.print(line, soft_wrap=True, highlight=False)
         self.progress.status = self.status()
         if self.live:
             self.progress.refresh()
 
+    def _on_SearchStarted(self, event: Any) -> str:
+        self.metrics, self.directions = list(event.metrics), list(event.directions)
+        for state in self.counts:
+            self.counts[state] = event.states.get(state, 0)
+        for values in event.best_values:
+            if len(self.metrics) > 1:
+                self._add_to_front(values)
+            else:
+                self.best = values[0]
+        if self.enabled:
+            self.task = self.progress.add_task("trials", total=event.n_trials, completed=event.done)
+        done = "" if not event.done else f" ({event.done} trials already done)"
+        return f"study [bold]{event.study}[/] in {event.storage}{done}\nwatch it live: [bold]{event.dashboard}[/]"
+
+    def _on_TrialEnded(self, event: Any) -> None:
+        if event.state in self.counts:
+            self.counts[event.state] += 1
+        if event.state == "COMPLETE" and event.values:
+            if len(self.metrics) > 1:
+                self._add_to_front(list(event.values))
+            elif self._better(event.values[0]):
+                self.best, self.best_trial = event.values[0], event.trial
+        if self.task is not None:
+            self.progress.advance(self.task)
+
+    def _on_ArrayStarted(self, event: Any) -> str:
+        self.array, self.running = event, len(event.trials)
+        return (f"array {event.array}: {len(event.trials)}/{event.array_size} slots, {event.architectures} "
+                f"architecture(s), {event.waste:.0%} padding, trials {event.trials}")
+
+    def _on_EpochEnded(self, event: Any) -> None:
+        self.running, self.mean_occupancy, self.samples_per_s = event.running, event.mean_occupancy, event.samples_per_s
+
+    def _on_ArrayEnded(self, event: Any) -> str | None:
+        self.array, self.running, self.mean_occupancy = None, 0, event.mean_occupancy
+        return None if self.live else self.status()
+
+    def _on_TrialRetried(self, event: Any) -> str:
+        return f"trial {event.trial} was interrupted by an earlier run: failed and retried"
+
+    def _on_ArraySizeChosen(self, event: Any) -> str:
+        return f"array size auto for structure {event.structure}: {event.size} ({event.reason})"
+
+    def _on_ArraySplit(self, event: Any) -> str:
+        return f"[yellow]out of memory[/] with {event.slots} models ({event.reason}): arrays of {event.half} from now on"
+
+    def _on_ArrayFailed(self, event: Any) -> str:
+        return f"[red]array {event.array} failed[/]: {event.error}"
+
 
 def _print_search_plan(plan: Any) -> None:
-    """The --dry-run plan: one table row per array (shape, slots, how each trial got there)."""
+    """The --dry-run plan: one table row per array (slots, architectures, padding, estimated time, trials)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -412,17 +419,19 @@ def _print_search_plan(plan: Any) -> None:
     done = f", {plan.done} already done" if plan.done else ""
     budget = f"{plan.n_trials} trials" if plan.n_trials is not None else "a timeout"
     console.print(f"dry run of study [bold]{plan.study_name}[/] in {plan.storage} ({budget}{done}; "
-                  f"arrays of {plan.array_size}, pools of up to {plan.pool_size} free asks); nothing was written")
-    table = Table(title="grouping plan (the first array is exact; later ones change as results come in)")
-    for column in ("array", "shape", "slots", "architecture", "trials (*: asked freely)"):
-        table.add_column(column, justify="right" if column in ("array", "slots") else "left")
+                  f"arrays of up to {plan.array_size}, rounds of {plan.pool_size} asks); nothing was written")
+    table = Table(title="packing plan (the first round is exact; later ones change as results come in)")
+    for column in ("array", "slots", "architectures", "useful / executed MACs per sample", "padding", "est. s", "trials"):
+        table.add_column(column, justify="left" if column == "trials" else "right")
     for array in plan.arrays:
-        architecture = ", ".join(f"{k}={v}" for k, v in array.architecture.items()) or "(nothing searched)"
-        trials = " ".join(f"{t['number']}{'*' if t['how'] == 'asked' else ''}" for t in array.trials)
-        table.add_row(str(array.array), array.signature, f"{len(array.trials)}/{array.size}", architecture, trials)
+        table.add_row(str(array.array), f"{len(array.trials)}/{array.array_size}", str(array.architectures),
+                      f"{array.useful_macs:,} / {array.executed_macs:,}", f"{array.waste:.0%}", f"{array.estimated_s:.1f}",
+                      " ".join(str(t["number"]) for t in array.trials))
     console.print(table)
-    console.print(f"{len(plan.arrays)} arrays, {plan.signatures} shapes, planned occupancy {plan.mean_occupancy:.0%}"
-                  " (before pruning and refills)")
+    for key, cost in plan.step_costs.items():
+        console.print(f"measured {key}: {cost['fixed_s'] * 1e3:.2f} ms + {cost['per_gmac_s']:.3f} s per GMAC per step")
+    console.print(f"{len(plan.arrays)} arrays, planned occupancy {plan.mean_occupancy:.0%}, "
+                  f"estimated {plan.estimated_s:.1f} s of training (before pruning and refills)")
     if plan.note:
         console.print(plan.note)
 
@@ -442,8 +451,12 @@ def _print_search_summary(summary: Any) -> None:
         table.add_row(str(best["number"]), *(f"{best['values'][m]:.4g}" for m in summary.metrics), params)
     console.print(table)
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(summary.trials.items()))
-    console.print(f"trials: {states}; {summary.arrays} arrays this run, mean occupancy {summary.mean_occupancy:.0%}, "
+    console.print(f"trials: {states}; {len(summary.arrays)} arrays this run, mean occupancy {summary.mean_occupancy:.0%}, "
                   f"{summary.seconds:.1f} s, {summary.samples_per_s:,.0f} samples/s summed over slots")
+    executed = sum(a["executed_macs"] for a in summary.arrays)
+    waste = 1 - sum(a["useful_macs"] for a in summary.arrays) / executed if executed else 0.0
+    console.print(f"architectures: {summary.architectures_trained} trained of {summary.architectures_proposed} "
+                  f"proposed; padding {waste:.0%} of executed multiply-adds")
     for what, path in summary.exported.items():
         console.print(f"best {what}: {path}")
     console.print(f"dashboard: {summary.dashboard}")

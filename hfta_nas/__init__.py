@@ -7,9 +7,11 @@ from hfta_nas._probe import PaddingCost, padding_cost
 from hfta_nas._run import TrainRun, train
 from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
+from hfta_nas.search import Candidate, SearchSummary, optimize, plan
 
 __all__ = [
     "ArrayTrainer",
+    "Candidate",
     "EpochReport",
     "FusionError",
     "FusionFallbackWarning",
@@ -17,6 +19,7 @@ __all__ = [
     "HftaNasError",
     "ModelArray",
     "PaddingCost",
+    "SearchSummary",
     "SlotResult",
     "TrainRun",
     "check_fusable",
@@ -24,7 +27,9 @@ __all__ = [
     "keep_freed_memory",
     "models",
     "optim",
+    "optimize",
     "padding_cost",
+    "plan",
     "train",
 ]
 __version__ = "0.1.0"

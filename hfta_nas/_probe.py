@@ -96,17 +96,32 @@ def padding_cost(models: Sequence[nn.Module], *example_inputs: Any) -> PaddingCo
     `example_inputs` is one batch [N, ...]. Models and inputs may live on the meta
     device (shapes only, no memory), as a search's candidates do before they are packed.
     """
-    from hfta_nas._envelope_template import Envelope  # noqa: PLC0415 (it imports this module's neighbours)
-
     models = list(models)
     if not models:
         raise HftaNasError("padding_cost needs at least one model.")
+    executed = envelope_macs(models, *example_inputs)
+    useful = [model_macs(m, *example_inputs) for m in models]
+    return PaddingCost([(u, executed) for u in useful])
+
+
+def model_macs(model: nn.Module, *example_inputs: Any) -> int:
+    """Multiply-adds per sample of one eval-mode forward of `model` (a copy runs; meta device works)."""
+    with no_attention_fast_path():
+        return count_macs(copy.deepcopy(model).eval(), None, example_inputs)
+
+
+def envelope_macs(models: Sequence[nn.Module], *example_inputs: Any) -> int:
+    """Multiply-adds per sample that one slot of an array of `models` executes (its envelope's);
+    FusionError when the models cannot share an array."""
+    from hfta_nas._envelope_template import Envelope  # noqa: PLC0415 (it imports this module's neighbours)
+
+    models = list(models)
+    if len(models) == 1:
+        return model_macs(models[0], *example_inputs)
     device = next((p.device for p in models[0].parameters()), torch.device("cpu"))
     template = Envelope(models).template().to(device).eval()
     with no_attention_fast_path():
-        executed = count_macs(template, None, example_inputs)
-        useful = [count_macs(copy.deepcopy(m).eval(), None, example_inputs) for m in models]
-    return PaddingCost([(u, executed) for u in useful])
+        return count_macs(template, None, example_inputs)
 
 
 @contextlib.contextmanager

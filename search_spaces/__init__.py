@@ -30,6 +30,7 @@ from search_spaces._schema import (
     Uniform,
 )
 from search_spaces._sources import check_sources
+from search_spaces._search import architecture_params, candidate_builder, open_space_study, plan_search, run_search
 from search_spaces._space import SearchSpace, load_space, parse_space
 
 SHIPPED_SPACES: dict[str, Path] = {path.stem: path for path in sorted(Path(__file__).parent.glob("*.yaml"))}
@@ -51,7 +52,12 @@ __all__ = [
     "SearchSpace",
     "SpaceError",
     "Uniform",
+    "architecture_params",
+    "candidate_builder",
     "check_sources",
     "load_space",
+    "open_space_study",
     "parse_space",
+    "plan_search",
+    "run_search",
 ]

@@ -81,9 +81,19 @@ class BudgetSpec(_Strict):
 
 
 class ArraySpec(_Strict):
-    """How many candidates train at once in one array ("auto": as many as fit)."""
+    """How candidates are put into arrays.
+
+    size: slots per array ("auto": as many as fit, up to the throughput knee).
+    fill: "pack" (every trial as the sampler proposed it, packed by measured
+    cost) or "replicate" (each array's other slots copy its first trial's
+    architecture: HPO over fixed architectures).
+    max_waste: at most this fraction of an array's multiply-adds may be padding
+    (default: no bound; 0 packs equal shapes only).
+    """
 
     size: int | str = 8
+    fill: Literal["pack", "replicate"] = "pack"
+    max_waste: Annotated[float, Field(ge=0, le=1)] | None = None
 
     @field_validator("size", mode="plain")
     @classmethod

@@ -13,7 +13,8 @@ from optuna.trial import TrialState
 
 import hfta_nas
 from cli import main
-from hfta_nas.search import run_search, trial_seeds
+from hfta_nas.search import trial_seeds
+from search_spaces import run_search
 from search_spaces import parse_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

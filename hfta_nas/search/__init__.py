@@ -1,35 +1,61 @@
-"""The Optuna search driver: candidates grouped by shape signature, trained as arrays."""
+"""Optuna searches whose trials train as fused arrays.
 
-from hfta_nas.search._driver import Search, SearchSummary, trial_seeds
-from hfta_nas.search._plan import PlannedArray, SearchPlan
-from hfta_nas._files import atomic_write_text, save_weights
-from hfta_nas.search._signature import shape_signature
-from hfta_nas.search._storage import DEFAULT_STORAGE, dashboard_command, open_storage
+    study = optuna.create_study(direction="maximize")
+    summary = hfta_nas.optimize(study, build, data, n_trials=32, array_size=8)
 
+`build(trial)` suggests values as in any Optuna objective and returns a
+`Candidate`; the search packs candidates into arrays by their measured cost
+(`_packing`), trains them (`_array_job`), and tells every trial.
+"""
 
-def run_search(space, **options) -> SearchSummary:
-    """Run a search space (see `Search` for the options) and return its summary."""
-    return Search(space, **options).run()
-
-
-def plan_search(space, max_arrays=None, **options) -> SearchPlan:
-    """The arrays `run_search(space, **options)` would train, by its fill policy,
-    without training and without writing to the storage (`--dry-run`)."""
-    return Search(space, dry_run=True, **options).plan(max_arrays)
-
+from hfta_nas.search._candidate import Candidate, trial_seeds
+from hfta_nas.search._cost import StepCost
+from hfta_nas.search._events import (
+    ArrayEnded,
+    ArrayFailed,
+    ArraySizeChosen,
+    ArraySplit,
+    ArrayStarted,
+    EpochEnded,
+    SearchStarted,
+    SlotRefilled,
+    TrialEnded,
+    TrialRetried,
+    TrialWaits,
+)
+from hfta_nas.search._ledger import Outcome, counts
+from hfta_nas.search._optimize import SearchSummary, optimize
+from hfta_nas.search._plan import PlannedArray, SearchPlan, plan
+from hfta_nas.search._storage import DEFAULT_STORAGE, copy_of_stored_study, dashboard_command, open_storage
+from hfta_nas.search._workers import run_workers, study_report, worker_arguments
 
 __all__ = [
     "DEFAULT_STORAGE",
+    "ArrayEnded",
+    "ArrayFailed",
+    "ArraySizeChosen",
+    "ArraySplit",
+    "ArrayStarted",
+    "Candidate",
+    "EpochEnded",
+    "Outcome",
     "PlannedArray",
-    "Search",
     "SearchPlan",
+    "SearchStarted",
     "SearchSummary",
-    "atomic_write_text",
+    "SlotRefilled",
+    "StepCost",
+    "TrialEnded",
+    "TrialRetried",
+    "TrialWaits",
+    "copy_of_stored_study",
+    "counts",
     "dashboard_command",
     "open_storage",
-    "plan_search",
-    "run_search",
-    "save_weights",
-    "shape_signature",
+    "optimize",
+    "plan",
+    "run_workers",
+    "study_report",
     "trial_seeds",
+    "worker_arguments",
 ]

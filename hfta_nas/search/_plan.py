@@ -1,28 +1,28 @@
 """`--dry-run`: the arrays a search would train, without training and without writing.
 
-The plan runs the search's own fill policy (`Search._next_group`) against an
-in-memory copy of the study: the same finished trials, the same queued and
-interrupted ones, the same seeded sampler. Its first array is exactly the one
-the real run trains first. Later arrays are what the policy makes of the
-sampler's proposals when no result comes back in between; the real run feeds
-each array's results to the sampler, so from the second array on its
-proposals (and pruning refills, which a plan cannot know) may differ.
-Nothing reaches the real storage: no study is created, no trial is asked there.
+The plan runs the search's own rounds (`next_pool`, then the packing policy)
+against an in-memory copy of the study: the same finished trials, the same
+queued ones, a copy of the seeded sampler. Its first round is exactly what the
+real run trains first. Later rounds are what the sampler proposes when no
+result comes back in between; the real run feeds each array's results to the
+sampler, so from the second round on its proposals (and refills, which a plan
+cannot know) may differ. The step cost is measured as the real run measures it.
 """
 
 from __future__ import annotations
 
+import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import InMemoryStorage, JournalStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages import InMemoryStorage
 
-from hfta_nas.errors import HftaNasError
-from hfta_nas.search._storage import DEFAULT_STORAGE, _URL_SCHEMES
+from hfta_nas.data import Dataset
+from hfta_nas.search._candidate import Candidate
+from hfta_nas.search._optimize import _Search
 
 # With a timeout-only budget the plan cannot know how many arrays will run.
 UNBOUNDED_PLAN_ARRAYS = 3
@@ -30,13 +30,19 @@ UNBOUNDED_PLAN_ARRAYS = 3
 
 @dataclass
 class PlannedArray:
-    """One array of the plan: its shape signature, size and candidates."""
+    """One array of the plan."""
 
     array: int
-    signature: str
-    size: int  # the array size (array.size, or what 'auto' chose)
-    architecture: dict[str, Any]  # the searched params that fix the shape
-    trials: list[dict[str, Any]]  # number, params, seeds, how (asked freely / filled)
+    array_size: int
+    trials: list[dict[str, Any]]  # number, params, seeds, useful multiply-adds per sample
+    architectures: int
+    useful_macs: int
+    executed_macs: int
+    estimated_s: float
+
+    @property
+    def waste(self) -> float:
+        return 1.0 - self.useful_macs / self.executed_macs if self.executed_macs else 0.0
 
 
 @dataclass
@@ -49,73 +55,61 @@ class SearchPlan:
     done: int  # finished trials already in the study (they count against n_trials)
     array_size: int | str
     pool_size: int
+    step_costs: dict[str, dict[str, float]] = field(default_factory=dict)
     arrays: list[PlannedArray] = field(default_factory=list)
     note: str = ""
 
     @property
     def mean_occupancy(self) -> float:
-        """Planned slots / array size, averaged over the planned arrays (before any pruning)."""
+        """Planned slots / array size, averaged over the planned arrays."""
         if not self.arrays:
             return 0.0
-        return sum(len(a.trials) / a.size for a in self.arrays) / len(self.arrays)
+        return sum(len(a.trials) / a.array_size for a in self.arrays) / len(self.arrays)
 
     @property
-    def signatures(self) -> int:
-        return len({a.signature for a in self.arrays})
+    def estimated_s(self) -> float:
+        return sum(a.estimated_s for a in self.arrays)
 
 
-def _existing(location: str) -> optuna.storages.BaseStorage | None:
-    """The real storage opened for reading, or None when there is nothing to read yet."""
-    if location.startswith(_URL_SCHEMES):
-        if location.startswith("sqlite:///") and not Path(location[len("sqlite:///"):]).exists():
-            return None  # opening it would create the database file
-        try:
-            return optuna.storages.get_storage(location)
-        except Exception as error:  # SQLAlchemy/driver errors vary by backend
-            raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {error}") from error
-    path = Path(location)
-    if not path.is_file():
-        return None
-    try:
-        return JournalStorage(JournalFileBackend(str(path)))
-    except OSError as error:
-        raise HftaNasError(f"cannot read journal file '{location}': {error}") from error
+def in_memory_copy(study: optuna.Study) -> optuna.Study:
+    """A copy of `study` (trials, attributes, a copy of its sampler and pruner) in memory."""
+    memory = optuna.create_study(storage=InMemoryStorage(), study_name=study.study_name, directions=study.directions,
+                                 sampler=copy.deepcopy(study.sampler), pruner=copy.deepcopy(study.pruner))
+    for key, value in study.user_attrs.items():
+        memory.set_user_attr(key, value)
+    memory.add_trials(study.get_trials(deepcopy=False))
+    if study.metric_names:
+        memory._storage.set_study_metric_names(memory._study_id, study.metric_names)
+    return memory
 
 
-def in_memory_copy(storage: str | None, study_name: str) -> tuple[InMemoryStorage, str]:
-    """(an in-memory storage holding a copy of the study's trials, the real location)."""
-    location = storage or DEFAULT_STORAGE
-    memory = InMemoryStorage()
-    real = _existing(location)
-    if real is not None and study_name in {s.study_name for s in optuna.get_all_study_summaries(real, include_best_trial=False)}:
-        source = optuna.load_study(study_name=study_name, storage=real)
-        copy = optuna.create_study(storage=memory, study_name=study_name, directions=source.directions)
-        copy.add_trials(source.get_trials(deepcopy=False))
-    return memory, location
-
-
-def make_plan(search: Any, max_arrays: int | None = None) -> SearchPlan:
-    """Run the fill policy of a dry-run `Search` until the budget is asked (or `max_arrays`)."""
-    search._started = time.monotonic()
-    search._retry_interrupted_trials()
-    search._finished_at_start = search._finished()
+def plan(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None = None, *,
+         storage: str | None = None, max_arrays: int | None = None, **options: Any) -> SearchPlan:
+    """The arrays `optimize(study, build, data, **options)` would train, by the same policy,
+    without training; `study` is not changed (the plan asks in a copy)."""
+    search = _Search(in_memory_copy(study), build, data, **{**_OPTION_DEFAULTS, **options})
+    search.started = time.monotonic()
     if max_arrays is None and search.n_trials is None:
         max_arrays = UNBOUNDED_PLAN_ARRAYS
-    plan = SearchPlan(search.study_name, search.dashboard_location, search.n_trials, search._finished_at_start,
-                      search.array_size, search.pool_size or search._size_for(max(search._remaining(), 1)))
-    while max_arrays is None or len(plan.arrays) < max_arrays:
-        group = search._next_group()
-        if not group:
+    result = SearchPlan(study.study_name, storage or search.location, search.n_trials, search.ledger.counted(True),
+                        search.array_size, search.pool_size)
+    while max_arrays is None or len(result.arrays) < max_arrays:
+        pool = search.next_pool()
+        if not pool:
             break
-        plan.arrays.append(PlannedArray(
-            len(plan.arrays) + 1, group[0].signature, search._target, search._architecture(group[0]),
-            [{"number": c.trial.number, "params": dict(c.trial.params), "seeds": dict(c.seeds),
-              "how": "filled" if c.filled else "asked"} for c in group],
-        ))
-    waiting = sum(len(g) for g in search._pending.values())
+        for planned in search.pack(pool):
+            result.arrays.append(PlannedArray(
+                len(result.arrays) + 1, search.max_slots(planned.proposals),
+                [{"number": p.number, "params": dict(p.trial.params), "seeds": dict(p.seeds), "useful_macs": p.useful_macs}
+                 for p in planned.proposals],
+                planned.architectures, planned.useful_macs, planned.executed_macs, planned.seconds))
+    result.step_costs = {key: cost.as_dict() for key, cost in search.costs.items()}
     if search.n_trials is None:
-        plan.note = (f"the budget is a timeout: the first {len(plan.arrays)} arrays are shown; "
-                     "later arrays follow the sampler's proposals as results come in")
-    elif waiting:
-        plan.note = f"{waiting} more asked candidates wait for arrays beyond the {len(plan.arrays)} shown"
-    return plan
+        result.note = (f"the budget is a timeout: the first {len(result.arrays)} arrays are shown; "
+                       "later arrays follow the sampler's proposals as results come in")
+    return result
+
+
+_OPTION_DEFAULTS: dict[str, Any] = dict(n_trials=None, timeout=None, array_size=8, metrics=None, seed=0, device="cpu",
+                                        dtype="float32", out_dir=None, on_event=None, max_waste=None, replicate=None,
+                                        step_cost=None)

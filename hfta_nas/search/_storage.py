@@ -235,3 +235,53 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
 def dashboard_command(dashboard_location: str) -> str:
     """The exact command that shows this storage in optuna-dashboard."""
     return f"optuna-dashboard {dashboard_location}"
+
+
+def storage_location(storage: BaseStorage) -> str:
+    """The string optuna-dashboard takes for an opened storage (a journal file's path,
+    a database URL without its password), or '<in memory>'."""
+    backend = getattr(storage, "_backend", storage)
+    if isinstance(storage, JournalStorage) and isinstance(backend, JournalFileBackend):
+        return str(backend._file_path)
+    engine = getattr(backend, "engine", None)
+    if engine is not None:
+        return engine.url.render_as_string(hide_password=True)
+    return "<in memory>"
+
+
+def _readable(location: str) -> BaseStorage | None:
+    """The storage at `location` opened for reading, or None when there is nothing to read
+    yet (opening would create a database or journal file)."""
+    if location.startswith(_URL_SCHEMES):
+        if location.startswith("sqlite:///") and not Path(location[len("sqlite:///"):]).exists():
+            return None
+        try:
+            return optuna.storages.get_storage(_with_driver(location))
+        except Exception as error:  # SQLAlchemy/driver errors vary by backend
+            raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}") from error
+    path = Path(location)
+    if not path.is_file():
+        return None
+    try:
+        return JournalStorage(JournalFileBackend(str(path)))
+    except OSError as error:
+        raise HftaNasError(f"cannot read journal file '{location}': {error}") from error
+
+
+def copy_of_stored_study(storage: str | None, study_name: str, *, directions: list[str],
+                         sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner) -> tuple[optuna.Study, str]:
+    """(an in-memory study holding the stored study's trials and attributes, or a new one
+    when there is none yet, the storage's location); nothing is written to the storage."""
+    location = storage or DEFAULT_STORAGE
+    memory = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name=study_name,
+                                 directions=directions, sampler=sampler, pruner=pruner)
+    real = _readable(location)
+    if real is not None and study_name in {s.study_name for s in optuna.get_all_study_summaries(real, False)}:
+        stored = optuna.load_study(study_name=study_name, storage=real)
+        if [d.name.lower() for d in stored.directions] != [d.lower() for d in directions]:
+            raise HftaNasError(f"study '{study_name}' exists in the storage with other directions; "
+                               "choose another --study-name.")
+        for key, value in stored.user_attrs.items():
+            memory.set_user_attr(key, value)
+        memory.add_trials(stored.get_trials(deepcopy=False))
+    return memory, location

@@ -196,7 +196,7 @@ def study_report(storage: str | None, study_name: str, exits: list[WorkerExit]) 
     import optuna
     from optuna.trial import TrialState
 
-    from hfta_nas.search._driver import _NOT_COUNTED
+    from hfta_nas.search._ledger import Outcome, counts, outcome_of
     from hfta_nas.search._storage import open_storage
 
     opened, location = open_storage(storage)
@@ -204,10 +204,10 @@ def study_report(storage: str | None, study_name: str, exits: list[WorkerExit]) 
     states: dict[str, int] = {}
     retried = surplus = counted = 0
     for trial in study.get_trials(deepcopy=False):
-        reason = str(trial.user_attrs.get("fail_reason", ""))
-        retried += reason.startswith("interrupted:")
-        surplus += reason.startswith("surplus:")
-        counted += trial.state != TrialState.WAITING and not reason.startswith(_NOT_COUNTED)
+        outcome = outcome_of(trial)
+        retried += outcome == Outcome.INTERRUPTED
+        surplus += outcome == Outcome.SURPLUS
+        counted += counts(trial)
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
     best = None
     if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):

@@ -1,0 +1,289 @@
+"""One array of a search: build it from a pack, train it, and tell every trial.
+
+Each epoch every slot reports its metrics to its trial (single objective:
+`trial.report`, so pruners work; several objectives: the user attribute
+`learning_curve`, which the dashboard shows, because Optuna forbids
+`report` there). A slot that is pruned or fails while other slots train on
+is refilled (`refill`: a trial whose model fits this array's envelope), else
+the array shrinks. A slot that finishes its epochs is told COMPLETE. The
+user attributes `train_start` / `train_end` say when a trial's slot trained:
+a trial's Optuna duration also counts the time it waited for its array.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from hfta_nas._array import ModelArray
+from hfta_nas._oom import ArrayOutOfMemory, check_budget, is_out_of_memory
+from hfta_nas._trainer import ArrayTrainer, EpochReport
+from hfta_nas.errors import HftaNasError
+from hfta_nas.models import count_parameters
+from hfta_nas.optim import OPTIMIZERS, LRSchedule
+from hfta_nas.search._candidate import Proposal
+from hfta_nas.search._events import ArrayFailed, ArraySplit, ArrayStarted, EpochEnded, SlotRefilled, TrialEnded
+from hfta_nas.search._export import BestExport
+from hfta_nas.search._ledger import Ledger, Outcome
+from hfta_nas.search._packing import Pack, shape_key
+
+log = logging.getLogger(__name__)
+TRAINED_METRICS = ("train_loss", "val_loss", "val_acc", "test_loss", "test_acc")
+STATIC_METRICS = ("params", "latency_ms")
+
+
+@dataclass
+class JobContext:
+    """What every array job of one search shares."""
+
+    study_name: str
+    ledger: Ledger
+    metrics: list[str]
+    worker: str
+    device: torch.device
+    dtype: torch.dtype
+    export: BestExport
+    emit: Callable[[Any], None]
+    occupancy: list[float]  # running slots / array size, per epoch of every array (the run's mean occupancy)
+    samples: list[int]  # [training samples processed this run, summed over slots]
+    started: float  # monotonic time the run started
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class ArrayJob:
+    """Trains one pack; see the module docstring. `refill(ended, fits)` returns a
+    proposal for the slot `ended` freed whose model fits (or None); `requeue(proposals, limit)` takes back proposals
+    that must wait for smaller arrays after an out-of-memory split."""
+
+    def __init__(self, ctx: JobContext, pack: Pack, number: int, array_size: int, *,
+                 refill: Callable[[Proposal, Callable[[Proposal], bool]], Proposal | None],
+                 requeue: Callable[[list[Proposal], int], None]) -> None:
+        self.ctx, self.number, self.array_size = ctx, number, array_size
+        self.refill, self.requeue = refill, requeue
+        self.by_number = {p.number: p for p in pack.proposals}
+        self.pack = pack
+        self.first = pack.proposals[0].candidate
+        self.array_id = f"{ctx.worker}/{number}"
+
+    @property
+    def held(self) -> list[Proposal]:
+        return list(self.by_number.values())
+
+    # ------------------------------------------------------------------ build
+    def _within_memory(self, proposals: list[Proposal]) -> list[Proposal]:
+        """The leading part that fits the memory budget (halving); the rest waits. A
+        proposal too big even alone is told FAIL."""
+        largest = max(proposals, key=lambda p: p.useful_macs)
+        while True:
+            try:
+                check_budget(largest.candidate.model, self.first.data.input_shape, batch_size=self.first.batch_size,
+                             slots=len(proposals), dtype=self.ctx.dtype, optimizer=self.first.optimizer,
+                             device=self.ctx.device)
+                return proposals
+            except ArrayOutOfMemory as error:
+                if len(proposals) == 1:
+                    self._fail(proposals[0], f"out of memory even alone: {error}")
+                    return []
+                half = (len(proposals) + 1) // 2
+                log.warning("array of %d models out of memory (%s); training %d now, the rest in later arrays",
+                            len(proposals), error, half)
+                self.ctx.emit(ArraySplit(len(proposals), half, str(error)))
+                self.requeue(proposals[half:], half)
+                proposals = proposals[:half]
+
+    def _trainer(self, proposals: list[Proposal]) -> ArrayTrainer:
+        models = [p.build() for p in proposals]
+        array = ModelArray(models, dropout_seeds=[p.seeds["dropout"] for p in proposals], device=self.ctx.device,
+                           dtype=self.ctx.dtype)
+        candidates = [p.candidate for p in proposals]
+        optimizer = OPTIMIZERS[self.first.optimizer](array, **per_slot_hparams(candidates))
+        return ArrayTrainer(array, optimizer, self.first.data.to(self.ctx.device, self.ctx.dtype),
+                            batch_size=self.first.batch_size, schedule=per_slot_schedule(optimizer, candidates),
+                            data_seeds=[p.seeds["data"] for p in proposals], slot_ids=[p.number for p in proposals],
+                            loss_fn=self.first.loss or F.cross_entropy)
+
+    def _start_slot(self, proposal: Proposal, slot: int, **extra: Any) -> None:
+        trial = proposal.trial
+        for key, value in dict(array_id=self.array_id, slot=slot, architecture=shape_key(proposal), worker=self.ctx.worker,
+                               train_start=_now(),
+                               seed_init=proposal.seeds["init"], seed_data=proposal.seeds["data"],
+                               seed_dropout=proposal.seeds["dropout"], **extra).items():
+            trial.set_user_attr(key, value)
+        self.started[proposal.number] = time.monotonic()
+        self.static[proposal.number] = static_metrics(proposal, self.ctx.metrics, self.ctx.device, self.ctx.dtype)
+
+    # -------------------------------------------------------------------- run
+    def run(self) -> None:
+        proposals = self._within_memory(list(self.pack.proposals))
+        self.by_number = {p.number: p for p in proposals}
+        if not proposals:
+            return
+        self.started: dict[int, float] = {}
+        self.static: dict[int, dict[str, float]] = {}
+        trainer = self._trainer(proposals)
+        for slot, proposal in enumerate(proposals):
+            self._start_slot(proposal, slot)
+        self.ctx.emit(ArrayStarted(self.number, [p.number for p in proposals], self.array_size, self.pack.architectures,
+                                   self.pack.useful_macs, self.pack.executed_macs, self.pack.seconds))
+        try:
+            trainer.fit(self.first.epochs, on_epoch=self._on_epoch)
+        except HftaNasError:
+            raise
+        except (RuntimeError, torch.OutOfMemoryError, MemoryError) as error:
+            running = [self.by_number[n] for n in trainer.slot_ids if self.ctx.ledger.is_running(self.by_number[n].trial)]
+            if is_out_of_memory(error) and len(running) > 1:
+                self._retry_smaller(running, error)
+                return
+            for proposal in running:
+                self._fail(proposal, f"array {self.array_id} failed: {type(error).__name__}: {error}")
+            self.ctx.emit(ArrayFailed(self.number, str(error)))
+
+    def _retry_smaller(self, running: list[Proposal], error: BaseException) -> None:
+        """Out of memory while training (CUDA): the running trials wait again, first in
+        line, for arrays of half the size; epochs they report again repeat the same values."""
+        half = max(1, (len(running) + 1) // 2)
+        log.warning("array of %d models out of memory while training (%s: %s); retrying them in arrays of %d",
+                    len(running), type(error).__name__, error, half)
+        self.ctx.emit(ArraySplit(len(running), half, str(error)))
+        for proposal in running:
+            proposal.trial.set_user_attr("out_of_memory", f"{type(error).__name__}: {error}")
+        self.requeue(running, half)
+
+    # ------------------------------------------------------------- per epoch
+    def _on_epoch(self, report: EpochReport, trainer: ArrayTrainer) -> None:
+        ctx = self.ctx
+        for number, metrics in report.metrics.items():
+            proposal = self.by_number[number]
+            result = trainer.results[number]
+            wall = time.monotonic() - self.started[number]
+            proposal.trial.set_user_attr("epochs_run", result.epochs)
+            proposal.trial.set_user_attr("train_seconds", round(wall, 3))
+            if number in report.failed:
+                self._fail(proposal, report.failed[number])
+                self._refill_or_stop(trainer, proposal, "failed")
+                continue
+            values = [metrics[m] if m in metrics else self.static[number][m] for m in ctx.metrics]
+            self._report(proposal, result.epochs, values)
+            if result.status == "completed":
+                self._complete(proposal, values, trainer)
+            elif len(ctx.metrics) == 1 and proposal.trial.should_prune():
+                proposal.trial.set_user_attr("train_end", _now())
+                ctx.ledger.prune(proposal.trial)
+                ctx.emit(TrialEnded(number, "PRUNED"))
+                self._refill_or_stop(trainer, proposal, "pruned")
+        running = len(report.metrics) - len(report.failed)
+        ctx.occupancy.append(len(report.metrics) / self.array_size)
+        ctx.samples[0] += len(report.metrics) * len(self.first.data.y_train)
+        elapsed = max(time.monotonic() - ctx.started, 1e-9)
+        ctx.emit(EpochEnded(self.number, report.epoch, running, self.array_size, ctx.occupancy[-1],
+                            float(np.mean(ctx.occupancy)), ctx.samples[0] / elapsed))
+
+    def _report(self, proposal: Proposal, epoch: int, values: list[float]) -> None:
+        if epoch in proposal.reported:
+            return
+        proposal.reported.add(epoch)
+        if len(values) == 1:
+            proposal.trial.report(values[0], epoch)
+            return
+        curve = proposal.trial.user_attrs.get("learning_curve", {"epoch": [], **{m: [] for m in self.ctx.metrics}})
+        curve["epoch"].append(epoch)
+        for metric, value in zip(self.ctx.metrics, values):
+            curve[metric].append(value)
+        proposal.trial.set_user_attr("learning_curve", curve)
+
+    def _complete(self, proposal: Proposal, values: list[float], trainer: ArrayTrainer) -> None:
+        proposal.trial.set_user_attr("train_end", _now())
+        if not all(math.isfinite(v) for v in values):
+            self._fail(proposal, f"non-finite metric values {values}")
+            return
+        self.ctx.ledger.complete(proposal.trial, values)
+        self.ctx.emit(TrialEnded(proposal.number, "COMPLETE", list(values)))
+        slot = trainer.position_of(proposal.number)
+        self.ctx.export.offer(proposal, values, trainer.array.slot_state_dict(slot), self.ctx.study_name)
+
+    def _fail(self, proposal: Proposal, reason: str) -> None:
+        proposal.trial.set_user_attr("train_end", _now())
+        if self.ctx.ledger.fail(proposal.trial, Outcome.FAILED, reason):
+            self.ctx.emit(TrialEnded(proposal.number, "FAIL", reason=reason))
+
+    def _refill_or_stop(self, trainer: ArrayTrainer, ended: Proposal, why: str) -> None:
+        """Refill the slot of a pruned or failed trial while other slots train on, else drop it."""
+        others = any(trainer.results[s].status == "running" for s in trainer.slot_ids if s != ended.number)
+        key = ended.candidate.shared_settings()
+        fits = lambda p: p.candidate.shared_settings() == key and trainer.array.fits(p.shell)  # noqa: E731
+        new = self.refill(ended, fits) if others else None
+        if new is None:
+            trainer.stop([ended.number], reason=why)
+            return
+        slot = trainer.position_of(ended.number)
+        schedule = schedule_of(new.candidate) if trainer.schedule is not None else None
+        trainer.replace(ended.number, new.number, new.build(), data_seed=new.seeds["data"],
+                        dropout_seed=new.seeds["dropout"], hparams=new.candidate.slot_hparams(), schedule_params=schedule)
+        self.by_number[new.number] = new
+        self._start_slot(new, slot, refilled_after=ended.number)
+        self.ctx.emit(SlotRefilled(self.number, slot, ended.number, new.number, why))
+
+
+# ------------------------------------------------------------------ settings
+def per_slot_hparams(candidates: list[Any]) -> dict[str, Any]:
+    """Per-slot lists of every hyper-parameter any slot sets (the optimizer's defaults fill
+    the rest), and the flags the array shares."""
+    cls = OPTIMIZERS[candidates[0].optimizer]
+    per_slot = [c.slot_hparams() for c in candidates]
+    names = sorted({name for hp in per_slot for name in hp})
+    result: dict[str, Any] = {name: [hp.get(name, cls.defaults.get(name)) for hp in per_slot] for name in names}
+    result.update(candidates[0].flags())
+    return result
+
+
+def schedule_of(candidate: Any) -> dict[str, Any]:
+    return dict(candidate.schedule or {"kind": "constant"})
+
+
+def per_slot_schedule(optimizer: Any, candidates: list[Any]) -> LRSchedule | None:
+    """One LRSchedule with each slot's kind and arguments; None when no slot schedules."""
+    if not any(c.schedule for c in candidates):
+        return None
+    schedules = [schedule_of(c) for c in candidates]
+    names = sorted({k for s in schedules for k in s if k != "kind"})
+    defaults = inspect.signature(LRSchedule).parameters
+    args = {name: [s.get(name, defaults[name].default) for s in schedules] for name in names}
+    return LRSchedule(optimizer, [s["kind"] for s in schedules], **args)
+
+
+def static_metrics(proposal: Proposal, metrics: list[str], device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+    """Metric values that do not depend on training: the candidate's own, the parameter
+    count and the latency (median of one-sample forwards, ms)."""
+    values = {name: float(v) for name, v in proposal.candidate.metrics.items()}
+    wanted = [m for m in metrics if m in STATIC_METRICS and m not in values]
+    if wanted:
+        model = proposal.build().to(device=device, dtype=dtype).eval()
+        values.setdefault("params", float(count_parameters(model)))
+        if "latency_ms" in wanted:
+            values["latency_ms"] = _latency_ms(model, proposal.candidate.data.x_val[:1].to(device, dtype))
+    return values
+
+
+def _latency_ms(model: torch.nn.Module, x: torch.Tensor, repeats: int = 20) -> float:
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(x)
+            times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1000)

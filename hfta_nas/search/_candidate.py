@@ -1,0 +1,155 @@
+"""What a search's `build(trial)` returns, and what the search keeps per asked trial.
+
+A `Candidate` is one model to train and how to train it. The user's
+`build(trial)` calls `trial.suggest_*` as in any Optuna objective and returns
+one; the search builds every candidate's model on the meta device (shapes only,
+no memory, no random numbers) to pack candidates into arrays, then builds the
+real models with each trial's own seeds to train them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optuna
+import torch
+from torch import nn
+
+from hfta_nas.data import Dataset
+from hfta_nas.errors import HftaNasError
+from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS
+
+
+@dataclass
+class Candidate:
+    """One model to train and its training settings.
+
+    - model: a function of no arguments that returns a fresh `nn.Module`
+      (`lambda: MyNet(width)`, `functools.partial(MyNet, width)`); the search
+      calls it under each trial's init seed.
+    - optimizer, hparams: an optimizer of `hfta_nas.optim.OPTIMIZERS` and its
+      hyper-parameters (lr, weight_decay, momentum, beta1, beta2, ... differ per
+      slot; flags such as nesterov or amsgrad are shared by an array).
+    - schedule: None, or `{"kind": "cosine", ...}` (`hfta_nas.optim.LRSchedule` arguments).
+    - epochs, batch_size: shared by an array.
+    - data: the `Dataset` to train on (default: the one given to `optimize`).
+    - loss: `loss(logits, y)` per sample mean, as `F.cross_entropy` (the default).
+    - metrics: values known without training (say a latency you measured) for
+      objectives of those names; `params` (the parameter count) is always known.
+    - config: what the best trial's export writes as `best_config.yaml`: an
+      object with `to_yaml(**origin)`, a mapping, or None (weights only).
+    """
+
+    model: Callable[[], nn.Module]
+    optimizer: str = "adam"
+    hparams: Mapping[str, Any] = field(default_factory=dict)
+    schedule: Mapping[str, Any] | None = None
+    epochs: int = 5
+    batch_size: int = 100
+    data: Dataset | None = None
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    config: Any = None
+
+    def checked(self, default_data: Dataset | None) -> "Candidate":
+        """This candidate with its data filled in; HftaNasError naming the first bad field."""
+        if isinstance(self.model, nn.Module) or not callable(self.model):
+            raise HftaNasError("Candidate.model must be a function that returns a new model "
+                               f"(e.g. lambda: MyNet(...)), got {type(self.model).__name__}.")
+        if self.optimizer not in OPTIMIZERS:
+            raise HftaNasError(f"Candidate.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}.")
+        known = {*OPTIMIZERS[self.optimizer].defaults, *OPTIMIZERS[self.optimizer].flags}
+        if "beta1" in known:
+            known.add("betas")
+        unknown = sorted(set(self.hparams) - known)
+        if unknown:
+            raise HftaNasError(f"optimizer '{self.optimizer}' has no hyper-parameter {unknown[0]!r}; "
+                               f"it has {', '.join(sorted(known))}.")
+        for name, value in (("epochs", self.epochs), ("batch_size", self.batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise HftaNasError(f"Candidate.{name} must be a positive integer, got {value!r}.")
+        if self.schedule is not None and self.schedule.get("kind") not in SCHEDULE_KINDS:
+            raise HftaNasError(f"Candidate.schedule needs a 'kind' in {', '.join(SCHEDULE_KINDS)}, "
+                               f"got {dict(self.schedule)!r}.")
+        data = self.data if self.data is not None else default_data
+        if not isinstance(data, Dataset):
+            raise HftaNasError("no data: give optimize(..., data=Dataset) or Candidate(data=Dataset).")
+        for name, value in self.metrics.items():
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise HftaNasError(f"Candidate.metrics[{name!r}] must be a finite number, got {value!r}.")
+        return Candidate(self.model, self.optimizer, dict(self.hparams), dict(self.schedule) if self.schedule else None,
+                         self.epochs, self.batch_size, data, self.loss, dict(self.metrics), self.config)
+
+    def flags(self) -> dict[str, bool]:
+        """The optimizer options one array shares (nesterov, amsgrad, ...), defaults filled in."""
+        return {name: bool(self.hparams.get(name, default)) for name, default in OPTIMIZERS[self.optimizer].flags.items()}
+
+    def slot_hparams(self) -> dict[str, float]:
+        """The hyper-parameters an array keeps per slot; `betas` as beta1 / beta2."""
+        hparams = {k: v for k, v in self.hparams.items() if k not in OPTIMIZERS[self.optimizer].flags}
+        if "betas" in hparams:
+            hparams["beta1"], hparams["beta2"] = hparams.pop("betas")
+        return hparams
+
+    def shared_settings(self) -> tuple:
+        """What every slot of one array has in common besides fusable models: data,
+        batch size, epochs, optimizer class and flags, loss, whether it schedules."""
+        return (id(self.data), *self.stable_settings()[1:], self.loss)
+
+    def stable_settings(self) -> tuple:
+        """`shared_settings` by name instead of object identity (the same in every run)."""
+        loss = getattr(self.loss, "__qualname__", repr(self.loss)) if self.loss is not None else None
+        return (getattr(self.data, "name", None), self.batch_size, self.epochs, self.optimizer,
+                tuple(sorted(self.flags().items())), self.schedule is not None, loss)
+
+
+def trial_seeds(base_seed: int, trial_number: int) -> dict[str, int]:
+    """Independent init / data / dropout seeds for a trial, from the search's seed."""
+    states = np.random.SeedSequence([base_seed, trial_number]).spawn(3)
+    return {source: int(s.generate_state(1, dtype=np.uint32)[0]) for source, s in zip(("init", "data", "dropout"), states)}
+
+
+@dataclass
+class Proposal:
+    """One asked trial: its candidate, seeds, and its model on the meta device."""
+
+    trial: optuna.Trial
+    candidate: Candidate
+    seeds: dict[str, int]
+    shell: nn.Module  # the model on the meta device: shapes for packing, no memory
+    useful_macs: int  # multiply-adds per sample of one forward of its own model
+    reported: set[int] = field(default_factory=set)  # epochs reported (a retry after out-of-memory repeats them)
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    def build(self) -> nn.Module:
+        """The real model, initialised from the trial's init seed (the global RNG is left as it was)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seeds["init"])
+            return self.candidate.model()
+
+    @property
+    def steps(self) -> int:
+        """Training steps of this candidate: epochs x batches per epoch."""
+        data = self.candidate.data
+        return self.candidate.epochs * math.ceil(len(data.y_train) / self.candidate.batch_size)
+
+
+def meta_shell(candidate: Candidate) -> nn.Module:
+    """The candidate's model on the meta device (a model that reads tensor values while
+    it is built cannot be: it is built on the CPU, its random numbers not drawn globally)."""
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with torch.device("meta"):
+                model = candidate.model()
+        except Exception:  # noqa: BLE001 - `.item()` or `int(t)` in a user's constructor
+            model = candidate.model()
+    if not isinstance(model, nn.Module):
+        raise HftaNasError(f"Candidate.model() returned a {type(model).__name__}, not a torch.nn.Module.")
+    return model.to("meta")

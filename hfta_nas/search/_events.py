@@ -1,0 +1,111 @@
+"""What a search tells its caller as it goes (`optimize(..., on_event=...)`): one
+dataclass per kind of event, so a progress display matches on types, not strings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SearchStarted:
+    study: str
+    storage: str
+    dashboard: str
+    done: int  # finished trials already in the study that count against the budget
+    n_trials: int | None
+    timeout: float | None
+    states: dict[str, int]  # trials by state, before this run
+    metrics: list[str]
+    directions: list[str]
+    best_values: list[list[float]]  # the best trial's values, or the Pareto front's
+
+
+@dataclass(frozen=True)
+class ArraySizeChosen:
+    """`array_size="auto"` measured a size for one structure of models."""
+
+    structure: str
+    size: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ArrayStarted:
+    array: int
+    trials: list[int]
+    array_size: int  # the slots an array may have
+    architectures: int  # distinct models (shapes) among its slots
+    useful_macs: int  # per sample, over its slots: what their own models need
+    executed_macs: int  # per sample, over its slots: what the array runs (envelope x slots)
+    estimated_s: float  # what the packing's cost model expects it to take
+
+    @property
+    def waste(self) -> float:
+        return 1.0 - self.useful_macs / self.executed_macs if self.executed_macs else 0.0
+
+
+@dataclass(frozen=True)
+class EpochEnded:
+    array: int
+    epoch: int
+    running: int
+    array_size: int
+    occupancy: float  # running slots / array size, this epoch
+    mean_occupancy: float  # over every epoch of this run so far
+    samples_per_s: float  # training samples of this run / its wall time, summed over slots
+
+
+@dataclass(frozen=True)
+class TrialEnded:
+    trial: int
+    state: str  # COMPLETE, PRUNED or FAIL
+    values: list[float] = field(default_factory=list)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SlotRefilled:
+    array: int
+    slot: int
+    old: int
+    new: int
+    why: str  # pruned or failed
+
+
+@dataclass(frozen=True)
+class TrialWaits:
+    """An asked trial that does not fit the running array waits for a later one."""
+
+    trial: int
+    array: int
+
+
+@dataclass(frozen=True)
+class TrialRetried:
+    trial: int
+    why: str
+
+
+@dataclass(frozen=True)
+class ArraySplit:
+    """Out of memory: these slots train in arrays of `half` from now on."""
+
+    slots: int
+    half: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ArrayFailed:
+    array: int
+    error: str
+
+
+@dataclass(frozen=True)
+class ArrayEnded:
+    array: int
+    mean_occupancy: float
+
+
+Event = Any  # one of the dataclasses above

@@ -1,0 +1,107 @@
+"""The budget, counted in the storage across workers, and how each trial ended.
+
+Every trial a search ends gets the user attribute `outcome` (an `Outcome`);
+failed ones also get `fail_reason`, a sentence for people. The budget
+(`n_trials`) counts the trials that hold or held a place in it: RUNNING ones
+(asked, training or waiting for an array, by any worker) and ended ones, less
+those whose outcome does not count (a retried interruption, surplus, a trial
+never trained). Counting then asking must be atomic across workers: call
+`remaining()` and ask under the study lock (`lock`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import sys
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+OUTCOME_ATTR = "outcome"
+RETRY_OF = "retry_of"  # user attribute of a retried trial: the number of the trial whose seeds it takes
+_ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+class Outcome(str, enum.Enum):
+    COMPLETE = "complete"
+    PRUNED = "pruned"
+    FAILED = "failed"  # trained and failed: diverged, its array failed, too big even alone
+    INTERRUPTED = "interrupted"  # its worker stopped while it ran; failed, and retried as a new trial
+    SURPLUS = "surplus"  # enqueued (a retry, a fill) when the budget was already full; never trained
+    NOT_TRAINED = "not_trained"  # asked, then the search stopped (an error, the timeout) before its array ran
+
+    @property
+    def counted(self) -> bool:
+        return self not in (Outcome.INTERRUPTED, Outcome.SURPLUS, Outcome.NOT_TRAINED)
+
+
+# Studies written before `outcome` existed said it in the first word of fail_reason.
+_LEGACY_PREFIXES = {"interrupted:": Outcome.INTERRUPTED, "surplus:": Outcome.SURPLUS, "stopped:": Outcome.NOT_TRAINED}
+
+
+def outcome_of(trial: optuna.trial.FrozenTrial) -> Outcome | None:
+    """How a trial ended by the search's record (None: running, or not ended by a search)."""
+    value = trial.user_attrs.get(OUTCOME_ATTR)
+    if value is not None:
+        return Outcome(value)
+    reason = str(trial.user_attrs.get("fail_reason", ""))
+    return next((o for prefix, o in _LEGACY_PREFIXES.items() if reason.startswith(prefix)), None)
+
+
+def counts(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the trial takes a place in the budget (WAITING ones do not yet)."""
+    outcome = outcome_of(trial)
+    return trial.state != TrialState.WAITING and (outcome is None or outcome.counted)
+
+
+class Ledger:
+    """The study's budget and the one place that tells trials how they ended."""
+
+    def __init__(self, study: optuna.Study, n_trials: int | None, lock: Any = None) -> None:
+        self.study, self.n_trials = study, n_trials
+        self.lock = lock or contextlib.nullcontext()
+
+    def counted(self, ended_only: bool = False) -> int:
+        states = _ENDED if ended_only else (TrialState.RUNNING, *_ENDED)
+        return sum(counts(t) for t in self.study.get_trials(deepcopy=False, states=states))
+
+    def remaining(self) -> int:
+        """Places left in the budget, across workers (read under `lock` before asking)."""
+        if self.n_trials is None:
+            return sys.maxsize
+        return self.n_trials - self.counted()
+
+    def is_running(self, trial: optuna.Trial) -> bool:
+        return self.study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING
+
+    def complete(self, trial: optuna.Trial, values: list[float]) -> None:
+        trial.set_user_attr(OUTCOME_ATTR, Outcome.COMPLETE.value)
+        self.study.tell(trial, values if len(values) > 1 else values[0])
+
+    def prune(self, trial: optuna.Trial) -> None:
+        trial.set_user_attr(OUTCOME_ATTR, Outcome.PRUNED.value)
+        self.study.tell(trial, state=TrialState.PRUNED)
+
+    def fail(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> bool:
+        """Tell FAIL with `outcome` and `reason`; False when the trial had ended meanwhile."""
+        storage = self.study._storage
+        try:
+            storage.set_trial_user_attr(trial._trial_id, OUTCOME_ATTR, outcome.value)
+            storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+        return True
+
+    def discard_surplus(self) -> None:
+        """With the budget full, enqueued trials nobody will ask (retries) are told FAIL
+        as surplus, so the study ends with no WAITING trial."""
+        with self.lock:
+            if self.remaining() > 0:
+                return
+            for _ in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                trial = self.study.ask()
+                self.fail(trial, Outcome.SURPLUS, "surplus: an enqueued trial (a retry) left over when the budget "
+                                                  "was full; never trained")

@@ -1,0 +1,353 @@
+"""`optimize(study, build, data)`: an Optuna search whose trials train as fused arrays.
+
+The loop, one round at a time:
+
+1. Under the study lock: retry trials dead workers left RUNNING, then ask a
+   pool of trials (the array size, less those already waiting). The sampler
+   chooses every trial's architecture and hyper-parameters; `build(trial)`
+   turns each into a Candidate.
+2. Pack the pool into arrays (`_packing`: structures never mix; the cut
+   that minimises the estimated time on this device's measured step cost).
+3. Train the arrays one after another (`_array_job`); a freed slot is
+   refilled with a newly asked trial whose model fits the array, and a trial
+   that does not fit waits for the next round.
+
+With `replicate=[param names]` a round is instead one array: the first trial
+asked freely, the other slots asked with those params copied from it (HPO over
+a fixed architecture, the policy of hfta-nas 0.1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import torch
+from optuna.trial import TrialState
+
+from hfta_nas._autosize import auto_array_size
+from hfta_nas._probe import model_macs
+from hfta_nas._run import DTYPES, _checked_device
+from hfta_nas.data import Dataset
+from hfta_nas.errors import HftaNasError
+from hfta_nas.search._array_job import STATIC_METRICS, TRAINED_METRICS, ArrayJob, JobContext
+from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
+from hfta_nas.search._cost import StepCost, measure_step_cost
+from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
+from hfta_nas.search._export import BestExport
+from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
+from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome, counts
+from hfta_nas.search._packing import Pack, example_input, pack, shape_key, structure_key
+from hfta_nas.search._recovery import retry_stale_trials, wait_for_other_workers
+from hfta_nas.search._storage import dashboard_command, storage_location, study_lock
+
+AUTO_CAP = 64  # the most models array_size="auto" puts in one array
+AUTO_POOL = 16  # trials asked per round when the array size is "auto"
+
+
+@dataclass
+class SearchSummary:
+    """What a search did, for the table, `--json` and the caller."""
+
+    study_name: str
+    storage: str
+    dashboard: str
+    metrics: list[str]
+    directions: list[str]
+    trials: dict[str, int]  # state -> count, this study
+    best: list[dict[str, Any]]  # best trial (or the Pareto front): number, values, params, seeds
+    arrays: list[dict[str, Any]]  # per array: trials, slots, architectures, multiply-adds, waste, seconds
+    mean_occupancy: float  # running slots / array size, over every epoch of every array of this run
+    architectures_proposed: int  # distinct models (shapes) the sampler proposed in this run
+    architectures_trained: int  # ... and of those, how many trained
+    seconds: float
+    samples_per_s: float  # training samples this run / its wall time, summed over slots
+    exported: dict[str, str] = field(default_factory=dict)  # what -> path
+
+
+def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None = None, *,
+             n_trials: int | None = None, timeout: float | None = None, array_size: int | str = 8,
+             metrics: Sequence[str] | None = None, seed: int = 0, device: str = "cpu", dtype: str = "float32",
+             out_dir: str | Path | None = None, on_event: Callable[[Any], None] | None = None,
+             max_waste: float | None = None, replicate: Sequence[str] | None = None,
+             step_cost: StepCost | None = None) -> SearchSummary:
+    """Search with `study`'s sampler and pruner, training `build(trial)`'s candidates as arrays.
+
+    - n_trials / timeout: the budget (trials in the study, across workers; seconds of this run).
+    - array_size: slots per array, or "auto" (per structure: memory and the throughput knee, measured).
+    - metrics: what each objective is: val_acc, val_loss, train_loss, test_acc, test_loss, params,
+      latency_ms or a name in Candidate.metrics [default: val_acc; the study's metric names if set].
+    - seed: the trials' init / data / dropout seeds derive from (seed, trial number).
+    - max_waste: at most this fraction of an array's multiply-adds may be padding
+      [default: no bound, the measured cost decides]; 0 packs only equal shapes.
+    - replicate: fill each array with copies of its first trial's values of these params.
+    - step_cost: a fixed cost model instead of measuring one (to repeat a packing exactly).
+    """
+    return _Search(study, build, data, n_trials=n_trials, timeout=timeout, array_size=array_size, metrics=metrics,
+                   seed=seed, device=device, dtype=dtype, out_dir=out_dir, on_event=on_event, max_waste=max_waste,
+                   replicate=replicate, step_cost=step_cost).run()
+
+
+def _checked_options(n_trials: Any, timeout: Any, array_size: Any, max_waste: Any) -> None:
+    for name, value in (("n_trials", n_trials), ("timeout", timeout)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise HftaNasError(f"{name} must be a positive number, got {value!r}.")
+    if array_size != "auto" and (isinstance(array_size, bool) or not isinstance(array_size, int) or array_size < 1):
+        raise HftaNasError(f"array size must be a positive integer or 'auto', got {array_size!r}.")
+    if max_waste is not None and not (isinstance(max_waste, (int, float)) and 0 <= max_waste <= 1):
+        raise HftaNasError(f"max_waste must be a fraction in [0, 1], got {max_waste!r}.")
+
+
+class _Search:
+    """One worker's run of `optimize`; see the module docstring."""
+
+    def __init__(self, study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None, *,
+                 n_trials, timeout, array_size, metrics, seed, device, dtype, out_dir, on_event, max_waste, replicate,
+                 step_cost) -> None:
+        _checked_options(n_trials, timeout, array_size, max_waste)
+        if dtype not in DTYPES:
+            raise HftaNasError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
+        self.study, self.build, self.data = study, build, data
+        self.n_trials, self.timeout, self.array_size = n_trials, timeout, array_size
+        self.metrics = list(metrics or study.metric_names or ["val_acc"])
+        self.directions = [d.name.lower() for d in study.directions]
+        if len(self.metrics) != len(self.directions):
+            raise HftaNasError(f"the study has {len(self.directions)} objective(s) but {len(self.metrics)} metric(s) "
+                               f"were given ({', '.join(self.metrics)}).")
+        self.seed, self.device, self.dtype = seed, _checked_device(device), DTYPES[dtype]
+        self.max_waste, self.replicate, self.fixed_cost = max_waste, list(replicate or []), step_cost
+        self.emit = on_event or (lambda event: None)
+        self.location = storage_location(study._storage)
+        self.ledger = Ledger(study, n_trials, study_lock(study._storage, self.location, study.study_name))
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.pool_size = array_size if isinstance(array_size, int) else AUTO_POOL
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.waiting: list[Proposal] = []  # asked, RUNNING, waiting for an array (first in line first)
+        self.held: dict[int, Proposal] = {}  # trial id -> every proposal this run asked
+        self.trained: set[str] = set()  # shape keys of proposals that trained
+        self.costs: dict[str, StepCost] = {}
+        self.sizes: dict[str, int] = {}  # structure -> array size (auto, or halved after out of memory)
+        self.arrays: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> SearchSummary:
+        self.started = time.monotonic()
+        self.ctx = JobContext(self.study.study_name, self.ledger, self.metrics, self.worker, self.device, self.dtype,
+                              BestExport(self.study, self.out_dir, self.metrics, self.directions), self.emit, [], [0],
+                              self.started)
+        with Heartbeat(self.study, lambda: list(self.held), self.worker) as heartbeat:
+            try:
+                self._announce()
+                while self._time_left():
+                    with self.ledger.lock:
+                        retry_stale_trials(self.ledger, list(self.held), self.worker, self.emit)
+                        pool = self.next_pool()
+                    if not pool:
+                        if wait_for_other_workers(self.ledger, self.worker, self.emit, self._time_left, heartbeat.interval):
+                            continue
+                        break
+                    for planned in self.pack(pool):
+                        self._train(planned)
+            except HftaNasError as error:  # a user error (e.g. in build): nothing stays RUNNING
+                self._release(f"not trained: the search stopped on an error: {error}")
+                raise
+        self._release("not trained: the search's timeout ran out before its array started")
+        self.ledger.discard_surplus()
+        return self._summary()
+
+    def _time_left(self) -> bool:
+        return self.timeout is None or time.monotonic() - self.started < self.timeout
+
+    def next_pool(self) -> list[Proposal]:
+        """The waiting proposals and fresh asks up to the pool size (or a replicate round)."""
+        pool, self.waiting = self.waiting, []
+        if self.replicate:
+            return self._replicate_round(pool)
+        while len(pool) < self.pool_size and self.ledger.remaining() > 0 and self._time_left():
+            pool.append(self._ask())
+        return pool
+
+    def _train(self, planned: Pack) -> None:
+        if not self._time_left():
+            self.waiting.extend(planned.proposals)
+            return
+        started = time.monotonic()
+        number = len(self.arrays) + 1
+        size = self.max_slots(planned.proposals)
+        job = ArrayJob(self.ctx, planned, number, size, refill=self._refill, requeue=self._requeue)
+        self.trained.update(shape_key(p) for p in planned.proposals)
+        job.run()
+        self.arrays.append({"array": number, "trials": [p.number for p in planned.proposals], "array_size": size,
+                            "slots": len(planned.proposals), "architectures": planned.architectures,
+                            "useful_macs": planned.useful_macs, "executed_macs": planned.executed_macs,
+                            "waste": round(planned.waste, 4), "estimated_s": round(planned.seconds, 3),
+                            "seconds": round(time.monotonic() - started, 3)})
+        self.emit(ArrayEnded(number, self._mean_occupancy()))
+
+    def _release(self, reason: str) -> None:
+        """Every proposal still waiting is told FAIL (not counted: it never trained)."""
+        for proposal in self.held.values():
+            if self.ledger.is_running(proposal.trial):
+                self.ledger.fail(proposal.trial, Outcome.NOT_TRAINED, reason)
+        self.waiting = []
+
+    # --------------------------------------------------------------- asking
+    def _ask(self, fixed: dict[str, Any] | None = None) -> Proposal:
+        if fixed:
+            self.study.enqueue_trial(fixed, skip_if_exists=False)
+        trial = self.study.ask()
+        # whose it is, from the ask on: a worker killed before its first heartbeat leaves
+        # trials that the next run on this machine retries at once
+        trial.set_user_attr(WORKER_ATTR, self.worker)
+        trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
+        placeholder = Proposal(trial, None, {}, None, 0)  # type: ignore[arg-type]
+        self.held[trial._trial_id] = placeholder  # held (and failed on an error) from here on
+        try:
+            candidate = self.build(trial)
+        except HftaNasError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the user's build function
+            raise HftaNasError(f"build(trial) raised {type(error).__name__}: {error}") from error
+        if not isinstance(candidate, Candidate):
+            raise HftaNasError(f"build(trial) must return a hfta_nas.Candidate, got {type(candidate).__name__}.")
+        candidate = candidate.checked(self.data)
+        self._check_metrics(candidate)
+        shell = meta_shell(candidate)
+        seeds = trial_seeds(self.seed, trial.user_attrs.get(RETRY_OF, trial.number))
+        proposal = Proposal(trial, candidate, seeds, shell, model_macs(shell, example_input(candidate)))
+        self.held[trial._trial_id] = proposal
+        return proposal
+
+    def _check_metrics(self, candidate: Candidate) -> None:
+        known = {*TRAINED_METRICS, *STATIC_METRICS, *candidate.metrics}
+        for metric in self.metrics:
+            if metric not in known:
+                raise HftaNasError(f"unknown metric '{metric}': expected one of {', '.join(sorted(known))}.")
+
+    def _replicate_round(self, pool: list[Proposal]) -> list[Proposal]:
+        """One array: the first waiting (else a freely asked) trial and copies of its `replicate` params."""
+        if not pool:
+            if self.ledger.remaining() <= 0:
+                return []
+            pool = [self._ask()]
+        first, rest = pool[0], pool[1:]
+        group = [first] + [p for p in rest if _same_array(p, first)]
+        self.waiting = [p for p in rest if not _same_array(p, first)]
+        size = self.max_slots(group)
+        while len(group) < size and self.ledger.remaining() > 0 and self._time_left():
+            proposal = self._ask(self._replicated(first))
+            (group if _same_array(proposal, first) else self.waiting).append(proposal)
+        self.waiting = group[size:] + self.waiting
+        return group[:size]
+
+    def _replicated(self, proposal: Proposal) -> dict[str, Any]:
+        return {k: v for k, v in proposal.trial.params.items() if k in self.replicate}
+
+    def _refill(self, ended: Proposal, fits: Callable[[Proposal], bool]) -> Proposal | None:
+        """A proposal for the slot `ended` freed: a waiting one that fits, else a new ask
+        that fits; one that does not fit waits for the next round."""
+        with self.ledger.lock:
+            for i, proposal in enumerate(self.waiting):
+                if fits(proposal):
+                    return self.waiting.pop(i)
+            if self.ledger.remaining() <= 0 or not self._time_left():
+                return None
+            proposal = self._ask(self._replicated(ended) if self.replicate else None)
+        if fits(proposal):
+            return proposal
+        self.waiting.append(proposal)
+        self.emit(TrialWaits(proposal.number, len(self.arrays) + 1))
+        return None
+
+    def _requeue(self, proposals: list[Proposal], limit: int) -> None:
+        """Out of memory: these wait first in line, in arrays of at most `limit` of their structure."""
+        key = structure_key(proposals[0])
+        self.sizes[key] = min(limit, self.sizes.get(key, limit))
+        self.waiting[:0] = proposals
+
+    # -------------------------------------------------------------- packing
+    def pack(self, pool: list[Proposal]) -> list[Pack]:
+        cost = self._step_cost if not self.replicate else (lambda group: StepCost(1.0, 0.0))
+        return pack(pool, max_slots=self.max_slots, step_cost=cost,
+                    max_waste=self.max_waste if not self.replicate else 0.0)
+
+    def max_slots(self, group: list[Proposal]) -> int:
+        key = structure_key(group[0])
+        if self.array_size == "auto" and key not in self.sizes:
+            largest = max(group, key=lambda p: p.useful_macs).candidate
+            with torch.random.fork_rng(devices=[]):  # the probe must not move the global RNG
+                chosen = auto_array_size(largest.model, largest.data.input_shape, largest.data.num_classes,
+                                         batch_size=largest.batch_size, dtype=self.dtype, optimizer=largest.optimizer,
+                                         device=self.device, cap=AUTO_CAP)
+            self.sizes[key] = chosen.size
+            self.emit(ArraySizeChosen(key, chosen.size, chosen.reason))
+        return self.sizes.get(key, self.array_size if isinstance(self.array_size, int) else AUTO_CAP)
+
+    def _step_cost(self, group: list[Proposal]) -> StepCost:
+        """This device's measured step cost for the group's structure, kept in the study so a
+        resumed run (or another worker on the same kind of device) packs alike."""
+        if self.fixed_cost is not None:
+            return self.fixed_cost
+        key = f"step_cost:{_device_name(self.device)}:{structure_key(group[0])}"
+        if key not in self.costs:
+            stored = self.study.user_attrs.get(key)
+            if stored:
+                self.costs[key] = StepCost(**stored)
+            else:
+                largest = max(group, key=lambda p: p.useful_macs)
+                candidate = largest.candidate
+                self.costs[key] = measure_step_cost(
+                    candidate.model, largest.useful_macs, input_shape=candidate.data.input_shape,
+                    num_classes=candidate.data.num_classes, batch_size=candidate.batch_size, dtype=self.dtype,
+                    optimizer=candidate.optimizer, device=self.device, slots=self.max_slots(group))
+                self.study.set_user_attr(key, self.costs[key].as_dict())
+        return self.costs[key]
+
+    # -------------------------------------------------------------- reporting
+    def _announce(self) -> None:
+        states: dict[str, int] = {}
+        for trial in self.study.get_trials(deepcopy=False):
+            states[trial.state.name] = states.get(trial.state.name, 0) + 1
+        self.emit(SearchStarted(self.study.study_name, self.location, dashboard_command(self.location),
+                                self.ledger.counted(ended_only=True), self.n_trials, self.timeout, states,
+                                self.metrics, self.directions, [list(t.values) for t in self._best_trials()]))
+
+    def _best_trials(self) -> list[optuna.trial.FrozenTrial]:
+        if not self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            return []
+        return list(self.study.best_trials) if len(self.metrics) > 1 else [self.study.best_trial]
+
+    def _mean_occupancy(self) -> float:
+        return float(np.mean(self.ctx.occupancy)) if self.ctx.occupancy else 0.0
+
+    def _summary(self) -> SearchSummary:
+        counted: dict[str, int] = {}
+        for trial in self.study.get_trials(deepcopy=False):
+            counted[trial.state.name] = counted.get(trial.state.name, 0) + 1
+        best = [{"number": t.number, "values": dict(zip(self.metrics, t.values)), "params": t.params,
+                 "seeds": {s: t.user_attrs.get(f"seed_{s}") for s in ("init", "data", "dropout")}}
+                for t in self._best_trials()]
+        proposed = {shape_key(p) for p in self.held.values() if p.candidate is not None}
+        seconds = time.monotonic() - self.started
+        return SearchSummary(self.study.study_name, self.location, dashboard_command(self.location), self.metrics,
+                             self.directions, counted, best, self.arrays, self._mean_occupancy(), len(proposed),
+                             len(proposed & self.trained), seconds, self.ctx.samples[0] / max(seconds, 1e-9),
+                             dict(self.ctx.export.files))
+
+
+def _same_array(a: Proposal, b: Proposal) -> bool:
+    return shape_key(a) == shape_key(b) and a.candidate.shared_settings() == b.candidate.shared_settings()
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device).replace(" ", "_")
+    return f"cpu{torch.get_num_threads()}"

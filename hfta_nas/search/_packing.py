@@ -1,0 +1,128 @@
+"""The packing policy: asked candidates in, arrays out. Pure: nothing trains here.
+
+1. Structures never mix. Candidates share an array only when their shared
+   settings are equal (data, batch size, epochs, optimizer class and flags,
+   loss) and the engine can pad their models into one envelope
+   (`hfta_nas.check_fusable`, the one definition of "fusable"). Each
+   candidate joins the first group, in ask order, that it fuses with.
+2. Within a group, the packing that minimises the estimated time of the
+   round wins. Candidates are sorted by their own multiply-adds, and arrays
+   are runs of neighbours in that order (small with small, big with big);
+   dynamic programming picks the cut points. An array of slots s costs
+   steps x step_cost.seconds(envelope multiply-adds x |s|): on a device whose
+   steps are launch-bound one full array wins; where arithmetic dominates,
+   padding a small model into a big envelope costs what it computes and the
+   policy cuts. Arrays hold at most `max_slots`, and none pads more than
+   `max_waste` (the executed multiply-adds not needed by the slots' own models).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hfta_nas._array import check_fusable
+from hfta_nas._probe import envelope_macs
+from hfta_nas.errors import FusionError
+from hfta_nas.search._candidate import Candidate, Proposal
+from hfta_nas.search._cost import StepCost
+
+
+@dataclass
+class Pack:
+    """One array the policy forms: its proposals and what it is expected to cost."""
+
+    proposals: list[Proposal]
+    useful_macs: int  # per sample, summed over slots: their own models
+    executed_macs: int  # per sample, summed over slots: the envelope, once per slot
+    seconds: float  # estimated training time
+
+    @property
+    def waste(self) -> float:
+        """Fraction of the executed multiply-adds that is padding."""
+        return 1.0 - self.useful_macs / self.executed_macs if self.executed_macs else 0.0
+
+    @property
+    def architectures(self) -> int:
+        """Distinct models among the slots (by tensor shapes and structure)."""
+        return len({shape_key(p) for p in self.proposals})
+
+
+def shape_key(proposal: Proposal) -> str:
+    """Equal for proposals whose models have equal structure and tensor shapes (one architecture)."""
+    shell = proposal.shell
+    tensors = [(n, tuple(t.shape)) for n, t in [*shell.named_parameters(), *shell.named_buffers()]]
+    return hashlib.sha1((repr(shell) + repr(tensors)).encode()).hexdigest()[:12]
+
+
+def structure_key(proposal: Proposal) -> str:
+    """Layer types in order and the shared settings: what one step-cost measurement covers
+    (stable across runs, so a resumed run finds the cost it measured)."""
+    kinds = [type(m).__name__ for m in proposal.shell.modules()]
+    return hashlib.sha1(repr((kinds, proposal.candidate.stable_settings())).encode()).hexdigest()[:12]
+
+
+def structure_groups(proposals: Sequence[Proposal]) -> list[list[Proposal]]:
+    """Proposals split into groups that may share arrays (step 1 of the module docstring)."""
+    groups: list[list[Proposal]] = []
+    for proposal in proposals:
+        for group in groups:
+            if group[0].candidate.shared_settings() != proposal.candidate.shared_settings():
+                continue
+            try:
+                check_fusable([p.shell for p in group] + [proposal.shell])
+            except FusionError:
+                continue
+            group.append(proposal)
+            break
+        else:
+            groups.append([proposal])
+    return groups
+
+
+def example_input(candidate: Candidate) -> torch.Tensor:
+    """One sample of the candidate's data, on the meta device (shapes only)."""
+    return torch.empty(1, *candidate.data.input_shape, device="meta")
+
+
+def pack(proposals: Sequence[Proposal], *, max_slots: int | Callable[[list[Proposal]], int],
+         step_cost: Callable[[list[Proposal]], StepCost], max_waste: float | None = None) -> list[Pack]:
+    """The arrays for `proposals`, each proposal in exactly one, in the order they train
+    (by their earliest trial). `max_slots` and `step_cost` may depend on the group."""
+    packs: list[Pack] = []
+    for group in structure_groups(proposals):
+        limit = max_slots(group) if callable(max_slots) else max_slots
+        packs.extend(_cheapest_cut(group, limit, step_cost(group), max_waste))
+    return sorted(packs, key=lambda p: min(q.number for q in p.proposals))
+
+
+def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost, max_waste: float | None) -> list[Pack]:
+    """Step 2 of the module docstring: the cheapest cut of the sorted group into runs."""
+    ordered = sorted(group, key=lambda p: (p.useful_macs, p.number))
+    x = example_input(ordered[0].candidate)
+    batch, steps = ordered[0].candidate.batch_size, ordered[0].steps
+
+    def priced(run: list[Proposal]) -> Pack | None:
+        try:
+            per_slot = envelope_macs([p.shell for p in run], x)
+        except FusionError:  # a subset that cannot share an envelope (rare: the whole group could)
+            return None
+        useful = sum(p.useful_macs for p in run)
+        executed = per_slot * len(run)
+        result = Pack(list(run), useful, executed, steps * cost.seconds(executed, batch))
+        if max_waste is not None and len(run) > 1 and result.waste > max_waste + 1e-12:
+            return None
+        return result
+
+    best: list[tuple[float, list[Pack]]] = [(0.0, [])]
+    for end in range(1, len(ordered) + 1):
+        options = []
+        for start in range(max(0, end - max_slots), end):
+            run = priced(ordered[start:end])
+            if run is not None and best[start][0] != float("inf"):
+                options.append((best[start][0] + run.seconds, best[start][1] + [run]))
+        best.append(min(options, key=lambda o: o[0]) if options else (float("inf"), []))
+    return best[-1][1]

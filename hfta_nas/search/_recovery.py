@@ -1,0 +1,64 @@
+"""Trials a dead worker left RUNNING: found, failed as interrupted, and retried.
+
+While a worker holds trials its heartbeat thread stamps them (`_heartbeat`).
+Before each round of asks, every worker looks at the RUNNING trials it does
+not hold; a stale one (`stale_reason`) is told FAIL with the outcome
+INTERRUPTED (not counted against the budget) and its parameters are enqueued
+again with the user attribute `retry_of`, so the retry trains with the same
+seeds and ends as the interrupted trial would have (an array's slots share one
+optimizer and data stream, so a slot cannot resume from a checkpoint alone).
+
+Optuna's own heartbeat (`RDBStorage(heartbeat_interval=...)`,
+`fail_stale_trials`) covers RDB storages only when they were opened with it,
+records beats only inside `study.optimize`, and cannot tell at once that a
+worker on this machine has exited; hence this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+
+import optuna
+from optuna.trial import TrialState
+
+from hfta_nas.search._events import TrialRetried
+from hfta_nas.search._heartbeat import stale_reason
+from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome
+
+INTERRUPTED = "interrupted: its worker stopped (killed, crashed or lost) while it ran; failed and retried"
+
+
+def retry_stale_trials(ledger: Ledger, held: Collection[int], worker: str, emit: Callable[[object], None]) -> int:
+    """Fail and re-enqueue every stale RUNNING trial not in `held` (trial ids); how many."""
+    study, now, retried = ledger.study, time.time(), 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        why = None if trial._trial_id in held else stale_reason(trial, now=now, me=worker)
+        if why is None:
+            continue
+        try:
+            study._storage.set_trial_user_attr(trial._trial_id, "interrupted_because", why)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # told meanwhile, by its worker or by another that retried it first
+        if not ledger.fail(trial, Outcome.INTERRUPTED, INTERRUPTED):
+            continue
+        original = trial.user_attrs.get(RETRY_OF, trial.number)  # a retry of a retry keeps the first seeds
+        study.enqueue_trial(trial.params or trial.system_attrs.get("fixed_params", {}),
+                            user_attrs={RETRY_OF: original}, skip_if_exists=False)
+        emit(TrialRetried(trial.number, why))
+        retried += 1
+    return retried
+
+
+def wait_for_other_workers(ledger: Ledger, worker: str, emit: Callable[[object], None],
+                           time_left: Callable[[], bool], interval: float) -> bool:
+    """This worker holds nothing and the budget is taken, but other workers' trials still
+    run: wait, retrying any that go stale. True when there is budget again."""
+    while time_left():
+        if not ledger.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            return False
+        with ledger.lock:
+            if retry_stale_trials(ledger, (), worker, emit) or ledger.remaining() > 0:
+                return True
+        time.sleep(min(interval, 2.0))
+    return False

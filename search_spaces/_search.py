@@ -1,0 +1,120 @@
+"""The YAML front-end of a search: a space file becomes an Optuna study and a
+`build(trial)` function, and `hfta_nas.optimize` does the rest (one
+implementation underneath for files and for Python searches).
+
+`build` suggests every searched param under its dotted path
+(`model.config.channels`, `training.optimizer.lr`, ...), resolves the file's
+config and returns it as a `hfta_nas.Candidate`; a Python `build` that makes
+the same suggests in the same order gets the same trials for the same seed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+
+import hfta_nas
+from hfta_nas import Candidate, HftaNasError
+from hfta_nas.data import Dataset, load_dataset
+from hfta_nas.models import resolve_model
+from hfta_nas.search import SearchPlan, SearchSummary, copy_of_stored_study, open_storage, optimize, plan
+from search_spaces._sources import check_sources
+from search_spaces._space import SearchSpace
+
+# Searched params an array keeps per slot; every other one fixes the architecture.
+_PER_SLOT_OPTIMIZER = ("name", "amsgrad", "maximize", "nesterov", "centered")
+
+
+def candidate_builder(space: SearchSpace, *, device: str = "cpu", dtype: str = "float32") -> Callable[[optuna.Trial], Candidate]:
+    """`build(trial)` for `hfta_nas.optimize`: the space's suggests, resolved to a Candidate
+    (datasets are loaded once per distinct data section)."""
+    datasets: dict[str, Dataset] = {}
+    torch_dtype = {"float32": torch.float32, "float64": torch.float64}[dtype]
+
+    def build(trial: optuna.Trial) -> Candidate:
+        config = space.resolve(space.suggest(trial))
+        kwargs = config.dataset_kwargs()
+        key = repr((str(config.dataset), sorted(kwargs.items())))
+        if key not in datasets:
+            datasets[key] = load_dataset(config.dataset, **kwargs, device=device, dtype=torch_dtype)
+        data = datasets[key]
+        factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape,
+                                num_classes=data.num_classes)
+        return Candidate(model=factory, optimizer=config.optimizer, hparams=config.hparams, schedule=config.schedule,
+                         epochs=config.epochs, batch_size=config.data["batch_size"], data=data, config=config)
+
+    return build
+
+
+def architecture_params(space: SearchSpace) -> list[str]:
+    """The searched params that fix a candidate's array: all but per-slot optimizer and schedule values."""
+    per_slot = [f"training.optimizer.{k}" for k in ("lr", "weight_decay", "momentum", "dampening", "betas", "beta1",
+                                                      "beta2", "eps", "alpha", "lr_decay", "initial_accumulator_value")]
+    return [p for p in space.searched if p not in per_slot and not p.startswith("training.schedule.")]
+
+
+def study_name_of(space: SearchSpace, study_name: str | None) -> str:
+    return study_name or space.study.name or Path(space.source).stem
+
+
+def open_space_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None) -> optuna.Study:
+    """The space's study in `storage` (created, or resumed when it exists with the same directions)."""
+    opened, _ = open_storage(storage)
+    name = study_name_of(space, study_name)
+    study = optuna.create_study(storage=opened, study_name=name, directions=space.directions,
+                                sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner(), load_if_exists=True)
+    _check_directions(study, space)
+    with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(list(space.study.metrics))
+    for key, value in {"space_source": str(space.source), "space_text": space.text, "sampler": space.sampler.name,
+                       "pruner": space.pruner.name, "seed": space.seed,
+                       "versions": {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__,
+                                    "optuna": optuna.__version__}}.items():
+        study.set_user_attr(key, value)
+    return study
+
+
+def _check_directions(study: optuna.Study, space: SearchSpace) -> None:
+    if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in space.directions]:
+        raise HftaNasError(f"study '{study.study_name}' exists in the storage with other directions; "
+                           "choose another --study-name.")
+
+
+def _options(space: SearchSpace, n_trials: int | None, timeout: float | None, array_size: int | str | None,
+             device: str, dtype: str) -> dict[str, Any]:
+    return dict(n_trials=n_trials if n_trials is not None else space.budget.n_trials,
+                timeout=timeout if timeout is not None else space.budget.timeout,
+                array_size=array_size if array_size is not None else space.array.size,
+                metrics=list(space.study.metrics), seed=space.seed if space.seed is not None else 0, device=device,
+                dtype=dtype, max_waste=space.array.max_waste,
+                replicate=architecture_params(space) if space.array.fill == "replicate" else None)
+
+
+def run_search(space: SearchSpace, *, storage: str | None = None, study_name: str | None = None,
+               n_trials: int | None = None, timeout: float | None = None, array_size: int | str | None = None,
+               device: str = "cpu", dtype: str = "float32", out_dir: str | Path | None = None,
+               on_event: Callable[[Any], None] | None = None) -> SearchSummary:
+    """Search a space file's space; options left None come from the file."""
+    check_sources(space)  # a missing factory or data file fails here, before any trial is asked
+    study = open_space_study(space, storage, study_name)
+    out = Path(out_dir) if out_dir is not None else Path("runs") / study.study_name
+    return optimize(study, candidate_builder(space, device=device, dtype=dtype), out_dir=out, on_event=on_event,
+                    **_options(space, n_trials, timeout, array_size, device, dtype))
+
+
+def plan_search(space: SearchSpace, *, storage: str | None = None, study_name: str | None = None,
+                n_trials: int | None = None, timeout: float | None = None, array_size: int | str | None = None,
+                device: str = "cpu", dtype: str = "float32", max_arrays: int | None = None) -> SearchPlan:
+    """What `run_search` would train (`--dry-run`), by the same policy; nothing is written
+    (an existing study is read, and the plan asks in a copy)."""
+    check_sources(space)
+    study, location = copy_of_stored_study(storage, study_name_of(space, study_name), directions=space.directions,
+                                           sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner())
+    return plan(study, candidate_builder(space, device=device, dtype=dtype), storage=location, max_arrays=max_arrays,
+                **_options(space, n_trials, timeout, array_size, device, dtype))
