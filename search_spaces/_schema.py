@@ -80,6 +80,15 @@ class BudgetSpec(_Strict):
     timeout: PositiveFloat | None = None
 
 
+class StepCostSpec(_Strict):
+    """A fixed cost model for the packing (seconds per training step: fixed_s +
+    per_gmac_s x GMACs of the step), to repeat a search's packing exactly; the
+    measured one is stored in the study's user attributes (`step_cost:...`)."""
+
+    fixed_s: Annotated[float, Field(ge=0)]
+    per_gmac_s: Annotated[float, Field(ge=0)]
+
+
 class ArraySpec(_Strict):
     """How candidates are put into arrays.
 
@@ -89,11 +98,13 @@ class ArraySpec(_Strict):
     architecture: HPO over fixed architectures).
     max_waste: at most this fraction of an array's multiply-adds may be padding
     (default: no bound; 0 packs equal shapes only).
+    step_cost: pin the packing's cost model instead of measuring it (see StepCostSpec).
     """
 
     size: int | str = 8
     fill: Literal["pack", "replicate"] = "pack"
     max_waste: Annotated[float, Field(ge=0, le=1)] | None = None
+    step_cost: StepCostSpec | None = None
 
     @field_validator("size", mode="plain")
     @classmethod

@@ -22,7 +22,16 @@ import hfta_nas
 from hfta_nas import Candidate, HftaNasError
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.models import resolve_model
-from hfta_nas.search import SearchPlan, SearchSummary, copy_of_stored_study, open_storage, optimize, plan
+from hfta_nas.search import (
+    SearchPlan,
+    SearchSummary,
+    StepCost,
+    check_options,
+    copy_of_stored_study,
+    open_storage,
+    optimize,
+    plan,
+)
 from search_spaces._sources import check_sources
 from search_spaces._space import SearchSpace
 
@@ -88,12 +97,16 @@ def _check_directions(study: optuna.Study, space: SearchSpace) -> None:
 
 def _options(space: SearchSpace, n_trials: int | None, timeout: float | None, array_size: int | str | None,
              device: str, dtype: str) -> dict[str, Any]:
-    return dict(n_trials=n_trials if n_trials is not None else space.budget.n_trials,
+    """`optimize`'s options from the file, overridden by those given; checked before anything is stored."""
+    options = dict(n_trials=n_trials if n_trials is not None else space.budget.n_trials,
                 timeout=timeout if timeout is not None else space.budget.timeout,
                 array_size=array_size if array_size is not None else space.array.size,
                 metrics=list(space.study.metrics), seed=space.seed if space.seed is not None else 0, device=device,
                 dtype=dtype, max_waste=space.array.max_waste,
-                replicate=architecture_params(space) if space.array.fill == "replicate" else None)
+                replicate=architecture_params(space) if space.array.fill == "replicate" else None,
+                step_cost=StepCost(**space.array.step_cost.model_dump()) if space.array.step_cost else None)
+    check_options(options["n_trials"], options["timeout"], options["array_size"], options["max_waste"])
+    return options
 
 
 def run_search(space: SearchSpace, *, storage: str | None = None, study_name: str | None = None,
@@ -102,10 +115,10 @@ def run_search(space: SearchSpace, *, storage: str | None = None, study_name: st
                on_event: Callable[[Any], None] | None = None) -> SearchSummary:
     """Search a space file's space; options left None come from the file."""
     check_sources(space)  # a missing factory or data file fails here, before any trial is asked
+    options = _options(space, n_trials, timeout, array_size, device, dtype)
     study = open_space_study(space, storage, study_name)
     out = Path(out_dir) if out_dir is not None else Path("runs") / study.study_name
-    return optimize(study, candidate_builder(space, device=device, dtype=dtype), out_dir=out, on_event=on_event,
-                    **_options(space, n_trials, timeout, array_size, device, dtype))
+    return optimize(study, candidate_builder(space, device=device, dtype=dtype), out_dir=out, on_event=on_event, **options)
 
 
 def plan_search(space: SearchSpace, *, storage: str | None = None, study_name: str | None = None,

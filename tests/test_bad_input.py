@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cli import main
-from hfta_nas.search import open_storage
+from hfta_nas.search import Outcome, open_storage, outcome_of
 from search_spaces import SHIPPED_SPACES, SearchSpace, SpaceError, parse_space
 from tests.test_search import space_text
 from tests.test_search_spaces import KEYS, _values
@@ -81,15 +81,15 @@ def stored(tmp_path_factory):
 
 def snapshot(journal: Path) -> dict[str, list[bytes]]:
     """Every study's finished trials, pickled: {study name: [trial, ...]}. Trials a search
-    asked and then failed unrun when it stopped on the error ("stopped: ...") are left
-    out; a trial left RUNNING fails the check."""
+    asked and then failed unrun when it stopped on the error (outcome not_trained) are
+    left out; a trial left RUNNING fails the check."""
     storage, _ = open_storage(str(journal))
     studies = {}
     for summary in optuna.get_all_study_summaries(storage):
         trials = optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
         assert not [t.number for t in trials if not t.state.is_finished()], "a trial was left RUNNING"
         studies[summary.study_name] = [pickle.dumps(t) for t in trials
-                                       if not str(t.user_attrs.get("fail_reason", "")).startswith("stopped:")]
+                                       if outcome_of(t) != Outcome.NOT_TRAINED]
     return studies
 
 

@@ -10,8 +10,8 @@ import optuna_dashboard
 from hfta_nas.search import open_storage
 from tests.test_search import search, space_text
 
-RECORDED = {"array_id", "slot", "signature", "seed_init", "seed_data", "seed_dropout", "epochs_run", "wall_time_s",
-            "samples_per_s", "worker"}
+RECORDED = {"array_id", "slot", "architecture", "seed_init", "seed_data", "seed_dropout", "epochs_run", "train_seconds",
+            "train_start", "train_end", "worker"}
 
 
 def get(app, path):
@@ -50,3 +50,6 @@ def test_the_dashboard_shows_the_pareto_front_of_a_multi_objective_search(tmp_pa
     _, detail = get(app, f"/api/studies/{studies['study_summaries'][0]['study_id']}")
     assert detail["objective_names"] == ["val_acc", "params"]
     assert 1 <= len(detail["best_trials"]) <= 6 and all(len(t["values"]) == 2 for t in detail["best_trials"])
+    for trial in detail["trials"]:  # Optuna forbids trial.report here: the learning curve is a user attribute
+        curve = json.loads({a["key"]: a["value"] for a in trial["user_attrs"]}["learning_curve"])
+        assert curve["epoch"] == [1, 2] and len(curve["val_acc"]) == len(curve["params"]) == 2

@@ -6,6 +6,8 @@ import logging
 import pytest
 import torch
 
+from hfta_nas.search import ArraySizeChosen, ArraySplit, ArrayStarted
+
 from hfta_nas import train
 from hfta_nas._oom import ArrayOutOfMemory, estimate_array_bytes, parse_bytes, train_in_halves
 from hfta_nas.errors import HftaNasError
@@ -100,11 +102,11 @@ def test_a_search_array_over_the_budget_is_split_and_every_trial_trains(tmp_path
     one = estimate_array_bytes(factory, data.input_shape, batch_size=64, slots=1, dtype=torch.float32, optimizer="adam")
     monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", str(one))  # only arrays of one model fit
     events = []
-    search(tmp_path, text, on_event=lambda kind, info: events.append((kind, info)))
+    search(tmp_path, text, on_event=events.append)
     trials = load_study(tmp_path).trials
     assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)
-    assert [(info["size"], info["half"]) for kind, info in events if kind == "split"] == [(3, 2), (2, 1)]
-    assert {info["size"] for kind, info in events if kind == "array"} == {1}
+    assert [(e.slots, e.half) for e in events if isinstance(e, ArraySplit)] == [(3, 2), (2, 1)]
+    assert {len(e.trials) for e in events if isinstance(e, ArrayStarted)} == {1}
 
 
 def test_a_search_array_out_of_memory_while_training_is_retried_in_halves(tmp_path, monkeypatch):
@@ -122,11 +124,13 @@ def test_a_search_array_out_of_memory_while_training_is_retried_in_halves(tmp_pa
 
     monkeypatch.setattr(ArrayTrainer, "fit", fit_like_a_small_gpu)
     events = []
-    search(tmp_path, on_event=lambda kind, info: events.append((kind, info)))
+    search(tmp_path, on_event=events.append)
     trials = load_study(tmp_path).trials
     assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)  # none lost, none retried anew
-    assert all("out of memory" in t.user_attrs["out_of_memory"] for t in trials)
-    assert {info["size"] for kind, info in events if kind == "array"} >= {1, 2, 3}
+    split = [t for t in trials if "out_of_memory" in t.user_attrs]  # the trials of arrays that ran out
+    assert split and all("out of memory" in t.user_attrs["out_of_memory"] for t in split)
+    sizes = [len(e.trials) for e in events if isinstance(e, ArrayStarted)]
+    assert max(sizes) > 1 and 1 in sizes and sum(isinstance(e, ArraySplit) for e in events) >= 2
     assert all(list(t.intermediate_values) == [1, 2] for t in trials)
 
 
@@ -162,9 +166,9 @@ def test_a_search_with_array_size_auto_sizes_each_shape(tmp_path, monkeypatch):
     two = estimate_array_bytes(factory, data.input_shape, batch_size=64, slots=2, dtype=torch.float32, optimizer="adam")
     monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", str(two))  # width 32: two fit; width 16: more
     events = []
-    search(tmp_path, array_size="auto", on_event=lambda kind, info: events.append((kind, info)))
+    search(tmp_path, array_size="auto", on_event=events.append)
     assert all(t.state == TrialState.COMPLETE for t in load_study(tmp_path).trials)
-    chosen = {info["signature"]: info["size"] for kind, info in events if kind == "auto_size"}
-    arrays = [info for kind, info in events if kind == "array"]
-    assert chosen and all(info["size"] <= chosen[info["signature"]] for info in arrays)
+    chosen = {e.structure: e.size for e in events if isinstance(e, ArraySizeChosen)}
+    arrays = [e for e in events if isinstance(e, ArrayStarted)]
+    assert chosen and all(len(e.trials) <= e.array_size and e.array_size in chosen.values() for e in arrays)
     assert all(size <= 4 for size in chosen.values())

@@ -1,5 +1,5 @@
-"""The search driver against Optuna: every trial told, arrays grouped by shape,
-results equal to training the same candidate alone, resume and retry."""
+"""The search against Optuna: every trial told and trained as proposed, results
+equal to training the same candidate alone, resume and retry."""
 
 import json
 import time
@@ -61,18 +61,21 @@ def test_every_trial_is_told_with_its_attributes(tmp_path):
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     for trial in study.trials:
         attrs = trial.user_attrs
-        for key in ("array_id", "slot", "signature", "seed_init", "seed_data", "seed_dropout", "epochs_run", "wall_time_s", "samples_per_s"):
+        for key in ("array_id", "slot", "architecture", "seed_init", "seed_data", "seed_dropout", "epochs_run",
+                    "train_seconds", "train_start", "train_end"):
             assert key in attrs, key
         assert attrs["epochs_run"] == 2
         assert sorted(trial.intermediate_values) == [1, 2]
+        assert attrs["train_start"] <= attrs["train_end"]
     assert study.metric_names == ["val_acc"]
     assert "model" in study.user_attrs["space_text"] and "torch" in study.user_attrs["versions"]
-    # trials sharing an array share a signature (same width), and arrays were full
+    # every architecture the sampler proposed trained, in arrays of at most array.size slots
+    assert summary.architectures_trained == summary.architectures_proposed == len({t.params["model.config.width"] for t in study.trials})
     by_array = {}
     for trial in study.trials:
-        by_array.setdefault(trial.user_attrs["array_id"], set()).add(trial.user_attrs["signature"])
-    assert all(len(signatures) == 1 for signatures in by_array.values())
-    assert summary.mean_occupancy == pytest.approx(1.0)
+        by_array.setdefault(trial.user_attrs["array_id"], []).append(trial.number)
+    assert all(len(members) <= 3 for members in by_array.values())
+    assert sum(a["slots"] for a in summary.arrays) == 6 and 0 < summary.mean_occupancy <= 1
     assert summary.trials == {"COMPLETE": 6} and summary.best[0]["number"] == study.best_trial.number
 
 

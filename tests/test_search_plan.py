@@ -1,8 +1,7 @@
-"""The search's fill policy, its --dry-run plan, the CLI overrides and the live progress.
+"""The search's rounds, its --dry-run plan, the CLI overrides and the live progress.
 
-Grouping: candidates of equal shape signature share arrays, different ones
-never do, and every architecture the sampler proposes freely is trained as
-proposed. A dry run writes nothing and its first array is the real first array.
+Every architecture the sampler proposes is trained as proposed; a dry run
+writes nothing and, with the same step cost, plans the arrays the run trains.
 """
 
 import json
@@ -13,8 +12,8 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from cli import _SearchProgress, main
-from hfta_nas.search import open_storage, plan_search, run_search, shape_signature
-from search_spaces import parse_space
+from hfta_nas.search import ArrayEnded, ArrayStarted, EpochEnded, SearchStarted, StepCost, TrialEnded, open_storage, optimize
+from search_spaces import candidate_builder, open_space_study, parse_space, plan_search, run_search
 from tests.test_search import space_text as tiny_space_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -49,67 +48,49 @@ def load(tmp_path, name="plan"):
     return optuna.load_study(study_name=name, storage=open_storage(storage(tmp_path))[0])
 
 
-def test_grouping_puts_equal_signatures_together_and_never_fuses_different_ones(tmp_path):
+def test_every_trial_trains_as_the_sampler_proposed_it(tmp_path):
     summary = run_search(space(tmp_path), storage=storage(tmp_path), out_dir=tmp_path / "out")
     trials = load(tmp_path).trials
     assert len(trials) == 12 and all(t.state == TrialState.COMPLETE for t in trials)
-    by_array, width_of = {}, {}
+    assert not any("fixed_params" in t.system_attrs for t in trials)  # nothing enqueued: every value is the sampler's
+    assert summary.architectures_trained == summary.architectures_proposed == len({t.params["model.config.width"] for t in trials})
+    by_array = {}
     for trial in trials:
-        attrs = trial.user_attrs
-        by_array.setdefault(attrs["array_id"], []).append(trial)
-        width_of.setdefault(attrs["signature"], set()).add(trial.params["model.config.width"])
-    # one signature per width and one width per signature: the signature is the shape
-    assert all(len(widths) == 1 for widths in width_of.values())
-    assert len(width_of) == len({t.params["model.config.width"] for t in trials}) >= 2
-    for members in by_array.values():  # never two signatures (or widths) in one array
-        assert len({t.user_attrs["signature"] for t in members}) == 1
-        assert len({t.params["model.config.width"] for t in members}) == 1
-        assert sorted(t.user_attrs["slot"] for t in members) == list(range(len(members)))
-    # the signature is what shape_signature says for that width
-    sp = space(tmp_path)
-    for trial in trials[:3]:
-        config = sp.resolve(sp.decode(trial.params))
-        from hfta_nas.models import resolve_model
-
-        factory = resolve_model(config.model, config.model_config, input_shape=(1, 8, 8), num_classes=10)
-        assert shape_signature(config, factory) == trial.user_attrs["signature"]
-    # each array got as many slots as it has members; occupancy counts against array.size
-    sizes = [len(m) for m in by_array.values()]
-    assert summary.arrays == len(by_array)
-    assert summary.mean_occupancy == pytest.approx(sum(sizes) / (4 * len(sizes)))
-    assert summary.samples_per_s > 0
+        by_array.setdefault(trial.user_attrs["array_id"], []).append(trial)
+    assert len(by_array) == len(summary.arrays) and all(len(m) <= 4 for m in by_array.values())
+    for members in by_array.values():  # a trial's architecture attribute names its width
+        assert len({t.user_attrs["architecture"] for t in members}) == len({t.params["model.config.width"] for t in members})
 
 
-def test_the_pool_keeps_every_freely_asked_architecture(tmp_path):
+def test_a_plan_covers_the_budget_once(tmp_path):
     plan = plan_search(space(tmp_path, budget={"n_trials": 40}), storage=storage(tmp_path))
-    asked = [(t["number"], t["params"]["model.config.width"]) for a in plan.arrays for t in a.trials if t["how"] == "asked"]
-    assert len({w for _, w in asked}) >= 2  # the sampler's diversity survives grouping
-    for array in plan.arrays:
-        widths = {t["params"]["model.config.width"] for t in array.trials}
-        assert len(widths) == 1 and array.architecture == {"model.config.width": widths.pop()}
-        assert len(array.trials) <= array.size == 4
-        # fills come after the free asks in the array, and are asked later
-        first_filled = next((i for i, t in enumerate(array.trials) if t["how"] == "filled"), len(array.trials))
-        assert all(t["how"] == "filled" for t in array.trials[first_filled:])
     numbers = sorted(t["number"] for a in plan.arrays for t in a.trials)
     assert numbers == list(range(40))  # the whole budget, each trial in one array
-    assert plan.mean_occupancy == pytest.approx(1.0)  # 40 trials, arrays of 4: no shape is left short
+    assert all(len(a.trials) <= a.array_size == 4 for a in plan.arrays)
+    assert all(a.useful_macs <= a.executed_macs for a in plan.arrays) and plan.step_costs
 
 
-def test_dry_run_writes_nothing_and_its_first_array_is_the_real_one(tmp_path):
+def test_dry_run_writes_nothing_and_its_first_round_is_the_real_one(tmp_path):
     sp = space(tmp_path, budget={"n_trials": 8})
     plan = plan_search(sp, storage=storage(tmp_path))
     assert not (tmp_path / "study.journal").exists()  # not even an empty storage
     assert plan.done == 0 and plan.arrays and plan.n_trials == 8
-    run_search(sp, storage=storage(tmp_path), out_dir=tmp_path / "out")
+    # the same policy with the same step cost: the real run's arrays are the planned ones
+    study = open_space_study(sp, storage(tmp_path))
+    cost = StepCost(**next(iter(plan.step_costs.values())))
+    build = candidate_builder(sp)
+    optimize(study, build, n_trials=8, array_size=4, seed=3, step_cost=cost)
     trials = load(tmp_path).trials
-    first_array = trials[plan.arrays[0].trials[0]["number"]].user_attrs["array_id"]
-    real_first = sorted((t.number, t.params["model.config.width"]) for t in trials if t.user_attrs["array_id"] == first_array)
-    planned_first = sorted((t["number"], t["params"]["model.config.width"]) for t in plan.arrays[0].trials)
-    assert real_first == planned_first
-    for planned in plan.arrays[0].trials:
-        assert trials[planned["number"]].params == pytest.approx(planned["params"])
-        assert planned["seeds"] == {s: trials[planned["number"]].user_attrs[f"seed_{s}"] for s in ("init", "data", "dropout")}
+    again = plan_search(sp, storage=storage(tmp_path), n_trials=8)
+    assert again.done == 8 and not again.arrays
+    real = {}
+    for trial in trials:
+        real.setdefault(trial.user_attrs["array_id"], []).append(trial.number)
+    assert sorted(map(sorted, real.values())) == sorted(sorted(t["number"] for t in a.trials) for a in plan.arrays)
+    for array in plan.arrays:
+        for planned in array.trials:
+            assert trials[planned["number"]].params == pytest.approx(planned["params"])
+            assert planned["seeds"] == {s: trials[planned["number"]].user_attrs[f"seed_{s}"] for s in ("init", "data", "dropout")}
 
 
 def test_dry_run_of_an_existing_study_leaves_it_as_it_was(tmp_path):
@@ -132,10 +113,10 @@ def test_cli_dry_run_prints_the_plan(tmp_path):
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert sum(len(a["trials"]) for a in plan["arrays"]) == 8 and plan["mean_occupancy"] > 0
-    assert all(len({t["params"]["model.config.width"] for t in a["trials"]}) == 1 for a in plan["arrays"])
+    assert all(a["useful_macs"] <= a["executed_macs"] for a in plan["arrays"]) and plan["estimated_s"] > 0
     text = CliRunner().invoke(main, args)
     assert text.exit_code == 0, text.output
-    assert "grouping plan" in text.output and "model.config.width=" in text.output and "nothing was written" in text.output
+    assert "packing plan" in text.output and "padding" in text.output and "nothing was written" in text.output
     assert not (tmp_path / "study.journal").exists()
 
 
@@ -191,30 +172,25 @@ def test_cli_quiet_shows_no_progress_but_the_summary(tmp_path):
 
 def test_progress_status_counts_best_arrays_occupancy_and_throughput():
     progress = _SearchProgress(enabled=False)
-    progress.event("start", {"study": "s", "storage": "f", "dashboard": "d", "done": 2, "n_trials": 10,
-                             "states": {"COMPLETE": 1, "PRUNED": 1}, "metrics": ["val_acc"], "directions": ["maximize"],
-                             "best": 0.5, "best_values": [[0.5]]})
+    progress.event(SearchStarted("s", "f", "d", 2, 10, None, {"COMPLETE": 1, "PRUNED": 1}, ["val_acc"], ["maximize"], [[0.5]]))
     assert progress.status() == "1 complete, 1 pruned, 0 failed | best val_acc 0.5 | 0 arrays running"
-    progress.event("array", {"array": 1, "size": 3, "trials": [2, 3, 4], "signature": "abc", "array_size": 4})
-    progress.event("epoch", {"array": 1, "epoch": 1, "running": 3, "occupancy": 0.75, "mean_occupancy": 0.75,
-                             "samples": 3000, "samples_per_s": 1500.0})
-    progress.event("trial", {"trial": 2, "state": "PRUNED", "epoch": 1})
-    progress.event("trial", {"trial": 3, "state": "COMPLETE", "values": [0.75]})
-    progress.event("trial", {"trial": 4, "state": "COMPLETE", "values": [0.25]})
-    progress.event("trial", {"trial": 5, "state": "FAIL", "reason": "non-finite"})
+    progress.event(ArrayStarted(1, [2, 3, 4], 4, 2, 300, 400, 1.0))
+    progress.event(EpochEnded(1, 1, 3, 4, 0.75, 0.75, 1500.0))
+    progress.event(TrialEnded(2, "PRUNED"))
+    progress.event(TrialEnded(3, "COMPLETE", [0.75]))
+    progress.event(TrialEnded(4, "COMPLETE", [0.25]))
+    progress.event(TrialEnded(5, "FAIL", reason="non-finite"))
     assert progress.status() == ("3 complete, 2 pruned, 1 failed | best val_acc 0.75 (trial 3) | "
                                  "1 array running (3/4 slots) | mean occupancy 75% | 1,500 samples/s")
-    progress.event("array_done", {"array": 1, "mean_occupancy": 0.7})
+    progress.event(ArrayEnded(1, 0.7))
     assert "0 arrays running | mean occupancy 70%" in progress.status()
 
 
 def test_progress_counts_the_pareto_front_for_several_metrics():
     progress = _SearchProgress(enabled=False)
-    progress.event("start", {"study": "s", "storage": "f", "dashboard": "d", "done": 0, "n_trials": 4, "states": {},
-                             "metrics": ["val_acc", "params"], "directions": ["maximize", "minimize"], "best": None,
-                             "best_values": []})
+    progress.event(SearchStarted("s", "f", "d", 0, 4, None, {}, ["val_acc", "params"], ["maximize", "minimize"], []))
     for number, values in enumerate([[0.5, 100], [0.6, 200], [0.4, 300], [0.7, 50]]):
-        progress.event("trial", {"trial": number, "state": "COMPLETE", "values": values})
+        progress.event(TrialEnded(number, "COMPLETE", values))
     assert "pareto front 1" in progress.status()  # (0.7, 50) dominates the others
-    progress.event("trial", {"trial": 9, "state": "COMPLETE", "values": [0.8, 500]})
+    progress.event(TrialEnded(9, "COMPLETE", [0.8, 500]))
     assert "pareto front 2" in progress.status()

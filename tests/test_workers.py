@@ -23,9 +23,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from hfta_nas.search import open_storage, run_search
-from hfta_nas.search._driver import _NOT_COUNTED as NOT_COUNTED  # "interrupted:", "surplus:", ...
-from hfta_nas.search._driver import RETRY_OF
+from hfta_nas.search import counts, open_storage
+from hfta_nas.search._ledger import RETRY_OF
+from search_spaces import run_search
 from hfta_nas.search._storage import study_lock
 from search_spaces import parse_space
 
@@ -65,7 +65,7 @@ def worker_env(**extra):
 
 
 def counted(trials):
-    return [t for t in trials if t.state in ENDED and not str(t.user_attrs.get("fail_reason", "")).startswith(NOT_COUNTED)]
+    return [t for t in trials if t.state in ENDED and counts(t)]
 
 
 def pid_of(trial):
@@ -266,15 +266,15 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
 KILL_AFTER_FIRST_ASK = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-from hfta_nas.search import _driver, run_search
-from search_spaces import parse_space
+from hfta_nas.search import _optimize
+from search_spaces import parse_space, run_search
 
-ask = _driver.Search._ask
+ask = _optimize._Search._ask
 def ask_then_die(self, *args, **kwargs):
     candidate = ask(self, *args, **kwargs)
     os.kill(os.getpid(), signal.SIGKILL)  # before the array starts, before any heartbeat
     return candidate
-_driver.Search._ask = ask_then_die
+_optimize._Search._ask = ask_then_die
 run_search(parse_space(open({space!r}).read(), source={space!r}), storage={storage!r}, out_dir={out!r})
 """
 

@@ -23,8 +23,8 @@ from hfta_nas.search._events import (
     TrialRetried,
     TrialWaits,
 )
-from hfta_nas.search._ledger import Outcome, counts
-from hfta_nas.search._optimize import SearchSummary, optimize
+from hfta_nas.search._ledger import Outcome, counts, outcome_of
+from hfta_nas.search._optimize import SearchSummary, check_options, optimize
 from hfta_nas.search._plan import PlannedArray, SearchPlan, plan
 from hfta_nas.search._storage import DEFAULT_STORAGE, copy_of_stored_study, dashboard_command, open_storage
 from hfta_nas.search._workers import run_workers, study_report, worker_arguments
@@ -48,11 +48,13 @@ __all__ = [
     "TrialEnded",
     "TrialRetried",
     "TrialWaits",
+    "check_options",
     "copy_of_stored_study",
     "counts",
     "dashboard_command",
     "open_storage",
     "optimize",
+    "outcome_of",
     "plan",
     "run_workers",
     "study_report",

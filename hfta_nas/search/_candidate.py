@@ -129,16 +129,27 @@ class Proposal:
         return self.trial.number
 
     def build(self) -> nn.Module:
-        """The real model, initialised from the trial's init seed (the global RNG is left as it was)."""
+        """The real model, initialised from the trial's init seed (the global RNG is left as it was);
+        HftaNasError when it is not the model its meta-device build promised."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seeds["init"])
-            return self.candidate.model()
+            model = self.candidate.model()
+        built, promised = _tensor_shapes(model), _tensor_shapes(self.shell)
+        if built != promised:
+            difference = next((f"{a} vs {b}" for a, b in zip(built, promised) if a != b), f"{len(built)} vs {len(promised)} tensors")
+            raise HftaNasError(f"the model factory built different models on different calls (one per seed): {difference}; "
+                               "a candidate's model function must build the same architecture every time")
+        return model
 
     @property
     def steps(self) -> int:
         """Training steps of this candidate: epochs x batches per epoch."""
         data = self.candidate.data
         return self.candidate.epochs * math.ceil(len(data.y_train) / self.candidate.batch_size)
+
+
+def _tensor_shapes(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    return [(n, tuple(t.shape)) for n, t in [*model.named_parameters(), *model.named_buffers()]]
 
 
 def meta_shell(candidate: Candidate) -> nn.Module:

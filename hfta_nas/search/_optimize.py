@@ -96,7 +96,8 @@ def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], da
                    replicate=replicate, step_cost=step_cost).run()
 
 
-def _checked_options(n_trials: Any, timeout: Any, array_size: Any, max_waste: Any) -> None:
+def check_options(n_trials: Any, timeout: Any, array_size: Any, max_waste: Any) -> None:
+    """HftaNasError naming the first bad budget or array option."""
     for name, value in (("n_trials", n_trials), ("timeout", timeout)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
             raise HftaNasError(f"{name} must be a positive number, got {value!r}.")
@@ -112,7 +113,7 @@ class _Search:
     def __init__(self, study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None, *,
                  n_trials, timeout, array_size, metrics, seed, device, dtype, out_dir, on_event, max_waste, replicate,
                  step_cost) -> None:
-        _checked_options(n_trials, timeout, array_size, max_waste)
+        check_options(n_trials, timeout, array_size, max_waste)
         if dtype not in DTYPES:
             raise HftaNasError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
         self.study, self.build, self.data = study, build, data

@@ -117,12 +117,14 @@ def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost, max_was
             return None
         return result
 
+    # Each array also costs a nanosecond here, so that on a tie (a step cost with no fixed
+    # part, rounding) fewer arrays win and the cut does not depend on float noise.
     best: list[tuple[float, list[Pack]]] = [(0.0, [])]
     for end in range(1, len(ordered) + 1):
         options = []
         for start in range(max(0, end - max_slots), end):
             run = priced(ordered[start:end])
             if run is not None and best[start][0] != float("inf"):
-                options.append((best[start][0] + run.seconds, best[start][1] + [run]))
+                options.append((best[start][0] + run.seconds + 1e-9, best[start][1] + [run]))
         best.append(min(options, key=lambda o: o[0]) if options else (float("inf"), []))
     return best[-1][1]
