@@ -58,8 +58,8 @@ from torch.nn import functional as F
 import hfta_nas
 from hfta_nas._run import DTYPES
 from hfta_nas.data import load_dataset
-from hfta_nas.search import open_storage, run_search, trial_seeds
-from search_spaces import SearchSpace, load_space
+from hfta_nas.search import open_storage, trial_seeds
+from search_spaces import SearchSpace, load_space, run_search
 from benchmarks.stability import _accuracy, plain_run
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn.yaml"
@@ -200,7 +200,9 @@ def run(space: SearchSpace, n_trials: int, device: str, dtype: str) -> dict[str,
         search = study_figures(search_study, search_times, direction)  # read while its journal exists
         plain_study, plain_times = run_plain(space, n_trials, device, dtype)
         same = same_trials(plain_study, search_study)
-    search.update(arrays=summary.arrays, mean_occupancy=summary.mean_occupancy)
+    search.update(arrays=len(summary.arrays), mean_occupancy=summary.mean_occupancy,
+                  architectures_trained=summary.architectures_trained,
+                  architectures_proposed=summary.architectures_proposed)
     plain = study_figures(plain_study, plain_times, direction)
     return {
         "space": str(space.source), "metric": metric, "direction": direction, "n_trials": n_trials,

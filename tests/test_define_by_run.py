@@ -1,0 +1,98 @@
+"""`hfta_nas.optimize(study, build, data)`: the Python core under the YAML front-end.
+
+The same space written as a YAML file and as a `build(trial)` function gives the
+same trials for the same seed; a freed slot takes a trial of another
+architecture that fits the array; the example runs in its tiny mode.
+"""
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import hfta_nas
+from hfta_nas.data import load_dataset
+from hfta_nas.models import model_factory
+from hfta_nas.search import StepCost, trial_seeds
+from search_spaces import parse_space, run_search
+from tests.test_search import space_text
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+COST = {"fixed_s": 1e-3, "per_gmac_s": 0.1}  # pinned: both runs pack alike whatever this machine measures
+
+
+def test_the_same_space_as_yaml_and_as_python_gives_the_same_trials(tmp_path):
+    text = space_text(array={"size": 3, "step_cost": COST}, pruner={"name": "median"})
+    run_search(parse_space(text, source=str(tmp_path / "space.yaml")), storage=str(tmp_path / "yaml.journal"),
+               out_dir=tmp_path / "out")
+    from_yaml = optuna.load_study(study_name="tiny", storage=hfta_nas.search.open_storage(str(tmp_path / "yaml.journal"))[0])
+
+    digits = load_dataset("digits")
+
+    def build(trial):  # the file's params in its order (yaml.safe_dump sorted them)
+        width = trial.suggest_categorical("model.config.width", [16, 32])
+        lr = trial.suggest_float("training.optimizer.lr", 1e-3, 3e-2, log=True)
+        model = model_factory("mlp", {"depth": 1, "width": width}, input_shape=digits.input_shape, num_classes=10)
+        return hfta_nas.Candidate(model, hparams={"lr": lr}, epochs=2, batch_size=64)
+
+    sampler = optuna.samplers.TPESampler(seed=7, n_startup_trials=2, constant_liar=True, multivariate=True)
+    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=optuna.pruners.MedianPruner())
+    summary = hfta_nas.optimize(study, build, digits, n_trials=6, array_size=3, seed=7, step_cost=StepCost(**COST))
+    assert summary.trials == {"COMPLETE": 6}
+
+    def described(s):
+        return [(t.number, t.state, t.params, t.intermediate_values, t.values) for t in s.get_trials(deepcopy=False)]
+
+    assert described(study) == described(from_yaml)
+
+
+class PruneTrialZero(optuna.pruners.BasePruner):
+    def prune(self, study, trial):
+        return trial.number == 0
+
+
+def test_a_freed_slot_takes_a_trial_of_another_architecture_that_fits(tmp_path):
+    digits = load_dataset("digits")
+
+    def build(trial):  # two wide trials of different widths (an envelope), then narrow ones that fit it
+        if trial.number < 2:
+            width = trial.suggest_int(f"width{trial.number}", 32 - 8 * trial.number, 32 - 8 * trial.number)
+        else:
+            width = trial.suggest_int("narrow", 8, 16, step=8)
+        model = model_factory("mlp", {"depth": 1, "width": width}, input_shape=digits.input_shape, num_classes=10)
+        return hfta_nas.Candidate(model, hparams={"lr": 3e-3}, epochs=3, batch_size=64)
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0), pruner=PruneTrialZero())
+    summary = hfta_nas.optimize(study, build, digits, n_trials=3, array_size=2, seed=5, dtype="float64",
+                                step_cost=StepCost(1.0, 0.0))  # launch-bound: one array of two
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.PRUNED, TrialState.COMPLETE, TrialState.COMPLETE]
+    refill = trials[2]
+    assert refill.user_attrs["refilled_after"] == 0 and refill.user_attrs["array_id"] == trials[0].user_attrs["array_id"]
+    assert refill.user_attrs["architecture"] != trials[0].user_attrs["architecture"]
+    assert len(summary.arrays) == 1 and summary.architectures_trained == 2
+    # the narrow model padded into the wide slot trains exactly as it trains alone
+    seeds = trial_seeds(5, 2)
+    alone = hfta_nas.train("mlp", model_config={"depth": 1, "width": refill.params["narrow"]}, dataset="digits",
+                           seeds=[seeds["init"]], data_seeds=[seeds["data"]], dropout_seeds=[seeds["dropout"]],
+                           optimizer="adam", hparams={"lr": 3e-3}, epochs=3, batch_size=64, dtype="float64")
+    assert refill.value == pytest.approx(alone.results[0].final["val_acc"], abs=1e-12)
+
+
+def test_the_define_by_run_example_runs_in_its_tiny_mode():
+    from examples.define_by_run import main
+
+    summary = main(["--tiny"])
+    assert summary.trials == {"COMPLETE": 4}
+    assert summary.architectures_trained == summary.architectures_proposed >= 2
+
+
+def test_build_errors_are_one_clear_line_and_leave_nothing_running():
+    study = optuna.create_study()
+
+    def build(trial):
+        trial.suggest_float("x", 0, 1)
+        return "not a candidate"
+
+    with pytest.raises(hfta_nas.HftaNasError, match="must return a hfta_nas.Candidate, got str"):
+        hfta_nas.optimize(study, build, load_dataset("digits"), n_trials=2, array_size=2)
+    assert all(t.state == TrialState.FAIL for t in study.trials)

@@ -1,0 +1,82 @@
+"""The packing policy alone (no training): structures never mix, every proposal lands in
+exactly one array, the waste bound holds, and the cut follows the device's step cost."""
+
+import optuna
+import pytest
+import torch
+
+from hfta_nas import Candidate
+from hfta_nas._probe import model_macs
+from hfta_nas.models import model_factory
+from hfta_nas.search import StepCost
+from hfta_nas.search._candidate import Proposal, meta_shell, trial_seeds
+from hfta_nas.search._packing import example_input, pack, shape_key, structure_groups
+from tests.conftest import synthetic_dataset
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+DATA = synthetic_dataset(n_train=200, shape=(1, 40), classes=10)
+LAUNCH_BOUND = StepCost(fixed_s=1e-2, per_gmac_s=0.0)  # a GPU with small models: every step costs the same
+ARITHMETIC_BOUND = StepCost(fixed_s=0.0, per_gmac_s=1.0)  # a CPU: a step costs what it computes
+
+
+def proposals(configs, family="cnn1d"):
+    """One asked trial per model config, as the search makes them (meta-device models)."""
+    study = optuna.create_study()
+    made = []
+    for config in configs:
+        trial = study.ask()
+        factory = model_factory(family, config, input_shape=DATA.input_shape, num_classes=DATA.num_classes)
+        candidate = Candidate(factory, data=DATA, batch_size=50).checked(None)
+        shell = meta_shell(candidate)
+        made.append(Proposal(trial, candidate, trial_seeds(0, trial.number), shell, model_macs(shell, example_input(candidate))))
+    return made
+
+
+TWO_LAYER = [{"channels": [c, c], "kernel_size": k, "pool": "max"} for c in (8, 16, 32) for k in (3, 5)]
+THREE_LAYER = [{"channels": [16, 32, 32], "kernel_size": 5, "pool": "max"}]
+
+
+def test_structures_never_mix_and_each_proposal_is_packed_once():
+    asked = proposals(TWO_LAYER + THREE_LAYER + TWO_LAYER[:2])
+    packs = pack(asked, max_slots=4, step_cost=lambda group: ARITHMETIC_BOUND)
+    numbers = sorted(p.number for planned in packs for p in planned.proposals)
+    assert numbers == [p.number for p in asked]
+    for planned in packs:
+        depths = {sum(isinstance(m, torch.nn.Conv1d) for m in p.shell.modules()) for p in planned.proposals}
+        assert len(depths) == 1  # a 3-layer CNN never shares an array with 2-layer ones
+        assert len(planned.proposals) <= 4 and planned.useful_macs <= planned.executed_macs
+    assert len(structure_groups(asked)) == 2
+
+
+def test_a_launch_bound_device_packs_full_arrays_and_an_arithmetic_bound_one_cuts_by_size():
+    asked = proposals(TWO_LAYER)
+    launch = pack(asked, max_slots=6, step_cost=lambda group: LAUNCH_BOUND)
+    assert [len(p.proposals) for p in launch] == [6]  # padding is free there: one array
+    arithmetic = pack(asked, max_slots=6, step_cost=lambda group: ARITHMETIC_BOUND)
+    assert len(arithmetic) > 1  # padding costs what it computes there: cheaper cut than one full array
+    assert sum(p.seconds for p in arithmetic) < launch_total(asked)
+    # each array of the cut holds neighbours in size: the small models are not padded to the big ones
+    assert all(p.waste < launch[0].waste for p in arithmetic)
+
+
+def launch_total(asked):
+    """The arithmetic-bound time of the one full array the launch-bound device would train."""
+    [one] = pack(asked, max_slots=len(asked), step_cost=lambda group: StepCost(1.0, 0.0))
+    return asked[0].steps * ARITHMETIC_BOUND.seconds(one.executed_macs, asked[0].candidate.batch_size)
+
+
+@pytest.mark.parametrize("bound", [0.0, 0.2, 0.5])
+def test_the_waste_bound_holds_and_zero_packs_equal_shapes_only(bound):
+    asked = proposals(TWO_LAYER + TWO_LAYER)
+    packs = pack(asked, max_slots=8, step_cost=lambda group: LAUNCH_BOUND, max_waste=bound)
+    assert all(p.waste <= bound + 1e-12 for p in packs)
+    if bound == 0.0:
+        assert all(len({shape_key(q) for q in p.proposals}) == 1 for p in packs)
+        assert sorted(len(p.proposals) for p in packs) == [2] * 6  # the two copies of each shape together
+
+
+def test_settings_an_array_shares_keep_candidates_apart():
+    asked = proposals(TWO_LAYER[:2])
+    asked[1].candidate = Candidate(asked[1].candidate.model, data=DATA, batch_size=25).checked(None)
+    packs = pack(asked, max_slots=4, step_cost=lambda group: LAUNCH_BOUND)
+    assert len(packs) == 2  # one batch size per array
