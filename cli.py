@@ -118,8 +118,7 @@ def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared
     import torch
 
     import hfta_nas
-    from hfta_nas._progress import EpochProgress
-    from hfta_nas._run import set_up_command_process
+    from hfta_nas.runtime import EpochProgress, set_up_command_process
 
     set_up_command_process(threads)
     hparams = {"lr": _numbers(lr, "--lr")}
@@ -182,9 +181,9 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             return command(**kwargs)
         from pathlib import Path
 
-        from hfta_nas._run import _checked_out_dir
+        from hfta_nas.runtime import checked_out_dir as _checked_out_dir
         from hfta_nas.search import open_storage
-        from hfta_nas.search._workers import run_workers, study_report, worker_arguments
+        from hfta_nas.search import run_workers, study_report, worker_arguments
         from search_spaces import load_space
 
         loaded = load_space(kwargs["space"])  # a bad space fails once, here, not K times
@@ -243,7 +242,9 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
 
     import optuna
 
-    from hfta_nas._run import _checked_device, _checked_out_dir, set_up_command_process
+    from hfta_nas.runtime import checked_device as _checked_device
+    from hfta_nas.runtime import checked_out_dir as _checked_out_dir
+    from hfta_nas.runtime import set_up_command_process
     from search_spaces import load_space, plan_search, run_search
 
     set_up_command_process(threads)
@@ -476,7 +477,7 @@ def dashboard(storage, artifact_dir, host, port) -> None:
     from optuna.artifacts import FileSystemArtifactStore
 
     from hfta_nas.search import open_storage
-    from stability._study import default_artifact_dir
+    from stability import default_artifact_dir
 
     opened, location = open_storage(storage)
     artifacts = Path(artifact_dir) if artifact_dir else default_artifact_dir(location)
@@ -509,10 +510,10 @@ def bench(ctx: click.Context, which: str) -> None:
 
 
 def _add_stability_commands() -> None:
-    from stability._cli import report, stability
+    from stability import report_command, stability_command
 
-    main.add_command(stability)
-    main.add_command(report)
+    main.add_command(stability_command)
+    main.add_command(report_command)
 
 
 _add_stability_commands()

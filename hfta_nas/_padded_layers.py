@@ -80,6 +80,10 @@ class SlotActivation(nn.Module):
             out = torch.where(self.choice == index, self.variants[index](x), out)
         return out
 
+    def native_step(self, prefix: str):
+        """This layer on [B, ...] tensors, for the vmap-free path (`_slot_ops.native_forward`)."""
+        return lambda leaves, x: self.native_forward(x, leaves[prefix + "choice"])
+
     def native_forward(self, x: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
         """`forward` on physical [B, ...] tensors, `choice` [B]."""
         choice = choice.view(-1, *([1] * (x.dim() - 1)))

@@ -70,6 +70,14 @@ class SlotDropout(nn.Module):
             keep = keep_mask(self._mask_shape(x.shape), self.slot_key, self.calls, self.p, x.dtype, x.device)
         return x * keep * (1.0 / (1.0 - self.p))
 
+    def native_step(self, prefix: str):
+        """This layer on [B, ...] tensors, for the vmap-free path (`_slot_ops.native_forward`)."""
+        def dropout(leaves, x):
+            if not self.training or self.p == 0.0:
+                return x
+            return self.native_forward(x, leaves[prefix + "slot_key"], leaves[prefix + "calls"], leaves.get(prefix + "rate"))
+        return dropout
+
     def native_forward(self, x: torch.Tensor, slot_key: torch.Tensor, calls: torch.Tensor,
                        rate: torch.Tensor | None = None) -> torch.Tensor:
         """`forward` for all slots at once on physical tensors: x [B, ...], slot_key, calls (and rate) [B]."""

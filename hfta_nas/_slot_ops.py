@@ -485,9 +485,6 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
 
 
 def _native_layer(module: nn.Module, prefix: str, aliases: dict[str, str], relu: bool = False):
-    from hfta_nas._padded_layers import SlotActivation  # noqa: PLC0415 (both import this module)
-    from hfta_nas._slot_layers import SlotDropout  # noqa: PLC0415
-
     kind = type(module)
     if kind is nn.Sequential:
         children = list(module.named_children())
@@ -543,15 +540,8 @@ def _native_layer(module: nn.Module, prefix: str, aliases: dict[str, str], relu:
                 raise NeedsVmap
             return x.flatten(module.start_dim % dims + 1, module.end_dim % dims + 1)
         return flatten
-    if kind is SlotDropout:
-        def dropout(leaves, x):
-            if not module.training or module.p == 0.0:
-                return x
-            return module.native_forward(x, leaves[prefix + "slot_key"], leaves[prefix + "calls"],
-                                         leaves.get(prefix + "rate"))
-        return dropout
-    if kind is SlotActivation:
-        return lambda leaves, x: module.native_forward(x, leaves[prefix + "choice"])
+    if hasattr(module, "native_step"):  # the array's own per-slot layers (dropout, activation choice)
+        return module.native_step(prefix)
     return None
 
 

@@ -16,7 +16,7 @@ The schema is documented key by key in search_spaces/README.md.
 from pathlib import Path
 
 from search_spaces._errors import Problem, SpaceError
-from search_spaces._resolved import ResolvedConfig
+from search_spaces._resolved import ResolvedConfig, read_text
 from search_spaces._schema import (
     DISTRIBUTIONS,
     METRICS,
@@ -59,5 +59,6 @@ __all__ = [
     "open_space_study",
     "parse_space",
     "plan_search",
+    "read_text",
     "run_search",
 ]

@@ -11,7 +11,9 @@ from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
 from stability._design import plan, source_seed
 from stability._result import Analysis, StabilityResult
 from stability._runner import run_stability
-from stability._study import StudyReport, report, run_study
+from stability._cli import report as report_command
+from stability._cli import stability as stability_command
+from stability._study import StudyReport, default_artifact_dir, report, run_study
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -20,9 +22,12 @@ __all__ = [
     "StabilityResult",
     "StudyReport",
     "load_config",
+    "default_artifact_dir",
     "plan",
     "report",
+    "report_command",
     "run_stability",
     "run_study",
     "source_seed",
+    "stability_command",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from hfta_nas.errors import HftaNasError
-from stability._study import FORMATS, PLOT_FORMATS
+from stability._export import FORMATS, PLOT_FORMATS
 
 
 def _split(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
@@ -168,7 +168,7 @@ def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary
     plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
     if n_seeds < 1:
         raise HftaNasError(f"--seeds must be at least 1, got {n_seeds}.")
-    from hfta_nas._run import _checked_out_dir, set_up_command_process
+    from hfta_nas.runtime import checked_out_dir as _checked_out_dir, set_up_command_process
 
     for option, folder in (("--out", out_dir), ("--artifact-dir", artifact_dir)):
         if folder is not None:  # before training, not when the first file is written

@@ -20,8 +20,7 @@ import yaml
 from optuna.trial import TrialState
 
 from hfta_nas.errors import HftaNasError
-from search_spaces import ResolvedConfig, parse_space
-from search_spaces._resolved import read_text
+from search_spaces import ResolvedConfig, parse_space, read_text
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mnist1d_cnn.yaml"
 _SPACE_KEYS = {"study", "sampler", "pruner", "budget", "array", "training", "params", "seed"}

@@ -21,11 +21,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hfta_nas._files import atomic_write_text
+from hfta_nas.runtime import atomic_write_text
 from hfta_nas.errors import HftaNasError
 from stability import _plots
 from stability._result import Analysis, StabilityResult
-from stability._study import FORMATS, PLOT_FORMATS
+
+FORMATS = ("html", "md", "csv", "json", "tex")
+PLOT_FORMATS = ("png", "svg")
 
 
 def write_report(result: StabilityResult, analysis: Analysis, out: str | Path, *, formats: Sequence[str] = FORMATS,

@@ -24,7 +24,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from hfta_nas._files import atomic_write_bytes
+from hfta_nas.runtime import atomic_write_bytes
 from stability._result import Analysis, StabilityResult
 
 PLOT_NAMES = ("distribution", "ecdf", "curves", "comparison", "variance")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from hfta_nas._files import atomic_write_text
+from hfta_nas.runtime import atomic_write_text
 
 # Final metrics recorded per seed; accuracies are fractions in [0, 1].
 METRICS = ("test_acc", "test_loss", "val_acc", "val_loss", "train_acc", "train_loss")

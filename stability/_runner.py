@@ -24,15 +24,15 @@ import scipy
 import torch
 
 import hfta_nas
-from hfta_nas._oom import train_in_halves
-from hfta_nas._run import DTYPES, _checked_device
+from hfta_nas.runtime import DTYPES, train_in_halves
+from hfta_nas.runtime import checked_device as _checked_device
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig
 from stability._design import SeedPlan, plan
-from stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, SOURCES, StabilityResult
-from stability._store import SeedOutcome, SeedStore, study_name_for
+from stability._result import SOURCES, StabilityResult
+from stability._store import SeedOutcome, SeedStore, frames, study_name_for
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -144,26 +144,6 @@ def train_seeds(
                                     device=torch.device(device).type))
     info = {"size": len(plans), "seconds": run.seconds, "samples_per_s": run.samples_per_second}
     return outcomes, info
-
-
-def frames(outcomes: dict[str, list[SeedOutcome]]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """seeds.csv and curves.csv rows (columns as documented in stability/_result.py)."""
-    seed_rows, curve_rows = [], []
-    for label, group in outcomes.items():
-        for o in group:
-            final = o.final if o.status == "completed" else {}
-            seed_rows.append({
-                "config": label, "seed_index": o.plan.seed_index, "design": o.plan.design,
-                **{f"seed_{s}": o.plan.seeds[s] for s in SOURCES},
-                "status": o.status, "reason": o.reason, "epochs": o.epochs,
-                **{m: final.get(m, float("nan")) for m in METRICS},
-            })
-            for row in o.history:
-                curve_rows += [{"config": label, "design": o.plan.design, "seed_index": o.plan.seed_index,
-                                "epoch": int(row["epoch"]), "metric": m, "value": row[m]} for m in METRICS if m in row]
-    seeds = pd.DataFrame(seed_rows, columns=[*SEED_COLUMNS, *METRICS])
-    curves = pd.DataFrame(curve_rows, columns=list(CURVE_COLUMNS))
-    return seeds, curves
 
 
 def protocol(configs: Sequence[LabelledConfig], plans: Sequence[SeedPlan], **settings: Any) -> dict[str, Any]:

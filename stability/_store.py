@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pandas as pd
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from hfta_nas.errors import HftaNasError
 from search_spaces import ResolvedConfig
 from stability._design import SeedPlan
+from stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, SOURCES
 
 DESIGNS = ("all", "only_init", "only_data", "only_dropout")
 _DISTRIBUTIONS = {"design": CategoricalDistribution(DESIGNS), "seed_index": IntDistribution(0, 1_000_000)}
@@ -151,10 +153,29 @@ def load_stability_study(storage: Any, study_name: str) -> optuna.Study:
     return study
 
 
+def frames(outcomes: dict[str, list[SeedOutcome]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """seeds.csv and curves.csv rows (columns as documented in stability/_result.py)."""
+    seed_rows, curve_rows = [], []
+    for label, group in outcomes.items():
+        for o in group:
+            final = o.final if o.status == "completed" else {}
+            seed_rows.append({
+                "config": label, "seed_index": o.plan.seed_index, "design": o.plan.design,
+                **{f"seed_{s}": o.plan.seeds[s] for s in SOURCES},
+                "status": o.status, "reason": o.reason, "epochs": o.epochs,
+                **{m: final.get(m, float("nan")) for m in METRICS},
+            })
+            for row in o.history:
+                curve_rows += [{"config": label, "design": o.plan.design, "seed_index": o.plan.seed_index,
+                                "epoch": int(row["epoch"]), "metric": m, "value": row[m]} for m in METRICS if m in row]
+    seeds = pd.DataFrame(seed_rows, columns=[*SEED_COLUMNS, *METRICS])
+    curves = pd.DataFrame(curve_rows, columns=list(CURVE_COLUMNS))
+    return seeds, curves
+
+
 def result_of(study: optuna.Study) -> Any:
     """The StabilityResult stored in a stability study (for `hfta-nas report --study`)."""
     from stability._result import StabilityResult
-    from stability._runner import frames
 
     label = study.study_name.split(":")[1] if study.study_name.count(":") >= 2 else study.study_name
     outcomes = outcomes_of(study)

@@ -17,9 +17,8 @@ from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig, label_for, load_config
 from stability._design import parse_vary
 from stability._result import SOURCES, Analysis, StabilityResult
+from stability._export import FORMATS, PLOT_FORMATS, write_report
 
-FORMATS = ("html", "md", "csv", "json", "tex")
-PLOT_FORMATS = ("png", "svg")
 
 
 @dataclass
@@ -95,7 +94,6 @@ def report(
 ) -> StudyReport:
     """Analyse a result and write its report (and raw data, for `hfta-nas report`) to `out_dir`."""
     from stability._analysis import analyse
-    from stability._export import write_report
 
     known = set(result.curves["metric"]) | {c for c in result.seeds.columns if c.endswith(("_acc", "_loss"))}
     if metric not in known:

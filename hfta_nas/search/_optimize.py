@@ -19,7 +19,6 @@ a fixed architecture, the policy of hfta-nas 0.1).
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -44,7 +43,7 @@ from hfta_nas.search._cost import StepCost, measure_step_cost
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
-from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome, counts
+from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome
 from hfta_nas.search._packing import Pack, example_input, pack, shape_key, structure_key
 from hfta_nas.search._recovery import retry_stale_trials, wait_for_other_workers
 from hfta_nas.search._storage import dashboard_command, storage_location, study_lock

@@ -1,0 +1,25 @@
+"""What the commands built on the engine share (the search, stability studies, the CLI):
+process set-up, option checks, atomic files, epoch progress and out-of-memory halving.
+
+Public names for packages above the engine; they import these, not `hfta_nas._*`.
+"""
+
+from hfta_nas._files import atomic_write_bytes, atomic_write_text, save_weights
+from hfta_nas._oom import train_in_halves
+from hfta_nas._progress import EpochProgress
+from hfta_nas._run import DTYPES
+from hfta_nas._run import _checked_device as checked_device
+from hfta_nas._run import _checked_out_dir as checked_out_dir
+from hfta_nas._run import set_up_command_process
+
+__all__ = [
+    "DTYPES",
+    "EpochProgress",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "checked_device",
+    "checked_out_dir",
+    "save_weights",
+    "set_up_command_process",
+    "train_in_halves",
+]

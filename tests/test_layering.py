@@ -1,0 +1,83 @@
+"""The layers import one way, by public names, without cycles.
+
+`hfta_nas` (the engine and the search core) imports nothing from
+`search_spaces`, `stability` or `cli`; `search_spaces` may use `hfta_nas`;
+`stability` may use both; `cli` uses everything. A package uses another's
+public names only (no `from other._private import`), and no two modules import
+each other, directly or around a longer loop (imports inside functions count).
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("hfta_nas", "search_spaces", "stability")
+MAY_IMPORT = {"hfta_nas": {"hfta_nas"}, "search_spaces": {"hfta_nas", "search_spaces"},
+              "stability": {"hfta_nas", "search_spaces", "stability"}, "cli": {"hfta_nas", "search_spaces", "stability"}}
+
+
+def modules() -> dict[str, Path]:
+    found = {"cli": ROOT / "cli.py"}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(path: Path, known: set[str]) -> list[str]:
+    """Modules of this project that `path` imports (a `from m import name` of a submodule counts as it)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+                   for statement in block.body for n in ast.walk(statement)}  # annotations only: not imported at run time
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names]
+    return [name for name in found if name.split(".")[0] in (*PACKAGES, "cli")]
+
+
+def test_layers_import_one_way_by_public_names():
+    known = modules()
+    problems = []
+    for module, path in known.items():
+        top = module.split(".")[0]
+        for name in imports(path, set(known)):
+            other = name.split(".")[0]
+            if other not in MAY_IMPORT[top]:
+                problems.append(f"{module} imports {name}: {top} may not import {other}")
+            elif other != top and any(part.startswith("_") for part in name.split(".")[1:]):
+                problems.append(f"{module} imports {name}: a private name of {other}")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph = {m: {n for n in imports(p, set(known)) if n in known and n != m} for m, p in known.items()}
+    # a package's __init__ re-exports its modules; edges into an __init__ stand for its public names
+    cycles = []
+
+    def visit(node, stack, on_stack, done):
+        on_stack.add(node)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt in on_stack:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                if not any(part in PACKAGES for part in cycle):  # loops through a package __init__ are re-exports
+                    cycles.append(" -> ".join(cycle))
+            elif nxt not in done:
+                visit(nxt, stack, on_stack, done)
+        stack.pop()
+        on_stack.discard(node)
+        done.add(node)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [], set(), done)
+    assert not cycles, "\n".join(sorted(set(cycles)))
