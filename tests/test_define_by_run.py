@@ -69,7 +69,7 @@ def test_a_freed_slot_takes_a_trial_of_another_architecture_that_fits(tmp_path):
     refill = trials[2]
     assert refill.user_attrs["refilled_after"] == 0 and refill.user_attrs["array_id"] == trials[0].user_attrs["array_id"]
     assert refill.user_attrs["architecture"] != trials[0].user_attrs["architecture"]
-    assert len(summary.arrays) == 1 and summary.architectures_trained == 2
+    assert len(summary.arrays) == 1 and summary.architectures_trained == summary.architectures_proposed == 3
     # the narrow model padded into the wide slot trains exactly as it trains alone
     seeds = trial_seeds(5, 2)
     alone = hfta_nas.train("mlp", model_config={"depth": 1, "width": refill.params["narrow"]}, dataset="digits",

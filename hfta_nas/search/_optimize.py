@@ -257,11 +257,13 @@ class _Search:
         with self.ledger.lock:
             for i, proposal in enumerate(self.waiting):
                 if fits(proposal):
+                    self.trained.add(shape_key(proposal))
                     return self.waiting.pop(i)
             if self.ledger.remaining() <= 0 or not self._time_left():
                 return None
             proposal = self._ask(self._replicated(ended) if self.replicate else None)
         if fits(proposal):
+            self.trained.add(shape_key(proposal))
             return proposal
         self.waiting.append(proposal)
         self.emit(TrialWaits(proposal.number, len(self.arrays) + 1))
