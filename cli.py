@@ -454,10 +454,8 @@ def _print_search_summary(summary: Any) -> None:
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(summary.trials.items()))
     console.print(f"trials: {states}; {len(summary.arrays)} arrays this run, mean occupancy {summary.mean_occupancy:.0%}, "
                   f"{summary.seconds:.1f} s, {summary.samples_per_s:,.0f} samples/s summed over slots")
-    executed = sum(a["executed_macs"] for a in summary.arrays)
-    waste = 1 - sum(a["useful_macs"] for a in summary.arrays) / executed if executed else 0.0
     console.print(f"architectures: {summary.architectures_trained} trained of {summary.architectures_proposed} "
-                  f"proposed; padding {waste:.0%} of executed multiply-adds")
+                  f"proposed; padding {summary.waste:.0%} of executed multiply-adds")
     for what, path in summary.exported.items():
         console.print(f"best {what}: {path}")
     console.print(f"dashboard: {summary.dashboard}")

@@ -39,6 +39,11 @@ PROBE_SAMPLES = 32
 _TOLERANCE = 1e-9  # relative to each tensor's largest magnitude; float64 rounding is ~1e-15
 
 
+def padding_fraction(useful: float, executed: float) -> float:
+    """The fraction of executed multiply-adds that is padding (0 when nothing is executed)."""
+    return 1.0 - useful / executed if executed else 0.0
+
+
 @dataclass(frozen=True)
 class PaddingCost:
     """Multiply-adds per sample of one forward: (useful, executed) per slot.
@@ -60,7 +65,7 @@ class PaddingCost:
     @property
     def waste(self) -> float:
         """Fraction of executed multiply-adds spent on padding (0 for equal shapes)."""
-        return 1.0 - self.useful / self.executed if self.executed else 0.0
+        return padding_fraction(self.useful, self.executed)
 
     def __str__(self) -> str:
         return (f"{len(self.per_slot)} slots: {self.useful:,} useful / {self.executed:,} executed multiply-adds "

@@ -19,13 +19,14 @@ import optuna
 import torch
 
 import hfta_nas
-from hfta_nas import Candidate, HftaNasError
+from hfta_nas import Candidate
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.models import resolve_model
 from hfta_nas.search import (
     SearchPlan,
     SearchSummary,
     StepCost,
+    check_directions,
     check_options,
     copy_of_stored_study,
     open_storage,
@@ -77,7 +78,7 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
     name = study_name_of(space, study_name)
     study = optuna.create_study(storage=opened, study_name=name, directions=space.directions,
                                 sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner(), load_if_exists=True)
-    _check_directions(study, space)
+    check_directions(study, space.directions)
     with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(space.study.metrics))
@@ -87,12 +88,6 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
                                     "optuna": optuna.__version__}}.items():
         study.set_user_attr(key, value)
     return study
-
-
-def _check_directions(study: optuna.Study, space: SearchSpace) -> None:
-    if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in space.directions]:
-        raise HftaNasError(f"study '{study.study_name}' exists in the storage with other directions; "
-                           "choose another --study-name.")
 
 
 def _options(space: SearchSpace, n_trials: int | None, timeout: float | None, array_size: int | str | None,

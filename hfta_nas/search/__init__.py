@@ -26,7 +26,13 @@ from hfta_nas.search._events import (
 from hfta_nas.search._ledger import Outcome, counts, outcome_of
 from hfta_nas.search._optimize import SearchSummary, check_options, optimize
 from hfta_nas.search._plan import PlannedArray, SearchPlan, plan
-from hfta_nas.search._storage import DEFAULT_STORAGE, copy_of_stored_study, dashboard_command, open_storage
+from hfta_nas.search._storage import (
+    DEFAULT_STORAGE,
+    check_directions,
+    copy_of_stored_study,
+    dashboard_command,
+    open_storage,
+)
 from hfta_nas.search._workers import run_workers, study_report, worker_arguments
 
 __all__ = [
@@ -48,6 +54,7 @@ __all__ = [
     "TrialEnded",
     "TrialRetried",
     "TrialWaits",
+    "check_directions",
     "check_options",
     "copy_of_stored_study",
     "counts",

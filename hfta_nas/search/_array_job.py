@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -54,9 +54,9 @@ class JobContext:
     dtype: torch.dtype
     export: BestExport
     emit: Callable[[Any], None]
-    occupancy: list[float]  # running slots / array size, per epoch of every array (the run's mean occupancy)
-    samples: list[int]  # [training samples processed this run, summed over slots]
     started: float  # monotonic time the run started
+    occupancy: list[float] = field(default_factory=list)  # running slots / array size, per epoch of every array
+    samples: int = 0  # training samples processed this run, summed over slots
 
 
 def _now() -> str:
@@ -73,14 +73,12 @@ class ArrayJob:
                  requeue: Callable[[list[Proposal], int], None]) -> None:
         self.ctx, self.number, self.array_size = ctx, number, array_size
         self.refill, self.requeue = refill, requeue
-        self.by_number = {p.number: p for p in pack.proposals}
         self.pack = pack
         self.first = pack.proposals[0].candidate
         self.array_id = f"{ctx.worker}/{number}"
-
-    @property
-    def held(self) -> list[Proposal]:
-        return list(self.by_number.values())
+        self.by_number: dict[int, Proposal] = {}  # trial number -> the proposal in (or once in) a slot
+        self.started: dict[int, float] = {}  # trial number -> when its slot started training
+        self.static: dict[int, dict[str, float]] = {}  # trial number -> its metrics known without training
 
     # ------------------------------------------------------------------ build
     def _within_memory(self, proposals: list[Proposal]) -> list[Proposal]:
@@ -131,8 +129,6 @@ class ArrayJob:
         self.by_number = {p.number: p for p in proposals}
         if not proposals:
             return
-        self.started: dict[int, float] = {}
-        self.static: dict[int, dict[str, float]] = {}
         trainer = self._trainer(proposals)
         for slot, proposal in enumerate(proposals):
             self._start_slot(proposal, slot)
@@ -186,10 +182,10 @@ class ArrayJob:
                 self._refill_or_stop(trainer, proposal, "pruned")
         running = len(report.metrics) - len(report.failed)
         ctx.occupancy.append(len(report.metrics) / self.array_size)
-        ctx.samples[0] += len(report.metrics) * len(self.first.data.y_train)
+        ctx.samples += len(report.metrics) * len(self.first.data.y_train)
         elapsed = max(time.monotonic() - ctx.started, 1e-9)
         ctx.emit(EpochEnded(self.number, report.epoch, running, self.array_size, ctx.occupancy[-1],
-                            float(np.mean(ctx.occupancy)), ctx.samples[0] / elapsed))
+                            float(np.mean(ctx.occupancy)), ctx.samples / elapsed))
 
     def _report(self, proposal: Proposal, epoch: int, values: list[float]) -> None:
         if epoch in proposal.reported:
@@ -268,12 +264,11 @@ def static_metrics(proposal: Proposal, metrics: list[str], device: torch.device,
     """Metric values that do not depend on training: the candidate's own, the parameter
     count and the latency (median of one-sample forwards, ms)."""
     values = {name: float(v) for name, v in proposal.candidate.metrics.items()}
-    wanted = [m for m in metrics if m in STATIC_METRICS and m not in values]
-    if wanted:
+    if "params" in metrics:
+        values.setdefault("params", float(count_parameters(proposal.shell)))  # shapes suffice: the meta-device model
+    if "latency_ms" in metrics and "latency_ms" not in values:
         model = proposal.build().to(device=device, dtype=dtype).eval()
-        values.setdefault("params", float(count_parameters(model)))
-        if "latency_ms" in wanted:
-            values["latency_ms"] = _latency_ms(model, proposal.candidate.data.x_val[:1].to(device, dtype))
+        values["latency_ms"] = _latency_ms(model, proposal.candidate.data.x_val[:1].to(device, dtype))
     return values
 
 

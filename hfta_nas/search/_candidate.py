@@ -134,7 +134,7 @@ class Proposal:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seeds["init"])
             model = self.candidate.model()
-        built, promised = _tensor_shapes(model), _tensor_shapes(self.shell)
+        built, promised = tensor_shapes(model), tensor_shapes(self.shell)
         if built != promised:
             difference = next((f"{a} vs {b}" for a, b in zip(built, promised) if a != b), f"{len(built)} vs {len(promised)} tensors")
             raise HftaNasError(f"the model factory built different models on different calls (one per seed): {difference}; "
@@ -148,7 +148,8 @@ class Proposal:
         return self.candidate.epochs * math.ceil(len(data.y_train) / self.candidate.batch_size)
 
 
-def _tensor_shapes(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+def tensor_shapes(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter and buffer."""
     return [(n, tuple(t.shape)) for n, t in [*model.named_parameters(), *model.named_buffers()]]
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfta_nas._probe import padding_fraction
+
 
 @dataclass(frozen=True)
 class SearchStarted:
@@ -42,7 +44,7 @@ class ArrayStarted:
 
     @property
     def waste(self) -> float:
-        return 1.0 - self.useful_macs / self.executed_macs if self.executed_macs else 0.0
+        return padding_fraction(self.useful_macs, self.executed_macs)
 
 
 @dataclass(frozen=True)

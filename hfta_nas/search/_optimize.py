@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ import torch
 from optuna.trial import TrialState
 
 from hfta_nas._autosize import auto_array_size
-from hfta_nas._probe import model_macs
+from hfta_nas._probe import model_macs, padding_fraction
 from hfta_nas._run import DTYPES, _checked_device
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
@@ -70,6 +71,11 @@ class SearchSummary:
     seconds: float
     samples_per_s: float  # training samples this run / its wall time, summed over slots
     exported: dict[str, str] = field(default_factory=dict)  # what -> path
+
+    @property
+    def waste(self) -> float:
+        """Padding's share of the multiply-adds this run's arrays executed."""
+        return padding_fraction(sum(a["useful_macs"] for a in self.arrays), sum(a["executed_macs"] for a in self.arrays))
 
 
 def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None = None, *,
@@ -131,8 +137,9 @@ class _Search:
         self.pool_size = array_size if isinstance(array_size, int) else AUTO_POOL
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.waiting: list[Proposal] = []  # asked, RUNNING, waiting for an array (first in line first)
-        self.held: dict[int, Proposal] = {}  # trial id -> every proposal this run asked
-        self.trained: set[str] = set()  # shape keys of proposals that trained
+        self.asked: dict[int, optuna.Trial] = {}  # trial id -> every trial this run asked (held until told)
+        self.proposed: set[str] = set()  # shape keys of the candidates asked this run
+        self.trained: set[str] = set()  # ... and of those that trained
         self.costs: dict[str, StepCost] = {}
         self.sizes: dict[str, int] = {}  # structure -> array size (auto, or halved after out of memory)
         self.arrays: list[dict[str, Any]] = []
@@ -141,14 +148,14 @@ class _Search:
     def run(self) -> SearchSummary:
         self.started = time.monotonic()
         self.ctx = JobContext(self.study.study_name, self.ledger, self.metrics, self.worker, self.device, self.dtype,
-                              BestExport(self.study, self.out_dir, self.metrics, self.directions), self.emit, [], [0],
+                              BestExport(self.study, self.out_dir, self.metrics, self.directions), self.emit,
                               self.started)
-        with Heartbeat(self.study, lambda: list(self.held), self.worker) as heartbeat:
+        with Heartbeat(self.study, lambda: list(self.asked), self.worker) as heartbeat:
             try:
                 self._announce()
                 while self._time_left():
                     with self.ledger.lock:
-                        retry_stale_trials(self.ledger, list(self.held), self.worker, self.emit)
+                        retry_stale_trials(self.ledger, list(self.asked), self.worker, self.emit)
                         pool = self.next_pool()
                     if not pool:
                         if wait_for_other_workers(self.ledger, self.worker, self.emit, self._time_left, heartbeat.interval):
@@ -193,10 +200,11 @@ class _Search:
         self.emit(ArrayEnded(number, self._mean_occupancy()))
 
     def _release(self, reason: str) -> None:
-        """Every proposal still waiting is told FAIL (not counted: it never trained)."""
-        for proposal in self.held.values():
-            if self.ledger.is_running(proposal.trial):
-                self.ledger.fail(proposal.trial, Outcome.NOT_TRAINED, reason)
+        """Every trial this run asked that is still RUNNING is told FAIL (not counted: it never trained)."""
+        running = {t._trial_id for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        for trial_id, trial in self.asked.items():
+            if trial_id in running:
+                self.ledger.fail(trial, Outcome.NOT_TRAINED, reason)
         self.waiting = []
 
     # --------------------------------------------------------------- asking
@@ -208,8 +216,7 @@ class _Search:
         # trials that the next run on this machine retries at once
         trial.set_user_attr(WORKER_ATTR, self.worker)
         trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
-        placeholder = Proposal(trial, None, {}, None, 0)  # type: ignore[arg-type]
-        self.held[trial._trial_id] = placeholder  # held (and failed on an error) from here on
+        self.asked[trial._trial_id] = trial  # held (and failed on an error) from here on
         try:
             candidate = self.build(trial)
         except HftaNasError:
@@ -223,7 +230,7 @@ class _Search:
         shell = meta_shell(candidate)
         seeds = trial_seeds(self.seed, trial.user_attrs.get(RETRY_OF, trial.number))
         proposal = Proposal(trial, candidate, seeds, shell, model_macs(shell, example_input(candidate)))
-        self.held[trial._trial_id] = proposal
+        self.proposed.add(shape_key(proposal))
         return proposal
 
     def _check_metrics(self, candidate: Candidate) -> None:
@@ -314,12 +321,13 @@ class _Search:
         return self.costs[key]
 
     # -------------------------------------------------------------- reporting
+    def _states(self) -> dict[str, int]:
+        """The study's trials by state name."""
+        return dict(Counter(t.state.name for t in self.study.get_trials(deepcopy=False)))
+
     def _announce(self) -> None:
-        states: dict[str, int] = {}
-        for trial in self.study.get_trials(deepcopy=False):
-            states[trial.state.name] = states.get(trial.state.name, 0) + 1
         self.emit(SearchStarted(self.study.study_name, self.location, dashboard_command(self.location),
-                                self.ledger.counted(ended_only=True), self.n_trials, self.timeout, states,
+                                self.ledger.counted(ended_only=True), self.n_trials, self.timeout, self._states(),
                                 self.metrics, self.directions, [list(t.values) for t in self._best_trials()]))
 
     def _best_trials(self) -> list[optuna.trial.FrozenTrial]:
@@ -331,17 +339,13 @@ class _Search:
         return float(np.mean(self.ctx.occupancy)) if self.ctx.occupancy else 0.0
 
     def _summary(self) -> SearchSummary:
-        counted: dict[str, int] = {}
-        for trial in self.study.get_trials(deepcopy=False):
-            counted[trial.state.name] = counted.get(trial.state.name, 0) + 1
         best = [{"number": t.number, "values": dict(zip(self.metrics, t.values)), "params": t.params,
                  "seeds": {s: t.user_attrs.get(f"seed_{s}") for s in ("init", "data", "dropout")}}
                 for t in self._best_trials()]
-        proposed = {shape_key(p) for p in self.held.values() if p.candidate is not None}
         seconds = time.monotonic() - self.started
         return SearchSummary(self.study.study_name, self.location, dashboard_command(self.location), self.metrics,
-                             self.directions, counted, best, self.arrays, self._mean_occupancy(), len(proposed),
-                             len(proposed & self.trained), seconds, self.ctx.samples[0] / max(seconds, 1e-9),
+                             self.directions, self._states(), best, self.arrays, self._mean_occupancy(),
+                             len(self.proposed), len(self.proposed & self.trained), seconds, self.ctx.samples / max(seconds, 1e-9),
                              dict(self.ctx.export.files))
 
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from hfta_nas._array import check_fusable
-from hfta_nas._probe import envelope_macs
+from hfta_nas._probe import envelope_macs, padding_fraction
 from hfta_nas.errors import FusionError
-from hfta_nas.search._candidate import Candidate, Proposal
+from hfta_nas.search._candidate import Candidate, Proposal, tensor_shapes
 from hfta_nas.search._cost import StepCost
 
 
@@ -43,7 +43,7 @@ class Pack:
     @property
     def waste(self) -> float:
         """Fraction of the executed multiply-adds that is padding."""
-        return 1.0 - self.useful_macs / self.executed_macs if self.executed_macs else 0.0
+        return padding_fraction(self.useful_macs, self.executed_macs)
 
     @property
     def architectures(self) -> int:
@@ -53,9 +53,8 @@ class Pack:
 
 def shape_key(proposal: Proposal) -> str:
     """Equal for proposals whose models have equal structure and tensor shapes (one architecture)."""
-    shell = proposal.shell
-    tensors = [(n, tuple(t.shape)) for n, t in [*shell.named_parameters(), *shell.named_buffers()]]
-    return hashlib.sha1((repr(shell) + repr(tensors)).encode()).hexdigest()[:12]
+    text = repr(proposal.shell) + repr(tensor_shapes(proposal.shell))
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def structure_key(proposal: Proposal) -> str:

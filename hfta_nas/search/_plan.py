@@ -12,17 +12,19 @@ cannot know) may differ. The step cost is measured as the real run measures it.
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.storages import InMemoryStorage
 
+from hfta_nas._probe import padding_fraction
 from hfta_nas.data import Dataset
 from hfta_nas.search._candidate import Candidate
-from hfta_nas.search._optimize import _Search
+from hfta_nas.search._optimize import _Search, optimize
+from hfta_nas.search._storage import in_memory_study
 
 # With a timeout-only budget the plan cannot know how many arrays will run.
 UNBOUNDED_PLAN_ARRAYS = 3
@@ -42,7 +44,7 @@ class PlannedArray:
 
     @property
     def waste(self) -> float:
-        return 1.0 - self.useful_macs / self.executed_macs if self.executed_macs else 0.0
+        return padding_fraction(self.useful_macs, self.executed_macs)
 
 
 @dataclass
@@ -71,23 +73,13 @@ class SearchPlan:
         return sum(a.estimated_s for a in self.arrays)
 
 
-def in_memory_copy(study: optuna.Study) -> optuna.Study:
-    """A copy of `study` (trials, attributes, a copy of its sampler and pruner) in memory."""
-    memory = optuna.create_study(storage=InMemoryStorage(), study_name=study.study_name, directions=study.directions,
-                                 sampler=copy.deepcopy(study.sampler), pruner=copy.deepcopy(study.pruner))
-    for key, value in study.user_attrs.items():
-        memory.set_user_attr(key, value)
-    memory.add_trials(study.get_trials(deepcopy=False))
-    if study.metric_names:
-        memory._storage.set_study_metric_names(memory._study_id, study.metric_names)
-    return memory
-
-
 def plan(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None = None, *,
          storage: str | None = None, max_arrays: int | None = None, **options: Any) -> SearchPlan:
     """The arrays `optimize(study, build, data, **options)` would train, by the same policy,
     without training; `study` is not changed (the plan asks in a copy)."""
-    search = _Search(in_memory_copy(study), build, data, **{**_OPTION_DEFAULTS, **options})
+    copied = in_memory_study(study.study_name, list(study.directions), copy.deepcopy(study.sampler),
+                             copy.deepcopy(study.pruner), copy_of=study)  # its sampler's state too: the real run starts from it
+    search = _Search(copied, build, data, **{**_OPTION_DEFAULTS, **options})
     search.started = time.monotonic()
     if max_arrays is None and search.n_trials is None:
         max_arrays = UNBOUNDED_PLAN_ARRAYS
@@ -110,6 +102,6 @@ def plan(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: 
     return result
 
 
-_OPTION_DEFAULTS: dict[str, Any] = dict(n_trials=None, timeout=None, array_size=8, metrics=None, seed=0, device="cpu",
-                                        dtype="float32", out_dir=None, on_event=None, max_waste=None, replicate=None,
-                                        step_cost=None)
+# optimize's own defaults, read from its signature so the plan cannot drift from the run
+_OPTION_DEFAULTS: dict[str, Any] = {name: p.default for name, p in inspect.signature(optimize).parameters.items()
+                                    if p.kind is p.KEYWORD_ONLY}

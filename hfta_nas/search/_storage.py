@@ -23,6 +23,7 @@ import hashlib
 import importlib.util
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -268,20 +269,37 @@ def _readable(location: str) -> BaseStorage | None:
         raise HftaNasError(f"cannot read journal file '{location}': {error}") from error
 
 
+def check_directions(study: optuna.Study, directions: list[str]) -> None:
+    """HftaNasError unless `study` optimises in `directions` (an existing study keeps its own)."""
+    if [d.name.lower() for d in study.directions] != [d.lower() for d in directions]:
+        raise HftaNasError(f"study '{study.study_name}' exists in the storage with other directions; "
+                           "choose another --study-name.")
+
+
+def in_memory_study(study_name: str, directions: list[Any], sampler: optuna.samplers.BaseSampler,
+                    pruner: optuna.pruners.BasePruner, copy_of: optuna.Study | None = None) -> optuna.Study:
+    """A new study in memory; with `copy_of`, holding that study's attributes, metric names and trials."""
+    memory = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name=study_name,
+                                 directions=directions, sampler=sampler, pruner=pruner)
+    if copy_of is not None:
+        for key, value in copy_of.user_attrs.items():
+            memory.set_user_attr(key, value)
+        if copy_of.metric_names:
+            with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                memory.set_metric_names(copy_of.metric_names)
+        memory.add_trials(copy_of.get_trials(deepcopy=False))
+    return memory
+
+
 def copy_of_stored_study(storage: str | None, study_name: str, *, directions: list[str],
                          sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner) -> tuple[optuna.Study, str]:
     """(an in-memory study holding the stored study's trials and attributes, or a new one
     when there is none yet, the storage's location); nothing is written to the storage."""
     location = storage or DEFAULT_STORAGE
-    memory = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name=study_name,
-                                 directions=directions, sampler=sampler, pruner=pruner)
     real = _readable(location)
+    stored = None
     if real is not None and study_name in {s.study_name for s in optuna.get_all_study_summaries(real, False)}:
         stored = optuna.load_study(study_name=study_name, storage=real)
-        if [d.name.lower() for d in stored.directions] != [d.lower() for d in directions]:
-            raise HftaNasError(f"study '{study_name}' exists in the storage with other directions; "
-                               "choose another --study-name.")
-        for key, value in stored.user_attrs.items():
-            memory.set_user_attr(key, value)
-        memory.add_trials(stored.get_trials(deepcopy=False))
-    return memory, location
+        check_directions(stored, directions)
+    return in_memory_study(study_name, directions, sampler, pruner, copy_of=stored), location
