@@ -1,71 +1,55 @@
-"""One search space and budget run two ways: plain Optuna, one trial at a time, and `run_search`.
+"""Anytime quality of five ways to run one search: best value against wall time, over several search seeds.
 
-    python -m benchmarks.search                    # search_spaces/mnist1d_cnn.yaml, its own budget (16 trials x 5 epochs)
-    python -m benchmarks.search --quick            # 4 trials, 2 epochs, 1000 samples: checks the script, not timings
-    python -m benchmarks.search --n-trials 32 --device cuda --out search.json
+    python -m benchmarks.search                     # search_spaces/mnist1d_cnn.yaml, its budget, 5 seeds, all methods
+    python -m benchmarks.search --quick             # 4 trials, 2 epochs, 1000 samples, 2 seeds: checks the script
+    python -m benchmarks.search --seeds 3 --methods plain,pack --out search.json --plot search.png
 
-Both sides get the same space, sampler (`space.make_sampler(seed=space.seed)`),
-pruner, budget, per-trial seeds (`hfta_nas.search.trial_seeds`) and torch
-thread count:
+Methods (benchmarks/_search_methods.py): `plain` (Optuna `study.optimize`, one
+trial at a time, a plain PyTorch loop), `processes` (P Optuna processes on one
+journal file, pinned to the same cores: the co-location baseline), `hfta`
+(random sampler, arrays of equal shapes only), `replicate` (`array.fill:
+replicate`) and `pack` (the shipped policy). Same space, pruner, budget,
+per-trial seeds and torch threads for all; search seed s runs every method with
+the space's `seed` set to s (sampler and trial seeds), in an order rotated per
+seed so that no method always runs first on a warm or cold machine.
 
-- plain: `optuna.create_study` (in memory) and `study.optimize`, one trial at
-  a time; the objective is `space.suggest(trial)` -> `space.resolve(values)`,
-  then the plain PyTorch loop of benchmarks/stability.py (`plain_run`: the
-  model from `resolve_model`'s factory, torch.optim of the same name and
-  hyper-parameters, a DataLoader shuffled by a generator seeded with the
-  trial's data seed, the same epochs, batch size and cosine schedule),
-  reporting the study's metric every epoch with `trial.report` / `should_prune`;
-- search: `hfta_nas.search.run_search(space, storage=<journal file in a temp
-  folder>)`, arrays of `array.size` trained together.
-
-The search runs first, so first-use costs (kernels, caches) fall on it; the
-datasets are loaded once before either is timed, and each side loads its own
-copy inside its timing.
-
-The two studies sample alike only until results come in (the search asks a
-pool of trials before any is told, and fills arrays with the architecture
-fixed), so their trials differ; quality is compared on the best value and the
-mean / median final value over completed trials, printed beside the
-wall-time ratio (plain / search: above 1 the search is faster). Because the
-pruner acts differently on the two sides (the search's first array has no
-completed trial to compare with), the trained trial-epochs differ too; the
-wall time per trained epoch and the process CPU time (steadier than wall time
-on a shared machine) are printed as well. Trials with the same number and
-parameters on both sides (the first few) are the same run done two ways:
-their per-epoch values are compared, a check of the plain loop.
+Printed per method, median and [min-max] over seeds: wall time, the final best
+value, the best value at fractions of the reference method's median wall time,
+the time to reach the reference's median final best (the target; "-" where the
+median run never did), distinct architectures trained, and the wall-time
+ratio reference / method taken seed by seed (each pair measured in one run).
+The reference is `plain` when it runs. Trials with the same number and
+parameters in `plain` and `pack` on the first seed (usually trial 0: same
+sampler seed, no results yet, same trial seeds) are one training run done two
+ways; their per-epoch values are compared, a check of the plain loop.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import optuna
 import torch
-from optuna.trial import TrialState
-from torch.nn import functional as F
 
 import hfta_nas
-from hfta_nas._run import DTYPES
-from hfta_nas.data import load_dataset
-from hfta_nas.search import open_storage, trial_seeds
-from search_spaces import SearchSpace, load_space, run_search
-from benchmarks.stability import _accuracy, plain_run
+from hfta_nas.runtime import DTYPES
+from search_spaces import SearchSpace, load_space
+from benchmarks._anytime import best_so_far, plot, spread, time_to, value_at
+from benchmarks._cli import comma_list, write_result
+from benchmarks._search_methods import METHODS, PLAIN_METRICS, RUNNERS, SearchRun, one_epoch
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn.yaml"
-PLAIN_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss")  # what the plain loop evaluates per epoch
-QUICK = {"n_trials": 4, "epochs": 2, "num_samples": 1000}
+QUICK = {"n_trials": 4, "epochs": 2, "num_samples": 1000, "seeds": 2, "processes": 2}
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
+CHECKPOINTS = (0.25, 0.5, 1.0)  # fractions of the reference's median wall time
 
 
 # ---------------------------------------------------------------- the space
@@ -78,7 +62,7 @@ def quick_space(space: SearchSpace) -> SearchSpace:
 
 
 def check_space(space: SearchSpace) -> str:
-    """The study's one metric, or SystemExit when the plain side cannot reproduce the space."""
+    """The study's one metric, or SystemExit when the plain methods cannot reproduce the space."""
     if len(space.study.metrics) != 1:
         raise SystemExit(f"{space.source}: the benchmark compares single-objective searches; this one has "
                          f"metrics {list(space.study.metrics)}")
@@ -89,132 +73,65 @@ def check_space(space: SearchSpace) -> str:
     return metric
 
 
-# ---------------------------------------------------------------- plain side
-def _metric(model: torch.nn.Module, data: Any, metric: str) -> float:
-    split, kind = metric.split("_")
-    x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
-    if kind == "acc":
-        return _accuracy(model, x, y)
-    with torch.no_grad():
-        model.eval()
-        return F.cross_entropy(model(x), y).item()
-
-
-def run_plain(space: SearchSpace, n_trials: int, device: str, dtype: str) -> tuple[optuna.Study, dict[str, float]]:
-    """Plain Optuna, one trial at a time; (the study, its `_Clock` times)."""
-    metric = check_space(space)
-    torch_device, torch_dtype = torch.device(device), DTYPES[dtype]
-    datasets: dict[str, Any] = {}
-
-    def objective(trial: optuna.Trial) -> float:
-        config = space.resolve(space.suggest(trial))
-        key = repr((config.dataset, sorted(config.dataset_kwargs().items())))
-        if key not in datasets:
-            datasets[key] = load_dataset(config.dataset, **config.dataset_kwargs(), device=torch_device, dtype=torch_dtype)
-        data = datasets[key]
-        last: list[float] = []
-
-        def on_epoch(epoch: int, model: torch.nn.Module) -> None:
-            value = _metric(model, data, metric)
-            last[:] = [value]
-            trial.report(value, epoch)
-            if trial.should_prune():
-                raise optuna.TrialPruned()
-
-        plain_run(config, data, trial_seeds(space.seed, trial.number), torch_device, torch_dtype, on_epoch=on_epoch)
-        return last[0]  # NaN: Optuna fails the trial, as the search fails a non-finite metric
-
-    clock = _Clock()
-    study = optuna.create_study(directions=space.directions, sampler=space.make_sampler(seed=space.seed),
-                                pruner=space.make_pruner())
-    study.optimize(objective, n_trials=n_trials, timeout=space.budget.timeout)
-    return study, clock.read()
-
-
-# ---------------------------------------------------------------- search side
-def run_hfta(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path) -> tuple[optuna.Study, dict[str, float], Any]:
-    """`run_search` with a journal file in `folder`; (the study, its `_Clock` times, its summary)."""
-    storage = str(folder / "search.journal")
-    clock = _Clock()
-    summary = run_search(space, storage=storage, study_name="bench-search", n_trials=n_trials, device=device,
-                         dtype=dtype, out_dir=folder / "out")
-    times = clock.read()
-    return optuna.load_study(study_name=summary.study_name, storage=open_storage(storage)[0]), times, summary
-
-
-# ----------------------------------------------------------------- figures
-class _Clock:
-    """Wall time, and this process's CPU time (user + system, all its threads): with
-    one torch thread on a shared machine the CPU time is the steadier figure."""
-
-    def __init__(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-
-    def read(self) -> dict[str, float]:
-        return {"seconds": time.perf_counter() - self.wall, "cpu_seconds": time.process_time() - self.cpu}
-
-
-def study_figures(study: optuna.Study, times: dict[str, float], direction: str) -> dict[str, Any]:
-    trials = study.get_trials(deepcopy=False)
-    states = {state: sum(1 for t in trials if t.state.name == state) for state in STATES}
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values and math.isfinite(t.values[0])]
-    values = [t.values[0] for t in done]
-    epochs = sum(len(t.intermediate_values) for t in trials)  # trial-epochs trained (pruned trials stop early)
-    best = (max if direction == "maximize" else min)(done, key=lambda t: t.values[0]) if done else None
+# ----------------------------------------------------------------- one run
+def run_figures(run: SearchRun, direction: str) -> dict[str, Any]:
+    """What one method's search on one seed gave: clock, trial states, curve, architectures."""
+    trained = [t for t in run.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    architectures = {tuple(sorted((k, repr(v)) for k, v in t.params.items() if k.startswith("model."))) for t in trained}
+    curve = best_so_far(run.finished(), direction)
     return {
-        **times,
-        "trials": states,
-        "epochs_trained": epochs,
-        "seconds_per_epoch": times["seconds"] / epochs if epochs else None,
-        "best_value": best.values[0] if best else None,
-        "best_trial": best.number if best else None,
-        "best_params": dict(best.params) if best else None,
-        "mean_final": statistics.fmean(values) if values else None,
-        "median_final": statistics.median(values) if values else None,
-        "final_values": values,
+        "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
+        "trials": {state: sum(t.state.name == state for t in run.trials) for state in STATES},
+        "epochs_trained": sum(len(t.intermediate_values) for t in run.trials),
+        "best_value": curve[-1][1] if curve else None,
+        "curve": [list(point) for point in curve],
+        "architectures_trained": len(architectures),
+        **run.extra,
     }
 
 
-def same_trials(plain: optuna.Study, search: optuna.Study) -> list[dict[str, Any]]:
-    """Trials of equal number and parameters on both sides (so equal seeds too): the same
-    training run done two ways, a check of the plain loop. Usually the first few."""
-    by_number = {t.number: t for t in search.get_trials(deepcopy=False)}
-    pairs = []
-    for trial in plain.get_trials(deepcopy=False):
-        other = by_number.get(trial.number)
-        if other is not None and other.params == trial.params:
-            pairs.append({"number": trial.number, "plain": trial.state.name, "search": other.state.name,
-                          "plain_values": dict(trial.intermediate_values), "search_values": dict(other.intermediate_values)})
-    return pairs
+def same_trials(plain: list[Any], pack: list[Any]) -> list[dict[str, Any]]:
+    """Trials of equal number and parameters in both (so equal seeds too): the same training
+    run done two ways, a check of the plain loop."""
+    by_number = {t.number: t for t in pack}
+    return [{"number": t.number, "plain": t.state.name, "pack": by_number[t.number].state.name,
+             "plain_values": dict(t.intermediate_values), "pack_values": dict(by_number[t.number].intermediate_values)}
+            for t in plain if t.number in by_number and by_number[t.number].params == t.params]
 
 
-def run(space: SearchSpace, n_trials: int, device: str, dtype: str) -> dict[str, Any]:
-    metric = check_space(space)
-    direction = space.directions[0]
-    # Load (or build and cache) every dataset once before timing, so neither side pays a first download.
-    split = space.data.model_dump(exclude={"dataset", "batch_size"})
-    load_dataset(space.data.dataset, **split, device=torch.device(device), dtype=DTYPES[dtype])
+# ---------------------------------------------------------------- all runs
+def run(space: SearchSpace, n_trials: int, seeds: list[int], methods: list[str], processes: int,
+        device: str, dtype: str) -> dict[str, Any]:
+    metric, direction = check_space(space), space.directions[0]
+    # Untimed: each in-process method once on 2 trials of 1 epoch, so the dataset's first build and
+    # this process's first-use costs fall on no timed run (the worker processes warm up on their own).
+    with tempfile.TemporaryDirectory(prefix="bench-search-warm-") as folder:
+        for method in methods:
+            if method != "processes":
+                RUNNERS[method](one_epoch(space), min(n_trials, 2), device, dtype, Path(folder) / method, processes)
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="bench-search-") as folder:
-        search_study, search_times, summary = run_hfta(space, n_trials, device, dtype, Path(folder))
-        search = study_figures(search_study, search_times, direction)  # read while its journal exists
-        plain_study, plain_times = run_plain(space, n_trials, device, dtype)
-        same = same_trials(plain_study, search_study)
-    search.update(arrays=len(summary.arrays), mean_occupancy=summary.mean_occupancy,
-                  architectures_trained=summary.architectures_trained,
-                  architectures_proposed=summary.architectures_proposed)
-    plain = study_figures(plain_study, plain_times, direction)
+    runs: dict[str, list[dict[str, Any]]] = {method: [] for method in methods}
+    same: list[dict[str, Any]] = []
+    for turn, seed in enumerate(seeds):
+        seeded = space.with_overrides(seed=seed)
+        order = methods[turn % len(methods):] + methods[:turn % len(methods)]
+        with tempfile.TemporaryDirectory(prefix="bench-search-") as folder:
+            trials = {}
+            for method in order:
+                done = RUNNERS[method](seeded, n_trials, device, dtype, Path(folder), processes)
+                runs[method].append({"seed": seed, **run_figures(done, direction)})
+                trials[method] = done.trials
+                print(f"  seed {seed} {method:>9}: {done.seconds:6.1f} s, best {_number(runs[method][-1]['best_value'], metric)}",
+                      file=sys.stderr, flush=True)
+            if turn == 0 and "plain" in trials and "pack" in trials:
+                same = same_trials(trials["plain"], trials["pack"])
+    reference = "plain" if "plain" in methods else methods[0]
     return {
         "space": str(space.source), "metric": metric, "direction": direction, "n_trials": n_trials,
         "epochs": space.training.epochs, "array_size": space.array.size, "sampler": space.sampler.name,
-        "pruner": space.pruner.name, "seed": space.seed, "device": device, "dtype": dtype,
-        "threads": torch.get_num_threads(),
-        "methods": {"plain": plain, "search": search},
-        "ratio": plain["seconds"] / search["seconds"],
-        "ratio_cpu": plain["cpu_seconds"] / search["cpu_seconds"],
-        "ratio_per_epoch": (plain["seconds_per_epoch"] / search["seconds_per_epoch"]
-                            if plain["seconds_per_epoch"] and search["seconds_per_epoch"] else None),
-        "same_trials": same,
+        "pruner": space.pruner.name, "seeds": seeds, "processes": processes, "device": device, "dtype": dtype,
+        "threads": torch.get_num_threads(), "reference": reference,
+        "runs": runs, "summary": summarize(runs, reference, direction), "same_trials": same,
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "optuna": optuna.__version__,
                      "numpy": np.__version__, "hfta_nas": hfta_nas.__version__},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
@@ -223,57 +140,93 @@ def run(space: SearchSpace, n_trials: int, device: str, dtype: str) -> dict[str,
     }
 
 
+def summarize(runs: dict[str, list[dict[str, Any]]], reference: str, direction: str) -> dict[str, Any]:
+    """Per method, over seeds: median [min, max] of the figures the table prints."""
+    horizon = statistics.median(r["seconds"] for r in runs[reference])
+    target = spread([r["best_value"] for r in runs[reference]], direction)["median"]
+    summary: dict[str, Any] = {"horizon_s": horizon, "target": target, "checkpoints_s": [f * horizon for f in CHECKPOINTS],
+                               "methods": {}}
+    for method, rows in runs.items():
+        curves = [r["curve"] for r in rows]
+        summary["methods"][method] = {
+            "seconds": spread([r["seconds"] for r in rows]),
+            "best_value": spread([r["best_value"] for r in rows], direction),
+            "best_at": [spread([value_at(c, t) for c in curves], direction)["median"] for t in summary["checkpoints_s"]],
+            "time_to_target": spread([time_to(c, target, direction) if target is not None else None for c in curves]),
+            "architectures_trained": statistics.median(r["architectures_trained"] for r in rows),
+            "epochs_trained": statistics.median(r["epochs_trained"] for r in rows),
+            # reference / method wall time, seed by seed: both measured in the same run
+            "speedup": spread([ref["seconds"] / r["seconds"] for ref, r in zip(runs[reference], rows)]),
+        }
+    return summary
+
+
+# ------------------------------------------------------------------ output
 def _number(value: float | None, metric: str) -> str:
     if value is None:
         return "-"
     return f"{100 * value:.2f}%" if metric.endswith("_acc") else f"{value:.4f}"
 
 
+def _range(cell: dict[str, float | None], show: Any) -> str:
+    return f"{show(cell['median'])} [{show(cell['min'])}, {show(cell['max'])}]"
+
+
 def print_table(figures: dict[str, Any], quick: bool) -> None:
-    metric = figures["metric"]
+    metric, summary = figures["metric"], figures["summary"]
+    seconds = lambda v: "never" if v is None else f"{v:.1f}"  # noqa: E731
+    value = lambda v: _number(v, metric)  # noqa: E731
     print(f"{Path(figures['space']).name}: {figures['n_trials']} trials x {figures['epochs']} epochs, "
-          f"{figures['sampler']} + {figures['pruner']} pruner, seed {figures['seed']}, arrays of "
-          f"{figures['array_size']}, on {figures['device']} ({figures['threads']} torch threads, {figures['dtype']})"
+          f"{figures['sampler']} + {figures['pruner']} pruner, seeds {figures['seeds']}, arrays of "
+          f"{figures['array_size']}, {figures['processes']} processes, on {figures['device']} "
+          f"({figures['threads']} torch threads, {figures['dtype']})"
           + (" [quick: checks the script, not timings]" if quick else ""))
-    print(f"{'':>7} {'wall s':>8} {'cpu s':>7} {'complete':>8} {'pruned':>6} {'failed':>6} {'epochs':>6} {'s/epoch':>7} "
-          f"{'best ' + metric:>14} {'mean final':>10} {'median final':>12}")
-    for side in ("plain", "search"):
-        f = figures["methods"][side]
-        per_epoch = f"{f['seconds_per_epoch']:7.3f}" if f["seconds_per_epoch"] else f"{'-':>7}"
-        print(f"{side:>7} {f['seconds']:8.1f} {f['cpu_seconds']:7.1f} {f['trials']['COMPLETE']:8d} {f['trials']['PRUNED']:6d} "
-              f"{f['trials']['FAIL']:6d} {f['epochs_trained']:6d} {per_epoch} {_number(f['best_value'], metric):>14} "
-              f"{_number(f['mean_final'], metric):>10} {_number(f['median_final'], metric):>12}")
-    search = figures["methods"]["search"]
-    per_epoch = f"{figures['ratio_per_epoch']:.2f}x" if figures["ratio_per_epoch"] else "-"
-    print(f"plain / search wall time: {figures['ratio']:.2f}x; CPU time: {figures['ratio_cpu']:.2f}x; "
-          f"wall time per trained epoch: {per_epoch} "
-          f"({search['arrays']} arrays, mean occupancy {search['mean_occupancy']:.2f})")
-    same = figures["same_trials"]
-    if same:
-        gaps = [abs(pair["plain_values"][step] - pair["search_values"][step]) for pair in same
-                for step in pair["plain_values"] if step in pair["search_values"]]
-        print(f"same number and parameters on both sides (same seeds): trials {[p['number'] for p in same]}; "
-              f"their per-epoch {metric} differ by at most {_number(max(gaps, default=0.0), metric)}")
+    at = " / ".join(f"{f:g}T" for f in CHECKPOINTS)
+    print(f"median [min-max] over seeds; T = {figures['reference']}'s median wall time, {summary['horizon_s']:.1f} s; "
+          f"target = its median final best, {value(summary['target'])}")
+    print(f"{'method':>9}  {'wall s':>18}  {'best ' + metric:>26}  {'best at ' + at:>28}  {'s to target':>18}  "
+          f"{'archs':>5}  {figures['reference'] + ' / method':>18}")
+    for method, cell in summary["methods"].items():
+        best_at = " / ".join(value(v) for v in cell["best_at"])
+        speedup = _range(cell["speedup"], lambda v: "-" if v is None else f"{v:.2f}x")
+        print(f"{method:>9}  {_range(cell['seconds'], seconds):>18}  {_range(cell['best_value'], value):>26}  "
+              f"{best_at:>28}  {_range(cell['time_to_target'], seconds):>18}  {cell['architectures_trained']:>5g}  {speedup:>18}")
+    methods = summary["methods"]
+    if "pack" in methods and "replicate" in methods:
+        ratios = [p["seconds"] / r["seconds"] for p, r in zip(figures["runs"]["pack"], figures["runs"]["replicate"])]
+        print(f"pack / replicate wall time, seed by seed: median {statistics.median(ratios):.2f} "
+              f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+    if figures["same_trials"]:
+        gaps = [abs(pair["plain_values"][step] - pair["pack_values"][step]) for pair in figures["same_trials"]
+                for step in pair["plain_values"] if step in pair["pack_values"]]
+        print(f"same number and parameters in plain and pack (same seeds): trials "
+              f"{[p['number'] for p in figures['same_trials']]}; per-epoch {metric} differ by at most "
+              f"{_number(max(gaps, default=0.0), metric)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--space", type=Path, default=DEFAULT_SPACE, help="search space file")
-    parser.add_argument("--n-trials", type=int, default=None, help="trials per side; None: the space's budget")
+    parser.add_argument("--n-trials", type=int, default=None, help="trials per search; None: the space's budget")
+    parser.add_argument("--seeds", type=int, default=5, help="search seeds 0..N-1 (each method runs once per seed)")
+    parser.add_argument("--methods", type=comma_list(str, METHODS), default=list(METHODS), help="which methods, comma-separated")
+    parser.add_argument("--processes", type=int, default=None, help="worker processes of `processes`; None: the array size")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for a fair comparison)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK['n_trials']} trials, {QUICK['epochs']} epochs, {QUICK['num_samples']} samples: checks the script")
+                        help=f"{QUICK['n_trials']} trials, {QUICK['epochs']} epochs, {QUICK['num_samples']} samples, "
+                             f"{QUICK['seeds']} seeds, {QUICK['processes']} processes: checks the script")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
+    parser.add_argument("--plot", type=Path, default=None, help="draw the anytime curves to this image (.png, .svg)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads < 1 or (args.n_trials is not None and args.n_trials < 1):
-        print("error: --threads and --n-trials must be positive", file=sys.stderr)
+    if min(args.threads, args.seeds, args.n_trials or 1, args.processes or 1) < 1:
+        print("error: --threads, --seeds, --n-trials and --processes must be positive", file=sys.stderr)
         return 2
     if not (args.device == "cpu" or args.device.startswith("cuda")):
         print(f"error: --device must be cpu or cuda, got {args.device!r}", file=sys.stderr)
@@ -281,20 +234,27 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(args.space)
-    if space.seed is None:  # both sides need the same sampler seed and per-trial seeds
-        space = space.with_overrides(seed=0)
     n_trials = args.n_trials or space.budget.n_trials
+    seeds, processes = args.seeds, args.processes or (space.array.size if isinstance(space.array.size, int) else 8)
     if args.quick:
         space, n_trials = quick_space(space), min(n_trials or QUICK["n_trials"], QUICK["n_trials"])
+        seeds, processes = min(seeds, QUICK["seeds"]), min(processes, QUICK["processes"])
     if n_trials is None:
         print(f"error: {args.space} has no n_trials budget; give --n-trials", file=sys.stderr)
         return 2
-    figures = run(space, n_trials, args.device, args.dtype)
+    figures = run(space, n_trials, list(range(seeds)), list(dict.fromkeys(args.methods)), processes, args.device, args.dtype)
     figures["quick"] = args.quick
     print_table(figures, args.quick)
+    if args.plot:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        plot({m: [r["curve"] for r in rows] for m, rows in figures["runs"].items()},
+             {m: [r["seconds"] for r in rows] for m, rows in figures["runs"].items()}, figures["direction"],
+             figures["metric"], f"{Path(figures['space']).name}: {n_trials} trials x {space.training.epochs} epochs, "
+             f"{len(figures['seeds'])} seeds, {figures['device']}, {figures['threads']} torch thread(s)", args.plot)
+        figures["plot"] = str(args.plot)
     if args.out:
-        args.out.write_text(json.dumps(figures, indent=2) + "\n")
-    return 0 if all(math.isfinite(f["seconds"]) for f in figures["methods"].values()) else 1
+        write_result(figures, args.out, "benchmarks.search", argv)
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,56 +126,96 @@ def test_bad_arguments_are_rejected(capsys):
 
 
 # ---------------------------------------------------------------- benchmarks/search.py
+from benchmarks import _anytime  # noqa: E402
+
+SEARCH_METHODS = ["plain", "processes", "hfta", "replicate", "pack"]
+
+
 @pytest.fixture(scope="module")
 def search_quick_run(tmp_path_factory):
-    """`hfta-nas bench search --quick`: both sides on the shipped mnist1d_cnn space, tiny budget."""
-    out = tmp_path_factory.mktemp("bench-search") / "search.json"
+    """`hfta-nas bench search --quick`: the five methods on the shipped mnist1d_cnn space, 2 seeds, tiny budget."""
+    folder = tmp_path_factory.mktemp("bench-search")
+    out, image = folder / "search.json", folder / "anytime.png"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     script = Path(sys.executable).with_name("hfta-nas")  # the installed console script, else the same entry point
     command = [str(script)] if script.exists() else [sys.executable, "-m", "cli"]
-    completed = subprocess.run([*command, "bench", "search", "--quick", "--out", str(out)],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    completed = subprocess.run([*command, "bench", "search", "--quick", "--out", str(out), "--plot", str(image)],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(out.read_text()), completed.stdout
+    return json.loads(out.read_text()), completed.stdout, image
 
 
-def test_search_quick_run_has_both_methods(search_quick_run):
-    result, stdout = search_quick_run
+def test_search_quick_run_has_every_method_and_seed(search_quick_run):
+    result, stdout, image = search_quick_run
     assert result["quick"] is True and result["threads"] == 1 and result["device"] == "cpu"
-    assert result["metric"] == "val_acc" and result["direction"] == "maximize"
-    n_trials = result["n_trials"]
-    assert n_trials == 4 and result["epochs"] == 2
-    for side in ("plain", "search"):
-        figures = result["methods"][side]
-        assert math.isfinite(figures["seconds"]) and figures["seconds"] > 0, side
-        assert math.isfinite(figures["cpu_seconds"]) and figures["cpu_seconds"] > 0, side
-        states = figures["trials"]
-        assert sum(states.values()) == n_trials and states["RUNNING"] == states["WAITING"] == 0, (side, states)
-        assert states["COMPLETE"] >= 1, (side, states)
-        assert len(figures["final_values"]) == states["COMPLETE"]
-        assert 0.0 <= figures["best_value"] <= 1.0 and figures["best_value"] == max(figures["final_values"])
-        assert min(figures["final_values"]) <= figures["median_final"] <= figures["best_value"]
-        assert figures["mean_final"] == pytest.approx(sum(figures["final_values"]) / len(figures["final_values"]))
-        assert 1 <= figures["epochs_trained"] <= n_trials * result["epochs"]
-        assert figures["seconds_per_epoch"] == pytest.approx(figures["seconds"] / figures["epochs_trained"])
-        assert set(figures["best_params"]) == {"training.optimizer.lr", "training.optimizer.weight_decay",
-                                               "model.config.channels", "model.config.kernel_size"}
-    assert result["methods"]["search"]["arrays"] >= 1
-    plain, search = result["methods"]["plain"], result["methods"]["search"]
-    assert result["ratio"] == pytest.approx(plain["seconds"] / search["seconds"])
-    assert result["ratio_cpu"] == pytest.approx(plain["cpu_seconds"] / search["cpu_seconds"])
-    assert result["ratio_per_epoch"] == pytest.approx(plain["seconds_per_epoch"] / search["seconds_per_epoch"])
-    for key in ("python", "torch", "optuna", "hfta_nas"):
-        assert result["versions"][key]
-    # Trial 0 is sampled alike on both sides (same sampler seed, no results yet) and trained
+    assert result["metric"] == "val_acc" and result["direction"] == "maximize" and result["reference"] == "plain"
+    n_trials, seeds = result["n_trials"], result["seeds"]
+    assert n_trials == 4 and result["epochs"] == 2 and seeds == [0, 1] and result["processes"] == 2
+    assert list(result["runs"]) == SEARCH_METHODS
+    for method, runs in result["runs"].items():
+        assert [run["seed"] for run in runs] == seeds, method
+        for run in runs:
+            assert math.isfinite(run["seconds"]) and run["seconds"] > 0, method
+            states = run["trials"]
+            assert sum(states.values()) == n_trials and states["RUNNING"] == states["WAITING"] == 0, (method, states)
+            assert states["COMPLETE"] >= 1, (method, states)
+            curve = run["curve"]  # best so far: times and values never go backwards, and end at the best
+            assert curve and all(a[0] <= b[0] and a[1] < b[1] for a, b in zip(curve, curve[1:])), (method, curve)
+            assert run["best_value"] == curve[-1][1] and 0.0 <= run["best_value"] <= 1.0
+            assert 0 <= curve[0][0] and curve[-1][0] <= run["seconds"] + 1.0, (method, curve, run["seconds"])
+            assert 1 <= run["epochs_trained"] <= n_trials * result["epochs"]
+            assert 1 <= run["architectures_trained"] <= 3
+    for method in ("hfta", "replicate", "pack"):
+        assert all(run["arrays"] >= 1 for run in result["runs"][method])
+    # replicate fills each array with its first trial's architecture; pack trains each as proposed
+    assert all(run["architectures_trained"] == 1 for run in result["runs"]["replicate"])
+
+
+def test_search_quick_run_summary_is_that_of_the_runs(search_quick_run):
+    result, stdout, image = search_quick_run
+    summary, runs = result["summary"], result["runs"]
+    plain_seconds = [run["seconds"] for run in runs["plain"]]
+    assert summary["horizon_s"] == pytest.approx(sorted(plain_seconds)[0] / 2 + sorted(plain_seconds)[1] / 2)
+    for method, cell in summary["methods"].items():
+        seconds = [run["seconds"] for run in runs[method]]
+        assert cell["seconds"]["min"] == min(seconds) and cell["seconds"]["max"] == max(seconds)
+        ratios = [p / s for p, s in zip(plain_seconds, seconds)]
+        assert cell["speedup"]["min"] == pytest.approx(min(ratios)) and cell["speedup"]["max"] == pytest.approx(max(ratios))
+        assert cell["best_value"]["max"] == max(run["best_value"] for run in runs[method])
+    assert summary["methods"]["plain"]["speedup"]["median"] == pytest.approx(1.0)
+    # Trial 0 is sampled alike in plain and pack (same sampler seed, no results yet) and trained
     # with the same seeds: the plain loop and the array must then agree epoch by epoch.
     same = {pair["number"]: pair for pair in result["same_trials"]}
     assert 0 in same
     for step, value in same[0]["plain_values"].items():
-        assert same[0]["search_values"][step] == pytest.approx(value, abs=0.02)
-    for header in ("plain", "search", "wall s", "best val_acc", "mean final", "median final", "plain / search wall time",
-                   "1 torch threads"):
+        assert same[0]["pack_values"][step] == pytest.approx(value, abs=0.02)
+    for header in ("method", "wall s", "best val_acc", "s to target", "plain / method", "pack / replicate wall time",
+                   "1 torch threads", *SEARCH_METHODS):
         assert header in stdout
+    assert image.stat().st_size > 10_000 and image.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_anytime_curve_value_and_time_to_target():
+    finished = [(1.0, "PRUNED", None), (2.0, "COMPLETE", 0.5), (3.0, "FAIL", None), (4.0, "COMPLETE", 0.4),
+                (5.0, "COMPLETE", 0.7), (6.0, "COMPLETE", float("nan"))]
+    curve = _anytime.best_so_far(finished, "maximize")
+    assert curve == [(2.0, 0.5), (5.0, 0.7)]
+    assert _anytime.best_so_far(finished, "minimize") == [(2.0, 0.5), (4.0, 0.4)]
+    assert [_anytime.value_at(curve, t) for t in (1.9, 2.0, 4.9, 5.0, 99.0)] == [None, 0.5, 0.5, 0.7, 0.7]
+    assert _anytime.time_to(curve, 0.6, "maximize") == 5.0 and _anytime.time_to(curve, 0.8, "maximize") is None
+
+
+def test_anytime_spread_counts_missing_runs_as_worst():
+    assert _anytime.spread([0.3, None, 0.5], "maximize") == {"median": 0.3, "min": None, "max": 0.5}
+    assert _anytime.spread([0.3, None, None], "maximize")["median"] is None
+    assert _anytime.spread([0.3, None, 0.5], "minimize") == {"median": 0.5, "min": 0.3, "max": None}
+    assert _anytime.spread([2.0, None, 1.0]) == {"median": 2.0, "min": 1.0, "max": None}  # times: never = +inf
+    curves = [[(1.0, 0.5)], [(2.0, 0.6)], [(3.0, 0.4)], [(3.0, 0.7)], [(4.0, 0.3)]]
+    grid = _anytime.grid_curves(curves, "maximize", np.array([0.5, 1.5, 2.5, 3.5, 4.5]))
+    # a run with no value yet is the worst: the median needs 3 of 5 runs, the 75th percentile 2
+    assert np.isnan(grid["median"][:3]).all() and grid["median"][3:].tolist() == [0.5, 0.5]
+    assert np.isnan(grid["q25"][:3]).all() and grid["q25"][3:].tolist() == [0.4, 0.4]
+    assert np.isnan(grid["q75"][:2]).all() and grid["q75"][2:].tolist() == [0.5, 0.6, 0.6]
 
 
 # ---------------------------------------------------------------- benchmarks/envelope.py

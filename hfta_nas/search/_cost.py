@@ -22,6 +22,10 @@ from torch import nn
 
 from hfta_nas._autosize import step_seconds
 
+# Timed seconds per array size (a median of at least 5 steps): two points fit a line, and
+# each search of a new structure pays this twice before its first array trains.
+MIN_SECONDS = 0.15
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -62,6 +66,6 @@ def measure_step_cost(factory: Callable[[], nn.Module], macs_per_sample: int, *,
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for size in sorted({1, max(2, slots)}):
             seconds = step_seconds(factory, input_shape, num_classes, slots=size, batch_size=batch_size, dtype=dtype,
-                                   optimizer=optimizer, device=device)
+                                   optimizer=optimizer, device=device, min_steps=5, min_seconds=MIN_SECONDS)
             points.append((float(size * macs_per_sample * batch_size), seconds))
     return fit_step_cost(points)

@@ -103,11 +103,22 @@ def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost, max_was
     ordered = sorted(group, key=lambda p: (p.useful_macs, p.number))
     x = example_input(ordered[0].candidate)
     batch, steps = ordered[0].candidate.batch_size, ordered[0].steps
+    shapes = {p.number: shape_key(p) for p in ordered}
+    envelopes: dict[tuple[str, ...], int | None] = {}  # an envelope depends only on the distinct shapes it pads
+
+    def per_slot_macs(run: list[Proposal]) -> int | None:
+        distinct = {shapes[p.number]: p.shell for p in run}
+        key = tuple(distinct)
+        if key not in envelopes:
+            try:
+                envelopes[key] = envelope_macs(list(distinct.values()), x)
+            except FusionError:  # a subset that cannot share an envelope (rare: the whole group could)
+                envelopes[key] = None
+        return envelopes[key]
 
     def priced(run: list[Proposal]) -> Pack | None:
-        try:
-            per_slot = envelope_macs([p.shell for p in run], x)
-        except FusionError:  # a subset that cannot share an envelope (rare: the whole group could)
+        per_slot = per_slot_macs(run)
+        if per_slot is None:
             return None
         useful = sum(p.useful_macs for p in run)
         executed = per_slot * len(run)

@@ -8,10 +8,17 @@ again with the user attribute `retry_of`, so the retry trains with the same
 seeds and ends as the interrupted trial would have (an array's slots share one
 optimizer and data stream, so a slot cannot resume from a checkpoint alone).
 
-Optuna's own heartbeat (`RDBStorage(heartbeat_interval=...)`,
-`fail_stale_trials`) covers RDB storages only when they were opened with it,
-records beats only inside `study.optimize`, and cannot tell at once that a
-worker on this machine has exited; hence this module.
+Why not Optuna's own machinery (Optuna 5.0): its heartbeat
+(`RDBStorage(heartbeat_interval=...)`, `fail_stale_trials`) exists for RDB
+storages only, and only when the storage object was opened with it; the
+journal file, our default, has none. Beats are recorded by `study.optimize`'s
+trial loop, not for trials asked and told by hand as an array's are. A stale
+trial is found only after the grace period, where a worker on this machine
+that has exited can be seen at once (`stale_reason`). And
+`RetryHeartbeatStaleTrialCallback` copies the failed trial's user attributes
+(our outcome and training times) into the retry, which must start clean. One
+mechanism therefore serves every storage; retries keep Optuna's convention of
+a WAITING trial with the same parameters (`enqueue_trial`).
 """
 
 from __future__ import annotations

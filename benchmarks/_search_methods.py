@@ -1,0 +1,227 @@
+"""The five ways benchmarks/search.py runs one search: each returns a `SearchRun`.
+
+- plain: Optuna's `study.optimize`, one trial at a time, each trial the plain
+  PyTorch loop of benchmarks/stability.py (`plain_run`) reporting the study's
+  metric every epoch for the pruner;
+- processes: the co-location baseline. P spawned processes share one Optuna
+  journal file, each runs the same objective under `study.optimize` (P jobs on
+  one device: CUDA MPS, or several jobs on one machine). They are pinned to the
+  cores the other methods' torch threads may use, so every method gets the same
+  hardware. Trials are split between them exactly (the budget is not
+  overshot); each has its own sampler seed (the same seed would make them
+  propose the same values). Start-up and imports are not timed: the clock
+  starts when all P have passed a barrier;
+- hfta: HFTA-style search, random sampler and equal shapes fused only
+  (`run_search` with `sampler: random` and `array.max_waste: 0`);
+- replicate: `run_search` with `array.fill: replicate` (each array's other
+  slots copy its first trial's architecture);
+- pack: `run_search` as shipped (the sampler's trials packed by measured cost).
+
+Every method gets the same space, pruner, budget (trials and epochs), per-trial
+seeds (`trial_seeds(space seed, trial number)`) and torch thread count.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import queue as queue_module
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial
+from torch.nn import functional as F
+
+from hfta_nas.data import load_dataset
+from hfta_nas.runtime import DTYPES
+from hfta_nas.search import open_storage, trial_seeds
+from search_spaces import SearchSpace, run_search
+from benchmarks.stability import _accuracy, plain_run
+
+METHODS = ("plain", "processes", "hfta", "replicate", "pack")
+PLAIN_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss")  # what the plain loop evaluates per epoch
+PROCESS_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class SearchRun:
+    """One method's search: its clock, and every trial as (seconds from the start to its end, state, value)."""
+
+    seconds: float
+    cpu_seconds: float  # this process's, or the worker processes' summed
+    trials: list[FrozenTrial]
+    start: datetime
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def finished(self) -> list[tuple[float, str, float | None]]:
+        """(seconds after the start, state, value) per finished trial, in the order they finished."""
+        rows = [((t.datetime_complete - self.start).total_seconds(), t.state.name, t.values[0] if t.values else None)
+                for t in self.trials if t.datetime_complete is not None]
+        return sorted(rows, key=lambda row: row[0])
+
+
+# ------------------------------------------------------------- the objective
+def _metric(model: torch.nn.Module, data: Any, metric: str) -> float:
+    split, kind = metric.split("_")
+    x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
+    if kind == "acc":
+        return _accuracy(model, x, y)
+    with torch.no_grad():
+        model.eval()
+        return F.cross_entropy(model(x), y).item()
+
+
+def plain_objective(space: SearchSpace, device: str, dtype: str,
+                    datasets: dict[str, Any] | None = None) -> Callable[[optuna.Trial], float]:
+    """The objective plain Optuna users write for `space`: suggest, train, report every epoch.
+    `datasets` caches the loaded data by its settings (pass one dict to share it)."""
+    metric = space.study.metrics[0]
+    torch_device, torch_dtype = torch.device(device), DTYPES[dtype]
+    datasets = {} if datasets is None else datasets
+
+    def objective(trial: optuna.Trial) -> float:
+        config = space.resolve(space.suggest(trial))
+        key = repr((config.dataset, sorted(config.dataset_kwargs().items())))
+        if key not in datasets:
+            datasets[key] = load_dataset(config.dataset, **config.dataset_kwargs(), device=torch_device, dtype=torch_dtype)
+        data = datasets[key]
+        last: list[float] = []
+
+        def on_epoch(epoch: int, model: torch.nn.Module) -> None:
+            value = _metric(model, data, metric)
+            last[:] = [value]
+            trial.report(value, epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+
+        plain_run(config, data, trial_seeds(space.seed, trial.number), torch_device, torch_dtype, on_epoch=on_epoch)
+        return last[0]  # NaN: Optuna fails the trial, as the search fails a non-finite metric
+
+    return objective
+
+
+# ----------------------------------------------------------------- methods
+def one_epoch(space: SearchSpace) -> SearchSpace:
+    """`space` trained for one epoch: a warm-up's budget."""
+    return space.model_copy(update={"training": space.training.model_copy(update={"epochs": 1})})
+
+
+def warm_up(space: SearchSpace, device: str, dtype: str, datasets: dict[str, Any]) -> None:
+    """One throw-away trial of one epoch in a memory study: loads the data into `datasets` and
+    pays the process's first-use costs (lazy imports, kernels) before any clock starts."""
+    study = optuna.create_study(directions=space.directions, sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(plain_objective(one_epoch(space), device, dtype, datasets), n_trials=1)
+
+
+def run_plain(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> SearchRun:
+    start, wall, cpu = datetime.now(), time.perf_counter(), time.process_time()
+    study = optuna.create_study(directions=space.directions, sampler=space.make_sampler(seed=space.seed),
+                                pruner=space.make_pruner())
+    study.optimize(plain_objective(space, device, dtype), n_trials=n_trials)
+    return SearchRun(time.perf_counter() - wall, time.process_time() - cpu, study.get_trials(), start)
+
+
+def _worker(index: int, space: SearchSpace, share: int, storage_path: str, study_name: str, device: str, dtype: str,
+            cores: list[int], barrier: Any, results: Any) -> None:
+    try:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(1)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = JournalStorage(JournalFileBackend(storage_path))
+        study = optuna.load_study(study_name=study_name, storage=storage, pruner=space.make_pruner(),
+                                  sampler=space.make_sampler(seed=space.seed * 1009 + index))
+        datasets: dict[str, Any] = {}
+        warm_up(space, device, dtype, datasets)
+        objective = plain_objective(space, device, dtype, datasets)
+        barrier.wait(timeout=PROCESS_TIMEOUT_S)
+        cpu = time.process_time()
+        study.optimize(objective, n_trials=share)
+        # perf_counter is CLOCK_MONOTONIC on Linux: one clock for all processes
+        results.put((index, time.perf_counter(), time.process_time() - cpu, None))
+    except BaseException:  # the parent reports it; a child must not hang the barrier
+        barrier.abort()
+        results.put((index, math.nan, 0.0, traceback.format_exc()))
+
+
+def run_processes(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> SearchRun:
+    storage_path, name = str(folder / "processes.journal"), "bench-processes"
+    storage = JournalStorage(JournalFileBackend(storage_path))
+    optuna.create_study(study_name=name, storage=storage, directions=space.directions)
+    cores = sorted(os.sched_getaffinity(0))[:torch.get_num_threads()]
+    shares = [n_trials // processes + (i < n_trials % processes) for i in range(processes)]
+    context = mp.get_context("spawn")
+    barrier, results = context.Barrier(processes + 1), context.Queue()
+    children = [context.Process(target=_worker, args=(i, space, share, storage_path, name, device, dtype, cores,
+                                                      barrier, results), daemon=True)
+                for i, share in enumerate(shares) if share]
+    for child in children:
+        child.start()
+    barrier_wait(barrier, children)
+    start, wall = datetime.now(), time.perf_counter()
+    cpu, end, errors = 0.0, wall, []
+    for _ in children:
+        try:
+            _, finished, seconds, error = results.get(timeout=PROCESS_TIMEOUT_S)
+        except queue_module.Empty:
+            errors.append("a worker process gave no result")
+            break
+        cpu, end = cpu + seconds, max(end, finished)
+        if error:
+            errors.append(error)
+    for child in children:
+        child.join(timeout=10)
+    seconds = end - wall  # to the last worker's last trial; process teardown is not the search's
+    if errors:
+        raise RuntimeError("a worker process failed:\n" + "\n".join(errors))
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials()
+    return SearchRun(seconds, cpu, trials, start, {"processes": len(children), "cores": cores})
+
+
+def barrier_wait(barrier: Any, children: list[Any]) -> None:
+    """Wait with the workers; a worker that died before the barrier breaks it, which ends this wait."""
+    try:
+        barrier.wait(timeout=PROCESS_TIMEOUT_S)
+    except Exception:  # BrokenBarrierError from a worker's abort, or the timeout
+        for child in children:
+            child.kill()
+        raise RuntimeError("a worker process failed before the start (see its traceback above)") from None
+
+
+def variant(space: SearchSpace, method: str) -> SearchSpace:
+    """The space as `method` runs it (hfta: random sampler, equal shapes only; replicate: copies fill arrays)."""
+    if method == "hfta":
+        space = space.with_overrides(sampler="random")
+        return space.model_copy(update={"array": space.array.model_copy(update={"max_waste": 0.0})})
+    if method == "replicate":
+        return space.model_copy(update={"array": space.array.model_copy(update={"fill": "replicate"})})
+    return space
+
+
+def run_arrays(method: str) -> Callable[..., SearchRun]:
+    def run(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> SearchRun:
+        storage = str(folder / f"{method}.journal")
+        start, wall, cpu = datetime.now(), time.perf_counter(), time.process_time()
+        summary = run_search(variant(space, method), storage=storage, study_name=f"bench-{method}", n_trials=n_trials,
+                             device=device, dtype=dtype, out_dir=folder / method)
+        seconds, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        trials = optuna.load_study(study_name=summary.study_name, storage=open_storage(storage)[0]).get_trials()
+        extra = {"arrays": len(summary.arrays), "mean_occupancy": summary.mean_occupancy, "waste": summary.waste}
+        return SearchRun(seconds, cpu, trials, start, extra)
+
+    return run
+
+
+RUNNERS: dict[str, Callable[..., SearchRun]] = {
+    "plain": run_plain, "processes": run_processes,
+    "hfta": run_arrays("hfta"), "replicate": run_arrays("replicate"), "pack": run_arrays("pack"),
+}
