@@ -135,6 +135,10 @@ def _checked_out_dir(path: str | os.PathLike[str], option: str) -> Path:
     only when the first result is written, after training.
     """
     folder = Path(path).expanduser()
+    long = next((part for part in folder.parts if len(os.fsencode(part)) > 255), None)
+    if long is not None:
+        raise HftaNasError(f"{option} '{folder}': the name '{long[:40]}...' is {len(os.fsencode(long))} bytes long; "
+                           "expected at most 255 bytes per folder name.")
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

@@ -211,6 +211,7 @@ def validate(data: Any, where: Where) -> Validated:
     for path, param in params.items():
         _check_param(run, context, path, param)
     _check_fractions(run, context)
+    _check_metric_splits(run, context)
     if file.budget.n_trials is None and file.budget.timeout is None:
         run.add(("budget",), "give 'n_trials' or 'timeout' (or both); with neither the search would never stop")
     file = _check_sampler_and_pruner(run, file, params)
@@ -625,6 +626,13 @@ def _largest(param: Param | None, base: float) -> float | None:
     return max(numbers) if numbers and len(numbers) == len(values) else None
 
 
+def _smallest(param: Param) -> float | None:
+    """The smallest number a searched setting can take (None if its values are not numbers)."""
+    values = _samples(param)
+    numbers = [v for _, v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return min(numbers) if numbers and len(numbers) == len(values) else None
+
+
 def _check_fractions(run: _Run, context: _Context) -> None:
     """val_fraction + test_fraction < 1 for every candidate, not only for the section's values."""
     paths = ("data.val_fraction", "data.test_fraction")
@@ -636,6 +644,22 @@ def _check_fractions(run: _Run, context: _Context) -> None:
     loc = ("params", searched[0]) if searched else ("data",)
     run.add(loc, f"val_fraction + test_fraction must be < 1 to leave training data, but they can reach "
                  f"{largest[0]} + {largest[1]}")
+
+
+def _check_metric_splits(run: _Run, context: _Context) -> None:
+    """A val_* or test_* metric needs that split: a fraction of 0 (or one a param can make 0) leaves it empty."""
+    data = context.file.data
+    for metric in context.file.study.metrics:
+        split = metric.split("_", 1)[0]
+        if split not in ("val", "test") or metric.split("_", 1)[-1] not in ("acc", "loss"):
+            continue
+        path = f"data.{split}_fraction"
+        param = context.params.get(path)
+        smallest = getattr(data, f"{split}_fraction") if param is None else _smallest(param)
+        if smallest == 0:
+            loc = ("params", path) if param is not None else ("data", f"{split}_fraction")
+            run.add(loc, f"the study's metric '{metric}' needs {'validation' if split == 'val' else 'test'} data, "
+                         f"but {split}_fraction can be 0; give it a fraction > 0 or choose another metric")
 
 
 # ---------------------------------------------------------- sampler and pruner

@@ -21,7 +21,9 @@ import torch
 import hfta_nas
 from hfta_nas import Candidate
 from hfta_nas.data import Dataset, load_dataset
+from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
+from hfta_nas.runtime import checked_out_dir
 from hfta_nas.search import (
     SearchPlan,
     SearchSummary,
@@ -72,6 +74,18 @@ def study_name_of(space: SearchSpace, study_name: str | None) -> str:
     return study_name or space.study.name or Path(space.source).stem
 
 
+def default_out_dir(study_name: str) -> Path:
+    """`runs/<study name>`, where a search without `out_dir` writes; HftaNasError when the name is not one
+    plain folder name (it would write elsewhere, e.g. '../../x', or the file system refuses it)."""
+    if (not study_name or len(study_name) > 128 or study_name in (".", "..")
+            or any(c in study_name for c in "/\\\0") or not study_name.isprintable()):
+        shown = study_name if len(study_name) <= 60 else study_name[:40] + f"... ({len(study_name)} characters)"
+        raise HftaNasError(f"study name {shown!r} cannot name the default output folder runs/<study name>: expected "
+                           "1-128 printable characters without '/' or '\\' (and not '.' or '..'); give --out, or "
+                           "another --study-name")
+    return Path("runs") / study_name
+
+
 def open_space_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None) -> optuna.Study:
     """The space's study in `storage` (created, or resumed when it exists with the same directions)."""
     opened, _ = open_storage(storage)
@@ -111,8 +125,8 @@ def run_search(space: SearchSpace, *, storage: str | None = None, study_name: st
     """Search a space file's space; options left None come from the file."""
     check_sources(space)  # a missing factory or data file fails here, before any trial is asked
     options = _options(space, n_trials, timeout, array_size, device, dtype)
+    out = checked_out_dir(out_dir if out_dir is not None else default_out_dir(study_name_of(space, study_name)), "--out")
     study = open_space_study(space, storage, study_name)
-    out = Path(out_dir) if out_dir is not None else Path("runs") / study.study_name
     return optimize(study, candidate_builder(space, device=device, dtype=dtype), out_dir=out, on_event=on_event, **options)
 
 

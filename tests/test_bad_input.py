@@ -50,6 +50,14 @@ from torch import nn
 def random_width(input_shape=(1, 8, 8), num_classes=10):
     width = int(torch.randint(8, 4096, ()))
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width), nn.ReLU(), nn.Linear(width, num_classes))
+
+
+def three_outputs(input_shape=(1, 8, 8), num_classes=10):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 3))
+
+
+def exits(input_shape=(1, 8, 8), num_classes=10):
+    raise SystemExit(0)
 """
 MISSING_MODULE = "no_such_module_hfta_nas"
 LR = {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2}}
@@ -141,6 +149,7 @@ def check_refused(env: Env, args: list, *messages: str, stored_check: str = "byt
 
 # ------------------------------------------------------------ search space files
 SEARCH = ["search", "{tmp}/space.yaml", "--storage", "{journal}", "--out", "{tmp}/out", "--threads", "1", "--quiet"]
+SEARCH_NO_OUT = ["search", "{tmp}/space.yaml", "--storage", "{journal}", "--threads", "1", "--quiet"]
 
 SPACE_CASES = [
     # (id, the file, the line's fragment (None: no line), the key, what the message says)
@@ -202,7 +211,7 @@ SPACE_CASES = [
     ("factory file missing", space_text(model={"factory": "missing_models.py:build"}, params=LR), "factory:",
      "model.factory", "file 'missing_models.py' does not exist"),
     ("factory function missing", space_text(model={"factory": "factories.py:nope"}, params=LR), "factory:",
-     "model.factory", "has no attribute 'nope'; callables defined there: random_width"),
+     "model.factory", "has no attribute 'nope'; callables defined there: exits, random_width, three_outputs"),
     ("factory not module:function", space_text(model={"factory": "factories.random_width"}, params=LR), "factory:",
      "model.factory", "expected 'module:function'"),
     ("negative epochs", space_text(training={"epochs": -1, "optimizer": OPTIMIZER}), "epochs: -1", "training.epochs",
@@ -214,6 +223,8 @@ SPACE_CASES = [
      "expected a value >= 1, got 0"),
     ("negative lr", space_text(training={"epochs": 1, "optimizer": {"name": "adam", "lr": -0.1}}), "lr: -0.1",
      "training.optimizer.lr", "expected a value > 0.0, got -0.1"),
+    ("val_acc with val_fraction 0", space_text(data={"dataset": "digits", "batch_size": 64, "val_fraction": 0}),
+     "val_fraction: 0", "data.val_fraction", "the study's metric 'val_acc' needs validation data"),
 ]
 
 
@@ -282,6 +293,14 @@ OPTION_CASES = [
     ("search --threads 0", [*SEARCH, "--threads", "0"], "Invalid value for '--threads': 0 is not in the range x>=1"),
     ("search --workers 0", [*SEARCH, "--workers", "0"], "Invalid value for '--workers': 0 is not in the range x>=1"),
     ("search --device unknown", [*SEARCH, "--device", "tpu"], "unknown device 'tpu'"),
+    ("search --storage a device", [*SEARCH, "--storage", "/dev/null"], "cannot use '/dev/null' as storage: it is not a regular file"),
+    ("search --storage unknown scheme", [*SEARCH, "--storage", "foo://bar"], "cannot open storage 'foo://bar': unknown URL scheme 'foo'"),
+    ("search --timeout nan", [*SEARCH, "--timeout", "nan"], "timeout must be a positive number, got nan"),
+    ("search --timeout inf", [*SEARCH, "--timeout", "inf"], "timeout must be a positive number, got inf"),
+    ("search --study-name outside runs", [*SEARCH_NO_OUT, "--study-name", "../../escape"],
+     "study name '../../escape' cannot name the default output folder runs/<study name>"),
+    ("search --study-name too long", [*SEARCH_NO_OUT, "--study-name", "x" * 300], "(300 characters)' cannot name the default"),
+    ("search --out a name too long", [*SEARCH, "--out", "{tmp}/" + "y" * 300], "expected at most 255 bytes per folder name"),
     ("search a missing file", ["search", "{tmp}/nope.yaml", "--storage", "{journal}"], "{tmp}/nope.yaml: file not found"),
     ("search a folder", ["search", "{tmp}", "--storage", "{journal}"], "is a directory"),
     # stability
@@ -316,7 +335,7 @@ OPTION_CASES = [
     ("train factory module not importable", [*TRAIN, "--model", f"{MISSING_MODULE}:build"],
      f"model factory '{MISSING_MODULE}:build': no module named '{MISSING_MODULE}'"),
     ("train factory function missing", [*TRAIN, "--model", "factories.py:nope"],
-     "model factory 'factories.py:nope': module 'factories.py' has no attribute 'nope'; callables defined there: random_width"),
+     "model factory 'factories.py:nope': module 'factories.py' has no attribute 'nope'; callables defined there: exits, random_width, three_outputs"),
     ("train factory of different shapes", [*TRAIN, "--model", "factories.py:random_width"],
      "the model factory built different models on different calls (one per seed): parameter '1.weight' has shape"),
     # report, dashboard
@@ -340,22 +359,28 @@ FACTORY_CASES = [
     ("stability factory module not importable", f"model: {MISSING_MODULE}:build", [],
      f"configuration 'config': model factory '{MISSING_MODULE}:build': no module named '{MISSING_MODULE}'", "bytes"),
     ("stability factory function missing", "model: factories.py:nope", [],
-     "has no attribute 'nope'; callables defined there: random_width", "bytes"),
+     "has no attribute 'nope'; callables defined there: exits, random_width, three_outputs", "bytes"),
     # models of different shapes are found only when the array is built: the stability study
     # (and the search's asked trials) exist by then, but no finished trial changes
     ("stability factory of different shapes", "model: factories.py:random_width", [],
      "the model factory built different models on different calls (one per seed)", "trials"),
     ("search factory of different shapes", None, SEARCH,
      "the model factory built different models on different calls (one per seed)", "trials"),
+    # found before anything trains: the asked trial is failed as not trained, nothing is left RUNNING
+    ("search factory with too few outputs", "three_outputs", SEARCH,
+     "the model returns outputs of shape [2, 3] for a batch of 2, but the default loss (cross-entropy) needs [2, 10, ...]",
+     "trials"),
+    ("search factory calling sys.exit", "exits", SEARCH, "called sys.exit(0)", "trials"),
 ]
 
 
 @pytest.mark.parametrize(("model_line", "args", "message", "stored_check"), [c[1:] for c in FACTORY_CASES],
                          ids=[c[0] for c in FACTORY_CASES])
 def test_bad_user_factories(env, model_line, args, message, stored_check):
-    (env.tmp / "space.yaml").write_text(space_text(model={"factory": "factories.py:random_width"}, params=LR,
+    factory = model_line if model_line in ("three_outputs", "exits") else "random_width"
+    (env.tmp / "space.yaml").write_text(space_text(model={"factory": f"factories.py:{factory}"}, params=LR,
                                                    training={"epochs": 1, "optimizer": OPTIMIZER}))
-    if model_line is not None:
+    if model_line is not None and factory == "random_width":
         (env.tmp / "config.yaml").write_text(
             f"{model_line}\ndataset: digits\noptimizer: adam\nhparams: {{lr: 0.01}}\nepochs: 1\n")
     check_refused(env, args or STABILITY, message, stored_check=stored_check)
@@ -442,3 +467,16 @@ def test_a_user_factory_that_raises_is_reported_where_it_failed(env):
     (env.tmp / "broken.py").write_text("def build(input_shape, num_classes):\n    raise ValueError('no such layer: Conv5d')\n")
     check_refused(env, ["train", "--model", "broken.py:build", *TRAIN[3:]],
                   "model factory build raised ValueError: no such layer: Conv5d", "broken.py:2")
+
+
+def test_a_journal_damaged_before_its_end_is_refused_and_kept(env):
+    """A record in the middle that is not JSON (a torn last record is mended: tests/test_journal.py)."""
+    lines = env.journal.read_bytes().splitlines(keepends=True)
+    lines[1] = b"{damaged\n"
+    env.journal.write_bytes(b"".join(lines))
+    (env.tmp / "space.yaml").write_text(space_text())
+    before = env.journal.read_bytes()
+    result = invoke(*(env.fill(a) for a in SEARCH))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"cannot read journal file '{env.journal}': a record before its end is damaged" in result.output
+    assert env.journal.read_bytes() == before

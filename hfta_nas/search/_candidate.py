@@ -160,8 +160,33 @@ def meta_shell(candidate: Candidate) -> nn.Module:
         try:
             with torch.device("meta"):
                 model = candidate.model()
+        except SystemExit as exit_:
+            raise HftaNasError(f"Candidate.model() called sys.exit({exit_.code!r}); a model function must "
+                               "return a model (or raise an error)") from None
         except Exception:  # noqa: BLE001 - `.item()` or `int(t)` in a user's constructor
-            model = candidate.model()
+            try:
+                model = candidate.model()
+            except Exception as error:  # noqa: BLE001 - the user's model function
+                raise HftaNasError(f"Candidate.model() raised {type(error).__name__}: {error}") from error
     if not isinstance(model, nn.Module):
         raise HftaNasError(f"Candidate.model() returned a {type(model).__name__}, not a torch.nn.Module.")
     return model.to("meta")
+
+
+def check_outputs(candidate: Candidate, shell: nn.Module, x: torch.Tensor) -> None:
+    """The model returns one tensor of per-sample outputs, and with the default loss
+    (cross-entropy) one logit per class of the data: else HftaNasError, before anything trains.
+    A model that cannot run on the meta device is checked when its array is built."""
+    try:
+        with torch.no_grad():
+            out = shell(x)
+    except Exception:  # noqa: BLE001 - data-dependent code cannot run on the meta device
+        return
+    if not isinstance(out, torch.Tensor):
+        raise HftaNasError(f"the model must return one tensor of outputs per sample, but it returned a "
+                           f"{type(out).__name__}.")
+    classes = candidate.data.num_classes
+    if candidate.loss is None and (out.dim() < 2 or out.shape[0] != len(x) or out.shape[1] != classes):
+        raise HftaNasError(f"the model returns outputs of shape {list(out.shape)} for a batch of {len(x)}, but the "
+                           f"default loss (cross-entropy) needs [{len(x)}, {classes}, ...]: one logit per class of "
+                           f"the data ({classes} classes) in dimension 1.")

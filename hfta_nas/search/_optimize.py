@@ -19,6 +19,7 @@ a fixed architecture, the policy of hfta-nas 0.1).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -39,7 +40,7 @@ from hfta_nas._run import DTYPES, _checked_device
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search._array_job import STATIC_METRICS, TRAINED_METRICS, ArrayJob, JobContext
-from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
+from hfta_nas.search._candidate import Candidate, Proposal, check_outputs, meta_shell, trial_seeds
 from hfta_nas.search._cost import StepCost, measure_step_cost
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
 from hfta_nas.search._export import BestExport
@@ -104,7 +105,8 @@ def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], da
 def check_options(n_trials: Any, timeout: Any, array_size: Any, max_waste: Any) -> None:
     """HftaNasError naming the first bad budget or array option."""
     for name, value in (("n_trials", n_trials), ("timeout", timeout)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
             raise HftaNasError(f"{name} must be a positive number, got {value!r}.")
     if array_size != "auto" and (isinstance(array_size, bool) or not isinstance(array_size, int) or array_size < 1):
         raise HftaNasError(f"array size must be a positive integer or 'auto', got {array_size!r}.")
@@ -166,6 +168,14 @@ class _Search:
             except HftaNasError as error:  # a user error (e.g. in build): nothing stays RUNNING
                 self._release(f"not trained: the search stopped on an error: {error}")
                 raise
+            except SystemExit as exit_:  # user code (a model's forward, a loss) ended the process
+                self._release(f"not trained: user code called sys.exit({exit_.code!r})")
+                raise HftaNasError(f"the search stopped: user code called sys.exit({exit_.code!r}) while an array "
+                                   "trained; its trials were failed (not counted), a re-run trains them") from None
+            except Exception as error:  # an error in the user's model or loss while training
+                self._release(f"not trained: the search stopped on an error: {type(error).__name__}: {error}")
+                raise HftaNasError(f"the search stopped: training raised {type(error).__name__}: {error}; its trials "
+                                   "were failed (not counted against the budget), a re-run trains them") from error
         self._release("not trained: the search's timeout ran out before its array started")
         self.ledger.discard_surplus()
         return self._summary()
@@ -221,6 +231,8 @@ class _Search:
             candidate = self.build(trial)
         except HftaNasError:
             raise
+        except SystemExit as exit_:  # user code must not end the process without the trials told
+            raise HftaNasError(f"build(trial) called sys.exit({exit_.code!r})") from None
         except Exception as error:  # noqa: BLE001 - the user's build function
             raise HftaNasError(f"build(trial) raised {type(error).__name__}: {error}") from error
         if not isinstance(candidate, Candidate):
@@ -228,6 +240,7 @@ class _Search:
         candidate = candidate.checked(self.data)
         self._check_metrics(candidate)
         shell = meta_shell(candidate)
+        check_outputs(candidate, shell, example_input(candidate).expand(2, *candidate.data.input_shape))
         seeds = trial_seeds(self.seed, trial.user_attrs.get(RETRY_OF, trial.number))
         proposal = Proposal(trial, candidate, seeds, shell, model_macs(shell, example_input(candidate)))
         self.proposed.add(shape_key(proposal))
@@ -238,6 +251,11 @@ class _Search:
         for metric in self.metrics:
             if metric not in known:
                 raise HftaNasError(f"unknown metric '{metric}': expected one of {', '.join(sorted(known))}.")
+            split = metric.split("_", 1)[0]
+            if metric in TRAINED_METRICS and split in ("val", "test") and len(getattr(candidate.data, f"y_{split}")) == 0:
+                name = {"val": "validation", "test": "test"}[split]
+                raise HftaNasError(f"metric '{metric}' needs {name} data, but the data has no {name} samples "
+                                   f"(a {split}_fraction of 0?); give the split samples or choose another metric.")
 
     def _replicate_round(self, pool: list[Proposal]) -> list[Proposal]:
         """One array: the first waiting (else a freely asked) trial and copies of its `replicate` params."""

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
+import logging
 import os
 import threading
 import warnings
@@ -47,20 +49,84 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
             raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}; "
                                "expected a database that can be reached (check the URL, the server and the credentials)") from error
+    scheme = location.partition("://")[0]
+    if "://" in location and scheme.replace("+", "").isalnum():
+        raise HftaNasError(f"cannot open storage '{location}': unknown URL scheme '{scheme}'; expected sqlite:///FILE, "
+                           "postgresql://..., mysql://... or a journal file path.")
     path = Path(location)
     if path.is_dir():
         raise HftaNasError(f"cannot use '{location}' as storage: it is a folder; expected a journal file path "
                            f"(e.g. {Path(location) / 'hfta-nas.journal'}) or a database URL.")
+    if path.exists() and not path.is_file():
+        raise HftaNasError(f"cannot use '{location}' as storage: it is not a regular file (a device, pipe or socket); "
+                           "expected a journal file path or a database URL.")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             path.touch()
         if not os.access(path, os.W_OK):
             raise PermissionError(f"'{path}' is not writable")
-        backend = JournalFileBackend(str(path), lock_obj=_KernelJournalLock(path) if os.name == "posix" else None)
+        lock = _KernelJournalLock(path) if os.name == "posix" else None
+        if lock is not None:
+            repair_torn_tail(path, lock)
+        backend = JournalFileBackend(str(path), lock_obj=lock)
     except OSError as error:
         raise HftaNasError(f"cannot use journal file '{location}' as storage: {error}") from error
-    return JournalStorage(backend), str(path)
+    try:
+        return JournalStorage(backend), str(path)
+    except (ValueError, KeyError, TypeError) as error:  # a line that is not an Optuna journal record
+        raise HftaNasError(f"cannot read journal file '{location}': a record before its end is damaged "
+                           f"({type(error).__name__}: {error}); expected an Optuna journal (restore it from a copy, "
+                           "or give another --storage)") from error
+
+
+def repair_torn_tail(journal: Path, lock: Any) -> str | None:
+    """Mend a journal whose last record lacks its newline (a write cut by a full disk or a
+    kill); what was done, or None when nothing was needed.
+
+    Optuna writes each batch of records as one append ending in a newline, and its reader
+    skips a last line without one: such a record never took effect. But the next append
+    would be glued to it, and the glued line would fail every later read of the file, for
+    every study in it. So, under the journal's write lock: a last line that is whole JSON
+    (only the newline was lost) gets its newline; anything else is moved to
+    `<journal>.torn` and cut off.
+    """
+    lock.acquire()
+    try:
+        with open(journal, "rb+") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size == 0:
+                return None
+            handle.seek(size - 1)
+            if handle.read(1) == b"\n":
+                return None
+            start = max(0, size - 1)
+            while start > 0:  # the start of the last line
+                step = max(0, start - 65536)
+                handle.seek(step)
+                block = handle.read(start - step)
+                newline = block.rfind(b"\n")
+                if newline != -1:
+                    start = step + newline + 1
+                    break
+                start = step
+            handle.seek(start)
+            tail = handle.read()
+            try:
+                json.loads(tail)
+            except ValueError:
+                with open(str(journal) + ".torn", "ab") as torn:
+                    torn.write(tail + b"\n")
+                handle.truncate(start)
+                message = (f"journal '{journal}': its last record was cut off mid-write ({len(tail)} bytes) and never "
+                           f"took effect; moved to '{journal}.torn'")
+            else:
+                handle.write(b"\n")
+                message = f"journal '{journal}': its last record had lost its newline; restored"
+    finally:
+        lock.release()
+    logging.getLogger("hfta_nas").warning(message)
+    return message
 
 
 class _KernelJournalLock:  # the acquire/release interface of Optuna's journal file locks
