@@ -148,6 +148,8 @@ class ResolvedConfig:
 
 def read_text(path: str | Path) -> str:
     source = str(path)
+    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():  # reading a pipe would wait forever
+        raise SpaceError(Problem(source, None, "", "is not a regular file (a pipe, device or socket); expected a YAML file"))
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,22 @@ class StudyReport:
     studies: dict[str, str] = field(default_factory=dict)  # config label -> Optuna study name
     artifacts: list[str] = field(default_factory=list)  # artifact ids of the attached report
     artifact_dir: Path | None = None
+
+
+# What every seed's training records (the report's `metric` is one of them), and a bound on
+# the seeds of one study: far more than an array holds, and a list that still fits in memory.
+RUN_METRICS = ("test_acc", "test_loss", "train_acc", "train_loss", "val_acc", "val_loss")
+MAX_SEEDS = 100_000
+
+
+def check_run_options(seeds: Any, metric: str) -> None:
+    """HftaNasError for a seed count or metric that would fail only after training."""
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+        raise HftaNasError(f"--seeds must be an integer from 1 to {MAX_SEEDS:,}, got {seeds!r}.")
+    if metric not in RUN_METRICS:
+        close = difflib.get_close_matches(metric, RUN_METRICS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise HftaNasError(f"--metric: unknown metric '{metric}'{hint}; expected one of {', '.join(RUN_METRICS)}.")
 
 
 def run_study(
@@ -65,6 +82,7 @@ def run_study(
     from hfta_nas.search import open_storage
     from stability._runner import run_stability
 
+    check_run_options(seeds, metric)
     labelled = _labelled(configs)
     _check_sources(labelled)
     opened, location = open_storage(storage) if store else (None, "")

@@ -17,6 +17,7 @@ SearchSpace or raises SpaceError whose message names the file.
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import shutil
 from dataclasses import dataclass
@@ -121,6 +122,7 @@ def env(tmp_path, stored, monkeypatch):
     shutil.copy(stored, journal)
     (tmp_path / "afile").write_text("a regular file; nothing can be created below it\n")
     (tmp_path / "factories.py").write_text(FACTORIES)
+    os.mkfifo(tmp_path / "pipe.yaml")  # reading it would wait for a writer forever
     return Env(tmp_path, journal, tmp_path / "afile")
 
 
@@ -305,8 +307,15 @@ OPTION_CASES = [
     ("search a folder", ["search", "{tmp}", "--storage", "{journal}"], "is a directory"),
     # stability
     *[(f"stability --storage {name}", [*STABILITY, "--storage", url], message) for name, url, message in UNREACHABLE],
-    ("stability --seeds 0", [*STABILITY, "--seeds", "0"], "--seeds must be at least 1, got 0"),
-    ("stability --seeds -1", [*STABILITY, "--seeds", "-1"], "--seeds must be at least 1, got -1"),
+    ("stability --seeds 0", [*STABILITY, "--seeds", "0"], "--seeds must be an integer from 1 to 100,000, got 0"),
+    ("stability --seeds -1", [*STABILITY, "--seeds", "-1"], "--seeds must be an integer from 1 to 100,000, got -1"),
+    ("stability --seeds too many", [*STABILITY, "--seeds", str(10**12)], "--seeds must be an integer from 1 to 100,000"),
+    ("stability --metric unknown", [*STABILITY, "--metric", "acc"],
+     "--metric: unknown metric 'acc' (did you mean 'val_acc'?); expected one of test_acc"),
+    ("stability a pipe as config", ["stability", "{tmp}/pipe.yaml", "--storage", "{journal}"],
+     "{tmp}/pipe.yaml: is not a regular file (a pipe, device or socket)"),
+    ("search a pipe as space", ["search", "{tmp}/pipe.yaml", "--storage", "{journal}"],
+     "{tmp}/pipe.yaml: is not a regular file (a pipe, device or socket)"),
     ("stability --out below a file", [*STABILITY, "--out", "{afile}/report"],
      "--out '{afile}/report': cannot create a folder there, '{afile}' is a file"),
     ("stability --artifact-dir below a file", [*STABILITY, "--artifact-dir", "{afile}/artifacts"],

@@ -258,7 +258,7 @@ def test_the_exported_best_config_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--seeds", "0"], "--seeds must be at least 1"),
+    (["--seeds", "0"], "--seeds must be an integer from 1 to 100,000"),
     (["--vary", "weights"], "--vary takes"),
     (["--format", "pdf"], "expected a comma-separated subset of html, md, csv, json, tex"),
     (["--storage", "postgresql://nobody@127.0.0.1:1/x"], "cannot open storage"),
