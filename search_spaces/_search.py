@@ -90,9 +90,14 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
     """The space's study in `storage` (created, or resumed when it exists with the same directions)."""
     opened, _ = open_storage(storage)
     name = study_name_of(space, study_name)
-    study = optuna.create_study(storage=opened, study_name=name, directions=space.directions,
-                                sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner(), load_if_exists=True)
+    sampler, pruner = space.make_sampler(seed=space.seed), space.make_pruner()
+    try:  # loaded first: create_study(load_if_exists=True) appends a record to a journal even when the study exists
+        study = optuna.load_study(study_name=name, storage=opened, sampler=sampler, pruner=pruner)
+    except KeyError:
+        study = optuna.create_study(storage=opened, study_name=name, directions=space.directions, sampler=sampler,
+                                    pruner=pruner, load_if_exists=True)
     check_directions(study, space.directions)
+    _check_distributions(study, space)
     with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(space.study.metrics))
@@ -102,6 +107,23 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
                                     "optuna": optuna.__version__}}.items():
         study.set_user_attr(key, value)
     return study
+
+
+def _check_distributions(study: optuna.Study, space: SearchSpace) -> None:
+    """A resumed study's params keep their kind of distribution (Optuna refuses another on ask):
+    HftaNasError naming the param, before anything is written."""
+    wanted = space.distributions()
+    for trial in study.get_trials(deepcopy=False):
+        for path, stored in trial.distributions.items():
+            if path not in wanted:
+                continue
+            try:
+                optuna.distributions.check_distribution_compatibility(stored, wanted[path])
+            except ValueError:
+                raise HftaNasError(
+                    f"study '{study.study_name}' has trials where '{path}' is {stored}, but this space makes it "
+                    f"{wanted[path]}; a study keeps one kind of distribution per parameter: restore the old "
+                    "definition, or give another --study-name") from None
 
 
 def _options(space: SearchSpace, n_trials: int | None, timeout: float | None, array_size: int | str | None,

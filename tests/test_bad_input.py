@@ -489,3 +489,12 @@ def test_a_journal_damaged_before_its_end_is_refused_and_kept(env):
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert f"cannot read journal file '{env.journal}': a record before its end is damaged" in result.output
     assert env.journal.read_bytes() == before
+
+
+def test_a_changed_distribution_on_a_stored_study_is_refused_before_anything_is_written(env):
+    """The stored study 'tiny' searched model.config.width as categorical [16, 32]."""
+    params = {**yaml.safe_load(space_text())["params"],
+              "model.config.width": {"distribution": "int_uniform", "min": 8, "max": 64}}
+    (env.tmp / "space.yaml").write_text(space_text(params=params))
+    check_refused(env, SEARCH, "study 'tiny' has trials where 'model.config.width' is CategoricalDistribution",
+                  "a study keeps one kind of distribution per parameter")
