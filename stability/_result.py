@@ -38,6 +38,8 @@ SEED_COLUMNS = ("config", "seed_index", "design", "seed_init", "seed_data", "see
 
 # curves.csv: long format, one row per (config, design, seed_index, epoch, metric).
 CURVE_COLUMNS = ("config", "design", "seed_index", "epoch", "metric", "value")
+SEED_KEYS = ("config", "seed_index", "design", "status")  # every seed's row has these (a failed seed has no values)
+CURVE_KEYS = CURVE_COLUMNS[:-1]
 
 
 @dataclass
@@ -54,16 +56,37 @@ class StabilityResult:
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / "seeds.csv", self.seeds.to_csv(index=False))
         atomic_write_text(folder / "curves.csv", self.curves.to_csv(index=False))
-        atomic_write_text(folder / "metadata.json", json.dumps(self.metadata, indent=2, default=str))
+        # the row counts let `load` tell a whole file from one cut short (a full disk, an editor)
+        rows = {"seeds.csv": len(self.seeds), "curves.csv": len(self.curves)}
+        atomic_write_text(folder / "metadata.json", json.dumps({**self.metadata, "rows": rows}, indent=2, default=str))
 
     @classmethod
     def load(cls, folder: str | Path) -> StabilityResult:
+        """The result `save` wrote to `folder`; HftaNasError when a file is cut short or damaged."""
+        from hfta_nas.errors import HftaNasError
+
         folder = Path(folder)
-        seeds = pd.read_csv(folder / "seeds.csv", keep_default_na=False, na_values=[""],
-                            dtype={"config": str, "design": str, "status": str, "reason": str})
-        seeds["reason"] = seeds["reason"].fillna("")
-        curves = pd.read_csv(folder / "curves.csv", dtype={"config": str, "design": str, "metric": str})
-        metadata = json.loads((folder / "metadata.json").read_text())
+        try:
+            seeds = pd.read_csv(folder / "seeds.csv", keep_default_na=False, na_values=[""],
+                                dtype={"config": str, "design": str, "status": str, "reason": str})
+            seeds["reason"] = seeds["reason"].fillna("")
+            curves = pd.read_csv(folder / "curves.csv", dtype={"config": str, "design": str, "metric": str})
+            metadata = json.loads((folder / "metadata.json").read_text())
+        except (ValueError, KeyError, OSError, pd.errors.ParserError) as error:
+            raise HftaNasError(f"cannot read the stability result in '{folder}': {type(error).__name__}: {error}") from None
+        rows = metadata.pop("rows", {})
+        for name, frame, keys in (("seeds.csv", seeds, SEED_KEYS), ("curves.csv", curves, CURVE_KEYS)):
+            if name in rows and len(frame) != rows[name]:
+                raise HftaNasError(f"'{folder / name}' holds {len(frame)} rows where the result wrote {rows[name]}: "
+                                   "it was cut short or edited; restore it, or re-run `hfta-nas stability`.")
+            missing = [key for key in keys if key not in frame.columns or frame[key].isna().any()]
+            if name == "seeds.csv" and not missing:  # a completed seed has every metric the others have
+                completed = frame[frame["status"] == "completed"]
+                missing = [m for m in METRICS if m in frame.columns
+                           and completed[m].notna().any() and completed[m].isna().any()]
+            if missing:
+                raise HftaNasError(f"'{folder / name}' lacks values of {', '.join(missing)}: it was cut short or "
+                                   "edited; restore it, or re-run `hfta-nas stability`.")
         return cls(seeds, curves, metadata)
 
     @classmethod

@@ -140,6 +140,19 @@ def test_a_rebuilt_report_is_identical(written, tmp_path):
     assert (tmp_path / "again" / "plots" / "ecdf.svg").read_bytes() == (out / "plots" / "ecdf.svg").read_bytes()
 
 
+@pytest.mark.parametrize("file", ["seeds.csv", "curves.csv"])
+@pytest.mark.parametrize("cut", ["half", "header only", "mid-row"])
+def test_a_result_file_cut_short_is_refused_not_reported_empty(tmp_path, file, cut):
+    synthetic_result().save(tmp_path)
+    text = (tmp_path / file).read_text()
+    lines = text.splitlines(keepends=True)
+    kept = {"half": "".join(lines[: len(lines) // 2]), "header only": lines[0],
+            "mid-row": "".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 3]}[cut]
+    (tmp_path / file).write_text(kept)
+    with pytest.raises(HftaNasError, match=f"{file}' (holds|lacks)"):
+        StabilityResult.load(tmp_path)
+
+
 def test_a_single_config_without_decomposition_skips_what_it_cannot_show(tmp_path):
     result = synthetic_result(failed=0)
     only_a = StabilityResult(result.seeds[result.seeds["config"] == "A"], result.curves[result.curves["config"] == "A"],
