@@ -1,12 +1,20 @@
-"""The best trial's weights and config, written as soon as a trial beats every other.
+"""The best trial's weights and config: `best_weights.pt` and `best_config.yaml`.
 
-Several workers export into the same folder: a trial is written only when it
-is the best in the storage at that moment (other workers' trials included),
-and each file is replaced atomically.
+A trial that beats every COMPLETE trial in the storage (other workers' too) is
+staged first, `.trials/<number>.pt` and `.trials/<number>.yaml`, each written
+atomically; then both are published over the two files users read. The
+published pair is always recomputed from the study, not from what this run
+remembers: every run starts and ends with `repair`, which publishes the staged
+files of the study's best trial where the published ones name another trial
+(a kill between the two writes, a worker that exported an older best), drops
+staged files of trials that are no longer best, and removes temporary files a
+kill left. So after any kill the next run leaves weights and config of one
+trial, the best.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,51 +22,86 @@ from typing import Any
 import optuna
 import torch
 import yaml
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
-from hfta_nas._files import atomic_write_text, save_weights
+from hfta_nas._files import atomic_write_bytes, atomic_write_text, save_weights
 from hfta_nas.search._candidate import Proposal
+
+WEIGHTS, CONFIG, STAGED = "best_weights.pt", "best_config.yaml", ".trials"
 
 
 class BestExport:
-    """Writes `best_weights.pt` and `best_config.yaml` of the best trial by the first metric."""
+    """Stages and publishes the best trial by the first metric (see the module docstring)."""
 
-    def __init__(self, study: optuna.Study, out_dir: Path | None, metrics: list[str], directions: list[str]) -> None:
-        self.study, self.out_dir, self.metrics = study, out_dir, metrics
+    def __init__(self, study: optuna.Study, out_dir: Path | None, metrics: list[str], directions: list[str],
+                 lock: Any = None) -> None:
+        # `lock`: the study's lock; every write into out_dir happens under it, so a temporary file
+        # found there by `repair` was left by a process that died, never one being written
+        self.study, self.out_dir, self.metrics, self.lock = study, out_dir, metrics, lock or contextlib.nullcontext()
         self.maximize = directions[0] == "maximize"
-        self.best = self.stored_best()
         self.files: dict[str, str] = {}
 
-    def stored_best(self) -> float | None:
+    def best_trial(self) -> FrozenTrial | None:
+        """The study's best COMPLETE trial by the first metric (the earliest on a tie)."""
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if not done:
             return None
-        return (max if self.maximize else min)(t.values[0] for t in done)
-
-    def _improves(self, value: float) -> bool:
-        if self.best is not None and not (value > self.best if self.maximize else value < self.best):
-            return False
-        stored = self.stored_best()  # this trial included: it improves when it is the best there
-        return stored is None or value == stored
+        key = (lambda t: (-t.values[0], t.number)) if self.maximize else (lambda t: (t.values[0], t.number))
+        return min(done, key=key)
 
     def offer(self, proposal: Proposal, values: list[float], weights: Mapping[str, torch.Tensor], study_name: str) -> None:
-        """Export the trial just told COMPLETE if it is the best so far."""
-        if self.out_dir is None or not self._improves(values[0]):
+        """Stage and publish the trial just told COMPLETE if it is the study's best."""
+        best = self.best_trial()
+        if self.out_dir is None or best is None or best.number != proposal.number:
             return
-        self.best = values[0]
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        weights_path = self.out_dir / "best_weights.pt"
-        save_weights(dict(weights), weights_path)
-        self.files = {"weights": str(weights_path)}
-        origin: dict[str, Any] = {"seeds": proposal.seeds, "trial": proposal.number, "study": study_name,
-                                  "values": dict(zip(self.metrics, values))}
-        config = proposal.candidate.config
-        text = None
-        if hasattr(config, "to_yaml"):
-            text = config.to_yaml(**origin)
-        elif isinstance(config, Mapping):
-            text = yaml.safe_dump({**dict(config), "origin": origin}, sort_keys=False)
-        if text is not None:
-            config_path = self.out_dir / "best_config.yaml"
-            atomic_write_text(config_path, text)
-            self.files["config"] = str(config_path)
+        staged = self.out_dir / STAGED
+        with self.lock:
+            save_weights(dict(weights), staged / f"{proposal.number}.pt")
+            text = _config_text(proposal, values, self.metrics, study_name)
+            if text is not None:
+                atomic_write_text(staged / f"{proposal.number}.yaml", text)
+            self.repair()
+
+    def repair(self) -> None:
+        """Publish the study's best trial from its staged files where the published pair names
+        another; drop other staged trials and temporary files left by a kill."""
+        if self.out_dir is None or not self.out_dir.is_dir():
+            return
+        with self.lock:
+            self._repair(self.out_dir)
+
+    def _repair(self, out_dir: Path) -> None:
+        for stray in [*out_dir.glob(".*.tmp"), *(out_dir / STAGED).glob(".*.tmp")]:
+            stray.unlink(missing_ok=True)
+        staged = out_dir / STAGED
+        best = self.best_trial()
+        if best is None or not (staged / f"{best.number}.pt").exists():
+            self._note_published()
+            return
+        for name, suffix in ((WEIGHTS, ".pt"), (CONFIG, ".yaml")):
+            source, target = staged / f"{best.number}{suffix}", out_dir / name
+            if source.exists() and (not target.exists() or target.read_bytes() != source.read_bytes()):
+                atomic_write_bytes(target, source.read_bytes())
+            elif not source.exists():
+                target.unlink(missing_ok=True)  # a config of another trial must not sit beside these weights
+        for path in staged.iterdir():
+            if path.stem != str(best.number):
+                path.unlink(missing_ok=True)
+        self._note_published()
+
+    def _note_published(self) -> None:
+        assert self.out_dir is not None
+        self.files = {kind: str(self.out_dir / name) for kind, name in (("weights", WEIGHTS), ("config", CONFIG))
+                      if (self.out_dir / name).exists()}
+
+
+def _config_text(proposal: Proposal, values: list[float], metrics: list[str], study_name: str) -> str | None:
+    """The candidate's config as YAML with where it came from, or None when it has none."""
+    origin: dict[str, Any] = {"seeds": proposal.seeds, "trial": proposal.number, "study": study_name,
+                              "values": dict(zip(metrics, values))}
+    config = proposal.candidate.config
+    if hasattr(config, "to_yaml"):
+        return config.to_yaml(**origin)
+    if isinstance(config, Mapping):
+        return yaml.safe_dump({**dict(config), "origin": origin}, sort_keys=False)
+    return None

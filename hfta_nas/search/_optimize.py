@@ -150,10 +150,11 @@ class _Search:
     def run(self) -> SearchSummary:
         self.started = time.monotonic()
         self.ctx = JobContext(self.study.study_name, self.ledger, self.metrics, self.worker, self.device, self.dtype,
-                              BestExport(self.study, self.out_dir, self.metrics, self.directions), self.emit,
+                              BestExport(self.study, self.out_dir, self.metrics, self.directions, self.ledger.lock), self.emit,
                               self.started)
         with Heartbeat(self.study, lambda: list(self.asked), self.worker) as heartbeat:
             try:
+                self.ctx.export.repair()  # a kill of an earlier run may have left the pair unfinished
                 self._announce()
                 while self._time_left():
                     with self.ledger.lock:
@@ -178,6 +179,7 @@ class _Search:
                                    "were failed (not counted against the budget), a re-run trains them") from error
         self._release("not trained: the search's timeout ran out before its array started")
         self.ledger.discard_surplus()
+        self.ctx.export.repair()  # another worker may have published a better trial meanwhile
         return self._summary()
 
     def _time_left(self) -> bool:
