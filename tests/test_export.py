@@ -74,3 +74,28 @@ def test_a_better_trial_from_another_run_replaces_the_pair(tmp_path):
     search(tmp_path, TEXT, n_trials=5)
     assert published(out)[0] == best_number(tmp_path) == number
     assert sorted(p.name for p in (out / ".trials").iterdir()) == [f"{number}.pt", f"{number}.yaml"]
+
+
+def test_a_trial_taken_over_while_its_worker_was_paused_is_not_told_twice(tmp_path):
+    """A worker paused past the heartbeat grace finds its trial failed and retried by another
+    worker (here: failed from outside after the first epoch); its slot stops, the search goes on."""
+    from hfta_nas.search import EpochEnded, open_storage
+
+    text = space_text(budget={"n_trials": 2}, array={"size": 2},
+                      training={"epochs": 3, "optimizer": {"name": "adam", "lr": 1e-3}})
+    taken: list[int] = []
+
+    def take_over(event):
+        if isinstance(event, EpochEnded) and event.epoch == 1 and not taken:
+            storage = open_storage(str(tmp_path / "study.journal"))[0]
+            study = optuna.load_study(study_name="tiny", storage=storage)
+            trial = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))[0]
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            taken.append(trial.number)
+
+    search(tmp_path, text, on_event=take_over)
+    trials = {t.number: t for t in load_study(tmp_path).get_trials()}
+    assert taken and trials[taken[0]].state == TrialState.FAIL
+    assert len(trials[taken[0]].intermediate_values) == 1  # nothing reported after it was taken
+    others = [t for n, t in trials.items() if n != taken[0]]
+    assert others and all(t.state == TrialState.COMPLETE for t in others)

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
+import optuna
 import torch
 from torch.nn import functional as F
 
@@ -162,30 +163,41 @@ class ArrayJob:
     def _on_epoch(self, report: EpochReport, trainer: ArrayTrainer) -> None:
         ctx = self.ctx
         for number, metrics in report.metrics.items():
-            proposal = self.by_number[number]
-            result = trainer.results[number]
-            wall = time.monotonic() - self.started[number]
-            proposal.trial.set_user_attr("epochs_run", result.epochs)
-            proposal.trial.set_user_attr("train_seconds", round(wall, 3))
-            if number in report.failed:
-                self._fail(proposal, report.failed[number])
-                self._refill_or_stop(trainer, proposal, "failed")
-                continue
-            values = [metrics[m] if m in metrics else self.static[number][m] for m in ctx.metrics]
-            self._report(proposal, result.epochs, values)
-            if result.status == "completed":
-                self._complete(proposal, values, trainer)
-            elif len(ctx.metrics) == 1 and proposal.trial.should_prune():
-                proposal.trial.set_user_attr("train_end", _now())
-                ctx.ledger.prune(proposal.trial)
-                ctx.emit(TrialEnded(number, "PRUNED"))
-                self._refill_or_stop(trainer, proposal, "pruned")
+            try:
+                self._end_epoch_of(number, metrics, report, trainer)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # This worker was paused (SIGSTOP, a suspended laptop) past the heartbeat grace: another
+                # worker failed the trial as stale and retries it. The slot stops; nothing is told twice.
+                ctx.emit(TrialEnded(number, "FAIL", reason="taken over: another worker retried it while this "
+                                                           "worker was paused"))
+                if trainer.results[number].status == "running":
+                    trainer.stop([number], reason="taken over")
         running = len(report.metrics) - len(report.failed)
         ctx.occupancy.append(len(report.metrics) / self.array_size)
         ctx.samples += len(report.metrics) * len(self.first.data.y_train)
         elapsed = max(time.monotonic() - ctx.started, 1e-9)
         ctx.emit(EpochEnded(self.number, report.epoch, running, self.array_size, ctx.occupancy[-1],
                             float(np.mean(ctx.occupancy)), ctx.samples / elapsed))
+
+    def _end_epoch_of(self, number: int, metrics: dict[str, float], report: EpochReport, trainer: ArrayTrainer) -> None:
+        """Record one slot's epoch; tell its trial how it ended when it did (pruned, failed, completed)."""
+        ctx, proposal, result = self.ctx, self.by_number[number], trainer.results[number]
+        wall = time.monotonic() - self.started[number]
+        proposal.trial.set_user_attr("epochs_run", result.epochs)
+        proposal.trial.set_user_attr("train_seconds", round(wall, 3))
+        if number in report.failed:
+            self._fail(proposal, report.failed[number])
+            self._refill_or_stop(trainer, proposal, "failed")
+            return
+        values = [metrics[m] if m in metrics else self.static[number][m] for m in ctx.metrics]
+        self._report(proposal, result.epochs, values)
+        if result.status == "completed":
+            self._complete(proposal, values, trainer)
+        elif len(ctx.metrics) == 1 and proposal.trial.should_prune():
+            proposal.trial.set_user_attr("train_end", _now())
+            ctx.ledger.prune(proposal.trial)
+            ctx.emit(TrialEnded(number, "PRUNED"))
+            self._refill_or_stop(trainer, proposal, "pruned")
 
     def _report(self, proposal: Proposal, epoch: int, values: list[float]) -> None:
         if epoch in proposal.reported:
