@@ -59,9 +59,10 @@ def finish(args: list[str], log: Path, timeout: float = 120) -> subprocess.Compl
     return subprocess.CompletedProcess(args, process.returncode, log.read_text(errors="replace"), "")
 
 
-def kill_when(process: subprocess.Popen, journal: Path, ready, log: Path, timeout: float = 90) -> list:
-    """Poll the journal until `ready(trials)` holds, SIGKILL the process, return the
-    trials as the killed run left them (read after the kill)."""
+def kill_when(process: subprocess.Popen, journal: Path, ready, log: Path, timeout: float = 90,
+              sent: signal.Signals = signal.SIGKILL) -> list:
+    """Poll the journal until `ready(trials)` holds, send `sent` (SIGKILL) to the process, return
+    the trials as the killed run left them (read after it ended)."""
     storage = None
     deadline = time.monotonic() + timeout
     try:
@@ -72,16 +73,19 @@ def kill_when(process: subprocess.Popen, journal: Path, ready, log: Path, timeou
             if journal.exists() and journal.stat().st_size:
                 storage = storage or open_storage(str(journal))[0]
                 if ready([t for trials in stored_trials(storage).values() for t in trials]):
-                    process.send_signal(signal.SIGKILL)
+                    process.send_signal(sent)
                     break
             time.sleep(0.05)
         else:
             raise AssertionError(f"the journal never reached the kill point in {timeout} s")
     finally:
+        if sent != signal.SIGKILL:
+            process.wait(timeout=60)  # it ends on its own: that is what is tested
         if process.poll() is None:
             process.kill()  # SIGKILL, as above (again, harmlessly, when it is already on its way)
         process.wait(timeout=30)  # reaped: the re-run sees a dead worker pid
-    assert process.returncode == -signal.SIGKILL
+    if sent == signal.SIGKILL:
+        assert process.returncode == -signal.SIGKILL
     return stored_trials(open_storage(str(journal))[0])
 
 
@@ -150,6 +154,31 @@ def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_k
     assert isinstance(exported, dict)
     assert (out / "best_weights.pt").stat().st_size > 0
     assert set(out.glob(".*.tmp")) <= left_by_the_kill  # the re-run's own atomic writes all completed
+
+
+def test_search_stopped_by_ctrl_c_leaves_nothing_running_and_the_next_run_trains_the_rest(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(search_space())
+    journal, out = tmp_path / "s.journal", tmp_path / "out"
+    args = ["search", str(space), "--threads", "1", "--storage", str(journal), "--out", str(out), "--quiet"]
+    process = start(args, tmp_path / "first.log")
+    stopped = kill_when(process, journal, _mid_second_array, tmp_path / "first.log", sent=signal.SIGINT)["killed"]
+    assert process.returncode == 130, (tmp_path / "first.log").read_text()[-2000:]
+    assert "interrupted" in (tmp_path / "first.log").read_text() and "Traceback" not in (tmp_path / "first.log").read_text()
+    assert not [t.number for t in stopped if t.state == TrialState.RUNNING]  # told at Ctrl-C, not left for a re-run
+    interrupted = [t for t in stopped if t.user_attrs.get("outcome") == "interrupted"]
+    queued = [t for t in stopped if t.state == TrialState.WAITING]
+    assert interrupted and sorted(map(repr, (t.params for t in interrupted))) == sorted(
+        map(repr, (t.system_attrs["fixed_params"] for t in queued)))  # each queued again with its parameters
+
+    done = finish(args, tmp_path / "second.log")
+    assert done.returncode == 0, done.stdout[-3000:]
+    trials = optuna.load_study(study_name="killed", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
+    assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    counted = [t for t in trials if t.user_attrs.get("outcome") in ("complete", "pruned", "failed")]
+    assert len(counted) == N_TRIALS and all(t.state == TrialState.COMPLETE for t in counted)
+    for old in interrupted:
+        assert any(t.params == old.params and t.state == TrialState.COMPLETE for t in trials), old.number
 
 
 # ----------------------------------------------------------------- stability

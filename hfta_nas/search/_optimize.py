@@ -47,7 +47,7 @@ from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome
 from hfta_nas.search._packing import Pack, example_input, pack, shape_key, structure_key
-from hfta_nas.search._recovery import retry_stale_trials, wait_for_other_workers
+from hfta_nas.search._recovery import interrupt_held, retry_stale_trials, wait_for_other_workers
 from hfta_nas.search._storage import dashboard_command, storage_location, study_lock
 
 AUTO_CAP = 64  # the most models array_size="auto" puts in one array
@@ -168,6 +168,9 @@ class _Search:
                         self._train(planned)
             except HftaNasError as error:  # a user error (e.g. in build): nothing stays RUNNING
                 self._release(f"not trained: the search stopped on an error: {error}")
+                raise
+            except KeyboardInterrupt:
+                interrupt_held(self.ledger, list(self.asked.values()), self.emit)
                 raise
             except SystemExit as exit_:  # user code (a model's forward, a loss) ended the process
                 self._release(f"not trained: user code called sys.exit({exit_.code!r})")

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Collection
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from hfta_nas.search._events import TrialRetried
 from hfta_nas.search._heartbeat import stale_reason
@@ -43,18 +43,36 @@ def retry_stale_trials(ledger: Ledger, held: Collection[int], worker: str, emit:
         why = None if trial._trial_id in held else stale_reason(trial, now=now, me=worker)
         if why is None:
             continue
-        try:
-            study._storage.set_trial_user_attr(trial._trial_id, "interrupted_because", why)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # told meanwhile, by its worker or by another that retried it first
-        if not ledger.fail(trial, Outcome.INTERRUPTED, INTERRUPTED):
-            continue
-        original = trial.user_attrs.get(RETRY_OF, trial.number)  # a retry of a retry keeps the first seeds
-        study.enqueue_trial(trial.params or trial.system_attrs.get("fixed_params", {}),
-                            user_attrs={RETRY_OF: original}, skip_if_exists=False)
-        emit(TrialRetried(trial.number, why))
-        retried += 1
+        retried += fail_and_retry(ledger, trial, why, emit)
     return retried
+
+
+def fail_and_retry(ledger: Ledger, trial: FrozenTrial | optuna.Trial, why: str, emit: Callable[[object], None]) -> bool:
+    """Tell a RUNNING trial FAIL as interrupted (not counted) and enqueue its parameters again,
+    to train with its seeds; False when it had been told meanwhile (by its worker, or another
+    worker that retried it first)."""
+    study, trial_id = ledger.study, trial._trial_id
+    try:
+        study._storage.set_trial_user_attr(trial_id, "interrupted_because", why)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    if not ledger.fail(trial, Outcome.INTERRUPTED, INTERRUPTED):
+        return False
+    frozen = study._storage.get_trial(trial_id)
+    original = frozen.user_attrs.get(RETRY_OF, frozen.number)  # a retry of a retry keeps the first seeds
+    study.enqueue_trial(frozen.params or frozen.system_attrs.get("fixed_params", {}),
+                        user_attrs={RETRY_OF: original}, skip_if_exists=False)
+    emit(TrialRetried(frozen.number, why))
+    return True
+
+
+def interrupt_held(ledger: Ledger, held: Collection[optuna.Trial], emit: Callable[[object], None]) -> None:
+    """Ctrl-C: the trials this worker holds are failed as interrupted and queued again at once,
+    so nothing is left RUNNING and the next run trains them first."""
+    with ledger.lock:
+        for trial in held:
+            if ledger.is_running(trial):
+                fail_and_retry(ledger, trial, "Ctrl-C (SIGINT) stopped its search", emit)
 
 
 def wait_for_other_workers(ledger: Ledger, worker: str, emit: Callable[[object], None],
