@@ -353,6 +353,8 @@ OPTION_CASES = [
     ("dashboard --storage sqlite in a missing folder", ["dashboard", "--storage", "sqlite:////nonexistent_dir/x.db"],
      "folder '/nonexistent_dir' does not exist"),
     ("dashboard --storage a folder", ["dashboard", "--storage", "{tmp}"], "it is a folder; expected a journal file path"),
+    ("dashboard --port out of range", ["dashboard", "--storage", "{journal}", "--port", "70000"],
+     "Invalid value for '--port': 70000 is not in the range 1<=x<=65535"),
 ]
 
 
@@ -498,3 +500,13 @@ def test_a_changed_distribution_on_a_stored_study_is_refused_before_anything_is_
     (env.tmp / "space.yaml").write_text(space_text(params=params))
     check_refused(env, SEARCH, "study 'tiny' has trials where 'model.config.width' is CategoricalDistribution",
                   "a study keeps one kind of distribution per parameter")
+
+
+def test_a_busy_dashboard_port_is_one_line(env):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        check_refused(env, ["dashboard", "--storage", "{journal}", "--port", str(port)],
+                      f"cannot serve the dashboard on 127.0.0.1:{port}: Address already in use")
+    assert not (env.tmp / "artifacts").exists()
