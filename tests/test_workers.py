@@ -105,6 +105,43 @@ def test_workers_share_one_journal_study_and_its_budget(tmp_path):
     assert len({a.partition("/")[0] for a in arrays}) > 1  # arrays trained by several workers
 
 
+def test_workers_stop_and_tell_their_trials_when_their_parent_is_killed(tmp_path):
+    """SIGKILL of `hfta-nas search --workers 2` (the OOM killer, a scheduler): Linux sends its
+    workers SIGINT, and each stops as on Ctrl-C, its trials told and queued again."""
+    space, journal = tmp_path / "space.yaml", tmp_path / "study.journal"
+    space.write_text(space_text(n_trials=40, epochs=30))
+    parent = subprocess.Popen([*hfta_nas_command(), "search", str(space), "--workers", "2", "--threads", "1",
+                               "--storage", str(journal), "--out", str(tmp_path / "out"), "--quiet"],
+                              cwd=tmp_path, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, workers = time.monotonic() + 120, set()
+    try:
+        while time.monotonic() < deadline and len(workers) < 2:
+            time.sleep(0.2)
+            if journal.exists() and journal.stat().st_size:
+                trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).trials
+                workers = {pid_of(t) for t in trials if t.state == TrialState.RUNNING} - {None}
+        assert len(workers) == 2, "both workers should hold trials before the kill"
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived its killed parent"
+    trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]  # told as interrupted, none left held
+    assert any(t.user_attrs.get("outcome") == "interrupted" for t in trials)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited: only its parent has not reaped it
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
 # ------------------------------------------------------------------- PostgreSQL
 def _postgres_bin(name):
     found = shutil.which(name)

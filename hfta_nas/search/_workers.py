@@ -145,7 +145,7 @@ def run_workers(args: list[str], workers: int, *, device: str = "cpu",
     try:
         for worker, (argv, env) in enumerate(worker_commands(args, workers, device=device)):
             process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       errors="replace", bufsize=1)
+                                       errors="replace", bufsize=1, preexec_fn=_stop_when_parent_dies(os.getpid()))
             processes.append(process)
             envs.append(env)
             relay = threading.Thread(target=_relay, args=(process, f"[worker {worker}] ", echo), daemon=True)
@@ -162,6 +162,24 @@ def run_workers(args: list[str], workers: int, *, device: str = "cpu",
     seconds = time.monotonic() - started
     return [WorkerExit(i, p.pid, p.returncode, seconds, envs[i].get("CUDA_VISIBLE_DEVICES") if len(_gpus()) > 1 else None)
             for i, p in enumerate(processes)]
+
+
+def _stop_when_parent_dies(parent: int) -> Callable[[], None] | None:
+    """In the worker, before exec: ask Linux for SIGINT when this parent dies (SIGKILL, the OOM
+    killer), so a worker stops as on Ctrl-C, telling its trials, instead of running on orphaned.
+    Elsewhere nothing (a worker then ends with its budget, and a re-run retries what it held)."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arrange() -> None:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+        if os.getppid() != parent:  # the parent died before the request: stop now
+            os._exit(130)
+
+    return arrange
 
 
 def _relay(process: subprocess.Popen, prefix: str, echo: Callable[[str], None]) -> None:
