@@ -142,6 +142,28 @@ def _alive(pid):
         return stat.read().split(")")[-1].split()[0] != "Z"
 
 
+FIRST_OPEN = """
+import sys, time
+import optuna
+from hfta_nas.search import open_storage
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+while time.time() < float(sys.argv[2]):  # all start at once
+    time.sleep(0.001)
+optuna.create_study(storage=open_storage(sys.argv[1])[0], study_name="first", load_if_exists=True)
+"""
+
+
+def test_simultaneous_first_opens_of_a_fresh_sqlite_file_all_succeed(tmp_path):
+    """Several workers started at once on a new SQLite file raced to create its tables
+    ("table studies already exists"); they now create them one at a time."""
+    url, at = f"sqlite:///{tmp_path / 'fresh.db'}", time.time() + 8
+    processes = [subprocess.Popen([sys.executable, "-c", FIRST_OPEN, url, str(at)], env=worker_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(8)]
+    outputs = [(p.wait(timeout=120), p.stdout.read()) for p in processes]
+    assert all(code == 0 for code, _ in outputs), [out[-500:] for code, out in outputs if code]
+    assert [s.study_name for s in optuna.get_all_study_summaries(open_storage(url)[0])] == ["first"]
+
+
 # ------------------------------------------------------------------- PostgreSQL
 def _postgres_bin(name):
     found = shutil.which(name)

@@ -182,6 +182,16 @@ def _get_storage(url: str) -> BaseStorage:
     """Optuna's storage for `url`; on PostgreSQL, workers that open a fresh database
     at once create its tables one at a time (under an advisory lock): concurrent
     CREATE TYPE / CREATE TABLE fail there with duplicate-key errors."""
+    database = _sqlite_file(url)
+    if database is not None and os.name == "posix":
+        # SQLite has no advisory lock; processes that open a fresh file at once raced to create its
+        # tables ("table studies already exists"): they create it one at a time under a file lock
+        lock = _KernelJournalLock(database)
+        lock.acquire()
+        try:
+            return optuna.storages.get_storage(url)
+        finally:
+            lock.release()
     if not url.startswith("postgresql"):
         return optuna.storages.get_storage(url)
     import sqlalchemy
@@ -196,6 +206,13 @@ def _get_storage(url: str) -> BaseStorage:
                 connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": _SCHEMA_LOCK_KEY})
     finally:
         engine.dispose()
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The database file of an `sqlite:///FILE` URL (None for memory or other databases)."""
+    if not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
+        return None
+    return Path(url[len("sqlite:///"):].split("?", 1)[0])
 
 
 _SCHEMA_LOCK_KEY = int.from_bytes(hashlib.sha256(b"hfta-nas/optuna-schema").digest()[:8], "big", signed=True)
