@@ -5,15 +5,12 @@ the study lock), no trial is left RUNNING or WAITING, and the killed worker's
 trials are failed as interrupted and retried by the survivors; a worker killed
 between asking and its first heartbeat is retried at once by the next run."""
 
-import glob
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -165,67 +162,20 @@ def test_simultaneous_first_opens_of_a_fresh_sqlite_file_all_succeed(tmp_path):
 
 
 # ------------------------------------------------------------------- PostgreSQL
-def _postgres_bin(name):
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
-    return candidates[-1] if candidates else None
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def postgres_url():
     """A throwaway PostgreSQL server on 127.0.0.1 (trust auth), stopped and removed after the test."""
-    initdb, pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
-    if not (initdb and pg_ctl):
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin")
-    pytest.importorskip("psycopg", reason="the psycopg 3 driver is needed for postgresql:// storages")
-    as_postgres = []
-    if os.geteuid() == 0:  # initdb refuses root: run the server as the postgres user
-        runuser = shutil.which("runuser")
-        if runuser is None:
-            pytest.skip("running as root and `runuser` is missing: cannot run initdb as another user")
-        try:
-            import pwd
+    from benchmarks._postgres import Unavailable, throwaway_postgres
 
-            account = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no `postgres` user to run initdb as")
-        as_postgres = [runuser, "-u", "postgres", "--"]
-    base = Path(tempfile.mkdtemp(prefix="hfta-nas-pg-"))  # not tmp_path: its parents are private to this user
-    data, sockets, log = base / "data", base / "sock", base / "server.log"
-    started = False
     try:
-        sockets.mkdir()
-        base.chmod(0o755)
-        if as_postgres:
-            for path in (base, sockets):
-                os.chown(path, account.pw_uid, account.pw_gid)
-        port = _free_port()
-        subprocess.run([*as_postgres, initdb, "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"],
-                       check=True, capture_output=True, timeout=120)
-        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
-        subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "60", "start"],
-                       check=True, capture_output=True, timeout=90)
-        started = True
-        import psycopg
-
-        with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as connection:
-            connection.execute("CREATE DATABASE hfta_nas_workers")
-        yield f"postgresql://postgres@127.0.0.1:{port}/hfta_nas_workers"
-    except subprocess.CalledProcessError as error:
-        server_log = log.read_text(errors="replace") if log.exists() else ""
-        raise RuntimeError(f"{error.cmd[len(as_postgres)]} failed: {error.stderr!r} {error.stdout!r}\n{server_log}") from error
+        server = throwaway_postgres("hfta_nas_workers")
+        url = server.__enter__()
+    except Unavailable as why:
+        pytest.skip(str(why))
+    try:
+        yield url
     finally:
-        if started:
-            subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
+        server.__exit__(None, None, None)
 
 
 def test_postgres_study_lock_excludes_another_worker(postgres_url):

@@ -47,7 +47,8 @@ from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome
 from hfta_nas.search._packing import Pack, example_input, pack, shape_key, structure_key
-from hfta_nas.search._recovery import interrupt_held, retry_stale_trials, wait_for_other_workers
+from hfta_nas.search._recovery import (interrupt_held, retry_stale_trials, told_despite_interrupts,
+                                      wait_for_other_workers)
 from hfta_nas.search._storage import dashboard_command, storage_location, study_lock
 
 AUTO_CAP = 64  # the most models array_size="auto" puts in one array
@@ -166,24 +167,36 @@ class _Search:
                         break
                     for planned in self.pack(pool):
                         self._train(planned)
-            except HftaNasError as error:  # a user error (e.g. in build): nothing stays RUNNING
-                self._release(f"not trained: the search stopped on an error: {error}")
-                raise
-            except KeyboardInterrupt:
-                interrupt_held(self.ledger, list(self.asked.values()), self.emit)
-                raise
-            except SystemExit as exit_:  # user code (a model's forward, a loss) ended the process
-                self._release(f"not trained: user code called sys.exit({exit_.code!r})")
-                raise HftaNasError(f"the search stopped: user code called sys.exit({exit_.code!r}) while an array "
-                                   "trained; its trials were failed (not counted), a re-run trains them") from None
-            except Exception as error:  # an error in the user's model or loss while training
-                self._release(f"not trained: the search stopped on an error: {type(error).__name__}: {error}")
-                raise HftaNasError(f"the search stopped: training raised {type(error).__name__}: {error}; its trials "
-                                   "were failed (not counted against the budget), a re-run trains them") from error
+            except BaseException as error:
+                raise self._tell_held_on(error)
         self._release("not trained: the search's timeout ran out before its array started")
         self.ledger.discard_surplus()
         self.ctx.export.repair()  # another worker may have published a better trial meanwhile
         return self._summary()
+
+    def _tell_held_on(self, error: BaseException) -> BaseException:
+        """Tell every trial this run holds how the search stopped (nothing stays RUNNING);
+        the exception to raise: a user's error as one HftaNasError line."""
+        if isinstance(error, KeyboardInterrupt):  # failed as interrupted and queued again: the next run trains them
+            told_despite_interrupts(lambda: interrupt_held(self.ledger, list(self.asked.values()), self.emit))
+            return error
+        if isinstance(error, HftaNasError):  # a user error (e.g. in build)
+            told_despite_interrupts(lambda: self._release(f"not trained: the search stopped on an error: {error}"))
+            return error
+        if isinstance(error, SystemExit):  # user code (a model's forward, a loss) ended the process
+            told_despite_interrupts(lambda: self._release(f"not trained: user code called sys.exit({error.code!r})"))
+            stopped = HftaNasError(f"the search stopped: user code called sys.exit({error.code!r}) while an array "
+                                   "trained; its trials were failed (not counted), a re-run trains them")
+            stopped.__suppress_context__ = True
+            return stopped
+        if isinstance(error, Exception):  # an error in the user's model or loss while training
+            reason = f"not trained: the search stopped on an error: {type(error).__name__}: {error}"
+            told_despite_interrupts(lambda: self._release(reason))
+            stopped = HftaNasError(f"the search stopped: training raised {type(error).__name__}: {error}; its trials "
+                                   "were failed (not counted against the budget), a re-run trains them")
+            stopped.__cause__ = error
+            return stopped
+        return error
 
     def _time_left(self) -> bool:
         return self.timeout is None or time.monotonic() - self.started < self.timeout

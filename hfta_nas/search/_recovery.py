@@ -23,8 +23,11 @@ a WAITING trial with the same parameters (`enqueue_trial`).
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -69,10 +72,14 @@ def fail_and_retry(ledger: Ledger, trial: FrozenTrial | optuna.Trial, why: str, 
 def interrupt_held(ledger: Ledger, held: Collection[optuna.Trial], emit: Callable[[object], None]) -> None:
     """Ctrl-C: the trials this worker holds are failed as interrupted and queued again at once,
     so nothing is left RUNNING and the next run trains them first."""
-    with ledger.lock:
+    told: list[object] = []  # events are emitted once every trial is told: printing may fail now
+    with ledger.lock:  # (a killed parent took the worker's stdout with it)
         for trial in held:
             if ledger.is_running(trial):
-                fail_and_retry(ledger, trial, "Ctrl-C (SIGINT) stopped its search", emit)
+                fail_and_retry(ledger, trial, "Ctrl-C (SIGINT) stopped its search", told.append)
+    for event in told:
+        with contextlib.suppress(Exception):
+            emit(event)
 
 
 def wait_for_other_workers(ledger: Ledger, worker: str, emit: Callable[[object], None],
@@ -87,3 +94,31 @@ def wait_for_other_workers(ledger: Ledger, worker: str, emit: Callable[[object],
                 return True
         time.sleep(min(interval, 2.0))
     return False
+
+
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored while a stopping worker tells its trials (main thread only; elsewhere
+    nothing): a second Ctrl-C, or one that reached another thread, must not cut the telling
+    short. The caller retries once more for a signal that arrived just before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def told_despite_interrupts(tell: Callable[[], None], attempts: int = 3) -> None:
+    """Run `tell` to its end with SIGINT ignored; a KeyboardInterrupt raised from a signal that
+    came in just before is absorbed and `tell` runs again (it skips what it already told)."""
+    with interrupts_ignored():
+        for attempt in range(attempts):
+            try:
+                tell()
+                return
+            except KeyboardInterrupt:
+                if attempt == attempts - 1:
+                    raise

@@ -1,0 +1,92 @@
+"""A throwaway PostgreSQL server on 127.0.0.1 (trust auth), for tests and the chaos script.
+
+`throwaway_postgres(database)` starts one in a temporary folder (as the `postgres`
+user when running as root: initdb refuses root), yields its URL, and stops and
+removes it afterwards. `Unavailable` says why none can be started here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class Unavailable(RuntimeError):
+    """No PostgreSQL server can be started on this machine (the message says why)."""
+
+
+def _binary(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+                        key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    return candidates[-1] if candidates else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_postgres() -> tuple[list[str], tuple[int, int] | None]:
+    """The command prefix that runs a program as the postgres user (none unless root), and its uid/gid."""
+    if os.geteuid() != 0:
+        return [], None
+    runuser = shutil.which("runuser")
+    if runuser is None:
+        raise Unavailable("running as root and `runuser` is missing: cannot run initdb as another user")
+    import pwd
+
+    try:
+        account = pwd.getpwnam("postgres")
+    except KeyError:
+        raise Unavailable("running as root and there is no `postgres` user to run initdb as") from None
+    return [runuser, "-u", "postgres", "--"], (account.pw_uid, account.pw_gid)
+
+
+@contextlib.contextmanager
+def throwaway_postgres(database: str = "hfta_nas") -> Iterator[str]:
+    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
+    if not (initdb and pg_ctl):
+        raise Unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin")
+    if importlib.util.find_spec("psycopg") is None:
+        raise Unavailable("the psycopg 3 driver is needed for postgresql:// storages")
+    prefix, owner = _as_postgres()
+    base = Path(tempfile.mkdtemp(prefix="hfta-nas-pg-"))  # its parents must be readable by the postgres user
+    data, sockets, log = base / "data", base / "sock", base / "server.log"
+    started = False
+    try:
+        sockets.mkdir()
+        base.chmod(0o755)
+        if owner is not None:
+            for path in (base, sockets):
+                os.chown(path, *owner)
+        port = _free_port()
+        subprocess.run([*prefix, initdb, "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"],
+                       check=True, capture_output=True, timeout=120)
+        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "60", "start"],
+                       check=True, capture_output=True, timeout=90)
+        started = True
+        import psycopg
+
+        with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as connection:
+            connection.execute(f"CREATE DATABASE {database}")
+        yield f"postgresql://postgres@127.0.0.1:{port}/{database}"
+    except subprocess.CalledProcessError as error:
+        server_log = log.read_text(errors="replace") if log.exists() else ""
+        raise RuntimeError(f"{error.cmd[len(prefix)]} failed: {error.stderr!r} {error.stdout!r}\n{server_log}") from error
+    finally:
+        if started:
+            subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
