@@ -19,7 +19,7 @@ it end, runs the same command again to the end with no signal, and checks:
   (1e-5: a re-run trains the missing seeds in a smaller array).
 
 A round that breaks an invariant is printed with its draw and its logs' tails. The
-last line is the count: `chaos: N rounds, K passed, F failed`.
+last line is the count: `chaos: N rounds (S signalled mid-run), K passed, F failed`.
 """
 
 from __future__ import annotations
@@ -125,14 +125,16 @@ def _workers_of(parent: int) -> list[int]:
     return children
 
 
-def disturbed_run(draw: Draw, argv: list[str], log: Path) -> int:
-    """Run `argv`, send the draw's signal at its time, and wait for the command to end."""
+def disturbed_run(draw: Draw, argv: list[str], log: Path) -> bool:
+    """Run `argv`, send the draw's signal at its time, and wait for the command to end;
+    whether the signal found it still running."""
     with open(log, "wb") as stream:
         process = subprocess.Popen(argv, cwd=log.parent, env=env(), stdout=stream, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + draw.at_s
     while time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.02)
-    if process.poll() is None:
+    hit = process.poll() is None
+    if hit:
         targets = [process.pid]
         if draw.target == "worker" and _workers_of(process.pid):
             targets = [random.Random(draw.round).choice(_workers_of(process.pid))]
@@ -146,10 +148,11 @@ def disturbed_run(draw: Draw, argv: list[str], log: Path) -> int:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
     try:
-        return process.wait(timeout=600)
+        process.wait(timeout=600)
     except subprocess.TimeoutExpired:
         process.kill()
-        return process.wait()
+        process.wait()
+    return hit
 
 
 def clean_run(argv: list[str], log: Path) -> int:
@@ -159,7 +162,8 @@ def clean_run(argv: list[str], log: Path) -> int:
 
 
 # --------------------------------------------------------------- invariants
-def search_problems(url: str, name: str, out: Path, reference: dict[tuple, float]) -> list[str]:
+def search_problems(url: str, name: str, out: Path, reference: dict[tuple, float]) -> tuple[list[str], int]:
+    """What breaks an invariant, and how many trials were compared with the clean run."""
     study = optuna.load_study(study_name=name, storage=open_storage(url)[0])
     trials = study.get_trials(deepcopy=False)
     problems = [f"trial {t.number} left {t.state.name}" for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
@@ -182,11 +186,11 @@ def search_problems(url: str, name: str, out: Path, reference: dict[tuple, float
         staged = out / ".trials" / f"{best.number}.pt"
         if not staged.exists() or staged.read_bytes() != (out / "best_weights.pt").read_bytes():
             problems.append("best_weights.pt is not the best trial's staged weights")
-    for t in complete:
-        key = _key(t)
-        if key in reference and abs(reference[key] - t.values[0]) > 1e-6:
-            problems.append(f"trial {t.number}: {t.values[0]} where a clean run gave {reference[key]} for {t.params}")
-    return problems
+    compared = [t for t in complete if _key(t) in reference]
+    for t in compared:
+        if abs(reference[_key(t)] - t.values[0]) > 1e-6:
+            problems.append(f"trial {t.number}: {t.values[0]} where a clean run gave {reference[_key(t)]} for {t.params}")
+    return problems, len(compared)
 
 
 def _key(trial: Any) -> tuple:
@@ -206,11 +210,11 @@ def stability_values(report: Path) -> dict[int, dict[str, float]]:
             for _, r in seeds.iterrows()}
 
 
-def stability_problems(report: Path, reference: dict[int, dict[str, Any]]) -> list[str]:
+def stability_problems(report: Path, reference: dict[int, dict[str, Any]]) -> tuple[list[str], int]:
     try:
         values = stability_values(report)
     except (OSError, ValueError, KeyError) as error:
-        return [f"no readable report: {error}"]
+        return [f"no readable report: {error}"], 0
     problems = [f"seed {i}: {row['status']}" for i, row in values.items() if row["status"] != "completed"]
     if sorted(values) != sorted(reference):
         problems.append(f"seeds {sorted(values)}, expected {sorted(reference)}")
@@ -218,7 +222,7 @@ def stability_problems(report: Path, reference: dict[int, dict[str, Any]]) -> li
         expected = reference.get(index)
         if expected and any(abs(row[m] - expected[m]) > 1e-5 for m in ("test_acc", "val_acc")):
             problems.append(f"seed {index}: {row} where a clean run gave {expected}")
-    return problems
+    return problems, len(set(values) & set(reference))
 
 
 # --------------------------------------------------------------------- main
@@ -227,7 +231,7 @@ def draw_round(rng: random.Random, number: int, storages: list[str]) -> Draw:
     workers = rng.choice([1, 2, 3]) if what == "search" else 1
     sig = rng.choice(SIGNALS)
     target = rng.choice(["command", "worker"]) if workers > 1 else "command"
-    return Draw(number, what, rng.choice(storages), workers, sig, target, round(rng.uniform(1.0, 9.0), 2),
+    return Draw(number, what, rng.choice(storages), workers, sig, target, round(rng.uniform(1.0, 7.0), 2),
                 round(rng.uniform(0.5, 4.0), 2))
 
 
@@ -245,7 +249,9 @@ def references(storages: list[str], postgres: str | None, base: Path) -> dict[st
     return {"search": search_reference(url, "reference"), "stability": stability_values(folder / "report")}
 
 
-def run_round(draw: Draw, base: Path, postgres: str | None, reference: dict[str, Any]) -> list[str]:
+def run_round(draw: Draw, base: Path, postgres: str | None, reference: dict[str, Any]) -> tuple[list[str], int, bool]:
+    """The round's broken invariants, how many results were compared with a clean run, and
+    whether the signal found the command running."""
     folder = base / f"round-{draw.round}"
     folder.mkdir()
     name = f"chaos{draw.round}"
@@ -253,12 +259,12 @@ def run_round(draw: Draw, base: Path, postgres: str | None, reference: dict[str,
     (folder / "config.yaml").write_text(STABILITY_CONFIG)
     url = storage_url(draw.storage, folder, postgres, name)
     argv = command(draw, folder, url)
-    disturbed_run(draw, argv, folder / "disturbed.log")
+    hit = disturbed_run(draw, argv, folder / "disturbed.log")
     if clean_run(argv, folder / "rerun.log"):
-        return [f"the re-run failed:\n{(folder / 'rerun.log').read_text(errors='replace')[-1500:]}"]
+        return [f"the re-run failed:\n{(folder / 'rerun.log').read_text(errors='replace')[-1500:]}"], 0, hit
     if draw.command == "search":
-        return search_problems(url, name, folder / "out", reference["search"])
-    return stability_problems(folder / "report", reference["stability"])
+        return (*search_problems(url, name, folder / "out", reference["search"]), hit)
+    return (*stability_problems(folder / "report", reference["stability"]), hit)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,9 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         for number in range(1, args.rounds + 1):
             draw = draw_round(rng, number, storages)
             started = time.monotonic()
-            problems = run_round(draw, base, postgres, reference)
-            results.append({**asdict(draw), "seconds": round(time.monotonic() - started, 1), "problems": problems})
-            verdict = "ok" if not problems else "FAILED: " + "; ".join(problems)
+            problems, compared, hit = run_round(draw, base, postgres, reference)
+            results.append({**asdict(draw), "seconds": round(time.monotonic() - started, 1), "problems": problems,
+                            "compared_with_clean_run": compared, "signal_hit": hit})
+            verdict = f"ok ({compared} results equal a clean run's)" if not problems else "FAILED: " + "; ".join(problems)
+            verdict += "" if hit else " [the command had ended before the signal]"
             print(f"round {number}: {draw.command} {draw.storage} workers={draw.workers} {draw.signal}->{draw.target} "
                   f"at {draw.at_s}s: {verdict}", flush=True)
     if args.keep is None:
@@ -301,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"seed": args.seed, "rounds": results}, indent=2) + "\n")
     failed = sum(1 for r in results if r["problems"])
-    print(f"chaos: {len(results)} rounds, {len(results) - failed} passed, {failed} failed")
+    hit = sum(1 for r in results if r["signal_hit"])
+    print(f"chaos: {len(results)} rounds ({hit} signalled mid-run), {len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
