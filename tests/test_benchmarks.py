@@ -310,3 +310,19 @@ def test_envelope_bad_arguments_are_rejected(capsys):
         assert exit_info.value.code == 2
     assert envelope.main(["--quick", "--ratios", "1.5", "--workloads", "none", "--quiet"]) == 2
     assert "ratios" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- benchmarks/chaos.py
+def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
+    """`--seed 0` draws a search with 2 workers, one SIGKILLed mid-run (the 100-round count is in the README)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = tmp_path / "chaos.json"
+    completed = subprocess.run([sys.executable, "-m", "benchmarks.chaos", "--rounds", "1", "--seed", "0", "--storages",
+                                "journal", "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=300)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    [round_] = json.loads(out.read_text())["rounds"]
+    assert (round_["command"], round_["workers"], round_["signal"], round_["target"]) == ("search", 2, "SIGKILL", "worker")
+    assert round_["problems"] == [] and round_["compared_with_clean_run"] >= 1
+    assert completed.stdout.strip().splitlines()[-1].startswith("chaos: 1 rounds (")
+    assert completed.stdout.strip().endswith("1 passed, 0 failed")
