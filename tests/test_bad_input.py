@@ -510,3 +510,33 @@ def test_a_busy_dashboard_port_is_one_line(env):
         check_refused(env, ["dashboard", "--storage", "{journal}", "--port", str(port)],
                       f"cannot serve the dashboard on 127.0.0.1:{port}: Address already in use")
     assert not (env.tmp / "artifacts").exists()
+
+
+# ------------------------------------------------------------ property: the search command's options
+_TEXTS = st.one_of(st.text(max_size=12), st.sampled_from(["", "-1", "0", "nan", "inf", "1e309", "auto", "3", "tpe",
+                                                         "median", "cuda", "cpu", "../x", "/dev/null", "a://b"]))
+SEARCH_OPTIONS = {"--n-trials": _TEXTS, "--timeout": _TEXTS, "--array-size": _TEXTS, "--seed": _TEXTS,
+                  "--sampler": _TEXTS, "--pruner": _TEXTS, "--threads": _TEXTS, "--device": _TEXTS,
+                  "--dtype": _TEXTS, "--study-name": _TEXTS, "--storage": _TEXTS}
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.dictionaries(st.sampled_from(sorted(SEARCH_OPTIONS)), _TEXTS, max_size=4))
+def test_any_search_options_plan_or_give_one_line_and_exit_2(tmp_path_factory, options):
+    """`hfta-nas search --dry-run` with random values of its options: a plan (exit 0) or one
+    `error:` line (exit 2), never a traceback; a dry run writes no storage either way."""
+    folder = tmp_path_factory.mktemp("fuzz")
+    space = folder / "space.yaml"
+    space.write_text(space_text(array={"size": 2, "step_cost": {"fixed_s": 0.001, "per_gmac_s": 0.1}},
+                                budget={"n_trials": 2}))
+    args = ["search", str(space), "--dry-run", "--quiet"]
+    for option, value in options.items():
+        if option == "--storage" and value and not value.startswith(("/", "a://")):
+            value = str(folder / value.replace("/", "_"))  # relative paths stay in the test's folder
+        args += [option, value]
+    result = invoke(*args)
+    assert result.exit_code in (0, 2), (args, result.output, result.exception)
+    assert "Traceback" not in result.output, (args, result.output)
+    if result.exit_code == 2:
+        assert any(line.startswith(("error: ", "Error: ")) for line in result.output.splitlines()), (args, result.output)
+    assert not [p for p in folder.iterdir() if p.name != "space.yaml" and p.stat().st_size], (args, sorted(folder.iterdir()))
