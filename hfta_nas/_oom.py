@@ -100,9 +100,12 @@ def check_budget(factory: Callable[[], nn.Module], input_shape: Sequence[int], *
 
 
 def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's and the CPU allocator's out-of-memory errors (the CPU one is a plain RuntimeError:
+    "DefaultCPUAllocator: can't allocate memory ... Error code 12"), the budget's, Python's."""
     if isinstance(error, (ArrayOutOfMemory, torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
 def train_in_halves(items: Sequence[T], train: Callable[[list[T]], R],

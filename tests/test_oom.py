@@ -49,6 +49,17 @@ def test_halves_are_retried_down_to_one_and_a_model_too_big_alone_is_reported():
     assert splits == [(5, 3), (3, 2), (2, 1)]
 
 
+def test_the_cpu_allocators_out_of_memory_is_split_too():
+    """On the CPU, torch reports exhausted memory as a plain RuntimeError from its allocator."""
+    def train_part(part):
+        if len(part) > 1:
+            torch.empty(2**62, dtype=torch.uint8)  # the real allocator's error, not a hand-written one
+        return sum(part)
+
+    done = train_in_halves([1, 2, 3], train_part)
+    assert [result for _, result in done] == [1, 2, 3]
+
+
 def test_other_errors_are_not_mistaken_for_out_of_memory():
     with pytest.raises(ValueError):
         train_in_halves([1, 2], lambda part: (_ for _ in ()).throw(ValueError("bug")))
