@@ -99,3 +99,23 @@ def test_a_trial_taken_over_while_its_worker_was_paused_is_not_told_twice(tmp_pa
     assert len(trials[taken[0]].intermediate_values) == 1  # nothing reported after it was taken
     others = [t for n, t in trials.items() if n != taken[0]]
     assert others and all(t.state == TrialState.COMPLETE for t in others)
+
+
+def test_an_export_folder_that_turns_read_only_is_one_line_and_the_study_keeps_the_trials(tmp_path, monkeypatch):
+    """A disk that fills up or turns read-only after training: the files cannot be written."""
+    import errno
+
+    import pytest
+
+    from hfta_nas.errors import HftaNasError
+    from hfta_nas.search import _export
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_export, "save_weights", full_disk)
+    with pytest.raises(HftaNasError, match="cannot write the best trial's weights and config to .*No space left"):
+        search(tmp_path, TEXT)
+    trials = load_study(tmp_path).get_trials()
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    assert any(t.state == TrialState.COMPLETE for t in trials)  # told before its files were written

@@ -15,7 +15,7 @@ trial, the best.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from hfta_nas._files import atomic_write_bytes, atomic_write_text, save_weights
+from hfta_nas.errors import HftaNasError
 from hfta_nas.search._candidate import Proposal
 
 WEIGHTS, CONFIG, STAGED = "best_weights.pt", "best_config.yaml", ".trials"
@@ -55,7 +56,7 @@ class BestExport:
         if self.out_dir is None or best is None or best.number != proposal.number:
             return
         staged = self.out_dir / STAGED
-        with self.lock:
+        with self.lock, _writing(self.out_dir):
             save_weights(dict(weights), staged / f"{proposal.number}.pt")
             text = _config_text(proposal, values, self.metrics, study_name)
             if text is not None:
@@ -67,7 +68,7 @@ class BestExport:
         another; drop other staged trials and temporary files left by a kill."""
         if self.out_dir is None or not self.out_dir.is_dir():
             return
-        with self.lock:
+        with self.lock, _writing(self.out_dir):
             self._repair(self.out_dir)
 
     def _repair(self, out_dir: Path) -> None:
@@ -93,6 +94,17 @@ class BestExport:
         assert self.out_dir is not None
         self.files = {kind: str(self.out_dir / name) for kind, name in (("weights", WEIGHTS), ("config", CONFIG))
                       if (self.out_dir / name).exists()}
+
+
+@contextlib.contextmanager
+def _writing(out_dir: Path) -> Iterator[None]:
+    """A full or read-only disk as one line (the study keeps every trial; only the files are missing)."""
+    try:
+        yield
+    except OSError as error:
+        raise HftaNasError(f"cannot write the best trial's weights and config to '{out_dir}': "
+                           f"{error.strerror or error}; free space or give another --out (the study keeps every "
+                           "trial: re-running the command writes them)") from error
 
 
 def _config_text(proposal: Proposal, values: list[float], metrics: list[str], study_name: str) -> str | None:
