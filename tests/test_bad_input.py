@@ -296,6 +296,9 @@ OPTION_CASES = [
     ("search --workers 0", [*SEARCH, "--workers", "0"], "Invalid value for '--workers': 0 is not in the range x>=1"),
     ("search --device unknown", [*SEARCH, "--device", "tpu"], "unknown device 'tpu'"),
     ("search --storage a device", [*SEARCH, "--storage", "/dev/null"], "cannot use '/dev/null' as storage: it is not a regular file"),
+    ("search --dry-run --storage a device", [*SEARCH, "--dry-run", "--storage", "/dev/null"],
+     "cannot use '/dev/null' as storage: it is not a regular file"),
+    ("search --dry-run --storage a folder", [*SEARCH, "--dry-run", "--storage", "{tmp}"], "cannot use '{tmp}' as storage: it is a folder"),
     ("search --storage unknown scheme", [*SEARCH, "--storage", "foo://bar"], "cannot open storage 'foo://bar': unknown URL scheme 'foo'"),
     ("search --timeout nan", [*SEARCH, "--timeout", "nan"], "timeout must be a positive number, got nan"),
     ("search --timeout inf", [*SEARCH, "--timeout", "inf"], "timeout must be a positive number, got inf"),
@@ -487,10 +490,11 @@ def test_a_journal_damaged_before_its_end_is_refused_and_kept(env):
     env.journal.write_bytes(b"".join(lines))
     (env.tmp / "space.yaml").write_text(space_text())
     before = env.journal.read_bytes()
-    result = invoke(*(env.fill(a) for a in SEARCH))
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert f"cannot read journal file '{env.journal}': a record before its end is damaged" in result.output
-    assert env.journal.read_bytes() == before
+    for args in (SEARCH, [*SEARCH, "--dry-run"]):
+        result = invoke(*(env.fill(a) for a in args))
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert f"cannot read journal file '{env.journal}': a record before its end is damaged" in result.output
+        assert env.journal.read_bytes() == before
 
 
 def test_a_changed_distribution_on_a_stored_study_is_refused_before_anything_is_written(env):
@@ -524,7 +528,7 @@ SEARCH_OPTIONS = {"--n-trials": _TEXTS, "--timeout": _TEXTS, "--array-size": _TE
 @given(st.dictionaries(st.sampled_from(sorted(SEARCH_OPTIONS)), _TEXTS, max_size=4))
 def test_any_search_options_plan_or_give_one_line_and_exit_2(tmp_path_factory, options):
     """`hfta-nas search --dry-run` with random values of its options: a plan (exit 0) or one
-    `error:` line (exit 2), never a traceback; a dry run writes no storage either way."""
+    `error:` line (exit 2), never a traceback; a dry run creates no file either way."""
     folder = tmp_path_factory.mktemp("fuzz")
     space = folder / "space.yaml"
     space.write_text(space_text(array={"size": 2, "step_cost": {"fixed_s": 0.001, "per_gmac_s": 0.1}},
@@ -539,4 +543,4 @@ def test_any_search_options_plan_or_give_one_line_and_exit_2(tmp_path_factory, o
     assert "Traceback" not in result.output, (args, result.output)
     if result.exit_code == 2:
         assert any(line.startswith(("error: ", "Error: ")) for line in result.output.splitlines()), (args, result.output)
-    assert not [p for p in folder.iterdir() if p.name != "space.yaml" and p.stat().st_size], (args, sorted(folder.iterdir()))
+    assert [p.name for p in folder.iterdir()] == ["space.yaml"], (args, sorted(folder.iterdir()))

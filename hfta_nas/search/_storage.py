@@ -75,9 +75,12 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
     try:
         return JournalStorage(backend), str(path)
     except (ValueError, KeyError, TypeError) as error:  # a line that is not an Optuna journal record
-        raise HftaNasError(f"cannot read journal file '{location}': a record before its end is damaged "
-                           f"({type(error).__name__}: {error}); expected an Optuna journal (restore it from a copy, "
-                           "or give another --storage)") from error
+        raise HftaNasError(_damaged(location, error)) from error
+
+
+def _damaged(location: str, error: BaseException) -> str:
+    return (f"cannot read journal file '{location}': a record before its end is damaged ({type(error).__name__}: "
+            f"{error}); expected an Optuna journal (restore it from a copy, or give another --storage)")
 
 
 def repair_torn_tail(journal: Path, lock: Any) -> str | None:
@@ -344,12 +347,18 @@ def _readable(location: str) -> BaseStorage | None:
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
             raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}") from error
     path = Path(location)
-    if not path.is_file():
+    if not path.exists():
         return None
+    if not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+        raise HftaNasError(f"cannot use '{location}' as storage: it is {kind}; expected a journal file path or a "
+                           "database URL.")
     try:
         return JournalStorage(JournalFileBackend(str(path)))
     except OSError as error:
         raise HftaNasError(f"cannot read journal file '{location}': {error}") from error
+    except (ValueError, KeyError, TypeError) as error:
+        raise HftaNasError(_damaged(location, error)) from error
 
 
 def check_directions(study: optuna.Study, directions: list[str]) -> None:
