@@ -216,6 +216,11 @@ class Timing:
     max_steps: int = 200
     max_cell_s: float = 45.0
 
+    def settings(self) -> dict[str, Any]:
+        """These settings under the names the benchmarks' JSON documents use."""
+        return {"warmup_steps": self.warmup, "repeats": self.repeats, "min_repeat_seconds": self.min_time_s,
+                "max_steps_per_repeat": self.max_steps, "cell_budget_seconds": self.max_cell_s}
+
 
 @dataclass
 class Measured:

@@ -104,7 +104,7 @@ def storage_url(kind: str, folder: Path, postgres: str | None, name: str) -> str
     import psycopg
 
     server, _, _ = postgres.rpartition("/")
-    with psycopg.connect(postgres.replace("postgresql://", "postgresql://", 1), autocommit=True) as connection:
+    with psycopg.connect(postgres, autocommit=True) as connection:
         connection.execute(f"CREATE DATABASE {name}")
     return f"{server}/{name}"
 
@@ -235,7 +235,7 @@ def draw_round(rng: random.Random, number: int, storages: list[str]) -> Draw:
                 round(rng.uniform(0.5, 4.0), 2))
 
 
-def references(storages: list[str], postgres: str | None, base: Path) -> dict[str, Any]:
+def references(base: Path) -> dict[str, Any]:
     """Clean runs of both commands, once, on the journal (values do not depend on the storage)."""
     folder = base / "reference"
     folder.mkdir()
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             except Unavailable as why:
                 print(f"chaos: no PostgreSQL ({why}); journal and SQLite only", flush=True)
                 storages.remove("postgresql")
-        reference = references(storages, postgres, base)
+        reference = references(base)
         for number in range(1, args.rounds + 1):
             draw = draw_round(rng, number, storages)
             started = time.monotonic()

@@ -500,9 +500,8 @@ def run_benchmark(
             "workloads": workloads, "sweep": sweep, "ratios": ratio_list, "mixes": {m: {"label": (QUICK_MIXES if quick else MIXES)[m].label(),
                           **vars((QUICK_MIXES if quick else MIXES)[m])} for m in mixes},
             "methods": methods, "device": str(device), "threads": threads, "quick": quick, "dataset": DATASET,
-            "batch_size": BATCH_SIZE, "optimizer": f"Adam(lr={LR:g})", "warmup_steps": timing.warmup,
-            "repeats": timing.repeats, "min_repeat_seconds": timing.min_time_s, "max_steps_per_repeat": timing.max_steps,
-            "cell_budget_seconds": timing.max_cell_s, "equivalence_rtol": EQUIVALENCE_RTOL,
+            "batch_size": BATCH_SIZE, "optimizer": f"Adam(lr={LR:g})", **timing.settings(),
+            "equivalence_rtol": EQUIVALENCE_RTOL,
         },
         "machine": machine_info(device, threads),
         "method_definitions": {

@@ -617,20 +617,25 @@ def _check_param(run: _Run, context: _Context, path: str, param: Param) -> None:
         run.add(loc, f"num_samples only applies to the generated 'mnist1d' dataset, not {context.file.data.dataset!r}")
 
 
+def _numbers(param: Param) -> list[float] | None:
+    """The numbers a searched setting can take at its ends or choices (None if not all are numbers)."""
+    values = _samples(param)
+    numbers = [v for _, v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return numbers if numbers and len(numbers) == len(values) else None
+
+
 def _largest(param: Param | None, base: float) -> float | None:
     """The largest number a setting can take (None if its values are not numbers: reported elsewhere)."""
     if param is None:
         return base
-    values = _samples(param)
-    numbers = [v for _, v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return max(numbers) if numbers and len(numbers) == len(values) else None
+    numbers = _numbers(param)
+    return max(numbers) if numbers else None
 
 
 def _smallest(param: Param) -> float | None:
     """The smallest number a searched setting can take (None if its values are not numbers)."""
-    values = _samples(param)
-    numbers = [v for _, v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return min(numbers) if numbers and len(numbers) == len(values) else None
+    numbers = _numbers(param)
+    return min(numbers) if numbers else None
 
 
 def _check_fractions(run: _Run, context: _Context) -> None:

@@ -162,11 +162,10 @@ def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary
              bootstrap_seed: int, as_json: bool, quiet: bool) -> None:
     import optuna
 
-    from stability._study import check_run_options, run_study
+    from stability._study import run_study
 
     formats_ = _split(formats, FORMATS, "--format")
     plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
-    check_run_options(n_seeds, metric)
     from hfta_nas.runtime import checked_out_dir as _checked_out_dir, set_up_command_process
 
     for option, folder in (("--out", out_dir), ("--artifact-dir", artifact_dir)):

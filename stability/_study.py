@@ -17,7 +17,7 @@ from hfta_nas.errors import HftaNasError
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig, label_for, load_config
 from stability._design import parse_vary
-from stability._result import SOURCES, Analysis, StabilityResult
+from stability._result import METRICS, SOURCES, Analysis, StabilityResult
 from stability._export import FORMATS, PLOT_FORMATS, write_report
 
 
@@ -35,9 +35,7 @@ class StudyReport:
     artifact_dir: Path | None = None
 
 
-# What every seed's training records (the report's `metric` is one of them), and a bound on
-# the seeds of one study: far more than an array holds, and a list that still fits in memory.
-RUN_METRICS = ("test_acc", "test_loss", "train_acc", "train_loss", "val_acc", "val_loss")
+# A bound on the seeds of one study: far more than an array holds, and a list that still fits in memory.
 MAX_SEEDS = 100_000
 
 
@@ -45,10 +43,10 @@ def check_run_options(seeds: Any, metric: str) -> None:
     """HftaNasError for a seed count or metric that would fail only after training."""
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
         raise HftaNasError(f"--seeds must be an integer from 1 to {MAX_SEEDS:,}, got {seeds!r}.")
-    if metric not in RUN_METRICS:
-        close = difflib.get_close_matches(metric, RUN_METRICS, n=1)
+    if metric not in METRICS:  # what every seed's training records
+        close = difflib.get_close_matches(metric, METRICS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise HftaNasError(f"--metric: unknown metric '{metric}'{hint}; expected one of {', '.join(RUN_METRICS)}.")
+        raise HftaNasError(f"--metric: unknown metric '{metric}'{hint}; expected one of {', '.join(METRICS)}.")
 
 
 def run_study(

@@ -61,7 +61,7 @@ class BestExport:
             text = _config_text(proposal, values, self.metrics, study_name)
             if text is not None:
                 atomic_write_text(staged / f"{proposal.number}.yaml", text)
-            self.repair()
+            self._repair(self.out_dir)
 
     def repair(self) -> None:
         """Publish the study's best trial from its staged files where the published pair names
@@ -81,10 +81,12 @@ class BestExport:
             return
         for name, suffix in ((WEIGHTS, ".pt"), (CONFIG, ".yaml")):
             source, target = staged / f"{best.number}{suffix}", out_dir / name
-            if source.exists() and (not target.exists() or target.read_bytes() != source.read_bytes()):
-                atomic_write_bytes(target, source.read_bytes())
-            elif not source.exists():
+            if not source.exists():
                 target.unlink(missing_ok=True)  # a config of another trial must not sit beside these weights
+                continue
+            data = source.read_bytes()
+            if not target.exists() or target.read_bytes() != data:
+                atomic_write_bytes(target, data)
         for path in staged.iterdir():
             if path.stem != str(best.number):
                 path.unlink(missing_ok=True)

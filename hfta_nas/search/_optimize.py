@@ -181,22 +181,21 @@ class _Search:
             told_despite_interrupts(lambda: interrupt_held(self.ledger, list(self.asked.values()), self.emit))
             return error
         if isinstance(error, HftaNasError):  # a user error (e.g. in build)
-            told_despite_interrupts(lambda: self._release(f"not trained: the search stopped on an error: {error}"))
-            return error
-        if isinstance(error, SystemExit):  # user code (a model's forward, a loss) ended the process
-            told_despite_interrupts(lambda: self._release(f"not trained: user code called sys.exit({error.code!r})"))
-            stopped = HftaNasError(f"the search stopped: user code called sys.exit({error.code!r}) while an array "
-                                   "trained; its trials were failed (not counted), a re-run trains them")
-            stopped.__suppress_context__ = True
-            return stopped
-        if isinstance(error, Exception):  # an error in the user's model or loss while training
+            reason, raised = f"not trained: the search stopped on an error: {error}", error
+        elif isinstance(error, SystemExit):  # user code (a model's forward, a loss) ended the process
+            reason = f"not trained: user code called sys.exit({error.code!r})"
+            raised = HftaNasError(f"the search stopped: user code called sys.exit({error.code!r}) while an array "
+                                  "trained; its trials were failed (not counted), a re-run trains them")
+            raised.__suppress_context__ = True
+        elif isinstance(error, Exception):  # an error in the user's model or loss while training
             reason = f"not trained: the search stopped on an error: {type(error).__name__}: {error}"
-            told_despite_interrupts(lambda: self._release(reason))
-            stopped = HftaNasError(f"the search stopped: training raised {type(error).__name__}: {error}; its trials "
-                                   "were failed (not counted against the budget), a re-run trains them")
-            stopped.__cause__ = error
-            return stopped
-        return error
+            raised = HftaNasError(f"the search stopped: training raised {type(error).__name__}: {error}; its trials "
+                                  "were failed (not counted against the budget), a re-run trains them")
+            raised.__cause__ = error
+        else:
+            return error
+        told_despite_interrupts(lambda: self._release(reason))
+        return raised
 
     def _time_left(self) -> bool:
         return self.timeout is None or time.monotonic() - self.started < self.timeout
@@ -257,10 +256,10 @@ class _Search:
             raise HftaNasError(f"build(trial) must return a hfta_nas.Candidate, got {type(candidate).__name__}.")
         candidate = candidate.checked(self.data)
         self._check_metrics(candidate)
-        shell = meta_shell(candidate)
-        check_outputs(candidate, shell, example_input(candidate).expand(2, *candidate.data.input_shape))
+        shell, x = meta_shell(candidate), example_input(candidate)
+        check_outputs(candidate, shell, x.expand(2, *candidate.data.input_shape))
         seeds = trial_seeds(self.seed, trial.user_attrs.get(RETRY_OF, trial.number))
-        proposal = Proposal(trial, candidate, seeds, shell, model_macs(shell, example_input(candidate)))
+        proposal = Proposal(trial, candidate, seeds, shell, model_macs(shell, x))
         self.proposed.add(shape_key(proposal))
         return proposal
 

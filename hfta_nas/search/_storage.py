@@ -53,20 +53,14 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
     if "://" in location and scheme.replace("+", "").isalnum():
         raise HftaNasError(f"cannot open storage '{location}': unknown URL scheme '{scheme}'; expected sqlite:///FILE, "
                            "postgresql://..., mysql://... or a journal file path.")
-    path = Path(location)
-    if path.is_dir():
-        raise HftaNasError(f"cannot use '{location}' as storage: it is a folder; expected a journal file path "
-                           f"(e.g. {Path(location) / 'hfta-nas.journal'}) or a database URL.")
-    if path.exists() and not path.is_file():
-        raise HftaNasError(f"cannot use '{location}' as storage: it is not a regular file (a device, pipe or socket); "
-                           "expected a journal file path or a database URL.")
+    path = _journal_path(location)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             path.touch()
         if not os.access(path, os.W_OK):
             raise PermissionError(f"'{path}' is not writable")
-        lock = _KernelJournalLock(path) if os.name == "posix" else None
+        lock = _KernelFileLock(path) if os.name == "posix" else None
         if lock is not None:
             repair_torn_tail(path, lock)
         backend = JournalFileBackend(str(path), lock_obj=lock)
@@ -81,6 +75,18 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
 def _damaged(location: str, error: BaseException) -> str:
     return (f"cannot read journal file '{location}': a record before its end is damaged ({type(error).__name__}: "
             f"{error}); expected an Optuna journal (restore it from a copy, or give another --storage)")
+
+
+def _journal_path(location: str) -> Path:
+    """`location` as a journal file path: HftaNasError when it is a folder, a device, a pipe or a socket."""
+    path = Path(location)
+    if path.is_dir():
+        raise HftaNasError(f"cannot use '{location}' as storage: it is a folder; expected a journal file path "
+                           f"(e.g. {path / 'hfta-nas.journal'}) or a database URL.")
+    if path.exists() and not path.is_file():
+        raise HftaNasError(f"cannot use '{location}' as storage: it is not a regular file (a device, pipe or socket); "
+                           "expected a journal file path or a database URL.")
+    return path
 
 
 def repair_torn_tail(journal: Path, lock: Any) -> str | None:
@@ -132,15 +138,15 @@ def repair_torn_tail(journal: Path, lock: Any) -> str | None:
     return message
 
 
-class _KernelJournalLock:  # the acquire/release interface of Optuna's journal file locks
-    """The journal's write lock as an flock on `<journal>.flock`, which the kernel
-    drops when its process dies: a run killed mid-write (SIGKILL, the OOM killer)
-    leaves no lock behind. Optuna's default symlink lock would stay held until its
+class _KernelFileLock:  # the acquire/release interface of Optuna's journal file locks
+    """An flock on `<file>.flock`, which the kernel drops when its process dies: the journal's
+    write lock (and the lock around creating a fresh SQLite file's tables). A run killed
+    mid-write (SIGKILL, the OOM killer) leaves no lock behind. Optuna's default symlink lock would stay held until its
     30 s grace period broke it, stalling the re-run that resumes the study. Every
     hfta-nas command (and `hfta-nas dashboard`) opens journals through here."""
 
-    def __init__(self, journal: Path) -> None:
-        self._path = str(journal) + ".flock"
+    def __init__(self, file: Path) -> None:
+        self._path = str(file) + ".flock"
         self._held = threading.local()
 
     def acquire(self) -> bool:
@@ -189,7 +195,7 @@ def _get_storage(url: str) -> BaseStorage:
     if database is not None and os.name == "posix":
         # SQLite has no advisory lock; processes that open a fresh file at once raced to create its
         # tables ("table studies already exists"): they create it one at a time under a file lock
-        lock = _KernelJournalLock(database)
+        lock = _KernelFileLock(database)
         lock.acquire()
         try:
             return optuna.storages.get_storage(url)
@@ -346,13 +352,9 @@ def _readable(location: str) -> BaseStorage | None:
             return optuna.storages.get_storage(_with_driver(location))
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
             raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}") from error
-    path = Path(location)
+    path = _journal_path(location)
     if not path.exists():
         return None
-    if not path.is_file():
-        kind = "a folder" if path.is_dir() else "not a regular file (a device, pipe or socket)"
-        raise HftaNasError(f"cannot use '{location}' as storage: it is {kind}; expected a journal file path or a "
-                           "database URL.")
     try:
         return JournalStorage(JournalFileBackend(str(path)))
     except OSError as error:
