@@ -617,6 +617,30 @@ class ModelArray:
             (params if env_name in self._param_aliases else buffers)[key] = value
         self._write_slot(slot, emb, params, buffers)
 
+    def numeric_state(self) -> dict[str, Any]:
+        """Every number the array trains or counts (weights, buffers, dropout seeds and call
+        counters), for a checkpoint; the structure (slots, envelope) is rebuilt by the caller."""
+        return {"flat": self.flat.detach().clone(), "buffers": {k: v.clone() for k, v in self.buffers.items()},
+                "slot_random": {k: v.clone() for k, v in self._slot_random.items()},
+                "dropout_seeds": self.dropout_seeds.clone()}
+
+    def load_numeric_state(self, state: Mapping[str, Any]) -> None:
+        """Put back `numeric_state()` of an array of the same structure (HftaNasError if not)."""
+        targets = {"flat": self.flat.detach(), "dropout_seeds": self.dropout_seeds,
+                   **{f"buffers.{k}": v for k, v in self.buffers.items()},
+                   **{f"slot_random.{k}": v for k, v in self._slot_random.items()}}
+        sources = {"flat": state["flat"], "dropout_seeds": state["dropout_seeds"],
+                   **{f"buffers.{k}": v for k, v in state["buffers"].items()},
+                   **{f"slot_random.{k}": v for k, v in state["slot_random"].items()}}
+        if targets.keys() != sources.keys() or any(targets[k].shape != sources[k].shape for k in targets):
+            raise HftaNasError("the saved array state does not match this array's slots and tensors.")
+        with torch.no_grad():
+            for name, target in targets.items():
+                target.copy_(sources[name])
+        # A slot not yet checked against its own model is checked with the weights it has now.
+        for slot, model in self._unverified.items() if self._envelope is not None else ():
+            model.to(self.dtype).load_state_dict(self.slot_state_dict(slot))
+
     def to_module(self, slot: int, model: nn.Module) -> nn.Module:
         """Load slot `slot` into `model` (a fresh instance from the same factory) and return it."""
         model.load_state_dict(self.slot_state_dict(slot))

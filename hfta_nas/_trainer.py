@@ -106,9 +106,14 @@ class ArrayTrainer:
             raise HftaNasError(f"slot_ids has {len(self.slot_ids)} entries but the array has {len(array)} slots.")
         self.results: dict[Any, SlotResult] = {sid: SlotResult(sid) for sid in self.slot_ids}
         self.epoch = 0
+        # Which slot each current slot started as: a checkpoint names the array it came
+        # from by `initial_ids`, and `restore` rebuilds refills and drops from `origins`.
+        self.initial_ids = list(self.slot_ids)
+        self.origins = list(range(len(self.slot_ids)))
 
     # ---------------------------------------------------------------- the loop
-    def fit(self, epochs: int, on_epoch: Callable[[EpochReport, "ArrayTrainer"], Any] | None = None) -> dict[Any, SlotResult]:
+    def fit(self, epochs: int, on_epoch: Callable[[EpochReport, "ArrayTrainer"], Any] | None = None,
+            checkpoint: Callable[["ArrayTrainer"], Any] | None = None) -> dict[Any, SlotResult]:
         """Train every slot for `epochs` epochs of its own.
 
         After each epoch, `on_epoch(report, trainer)` may stop slots
@@ -116,6 +121,9 @@ class ArrayTrainer:
         trains its own `epochs` epochs, so the loop runs while any slot does.
         Slots that completed and were not refilled leave the array; failed
         slots stay frozen in place so the others' numbers do not change.
+        `checkpoint(trainer)` is called at the end of every epoch, when
+        `state_dict()` holds everything a re-run needs to `restore` from.
+        A restored trainer continues from its epoch.
         """
         if not isinstance(epochs, int) or epochs < 0:
             raise HftaNasError(f"epochs must be a non-negative integer, got {epochs!r}.")
@@ -132,6 +140,8 @@ class ArrayTrainer:
             finished = [sid for sid in self.slot_ids if self.results[sid].status in ("completed", "stopped")]
             if finished and self._running():
                 self.stop(finished)
+            if checkpoint is not None:
+                checkpoint(self)
         return self.results
 
     def _running(self) -> list[Any]:
@@ -236,12 +246,13 @@ class ArrayTrainer:
             if self.results[sid].status == "running":
                 self.results[sid].status, self.results[sid].reason = "stopped", reason
         if len(positions) == len(self.slot_ids):
-            self.slot_ids = []
+            self.slot_ids, self.origins = [], []
             return
         keep = self.array.drop_slots(positions)
         if not self.shared_order:
             self.order.drop_slots(keep)
-        self.slot_ids = [sid for sid in self.slot_ids if sid not in slot_ids]
+        self.slot_ids = [self.slot_ids[b] for b in keep]
+        self.origins = [self.origins[b] for b in keep]
 
     def replace(
         self,
@@ -272,3 +283,50 @@ class ArrayTrainer:
             self.order.replace_slot(position, data_seed if data_seed is not None else position)
         self.slot_ids[position] = new_id
         self.results[new_id] = SlotResult(new_id)
+
+    # ------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that changes while the array trains, at an epoch's end: the slots (which
+        array they came from, refills, drops), results, weights, buffers, dropout counters,
+        optimizer and schedule state and where each data order stands."""
+        state: dict[str, Any] = {
+            "epoch": self.epoch, "initial_ids": list(self.initial_ids), "slot_ids": list(self.slot_ids),
+            "origins": list(self.origins),
+            "results": {sid: {"slot_id": r.slot_id, "status": r.status, "reason": r.reason, "epochs": r.epochs,
+                              "history": [dict(row) for row in r.history]} for sid, r in self.results.items()},
+        }
+        if self.slot_ids:
+            state["array"] = self.array.numeric_state()
+            state["optimizer"] = self.optimizer.state_dict()
+            state["schedule"] = self.schedule.state_dict() if self.schedule is not None else None
+            state["order"] = self.order.state_dict()
+        return state
+
+    def restore(self, state: dict[str, Any],
+                build: Callable[[Any], tuple[nn.Module, dict[str, Any]]] | None = None) -> None:
+        """Continue from `state_dict()` of a trainer built like this one (same initial slots, not
+        yet trained): slots refilled since are refilled again with `build(slot_id)` -> (model,
+        `replace` keyword arguments), slots that ended are dropped, then every number is put back,
+        so the next epochs are bit-identical to those of the trainer that saved it."""
+        if self.epoch != 0 or state["initial_ids"] != self.initial_ids:
+            raise HftaNasError(f"the checkpoint is of another array (slots {state['initial_ids']}, "
+                               f"this one {self.initial_ids}).")
+        for sid, origin in zip(state["slot_ids"], state["origins"]):
+            if sid != self.initial_ids[origin]:
+                if build is None:
+                    raise HftaNasError(f"slot {origin} was refilled with {sid!r}, but no build function was given.")
+                model, options = build(sid)
+                self.replace(self.initial_ids[origin], sid, model, **options)
+        ended = [sid for sid in self.slot_ids if sid not in state["slot_ids"]]
+        if ended:
+            self.stop(ended, reason="ended before the checkpoint")
+        if self.slot_ids != state["slot_ids"]:
+            raise HftaNasError(f"the checkpoint's slots {state['slot_ids']} could not be rebuilt (got {self.slot_ids}).")
+        if self.slot_ids:
+            self.array.load_numeric_state(state["array"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.schedule is not None:
+                self.schedule.load_state_dict(state["schedule"])
+            self.order.load_state_dict(state["order"])
+        self.results = {sid: SlotResult(**r) for sid, r in state["results"].items()}
+        self.epoch = state["epoch"]

@@ -138,6 +138,19 @@ class EpochOrder:
         self._generators[b] = torch.Generator().manual_seed(self._seeds[b])
         self._epochs[b] = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where every order stands (seeds, generator states, epochs drawn), for a checkpoint."""
+        return {"seeds": list(self._seeds), "generators": [g.get_state() for g in self._generators],
+                "epochs": list(self._epochs)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where `state_dict()` of an order with as many slots stood."""
+        if len(state["seeds"]) != len(self._generators):
+            raise HftaNasError(f"the saved data order has {len(state['seeds'])} slots, this one {len(self._generators)}.")
+        self._seeds = [_seed(seed) for seed in state["seeds"]]
+        self._generators = [torch.Generator().set_state(g) for g in state["generators"]]
+        self._epochs = list(state["epochs"])
+
     def __repr__(self) -> str:
         seeds = f"shared_seed={self._seeds[0]}" if self._shared else f"data_seeds={self._seeds}"
         return (
