@@ -22,6 +22,8 @@ from torch import nn
 
 from hfta_nas._allocator import keep_freed_memory_unless_disabled
 from hfta_nas._array import ModelArray
+from hfta_nas._checkpoint import Checkpointer
+from hfta_nas._checkpoint import enabled as checkpoints_enabled
 from hfta_nas._oom import check_budget
 from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
 from hfta_nas.data import Dataset, load_dataset
@@ -43,6 +45,7 @@ class TrainRun:
     seeds: dict[str, list[int]]  # per source: init, data, dropout
     seconds: float
     samples_per_second: float
+    resumed_epoch: int = 0  # the epoch a checkpoint restored (0: trained from the start)
 
     def model(self, slot: int) -> nn.Module:
         """Slot `slot` as a plain nn.Module."""
@@ -68,6 +71,7 @@ def train(
     dtype: str | torch.dtype = "float32",
     on_epoch: Callable[[EpochReport, ArrayTrainer], Any] | None = None,
     memory_budget: int | None = None,
+    checkpoint: str | Path | None = None,
 ) -> TrainRun:
     """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
 
@@ -78,6 +82,9 @@ def train(
     array whose estimated memory exceeds `memory_budget` bytes (default:
     $HFTA_NAS_MEMORY_BUDGET, else no limit) raises ArrayOutOfMemory before
     anything is allocated (see hfta_nas._oom.train_in_halves for the split).
+    `checkpoint`: a file the array is saved to at every epoch's end; a call with
+    the same arguments and file continues from it, bit-identically, and the
+    file is removed at the end ($HFTA_NAS_CHECKPOINT=off: not written).
     """
     seeds = list(seeds)
     if not isinstance(epochs, int) or epochs < 0:
@@ -98,22 +105,30 @@ def train(
 
     check_budget(factory, data.input_shape, batch_size=batch_size, slots=len(seeds), dtype=torch_dtype,
                  optimizer=optimizer, device=device, budget=memory_budget)
-    array = ModelArray.from_factory(factory, seeds, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
-    opt = OPTIMIZERS[optimizer](array, **dict(hparams or {}))
-    sched = LRSchedule(opt, **_checked_schedule(schedule)) if schedule else None
-    trainer = ArrayTrainer(
-        array, opt, data, batch_size=batch_size, schedule=sched,
-        data_seeds=None if shared_order else data_seeds,
-        shared_order_seed=data_seeds[0] if shared_order else None,
-    )
+    schedule = _checked_schedule(schedule) if schedule else None
+
+    def make_trainer() -> ArrayTrainer:
+        array = ModelArray.from_factory(factory, seeds, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
+        opt = OPTIMIZERS[optimizer](array, **dict(hparams or {}))
+        return ArrayTrainer(
+            array, opt, data, batch_size=batch_size, schedule=LRSchedule(opt, **schedule) if schedule else None,
+            data_seeds=None if shared_order else data_seeds,
+            shared_order_seed=data_seeds[0] if shared_order else None,
+        )
+
+    saver = Checkpointer(Path(checkpoint)) if checkpoint is not None and checkpoints_enabled() else None
+    trainer = saver.resume(make_trainer) if saver is not None else make_trainer()
+    resumed_epoch, epochs_before = trainer.epoch, sum(r.epochs for r in trainer.results.values())
     started = time.perf_counter()
-    results = trainer.fit(epochs, on_epoch=on_epoch)
+    results = trainer.fit(epochs, on_epoch=on_epoch, checkpoint=saver)
     seconds = time.perf_counter() - started
-    samples = sum(r.epochs for r in results.values()) * len(data.y_train)
+    if saver is not None:
+        saver.finish()
+    samples = (sum(r.epochs for r in results.values()) - epochs_before) * len(data.y_train)
     return TrainRun(
-        array, results, data, factory,
+        trainer.array, results, data, factory,
         {"init": seeds, "data": data_seeds, "dropout": dropout_seeds},
-        seconds, samples / seconds if seconds > 0 else 0.0,
+        seconds, samples / seconds if seconds > 0 else 0.0, resumed_epoch,
     )
 
 

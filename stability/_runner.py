@@ -10,11 +10,13 @@ of the same command) are reused instead of retrained.
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ from hfta_nas.runtime import DTYPES, train_in_halves
 from hfta_nas.runtime import checked_device as _checked_device
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
+from hfta_nas.search import checkpoint_folder
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig
 from stability._design import SeedPlan, plan
@@ -74,6 +77,7 @@ def run_stability(
         if storage is not None:
             store = SeedStore(storage, study_name_for(item.label, config, dtype), config=config, device=device_type)
             stores[item.label] = store
+        folder = checkpoint_folder(storage_location, store.name) if store is not None else None
         done = store.finished() if store is not None else {}
         ready: list[SeedOutcome | None] = [store.lookup(p, done) if store else None for p in plans]
         todo = [i for i, outcome in enumerate(ready) if outcome is None]
@@ -82,7 +86,7 @@ def run_stability(
         size = array_size or max(len(todo), 1)
         for start in range(0, len(todo), size):
             for chunk, (trained, info) in _train_fitting(item, todo[start : start + size], plans, data, device, dtype,
-                                                          on_event):
+                                                          on_event, folder):
                 arrays.append({"config": item.label, **info})
                 on_event("array", {"label": item.label, **info})
                 if store is not None:
@@ -102,15 +106,19 @@ def run_stability(
 
 
 def _train_fitting(item: LabelledConfig, chunk: list[int], plans: Sequence[SeedPlan], data: Dataset, device: str,
-                   dtype: str, on_event: Event) -> list[tuple[list[int], tuple[list[SeedOutcome], dict[str, Any]]]]:
+                   dtype: str, on_event: Event, checkpoints: Path | None = None,
+                   ) -> list[tuple[list[int], tuple[list[SeedOutcome], dict[str, Any]]]]:
     """Train the plans `chunk` indexes as one array, split in halves while it runs out of memory;
-    a seed that does not fit even alone is a failed seed with the reason (counted, not lost)."""
+    a seed that does not fit even alone is a failed seed with the reason (counted, not lost).
+    With a `checkpoints` folder each array saves itself every epoch and a re-run continues it."""
     config = item.config
 
     def train(part: list[int]) -> tuple[list[SeedOutcome], dict[str, Any]]:
-        return train_seeds(config, [plans[i] for i in part], data, device=device, dtype=dtype,
+        chosen = [plans[i] for i in part]
+        return train_seeds(config, chosen, data, device=device, dtype=dtype,
                            on_epoch=lambda epoch, n: on_event(
-                               "epoch", {"label": item.label, "epoch": epoch, "epochs": config.epochs, "size": n}))
+                               "epoch", {"label": item.label, "epoch": epoch, "epochs": config.epochs, "size": n}),
+                           checkpoint=checkpoints / _array_key(config, chosen, device, dtype) if checkpoints else None)
 
     def on_split(size: int, half: int, reason: str) -> None:
         on_event("split", {"label": item.label, "size": size, "half": half, "reason": reason})
@@ -126,24 +134,32 @@ def _train_fitting(item: LabelledConfig, chunk: list[int], plans: Sequence[SeedP
 
 def train_seeds(
     config: ResolvedConfig, plans: Sequence[SeedPlan], data: Dataset, *, device: str = "cpu", dtype: str = "float32",
-    on_epoch: Callable[[int, int], None] | None = None,
+    on_epoch: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
 ) -> tuple[list[SeedOutcome], dict[str, Any]]:
-    """One array: slot b trains `config` with the seeds of `plans[b]`."""
+    """One array: slot b trains `config` with the seeds of `plans[b]` (continuing from
+    `checkpoint` when an earlier run of the same array left one)."""
     run = hfta_nas.train(
         dataset=data, device=device, dtype=dtype,
         seeds=[p.seeds["init"] for p in plans],
         data_seeds=[p.seeds["data"] for p in plans],
         dropout_seeds=[p.seeds["dropout"] for p in plans],
         on_epoch=(lambda report, trainer: on_epoch(report.epoch, len(plans))) if on_epoch else None,
-        **config.train_kwargs(),
+        checkpoint=checkpoint, **config.train_kwargs(),
     )
     outcomes = []
     for p, result in zip(plans, run.results.values()):
         status = "completed" if result.status == "completed" else "failed"
         outcomes.append(SeedOutcome(p, status, result.reason, result.epochs, list(result.history),
                                     device=torch.device(device).type))
-    info = {"size": len(plans), "seconds": run.seconds, "samples_per_s": run.samples_per_second}
+    info = {"size": len(plans), "seconds": run.seconds, "samples_per_s": run.samples_per_second,
+            "resumed_epoch": run.resumed_epoch}
     return outcomes, info
+
+
+def _array_key(config: ResolvedConfig, plans: Sequence[SeedPlan], device: str, dtype: str) -> str:
+    """The checkpoint file of one array: the same configuration, seeds, device and dtype, the same file."""
+    identity = repr((config.to_dict(), [sorted(p.seeds.items()) for p in plans], device, dtype))
+    return hashlib.sha256(identity.encode()).hexdigest()[:24] + ".pt"
 
 
 def protocol(configs: Sequence[LabelledConfig], plans: Sequence[SeedPlan], **settings: Any) -> dict[str, Any]:

@@ -287,3 +287,39 @@ def test_the_benchmark_runs_in_quick_mode_from_the_command_line(tmp_path):
     assert "plain / array wall time" in result.output
     figures = json.loads((tmp_path / "b.json").read_text())
     assert len(figures["array_acc"]) == len(figures["plain_acc"]) == 4 and figures["speedup"] > 0
+
+
+class _Killed(Exception):
+    """Stands in for a kill: raised from the progress callback, after an epoch's checkpoint."""
+
+
+@pytest.mark.parametrize("checkpoints", ["on", "off"])
+def test_an_array_killed_mid_training_continues_from_its_last_epoch_bit_identically(tmp_path, monkeypatch, checkpoints):
+    monkeypatch.setenv("HFTA_NAS_CHECKPOINT", checkpoints)
+    config = dataclasses.replace(mlp_config(), epochs=5)
+    labelled = [LabelledConfig("m", config)]
+    reference, _ = run_stability(labelled, n_seeds=3, storage=open_storage(str(tmp_path / "ref.journal"))[0],
+                                 storage_location=str(tmp_path / "ref.journal"))
+
+    storage, location = open_storage(str(tmp_path / "s.journal"))
+
+    def kill_in_epoch_4(kind, info):
+        if kind == "epoch" and info["epoch"] == 4:  # epoch 3's checkpoint is written, epoch 4's is not
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        run_stability(labelled, n_seeds=3, storage=storage, storage_location=location, on_event=kill_in_epoch_4)
+    study_name = next(s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name.startswith("stability:"))
+    folder = tmp_path / "checkpoints"
+    assert len(list(folder.rglob("*.pt"))) == (1 if checkpoints == "on" else 0)
+
+    epochs = []
+    resumed, _ = run_stability(labelled, n_seeds=3, storage=storage, storage_location=location,
+                               on_event=lambda kind, info: epochs.append(info["epoch"]) if kind == "epoch" else None)
+    assert epochs == ([4, 5] if checkpoints == "on" else [1, 2, 3, 4, 5])
+    assert resumed.metadata["arrays"][0]["resumed_epoch"] == (3 if checkpoints == "on" else 0)
+    columns = ["seed_index", "status", "epochs", "test_acc", "test_loss", "val_acc", "val_loss", "train_loss"]
+    assert resumed.seeds[columns].equals(reference.seeds[columns])  # every number to the bit
+    assert resumed.curves.equals(reference.curves)
+    assert not list(folder.rglob("*.pt"))  # removed once the array ended
+    assert len(optuna.load_study(study_name=study_name, storage=storage).trials) == 3

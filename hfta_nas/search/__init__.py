@@ -29,6 +29,7 @@ from hfta_nas.search._plan import PlannedArray, SearchPlan, plan
 from hfta_nas.search._storage import (
     DEFAULT_STORAGE,
     check_directions,
+    checkpoint_folder,
     copy_of_stored_study,
     dashboard_command,
     open_storage,
@@ -55,6 +56,7 @@ __all__ = [
     "TrialRetried",
     "TrialWaits",
     "check_directions",
+    "checkpoint_folder",
     "check_options",
     "copy_of_stored_study",
     "counts",

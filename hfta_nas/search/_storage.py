@@ -330,6 +330,23 @@ def dashboard_command(dashboard_location: str) -> str:
     return f"optuna-dashboard {dashboard_location}"
 
 
+def checkpoint_folder(location: str, study_name: str) -> Path | None:
+    """Where the arrays of one study keep their per-epoch checkpoints: a `checkpoints` folder
+    beside a journal or SQLite file, `runs/checkpoints` for a database server (the machine
+    that trains keeps them), None for a storage in memory (nothing outlives the process)."""
+    if location.startswith("sqlite:"):
+        file = _sqlite_file(location)
+        root = file.parent / "checkpoints" if file is not None else None
+    elif location.startswith(_URL_SCHEMES):
+        root = Path("runs") / "checkpoints"
+    elif location and not location.startswith("<"):
+        root = Path(location).parent / "checkpoints"
+    else:
+        root = None
+    # one folder per study, named by a digest: study names may hold any character
+    return root / hashlib.sha256(study_name.encode()).hexdigest()[:16] if root is not None else None
+
+
 def storage_location(storage: BaseStorage) -> str:
     """The string optuna-dashboard takes for an opened storage (a journal file's path,
     a database URL without its password), or '<in memory>'."""
