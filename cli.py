@@ -391,6 +391,10 @@ class _SearchProgress:
         return (f"array {event.array}: {len(event.trials)}/{event.array_size} slots, {event.architectures} "
                 f"architecture(s), {event.waste:.0%} padding, trials {event.trials}")
 
+    def _on_ArrayResumed(self, event: Any) -> str:
+        return (f"array {event.array}: continues from epoch {event.epoch} (the checkpoint of a stopped run); "
+                f"trials {event.trials} retry its slots' trials")
+
     def _on_EpochEnded(self, event: Any) -> None:
         self.running, self.mean_occupancy, self.samples_per_s = event.running, event.mean_occupancy, event.samples_per_s
 

@@ -124,9 +124,12 @@ def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_k
     if config_path.exists():  # written atomically: a kill never leaves half a file
         assert isinstance(yaml.safe_load(config_path.read_text()), dict)
 
+    checkpoints = list((tmp_path / "checkpoints").rglob("*.pt"))  # the killed array's last epoch, if one ended
+
     done = finish(args, tmp_path / "second.log")
     assert done.returncode == 0, done.stdout[-3000:]
     assert "lock file" not in done.stdout  # no write lock outlived the killed process (Optuna's symlink lock did, 30 s)
+    assert not list((tmp_path / "checkpoints").rglob("*.pt"))  # every array ended: no checkpoint is left
 
     study = optuna.load_study(study_name="killed", storage=open_storage(str(journal))[0])
     trials = study.get_trials(deepcopy=False)
@@ -145,6 +148,10 @@ def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_k
         assert by_number[number].user_attrs["fail_reason"].startswith("interrupted")
         again = [t for t in retried if t.params == old.params and t.state == TrialState.COMPLETE]
         assert again, f"trial {number} ({old.params}) was not retried"
+        if checkpoints:  # continued from the checkpoint: the epochs trained before the kill are kept, not redone
+            assert again[0].user_attrs.get("resumed_from_epoch", 0) >= 1, again[0].user_attrs
+            kept = {step: value for step, value in again[0].intermediate_values.items() if step in old.intermediate_values}
+            assert kept == old.intermediate_values
     # the budget counts finished work only, exactly n_trials of it
     counted = [t for t in trials if not str(t.user_attrs.get("fail_reason", "")).startswith(NOT_COUNTED)]
     assert len(counted) == N_TRIALS, [(t.number, t.state.name, t.user_attrs.get("fail_reason")) for t in trials]
@@ -200,9 +207,11 @@ def test_stability_killed_mid_run_reuses_the_stored_seeds_and_completes_the_repo
     args = ["stability", str(config), "--seeds", "4", "--array-size", "2", "--threads", "1", "--storage", str(journal),
             "--out", str(out), "--format", "csv,json", "--plot-format", "svg", "--json"]
 
-    # the first array of 2 seeds is stored once it has trained; kill while the second trains
+    # the first array of 2 seeds is stored once it has trained; kill once the second has
+    # checkpointed an epoch (it saves one at every epoch's end)
     studies = kill_when(start(args, tmp_path / "first.log"), journal,
-                        lambda trials: len(trials) >= 2, tmp_path / "first.log")
+                        lambda trials: len(trials) >= 2 and any((tmp_path / "checkpoints").rglob("*.pt")),
+                        tmp_path / "first.log")
     (study_name,) = [name for name in studies if name.startswith("stability:")]
     before = studies[study_name]
     assert len(before) == 2, "the kill came after the whole study was stored: nothing was left to resume"
@@ -213,6 +222,8 @@ def test_stability_killed_mid_run_reuses_the_stored_seeds_and_completes_the_repo
     summary = json.loads(done.stdout[done.stdout.index("{"):])
     assert summary["reused_seeds"] == 2
     assert [a["size"] for a in summary["arrays"]] == [2]  # only the missing seeds were trained
+    assert summary["arrays"][0]["resumed_epoch"] >= 1  # ... from the killed array's last checkpointed epoch
+    assert not list((tmp_path / "checkpoints").rglob("*.pt"))
     assert summary["configs"][0]["n"] == 4
 
     study = optuna.load_study(study_name=study_name, storage=open_storage(str(journal))[0])

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 import hfta_nas
 from cli import main
-from hfta_nas.search import trial_seeds
+from hfta_nas.search import open_storage, trial_seeds
 from search_spaces import run_search
 from search_spaces import parse_space
 
@@ -198,3 +198,40 @@ def test_cli_search_bad_yaml_names_the_line(tmp_path):
     path.write_text("study:\n  name: x\nparams:\n  training.optimizer.lr: {distribution: log_uniform, min: 0.1, max: 0.01}\n")
     result = CliRunner().invoke(main, ["search", str(path)])
     assert result.exit_code == 2 and "space.yaml:4" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("pruner", ["none", "median"])
+def test_a_search_stopped_mid_array_continues_it_from_its_checkpoint_bit_identically(tmp_path, pruner):
+    """Ctrl-C in epoch 3 of the second array, then the same search again: the retried trials
+    take their slots from the epoch-2 checkpoint and end with the values (every epoch's, to the
+    bit) that the same trials have in a search that was never stopped."""
+    from hfta_nas.search import ArrayResumed, EpochEnded
+
+    text = space_text(budget={"n_trials": 6}, training={"epochs": 5, "optimizer": {"name": "adam", "lr": 1e-3}},
+                      pruner={"name": pruner, **({"kwargs": {"n_startup_trials": 1}} if pruner == "median" else {})})
+    reference = search(tmp_path / "ref", text)
+    ref_trials = {t.number: t for t in optuna.load_study(study_name="tiny", storage=open_storage(
+        str(tmp_path / "ref" / "study.journal"))[0]).trials}
+
+    def stop_in_epoch_3_of_array_2(event):
+        if isinstance(event, EpochEnded) and event.array == 2 and event.epoch == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        search(tmp_path, text, on_event=stop_in_epoch_3_of_array_2)
+    assert len(list((tmp_path / "checkpoints").rglob("*.pt"))) == 1
+
+    events = []
+    search(tmp_path, text, on_event=events.append)
+    (resumed,) = [e for e in events if isinstance(e, ArrayResumed)]
+    assert resumed.epoch == 2
+    trials = optuna.load_study(study_name="tiny", storage=open_storage(str(tmp_path / "study.journal"))[0]).trials
+    retries = [t for t in trials if "retry_of" in t.user_attrs and t.number in resumed.trials]
+    assert retries and all(t.user_attrs["resumed_from_epoch"] == 2 for t in retries)
+    for retry in retries:
+        original = ref_trials[retry.user_attrs["retry_of"]]
+        assert retry.params == original.params
+        assert (retry.state, retry.values, retry.intermediate_values) == (
+            original.state, original.values, original.intermediate_values)
+    assert not list((tmp_path / "checkpoints").rglob("*.pt"))  # removed when the array ended
+    assert reference.trials == {"COMPLETE": 6} or pruner == "median"

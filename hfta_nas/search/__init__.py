@@ -13,6 +13,7 @@ from hfta_nas.search._cost import StepCost
 from hfta_nas.search._events import (
     ArrayEnded,
     ArrayFailed,
+    ArrayResumed,
     ArraySizeChosen,
     ArraySplit,
     ArrayStarted,
@@ -40,6 +41,7 @@ __all__ = [
     "DEFAULT_STORAGE",
     "ArrayEnded",
     "ArrayFailed",
+    "ArrayResumed",
     "ArraySizeChosen",
     "ArraySplit",
     "ArrayStarted",

@@ -15,10 +15,12 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,16 +29,21 @@ import torch
 from torch.nn import functional as F
 
 from hfta_nas._array import ModelArray
+from hfta_nas._checkpoint import remove as remove_checkpoint
+from hfta_nas._checkpoint import save as save_checkpoint
 from hfta_nas._oom import ArrayOutOfMemory, check_budget, is_out_of_memory
+from hfta_nas._probe import envelope_macs
 from hfta_nas._trainer import ArrayTrainer, EpochReport
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import count_parameters
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from hfta_nas.search._candidate import Proposal
-from hfta_nas.search._events import ArrayFailed, ArraySplit, ArrayStarted, EpochEnded, SlotRefilled, TrialEnded
+from hfta_nas.search._events import (ArrayFailed, ArrayResumed, ArraySplit, ArrayStarted, EpochEnded, SlotRefilled,
+                                     TrialEnded)
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
-from hfta_nas.search._packing import Pack, shape_key
+from hfta_nas.search._packing import Pack, example_input, shape_key
+from hfta_nas.search._resume import Claim, slot_record
 
 log = logging.getLogger(__name__)
 TRAINED_METRICS = ("train_loss", "val_loss", "val_acc", "test_loss", "test_acc")
@@ -58,6 +65,7 @@ class JobContext:
     started: float  # monotonic time the run started
     occupancy: list[float] = field(default_factory=list)  # running slots / array size, per epoch of every array
     samples: int = 0  # training samples processed this run, summed over slots
+    checkpoints: Path | None = None  # where arrays save themselves every epoch (None: they do not)
 
 
 def _now() -> str:
@@ -71,7 +79,8 @@ class ArrayJob:
 
     def __init__(self, ctx: JobContext, pack: Pack, number: int, array_size: int, *,
                  refill: Callable[[Proposal, Callable[[Proposal], bool]], Proposal | None],
-                 requeue: Callable[[list[Proposal], int], None]) -> None:
+                 requeue: Callable[[list[Proposal], int], None],
+                 resume: Claim | None = None, rebuild: Callable[[dict[str, Any]], Proposal] | None = None) -> None:
         self.ctx, self.number, self.array_size = ctx, number, array_size
         self.refill, self.requeue = refill, requeue
         self.pack = pack
@@ -80,6 +89,13 @@ class ArrayJob:
         self.by_number: dict[int, Proposal] = {}  # trial number -> the proposal in (or once in) a slot
         self.started: dict[int, float] = {}  # trial number -> when its slot started training
         self.static: dict[int, dict[str, float]] = {}  # trial number -> its metrics known without training
+        # per-epoch checkpoints (`_resume`): the file, the trial of every slot id it names, and the
+        # claimed checkpoint of a stopped run this job continues (removed once this one is saved)
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", ctx.worker)
+        self.path = ctx.checkpoints / f"{name}-{number}.pt" if ctx.checkpoints is not None else None
+        self.records: dict[int, dict[str, Any]] = {}
+        self.resume, self.rebuild = resume, rebuild
+        self.previous = resume.path if resume is not None else None
 
     # ------------------------------------------------------------------ build
     def _within_memory(self, proposals: list[Proposal]) -> list[Proposal]:
@@ -103,7 +119,7 @@ class ArrayJob:
                 self.requeue(proposals[half:], half)
                 proposals = proposals[:half]
 
-    def _trainer(self, proposals: list[Proposal]) -> ArrayTrainer:
+    def _trainer(self, proposals: list[Proposal], slot_ids: list[int] | None = None) -> ArrayTrainer:
         models = [p.build() for p in proposals]
         array = ModelArray(models, dropout_seeds=[p.seeds["dropout"] for p in proposals], device=self.ctx.device,
                            dtype=self.ctx.dtype)
@@ -111,8 +127,8 @@ class ArrayJob:
         optimizer = OPTIMIZERS[self.first.optimizer](array, **per_slot_hparams(candidates))
         return ArrayTrainer(array, optimizer, self.first.data.to(self.ctx.device, self.ctx.dtype),
                             batch_size=self.first.batch_size, schedule=per_slot_schedule(optimizer, candidates),
-                            data_seeds=[p.seeds["data"] for p in proposals], slot_ids=[p.number for p in proposals],
-                            loss_fn=self.first.loss or F.cross_entropy)
+                            data_seeds=[p.seeds["data"] for p in proposals],
+                            slot_ids=slot_ids or [p.number for p in proposals], loss_fn=self.first.loss or F.cross_entropy)
 
     def _start_slot(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         trial = proposal.trial
@@ -123,30 +139,88 @@ class ArrayJob:
             trial.set_user_attr(key, value)
         self.started[proposal.number] = time.monotonic()
         self.static[proposal.number] = static_metrics(proposal, self.ctx.metrics, self.ctx.device, self.ctx.dtype)
+        self.records[proposal.number] = slot_record(proposal)
 
     # -------------------------------------------------------------------- run
     def run(self) -> None:
+        trainer = self._resumed() if self.resume is not None else None
+        trainer = trainer or self._started()
+        if trainer is None:
+            return
+        try:
+            trainer.fit(self.first.epochs, on_epoch=self._on_epoch,
+                        checkpoint=self._save if self.path is not None else None)
+        except HftaNasError:
+            raise
+        except (RuntimeError, torch.OutOfMemoryError, MemoryError) as error:
+            self._failed(trainer, error)
+        self._forget()  # the array ended: its trials are told (a kill or Ctrl-C never gets here)
+
+    def _started(self) -> ArrayTrainer | None:
+        """A fresh array of the pack's proposals (those that fit in memory)."""
         proposals = self._within_memory(list(self.pack.proposals))
         self.by_number = {p.number: p for p in proposals}
         if not proposals:
-            return
+            return None
         trainer = self._trainer(proposals)
         for slot, proposal in enumerate(proposals):
             self._start_slot(proposal, slot)
         self.ctx.emit(ArrayStarted(self.number, [p.number for p in proposals], self.array_size, self.pack.architectures,
                                    self.pack.useful_macs, self.pack.executed_macs, self.pack.seconds))
+        return trainer
+
+    def _failed(self, trainer: ArrayTrainer, error: BaseException) -> None:
+        running = [self.by_number[n] for n in trainer.slot_ids
+                   if n in self.by_number and self.ctx.ledger.is_running(self.by_number[n].trial)]
+        if is_out_of_memory(error) and len(running) > 1:
+            self._retry_smaller(running, error)
+            return
+        for proposal in running:
+            self._fail(proposal, f"array {self.array_id} failed: {type(error).__name__}: {error}")
+        self.ctx.emit(ArrayFailed(self.number, str(error)))
+
+    # ------------------------------------------------------------ checkpoints
+    def _save(self, trainer: ArrayTrainer) -> None:
+        if save_checkpoint(self.path, {"trainer": trainer.state_dict(), "slots": self.records}) and self.previous:
+            remove_checkpoint(self.previous)
+            self.previous = None
+
+    def _forget(self) -> None:
+        for path in (self.path, self.previous):
+            if path is not None:
+                remove_checkpoint(path)
+
+    def _resumed(self) -> ArrayTrainer | None:
+        """The claimed checkpoint's array, rebuilt with every number put back and its retried trials
+        in the slots of the trials they retry; None (train afresh) when it cannot be rebuilt."""
+        claim = self.resume
+        renames = {old: p.number for old, p in claim.proposals.items()}
+        state = renamed(claim.state["trainer"], renames)
+        self.records = {renames.get(sid, sid): record for sid, record in claim.state["slots"].items()}
+        claimed = {p.number: p for p in claim.proposals.values()}
         try:
-            trainer.fit(self.first.epochs, on_epoch=self._on_epoch)
-        except HftaNasError:
-            raise
-        except (RuntimeError, torch.OutOfMemoryError, MemoryError) as error:
-            running = [self.by_number[n] for n in trainer.slot_ids if self.ctx.ledger.is_running(self.by_number[n].trial)]
-            if is_out_of_memory(error) and len(running) > 1:
-                self._retry_smaller(running, error)
-                return
-            for proposal in running:
-                self._fail(proposal, f"array {self.array_id} failed: {type(error).__name__}: {error}")
-            self.ctx.emit(ArrayFailed(self.number, str(error)))
+            builders = {sid: claimed.get(sid) or self.rebuild(self.records[sid])
+                        for sid in {*state["initial_ids"], *state["slot_ids"]}}
+            trainer = self._trainer([builders[sid] for sid in state["initial_ids"]], list(state["initial_ids"]))
+            trainer.restore(state, build=lambda sid: (builders[sid].build(), slot_options(builders[sid], trainer)))
+        except Exception as error:  # noqa: BLE001 - the user's build on stored params, a changed model, ...
+            log.warning("could not continue the checkpoint %s (%s: %s); its trials train from the start",
+                        claim.path, type(error).__name__, error)
+            self.previous, self.records = None, {}
+            remove_checkpoint(claim.path)
+            return None
+        self.by_number = claimed
+        shells = [builders[sid].shell for sid in state["initial_ids"]]
+        executed = len(claimed) * envelope_macs(shells, example_input(self.first))
+        self.pack = Pack(list(claimed.values()), sum(p.useful_macs for p in claimed.values()), executed, 0.0)
+        self.ctx.emit(ArrayStarted(self.number, list(claimed), self.array_size, self.pack.architectures,
+                                   self.pack.useful_macs, self.pack.executed_macs, 0.0))
+        for number, proposal in claimed.items():
+            self._start_slot(proposal, trainer.position_of(number), resumed_from_epoch=claim.epoch)
+            for epoch, row in enumerate(trainer.results[number].history, start=1):  # the curve so far, told again
+                self._report(proposal, epoch, [row[m] if m in row else self.static[number][m] for m in self.ctx.metrics])
+        self.ctx.emit(ArrayResumed(self.number, list(claimed), claim.epoch))
+        return trainer
 
     def _retry_smaller(self, running: list[Proposal], error: BaseException) -> None:
         """Out of memory while training (CUDA): the running trials wait again, first in
@@ -237,15 +311,27 @@ class ArrayJob:
             trainer.stop([ended.number], reason=why)
             return
         slot = trainer.position_of(ended.number)
-        schedule = schedule_of(new.candidate) if trainer.schedule is not None else None
-        trainer.replace(ended.number, new.number, new.build(), data_seed=new.seeds["data"],
-                        dropout_seed=new.seeds["dropout"], hparams=new.candidate.slot_hparams(), schedule_params=schedule)
+        trainer.replace(ended.number, new.number, new.build(), **slot_options(new, trainer))
         self.by_number[new.number] = new
         self._start_slot(new, slot, refilled_after=ended.number)
         self.ctx.emit(SlotRefilled(self.number, slot, ended.number, new.number, why))
 
 
 # ------------------------------------------------------------------ settings
+def slot_options(proposal: Proposal, trainer: ArrayTrainer) -> dict[str, Any]:
+    """`ArrayTrainer.replace`'s arguments for a proposal refilling a slot."""
+    schedule = schedule_of(proposal.candidate) if trainer.schedule is not None else None
+    return dict(data_seed=proposal.seeds["data"], dropout_seed=proposal.seeds["dropout"],
+                hparams=proposal.candidate.slot_hparams(), schedule_params=schedule)
+
+
+def renamed(state: dict[str, Any], renames: dict[int, int]) -> dict[str, Any]:
+    """A trainer checkpoint with slot ids renamed (the trials a retry took over)."""
+    new = lambda sid: renames.get(sid, sid)  # noqa: E731
+    return {**state, "initial_ids": [new(s) for s in state["initial_ids"]], "slot_ids": [new(s) for s in state["slot_ids"]],
+            "results": {new(sid): {**result, "slot_id": new(sid)} for sid, result in state["results"].items()}}
+
+
 def per_slot_hparams(candidates: list[Any]) -> dict[str, Any]:
     """Per-slot lists of every hyper-parameter any slot sets (the optimizer's defaults fill
     the rest), and the flags the array shares."""

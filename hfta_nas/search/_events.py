@@ -48,6 +48,16 @@ class ArrayStarted:
 
 
 @dataclass(frozen=True)
+class ArrayResumed:
+    """An array a stopped run left mid-training continues from its checkpoint: the retried
+    trials take their slots, after `epoch` epochs already trained."""
+
+    array: int
+    trials: list[int]
+    epoch: int
+
+
+@dataclass(frozen=True)
 class EpochEnded:
     array: int
     epoch: int

@@ -35,6 +35,7 @@ import torch
 from optuna.trial import TrialState
 
 from hfta_nas._autosize import auto_array_size
+from hfta_nas._checkpoint import enabled as checkpoints_enabled
 from hfta_nas._probe import model_macs, padding_fraction
 from hfta_nas._run import DTYPES, _checked_device
 from hfta_nas.data import Dataset
@@ -49,7 +50,8 @@ from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome
 from hfta_nas.search._packing import Pack, example_input, pack, shape_key, structure_key
 from hfta_nas.search._recovery import (interrupt_held, retry_stale_trials, told_despite_interrupts,
                                       wait_for_other_workers)
-from hfta_nas.search._storage import dashboard_command, storage_location, study_lock
+from hfta_nas.search._resume import Claim, claim, prune
+from hfta_nas.search._storage import checkpoint_folder, dashboard_command, storage_location, study_lock
 
 AUTO_CAP = 64  # the most models array_size="auto" puts in one array
 AUTO_POOL = 16  # trials asked per round when the array size is "auto"
@@ -152,7 +154,7 @@ class _Search:
         self.started = time.monotonic()
         self.ctx = JobContext(self.study.study_name, self.ledger, self.metrics, self.worker, self.device, self.dtype,
                               BestExport(self.study, self.out_dir, self.metrics, self.directions, self.ledger.lock), self.emit,
-                              self.started)
+                              self.started, checkpoints=self._checkpoint_folder())
         with Heartbeat(self.study, lambda: list(self.asked), self.worker) as heartbeat:
             try:
                 self.ctx.export.repair()  # a kill of an earlier run may have left the pair unfinished
@@ -165,12 +167,16 @@ class _Search:
                         if wait_for_other_workers(self.ledger, self.worker, self.emit, self._time_left, heartbeat.interval):
                             continue
                         break
+                    claims, pool = claim(self.ctx.checkpoints, pool)  # arrays a stopped run left mid-training
+                    for resumed in claims:
+                        self._train(Pack(list(resumed.proposals.values()), 0, 0, 0.0), resume=resumed)
                     for planned in self.pack(pool):
                         self._train(planned)
             except BaseException as error:
                 raise self._tell_held_on(error)
         self._release("not trained: the search's timeout ran out before its array started")
         self.ledger.discard_surplus()
+        prune(self.ctx.checkpoints, self.study)  # checkpoints no retry will claim
         self.ctx.export.repair()  # another worker may have published a better trial meanwhile
         return self._summary()
 
@@ -209,14 +215,15 @@ class _Search:
             pool.append(self._ask())
         return pool
 
-    def _train(self, planned: Pack) -> None:
+    def _train(self, planned: Pack, resume: Claim | None = None) -> None:
         if not self._time_left():
             self.waiting.extend(planned.proposals)
             return
         started = time.monotonic()
         number = len(self.arrays) + 1
         size = self.max_slots(planned.proposals)
-        job = ArrayJob(self.ctx, planned, number, size, refill=self._refill, requeue=self._requeue)
+        job = ArrayJob(self.ctx, planned, number, size, refill=self._refill, requeue=self._requeue, resume=resume,
+                       rebuild=self._rebuilt)
         self.trained.update(shape_key(p) for p in planned.proposals)
         job.run()
         self.arrays.append({"array": number, "trials": [p.number for p in planned.proposals], "array_size": size,
@@ -252,9 +259,7 @@ class _Search:
             raise HftaNasError(f"build(trial) called sys.exit({exit_.code!r})") from None
         except Exception as error:  # noqa: BLE001 - the user's build function
             raise HftaNasError(f"build(trial) raised {type(error).__name__}: {error}") from error
-        if not isinstance(candidate, Candidate):
-            raise HftaNasError(f"build(trial) must return a hfta_nas.Candidate, got {type(candidate).__name__}.")
-        candidate = candidate.checked(self.data)
+        candidate = _as_candidate(candidate).checked(self.data)
         self._check_metrics(candidate)
         shell, x = meta_shell(candidate), example_input(candidate)
         check_outputs(candidate, shell, x.expand(2, *candidate.data.input_shape))
@@ -262,6 +267,18 @@ class _Search:
         proposal = Proposal(trial, candidate, seeds, shell, model_macs(shell, x))
         self.proposed.add(shape_key(proposal))
         return proposal
+
+    def _rebuilt(self, record: dict[str, Any]) -> Proposal:
+        """The proposal of a trial that is no longer asked (it ended before a checkpoint of its array), from
+        its stored parameters: a resumed array rebuilds its slots' models from it."""
+        trial = optuna.trial.FixedTrial(record["params"], number=record["origin"])
+        candidate = _as_candidate(self.build(trial)).checked(self.data)
+        return Proposal(trial, candidate, trial_seeds(self.seed, record["origin"]), meta_shell(candidate), 0)
+
+    def _checkpoint_folder(self) -> Path | None:
+        """This study's checkpoint folder beside the storage; None when checkpoints are off or the storage is
+        in memory (nothing would resume from them)."""
+        return checkpoint_folder(self.location, self.study.study_name) if checkpoints_enabled() else None
 
     def _check_metrics(self, candidate: Candidate) -> None:
         known = {*TRAINED_METRICS, *STATIC_METRICS, *candidate.metrics}
@@ -382,6 +399,12 @@ class _Search:
                              self.directions, self._states(), best, self.arrays, self._mean_occupancy(),
                              len(self.proposed), len(self.proposed & self.trained), seconds, self.ctx.samples / max(seconds, 1e-9),
                              dict(self.ctx.export.files))
+
+
+def _as_candidate(candidate: Any) -> Candidate:
+    if not isinstance(candidate, Candidate):
+        raise HftaNasError(f"build(trial) must return a hfta_nas.Candidate, got {type(candidate).__name__}.")
+    return candidate
 
 
 def _same_array(a: Proposal, b: Proposal) -> bool:

@@ -1,0 +1,100 @@
+"""Arrays a stopped run left mid-training, continued from their last epoch.
+
+Every array of a search saves a checkpoint at each epoch's end (the trainer's
+state, and per slot the trial it trains: the trial whose seeds it uses, its
+`origin`, and its parameters). When the worker is killed or stopped, the
+trials it held are failed as interrupted and queued again with the same
+parameters and seeds (`_recovery`). A run whose pool holds the retries of every
+slot still training in a checkpoint `claim`s it: the array is rebuilt, every
+number put back, the epochs already trained are reported again to the retried
+trials, and training continues. The trials end exactly as they would have
+without the stop. A checkpoint whose trials will never train again (finished,
+or failed for good) is removed by `prune`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from hfta_nas._checkpoint import load, remove
+from hfta_nas.search._candidate import Proposal
+from hfta_nas.search._ledger import RETRY_OF
+
+STRAY_SECONDS = 3600  # a temporary checkpoint file this old was left by a killed write
+
+
+@dataclass
+class Claim:
+    """A checkpoint this run continues: the file, what it holds, and for each slot id still
+    training in it the proposal (a retry of that slot's trial) that takes the slot over."""
+
+    path: Path
+    state: dict[str, Any]
+    proposals: dict[int, Proposal]
+
+    @property
+    def epoch(self) -> int:
+        return self.state["trainer"]["epoch"]
+
+
+def origin_of(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
+    """The trial whose seeds this one trains with (itself, or the first trial it retries)."""
+    return trial.user_attrs.get(RETRY_OF, trial.number)
+
+
+def slot_record(proposal: Proposal) -> dict[str, Any]:
+    """What a checkpoint keeps about the trial in a slot, to know its retry again."""
+    return {"origin": origin_of(proposal.trial), "params": dict(proposal.trial.params)}
+
+
+def _training(state: dict[str, Any]) -> list[int]:
+    trainer = state["trainer"]
+    return [sid for sid in trainer["slot_ids"] if trainer["results"][sid]["status"] == "running"]
+
+
+def claim(folder: Path | None, pool: list[Proposal]) -> tuple[list[Claim], list[Proposal]]:
+    """The checkpoints whose training slots all have their retry in `pool`, and the rest of the pool."""
+    if folder is None or not folder.is_dir():
+        return [], pool
+    free = {origin_of(p.trial): p for p in pool}
+    claims = []
+    for path in sorted(folder.glob("*.pt")):
+        state = load(path)
+        if state is None or "slots" not in state:
+            continue
+        slots, training = state["slots"], _training(state)
+        taking = {sid: free.get(slots[sid]["origin"]) for sid in training}
+        if not training or any(p is None or p.trial.params != slots[sid]["params"] for sid, p in taking.items()):
+            continue
+        for proposal in taking.values():
+            del free[origin_of(proposal.trial)]
+        claims.append(Claim(path, state, taking))
+    kept = {id(p) for p in free.values()}
+    return claims, [p for p in pool if id(p) in kept]
+
+
+def prune(folder: Path | None, study: optuna.Study, keep: Iterable[Path] = ()) -> None:
+    """Remove the checkpoints no retry can claim any more: none of their training slots' trials
+    waits or runs (a running one may be another worker's live array)."""
+    if folder is None or not folder.is_dir():
+        return
+    alive = {origin_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
+    keep = set(keep)
+    for path in folder.glob("*.pt"):
+        state = None if path in keep else load(path)
+        if state is not None and not {state.get("slots", {}).get(s, {}).get("origin") for s in _training(state)} & alive:
+            remove(path)
+    for stray in folder.glob(".*.tmp"):
+        try:
+            old = time.time() - stray.stat().st_mtime > STRAY_SECONDS
+        except OSError:  # another worker's write renamed it meanwhile
+            continue
+        if old:
+            remove(stray)
