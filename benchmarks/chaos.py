@@ -16,10 +16,12 @@ it end, runs the same command again to the end with no signal, and checks:
   the exported weights are its staged ones; every counted trial whose parameters
   and seeds a clean reference run also trained has the reference's value (1e-6);
 - stability: every seed completed once, with the values of a clean reference run
-  (1e-5: a re-run trains the missing seeds in a smaller array).
+  (1e-5: a re-run trains the missing seeds in a smaller array);
+- both: no checkpoint file is left once the re-run ends (a re-run that continued an
+  array from its checkpoint is counted in the last line).
 
 A round that breaks an invariant is printed with its draw and its logs' tails. The
-last line is the count: `chaos: N rounds (S signalled mid-run), K passed, F failed`.
+last line is the count: `chaos: N rounds (S signalled mid-run, R continued mid-array), K passed, F failed`.
 """
 
 from __future__ import annotations
@@ -249,9 +251,10 @@ def references(base: Path) -> dict[str, Any]:
     return {"search": search_reference(url, "reference"), "stability": stability_values(folder / "report")}
 
 
-def run_round(draw: Draw, base: Path, postgres: str | None, reference: dict[str, Any]) -> tuple[list[str], int, bool]:
-    """The round's broken invariants, how many results were compared with a clean run, and
-    whether the signal found the command running."""
+def run_round(draw: Draw, base: Path, postgres: str | None,
+              reference: dict[str, Any]) -> tuple[list[str], int, bool, bool]:
+    """The round's broken invariants, how many results were compared with a clean run, whether
+    the signal found the command running, and whether the re-run continued a checkpoint."""
     folder = base / f"round-{draw.round}"
     folder.mkdir()
     name = f"chaos{draw.round}"
@@ -261,10 +264,26 @@ def run_round(draw: Draw, base: Path, postgres: str | None, reference: dict[str,
     argv = command(draw, folder, url)
     hit = disturbed_run(draw, argv, folder / "disturbed.log")
     if clean_run(argv, folder / "rerun.log"):
-        return [f"the re-run failed:\n{(folder / 'rerun.log').read_text(errors='replace')[-1500:]}"], 0, hit
+        return [f"the re-run failed:\n{(folder / 'rerun.log').read_text(errors='replace')[-1500:]}"], 0, hit, False
     if draw.command == "search":
-        return (*search_problems(url, name, folder / "out", reference["search"]), hit)
-    return (*stability_problems(folder / "report", reference["stability"]), hit)
+        problems, compared = search_problems(url, name, folder / "out", reference["search"])
+        resumed = any("resumed_from_epoch" in t.user_attrs
+                      for t in optuna.load_study(study_name=name, storage=open_storage(url)[0]).get_trials(deepcopy=False))
+    else:
+        problems, compared = stability_problems(folder / "report", reference["stability"])
+        resumed = _stability_resumed(folder / "report")
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("checkpoints/*/*.pt"))
+    if left:
+        problems.append(f"checkpoints left after the re-run: {left}")
+    return problems, compared, hit, resumed
+
+
+def _stability_resumed(report: Path) -> bool:
+    try:
+        metadata = json.loads((report / "result" / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(a.get("resumed_epoch", 0) > 0 for a in metadata.get("arrays", []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,10 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         for number in range(1, args.rounds + 1):
             draw = draw_round(rng, number, storages)
             started = time.monotonic()
-            problems, compared, hit = run_round(draw, base, postgres, reference)
+            problems, compared, hit, resumed = run_round(draw, base, postgres, reference)
             results.append({**asdict(draw), "seconds": round(time.monotonic() - started, 1), "problems": problems,
-                            "compared_with_clean_run": compared, "signal_hit": hit})
+                            "compared_with_clean_run": compared, "signal_hit": hit, "resumed_mid_array": resumed})
             verdict = f"ok ({compared} results equal a clean run's)" if not problems else "FAILED: " + "; ".join(problems)
+            verdict += " [continued mid-array from a checkpoint]" if resumed else ""
             verdict += "" if hit else " [the command had ended before the signal]"
             print(f"round {number}: {draw.command} {draw.storage} workers={draw.workers} {draw.signal}->{draw.target} "
                   f"at {draw.at_s}s: {verdict}", flush=True)
@@ -310,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"seed": args.seed, "rounds": results}, indent=2) + "\n")
     failed = sum(1 for r in results if r["problems"])
     hit = sum(1 for r in results if r["signal_hit"])
-    print(f"chaos: {len(results)} rounds ({hit} signalled mid-run), {len(results) - failed} passed, {failed} failed")
+    resumed = sum(1 for r in results if r["resumed_mid_array"])
+    print(f"chaos: {len(results)} rounds ({hit} signalled mid-run, {resumed} continued mid-array), "
+          f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
