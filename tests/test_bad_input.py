@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cli import main
+from hfta_nas.errors import HftaNasError
 from hfta_nas.search import Outcome, open_storage, outcome_of
 from search_spaces import SHIPPED_SPACES, SearchSpace, SpaceError, parse_space
 from tests.test_search import space_text
@@ -544,3 +545,46 @@ def test_any_search_options_plan_or_give_one_line_and_exit_2(tmp_path_factory, o
     if result.exit_code == 2:
         assert any(line.startswith(("error: ", "Error: ")) for line in result.output.splitlines()), (args, result.output)
     assert [p.name for p in folder.iterdir()] == ["space.yaml"], (args, sorted(folder.iterdir()))
+
+
+# --------------------------------------------------------- property: the stability command's options
+STABILITY_OPTIONS = {"--seeds": _TEXTS, "--seed": _TEXTS, "--vary": _TEXTS, "--array-size": _TEXTS,
+                     "--device": _TEXTS, "--dtype": _TEXTS, "--threads": _TEXTS, "--storage": _TEXTS,
+                     "--format": _TEXTS, "--plot-format": _TEXTS, "--metric": _TEXTS, "--bootstrap-seed": _TEXTS,
+                     "--out": _TEXTS}
+
+
+class _ReachedTraining(HftaNasError):
+    """Raised where the first array would train: every option was accepted."""
+
+
+@settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.dictionaries(st.sampled_from(sorted(STABILITY_OPTIONS)), _TEXTS, max_size=4))
+def test_any_stability_options_reach_training_or_give_one_line_and_exit_2(tmp_path_factory, options):
+    """`hfta-nas stability` with random values of its options: every value is checked before the
+    first array trains (here the training is replaced by a sentinel error), and a refused one is
+    one `error:` line with exit 2, never a traceback."""
+    import stability._runner as runner
+
+    folder = tmp_path_factory.mktemp("fuzz")
+    config = folder / "tiny.yaml"
+    config.write_text("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
+                      "hparams: {lr: 0.05}\nepochs: 1\ndata: {batch_size: 20}\n")
+    args = ["stability", str(config), "--quiet", "--storage", str(folder / "s.journal"), "--out", str(folder / "out")]
+    for option, value in options.items():
+        if option in ("--storage", "--out") and value and not value.startswith(("/", "a://")):
+            value = str(folder / value.replace("/", "_"))  # relative paths stay in the test's folder
+        args += [option, value]
+
+    def reached(*args, **kwargs):
+        raise _ReachedTraining("reached training")
+
+    original, runner.train_seeds = runner.train_seeds, reached
+    try:
+        result = invoke(*args)
+    finally:
+        runner.train_seeds = original
+    assert result.exit_code == 2, (args, result.output, result.exception)
+    assert "Traceback" not in result.output, (args, result.output)
+    errors = [line for line in result.output.splitlines() if line.startswith(("error: ", "Error: "))]
+    assert errors, (args, result.output)
