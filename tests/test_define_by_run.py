@@ -96,3 +96,51 @@ def test_build_errors_are_one_clear_line_and_leave_nothing_running():
     with pytest.raises(hfta_nas.HftaNasError, match="must return a hfta_nas.Candidate, got str"):
         hfta_nas.optimize(study, build, load_dataset("digits"), n_trials=2, array_size=2)
     assert all(t.state == TrialState.FAIL for t in study.trials)
+
+
+class PruneTrialOneAtItsFirstEpoch(optuna.pruners.BasePruner):
+    def prune(self, study, trial):
+        return trial.number == 1 and trial.last_step == 1
+
+
+def test_a_stopped_array_whose_slot_was_refilled_continues_with_its_envelope_rebuilt(tmp_path):
+    """Trial 1 is pruned after epoch 1 and its slot refilled; Ctrl-C in epoch 3; the re-run
+    rebuilds the array from its first occupants (trial 1's model from its stored parameters, for
+    the envelope of widths 16/24/32), refills it as it was and continues to the values of a
+    search never stopped."""
+    digits = load_dataset("digits")
+
+    def build(trial):
+        width = trial.suggest_int("width", 16, 32, step=8)
+        lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
+        model = model_factory("mlp", {"depth": 1, "width": width}, input_shape=digits.input_shape, num_classes=10)
+        return hfta_nas.Candidate(model, hparams={"lr": lr}, epochs=4, batch_size=64)
+
+    def run(folder, on_event=None):
+        storage = hfta_nas.search.open_storage(str(folder / "s.journal"))[0]
+        study = optuna.create_study(study_name="s", storage=storage, direction="maximize", load_if_exists=True,
+                                    sampler=optuna.samplers.RandomSampler(seed=3), pruner=PruneTrialOneAtItsFirstEpoch())
+        hfta_nas.optimize(study, build, digits, n_trials=5, array_size=3, seed=7, step_cost=StepCost(**COST),
+                          on_event=on_event)
+        return {t.number: t for t in study.get_trials(deepcopy=False)}
+
+    reference = run(tmp_path / "ref")
+    assert [reference[n].params["width"] for n in (0, 1, 2)] == [24, 16, 32]  # one array, an envelope
+
+    def stop(event):
+        if isinstance(event, hfta_nas.search.EpochEnded) and event.array == 1 and event.epoch == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, stop)
+    events = []
+    trials = run(tmp_path, events.append)
+    (resumed,) = [e for e in events if isinstance(e, hfta_nas.search.ArrayResumed)]
+    assert resumed.epoch == 2 and len(resumed.trials) == 3
+    assert trials[1].state == TrialState.PRUNED  # ended before the stop: rebuilt, not retrained
+    for number in resumed.trials:
+        original = reference[trials[number].user_attrs["retry_of"]]
+        assert trials[number].params == original.params
+        assert (trials[number].values, trials[number].intermediate_values) == (original.values,
+                                                                               original.intermediate_values)
+    assert {reference[trials[n].user_attrs["retry_of"]].number for n in resumed.trials} == {0, 2, 3}
