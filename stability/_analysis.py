@@ -24,13 +24,15 @@ from stability._result import METRICS, SOURCES, Analysis, StabilityResult
 ALPHA = 0.05  # significance level of the power analysis
 POWER = 0.8  # power the power analysis asks for
 
-SUMMARY_COLUMNS = ("config", "design", "metric", "n", "n_failed", "mean", "std", "sem", "ci_t_low", "ci_t_high",
+SUMMARY_COLUMNS = ("config", "design", "metric", "n", "n_failed", "mean", "std", "sem", "ci_low", "ci_high",
+                   "ci_method", "few_seeds", "ci_t_low", "ci_t_high",
                    "ci_bca_low", "ci_bca_high", "median", "q1", "q3", "iqr", "iqm", "min", "max", "range", "cv",
                    "normality_stat", "normality_p", "n_outliers", "outliers", "best_of_k", "noise_floor_std",
                    "variance_ratio")
 PER_EPOCH_COLUMNS = ("config", "design", "metric", "epoch", "n", "mean", "std", "ci_low", "ci_high")
-COMPARISON_COLUMNS = ("metric", "a", "b", "mean_diff", "welch_t", "welch_p", "mwu_u", "mwu_p", "cohen_d",
-                      "cliff_delta", "p_a_gt_b", "p_a_gt_b_low", "p_a_gt_b_high", "aso_eps_min", "p_holm")
+COMPARISON_COLUMNS = ("metric", "a", "b", "better", "mean_diff", "welch_t", "welch_p", "welch_p_holm", "mwu_u",
+                      "mwu_p", "mwu_p_holm", "cohen_d", "cliff_delta", "p_a_better", "p_a_better_low",
+                      "p_a_better_high", "aso_eps_min", "aso_confidence")
 RANKING_COLUMNS = ("metric", "rank", "config", "mean", "ci_low", "ci_high")
 POWER_COLUMNS = ("config", "metric", "std", "n", "min_detectable_diff")
 # `config` is not in the contract's list, but a study of several configurations run with
@@ -51,7 +53,7 @@ def analyse(result: StabilityResult, *, confidence: float = 0.95, bootstrap_seed
     return Analysis(
         summary=summary,
         per_epoch=_per_epoch(result.curves, seeds, confidence),
-        comparisons=_comparisons(seeds, metrics, **common),
+        comparisons=_comparisons(seeds, metrics, confidence=confidence, bootstrap_seed=int(bootstrap_seed)),
         ranking=_ranking(summary),
         power=_power(summary, differences),
         decomposition=_decomposition(seeds, metrics, confidence),
@@ -125,23 +127,32 @@ def _per_epoch(curves: pd.DataFrame, seeds: pd.DataFrame, confidence: float) -> 
     return table[list(PER_EPOCH_COLUMNS)]
 
 
-def _comparisons(seeds: pd.DataFrame, metrics: list[str], *, confidence: float, bootstrap_seed: int,
-                 n_resamples: int) -> pd.DataFrame:
-    """Every pair of configurations on the main design; Holm adjusts the Welch p-values across
-    the pairs of one metric (the family a reader scans when asking "which configs differ?")."""
+def _comparisons(seeds: pd.DataFrame, metrics: list[str], *, confidence: float, bootstrap_seed: int) -> pd.DataFrame:
+    """Every pair of configurations on the main design, "better" read in the metric's direction.
+
+    One correction policy, per metric over its pairs (the family a reader scans when asking
+    "which configs differ?"): Holm adjusts the Welch p-values and, separately, the Mann-Whitney
+    p-values; ASO, which has no p-value, is computed at the Bonferroni-adjusted confidence
+    1 - (1 - confidence) / pairs, as its authors recommend for several comparisons.
+    """
     main = seeds[seeds["design"] == "all"]
     configs = list(pd.unique(main["config"]))
+    pairs = list(itertools.combinations(configs, 2))
+    aso_confidence = 1.0 - (1.0 - confidence) / max(len(pairs), 1)
     rows = []
     for metric in metrics:
         family = []
-        for a, b in itertools.combinations(configs, 2):
+        for a, b in pairs:
             values_a = _values(main[main["config"] == a], metric)[0]
             values_b = _values(main[main["config"] == b], metric)[0]
             figures = _stats.compare(values_a, values_b, confidence=confidence, bootstrap_seed=bootstrap_seed,
-                                     n_resamples=n_resamples)
-            family.append({"metric": metric, "a": a, "b": b, **figures})
-        for row, adjusted in zip(family, _stats.holm([r["welch_p"] for r in family])):
-            row["p_holm"] = float(adjusted)
+                                     higher_is_better=_higher_is_better(metric), aso_confidence=aso_confidence)
+            family.append({"metric": metric, "a": a, "b": b,
+                           "better": "higher" if _higher_is_better(metric) else "lower", **figures,
+                           "aso_confidence": aso_confidence})
+        for test in ("welch_p", "mwu_p"):
+            for row, adjusted in zip(family, _stats.holm([r[test] for r in family])):
+                row[f"{test}_holm"] = float(adjusted)
         rows += family
     return _frame(rows, COMPARISON_COLUMNS)
 
@@ -156,7 +167,7 @@ def _ranking(summary: pd.DataFrame) -> pd.DataFrame:
         ordered = group.sort_values("mean", ascending=ascending, na_position="last", kind="stable")
         ranks = ordered["mean"].rank(method="min", ascending=ascending)
         rows += [{"metric": metric, "rank": rank, "config": r["config"], "mean": r["mean"],
-                  "ci_low": r["ci_bca_low"], "ci_high": r["ci_bca_high"]}
+                  "ci_low": r["ci_low"], "ci_high": r["ci_high"]}
                  for rank, (_, r) in zip(ranks, ordered.iterrows())]
     frame = _frame(rows, RANKING_COLUMNS)
     frame["rank"] = frame["rank"].astype("Int64")

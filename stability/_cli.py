@@ -217,19 +217,21 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     console = Console()
     scale, unit = (100.0, "%") if metric.endswith("_acc") else (1.0, "")
     table = Table(title=f"{metric}: distribution over seeds")
-    for column in ("config", "n", "failed", "mean ± std", "95% CI (BCa)", "median [IQR]", "min–max", "noise floor sd"):
+    for column in ("config", "n", "failed", "mean ± std", "95% CI (t)", "median [IQR]", "min–max", "noise floor sd"):
         table.add_column(column, justify="right")
     for row in summary["configs"]:
         f = lambda v: "n/a" if v is None else f"{scale * v:.2f}{unit}"  # noqa: E731
         table.add_row(
             str(row["config"]), str(row["n"]), str(row["n_failed"]), f"{f(row['mean'])} ± {f(row['std'])}",
-            f"[{f(row['ci_bca_low'])}, {f(row['ci_bca_high'])}]", f"{f(row['median'])} [{f(row['iqr'])}]",
+            f"[{f(row['ci_low'])}, {f(row['ci_high'])}]" + (" (few seeds)" if row.get("few_seeds") else ""),
+            f"{f(row['median'])} [{f(row['iqr'])}]",
             f"{f(row['min'])}–{f(row['max'])}", f(row.get("noise_floor_std")),
         )
     console.print(table)
     for c in summary["comparisons"]:
-        console.print(f"{c['a']} vs {c['b']}: diff {scale * c['mean_diff']:+.2f}{unit}, Welch p={c['welch_p']:.3g}, "
-                      f"Holm p={c['p_holm']:.3g}, P(A>B)={c['p_a_gt_b']:.2f}, Cliff's delta={c['cliff_delta']:+.2f}, "
+        console.print(f"{c['a']} vs {c['b']}: diff {scale * c['mean_diff']:+.2f}{unit}, Welch p={c['welch_p']:.3g} "
+                      f"(Holm {c['welch_p_holm']:.3g}), P(A better)={c['p_a_better']:.2f} "
+                      f"[{c['p_a_better_low']:.2f}, {c['p_a_better_high']:.2f}], Cliff's delta={c['cliff_delta']:+.2f}, "
                       f"ASO eps_min={c['aso_eps_min']:.2f}")
     for d in summary["decomposition"]:
         share = "" if d.get("share") is None else f" ({d['share']:.0%} of the sum of sources)"

@@ -150,7 +150,7 @@ def _write_latex(report: _Report, out: Path) -> list[Path]:
                                                          "(mean $\\pm$ std, 95\\% intervals).", label="tab:stability")]
     comparisons = _comparison_table(report)
     if not comparisons.empty:
-        parts.append(_latex(comparisons, caption="Pairwise comparisons (Holm-adjusted Welch p-values).",
+        parts.append(_latex(comparisons, caption="Pairwise comparisons (p-values Holm-adjusted per test across pairs).",
                             label="tab:stability-comparisons"))
     path = out / "report.tex"
     atomic_write_text(path, "\n".join(parts))
@@ -178,9 +178,11 @@ def _sections(report: _Report) -> list[_Section]:
     sections = [
         _Section("Protocol", _protocol_text(metadata, analysis), _protocol_table(metadata)),
         _Section("Distribution over seeds",
-                 "Completed seeds only; failed or diverged seeds are counted in 'failed'. Intervals are 95% "
-                 "(t and bias-corrected accelerated bootstrap). The noise floor is the standard deviation a "
-                 "perfectly stable model would still show from the finite test set, sqrt(p(1-p)/n_test).",
+                 "Completed seeds only; failed or diverged seeds are counted in 'failed'. The interval is the 95% "
+                 "t interval of the mean (measured at 93-97% coverage from 5 seeds on normal, skewed and "
+                 "heavy-tailed data; 'few seeds' marks n below 5, where its level rests on normality; the BCa "
+                 "bootstrap interval is in the CSV/JSON). The noise floor is the standard deviation a perfectly "
+                 "stable model would still show from the finite test set, sqrt(p(1-p)/n_test).",
                  _distribution_table(report), "distribution"),
         _Section("Empirical distribution", "Fraction of seeds at or below each final value.", None, "ecdf"),
         _Section("Learning curves", "Every seed as a thin line; the mean with its 95% t interval as a band.",
@@ -194,9 +196,11 @@ def _sections(report: _Report) -> list[_Section]:
     comparisons = _comparison_table(report)
     if not comparisons.empty:
         sections.append(_Section(
-            "Comparisons", "Welch's t and Mann-Whitney U tests, Holm-adjusted across pairs; Cohen's d and Cliff's "
-            "delta; P(A>B) with a 95% bootstrap interval; almost-stochastic-order epsilon_min (below 0.5: A tends "
-            "to beat B; 0 is strict dominance).", comparisons))
+            "Comparisons", "'Better' follows the metric's direction (higher accuracy, lower loss). Welch's t and "
+            "Mann-Whitney U p-values, each Holm-adjusted across the pairs (in brackets); Cohen's d and Cliff's "
+            "delta (positive: A better); P(A better than B), ties counted half, with Newcombe's 95% score "
+            "interval; almost-stochastic-order epsilon_min at a Bonferroni-adjusted confidence (below 0.5: A "
+            "tends to be better; 0 is strict dominance).", comparisons))
     ranking = analysis.ranking[analysis.ranking["metric"] == report.metric]
     if len(ranking) > 1:
         sections.append(_Section("Ranking with intervals", "Best first; overlapping intervals mean the order may "
@@ -260,6 +264,13 @@ def _fmt(value: Any, scale: float = 1.0, unit: str = "", digits: int = 2) -> str
     return f"{scale * float(value):.{digits}f}{unit}"
 
 
+def _p(value: Any) -> str:
+    """A p-value: three decimals, or scientific notation below 0.001 (never a bare 0)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{float(value):.3f}" if float(value) >= 1e-3 else f"{float(value):.1e}"
+
+
 def _distribution_table(report: _Report) -> pd.DataFrame:
     scale, unit = _scale(report)
     digits = 2 if report.is_accuracy else 4
@@ -273,11 +284,10 @@ def _distribution_table(report: _Report) -> pd.DataFrame:
         row = {"config": r["config"], **({"design": r["design"]} if several_designs else {}),
                "n": int(r["n"]), "failed": int(r["n_failed"]),
                "mean ± std": f"{f(r['mean'])} ± {f(r['std'])}",
-               "95% CI (t)": f"[{f(r['ci_t_low'])}, {f(r['ci_t_high'])}]",
-               "95% CI (BCa)": f"[{f(r['ci_bca_low'])}, {f(r['ci_bca_high'])}]",
+               "95% CI (t)": f"[{f(r['ci_low'])}, {f(r['ci_high'])}]" + (" (few seeds)" if r["few_seeds"] else ""),
                "median [IQR]": f"{f(r['median'])} [{f(r['iqr'])}]", "IQM": f(r["iqm"]),
                "min – max": f"{f(r['min'])} – {f(r['max'])}", "CV": _fmt(r["cv"], 1, "", 4),
-               "Shapiro p": _fmt(r["normality_p"], 1, "", 3),
+               "Shapiro p": _p(r["normality_p"]),
                "outliers": r["outliers"] or "none",
                "best of k": ", ".join(f"{k}: {f(v)}" for k, v in best.items()) or "n/a"}
         if report.is_accuracy:
@@ -292,9 +302,10 @@ def _comparison_table(report: _Report) -> pd.DataFrame:
     rows = report.analysis.comparisons[report.analysis.comparisons["metric"] == report.metric]
     return pd.DataFrame([{
         "A": r["a"], "B": r["b"], "mean A - B": _fmt(r["mean_diff"], scale, unit, 2 if report.is_accuracy else 4),
-        "Welch p": _fmt(r["welch_p"], digits=4), "Holm p": _fmt(r["p_holm"], digits=4),
-        "MWU p": _fmt(r["mwu_p"], digits=4), "Cohen d": _fmt(r["cohen_d"]), "Cliff delta": _fmt(r["cliff_delta"]),
-        "P(A>B) [95% CI]": f"{_fmt(r['p_a_gt_b'])} [{_fmt(r['p_a_gt_b_low'])}, {_fmt(r['p_a_gt_b_high'])}]",
+        "Welch p (Holm)": f"{_p(r['welch_p'])} ({_p(r['welch_p_holm'])})",
+        "MWU p (Holm)": f"{_p(r['mwu_p'])} ({_p(r['mwu_p_holm'])})",
+        "Cohen d": _fmt(r["cohen_d"]), "Cliff delta": _fmt(r["cliff_delta"]),
+        "P(A better) [95% CI]": f"{_fmt(r['p_a_better'])} [{_fmt(r['p_a_better_low'])}, {_fmt(r['p_a_better_high'])}]",
         "ASO eps_min": _fmt(r["aso_eps_min"], digits=3),
     } for _, r in rows.iterrows()])
 
@@ -303,7 +314,7 @@ def _ranking_table(report: _Report, ranking: pd.DataFrame) -> pd.DataFrame:
     scale, unit = _scale(report)
     f = lambda v: _fmt(v, scale, unit, 2 if report.is_accuracy else 4)  # noqa: E731
     return pd.DataFrame([{"rank": "" if pd.isna(r["rank"]) else int(r["rank"]), "config": r["config"],
-                          "mean": f(r["mean"]), "95% CI (BCa)": f"[{f(r['ci_low'])}, {f(r['ci_high'])}]"}
+                          "mean": f(r["mean"]), "95% CI (t)": f"[{f(r['ci_low'])}, {f(r['ci_high'])}]"}
                          for _, r in ranking.iterrows()])
 
 

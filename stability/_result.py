@@ -113,6 +113,8 @@ class Analysis:
 
     summary:       one row per (config, design, metric) over completed seeds;
                    columns config, design, metric, n, n_failed, mean, std, sem,
+                   ci_low, ci_high (the headline interval), ci_method ("t"),
+                   few_seeds (n below 5: the interval's level rests on normality),
                    ci_t_low, ci_t_high, ci_bca_low, ci_bca_high, median, q1, q3,
                    iqr, iqm, min, max, range, cv, normality_stat, normality_p,
                    n_outliers, outliers (str: comma-separated seed_index values),
@@ -120,10 +122,14 @@ class Analysis:
                    variance_ratio (observed var / noise-floor var; NaN for losses)
     per_epoch:     config, design, metric, epoch, n, mean, std, ci_low, ci_high (t interval)
     comparisons:   one row per (metric, a, b) pair of configs (design "all"):
-                   metric, a, b, mean_diff, welch_t, welch_p, mwu_u, mwu_p,
-                   cohen_d, cliff_delta, p_a_gt_b, p_a_gt_b_low, p_a_gt_b_high,
-                   aso_eps_min, p_holm (Holm across the pairs of that metric)
-    ranking:       metric, rank, config, mean, ci_low, ci_high (BCa)
+                   metric, a, b, better ("higher" or "lower": the metric's direction),
+                   mean_diff (A - B), welch_t, welch_p, welch_p_holm, mwu_u, mwu_p,
+                   mwu_p_holm (Holm across the pairs of that metric, per test),
+                   cohen_d, cliff_delta (positive: A better), p_a_better,
+                   p_a_better_low, p_a_better_high (Newcombe's interval),
+                   aso_eps_min (below 0.5: A tends to be better), aso_confidence
+                   (Bonferroni-adjusted across the pairs)
+    ranking:       metric, rank, config, mean, ci_low, ci_high (the headline interval)
     power:         config, metric, std, n, min_detectable_diff (at the current n,
                    alpha 0.05, power 0.8), and seeds_needed_<d> for a few differences d
     decomposition: config, metric, source, variance, ci_low, ci_high, share  (empty without

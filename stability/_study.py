@@ -2,7 +2,7 @@
 
 >>> import stability
 >>> done = stability.run_study("stability/configs/mnist1d_cnn.yaml", seeds=32, out_dir="runs/stability/cnn")
->>> done.analysis.summary.query("metric == 'test_acc'")[["config", "mean", "ci_bca_low", "ci_bca_high"]]
+>>> done.analysis.summary.query("metric == 'test_acc'")[["config", "mean", "ci_low", "ci_high"]]
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def test_compare_two_configs_reports_the_comparison(tmp_path, tiny_config):
     assert result.exit_code == 0, result.output
     (comparison,) = json.loads(result.output)["comparisons"]
     assert {comparison["a"], comparison["b"]} == {"tiny", "slow"}
-    assert 0.0 <= comparison["p_holm"] <= 1.0 and 0.0 <= comparison["p_a_gt_b"] <= 1.0
+    assert 0.0 <= comparison["welch_p_holm"] <= 1.0 and 0.0 <= comparison["p_a_better"] <= 1.0
 
 
 def test_decompose_reports_a_share_per_source(tmp_path, tiny_config):

@@ -122,8 +122,9 @@ def test_expected_best_of_k_is_exact():
 
 def test_compare_matches_scipy(no_warnings):
     a, b = sample(12, seed=1), sample(15, seed=2) - 0.005
-    row = _stats.compare(a, b, bootstrap_seed=5, n_resamples=2000)
-    assert list(row) == [c for c in COMPARISON_COLUMNS if c not in ("metric", "a", "b", "p_holm")]
+    row = _stats.compare(a, b, bootstrap_seed=5)
+    assert list(row) == [c for c in COMPARISON_COLUMNS
+                         if c not in ("metric", "a", "b", "better", "welch_p_holm", "mwu_p_holm", "aso_confidence")]
     welch = stats.ttest_ind(a, b, equal_var=False)
     mwu = stats.mannwhitneyu(a, b, alternative="two-sided")
     pooled = math.sqrt((11 * a.var(ddof=1) + 14 * b.var(ddof=1)) / 25)
@@ -133,27 +134,71 @@ def test_compare_matches_scipy(no_warnings):
     assert close(row["mwu_u"], mwu.statistic) and close(row["mwu_p"], mwu.pvalue)
     assert close(row["cohen_d"], (a.mean() - b.mean()) / pooled)
     assert close(row["cliff_delta"], signs.mean())
-    assert close(row["p_a_gt_b"], np.mean((signs > 0) + 0.5 * (signs == 0)))
-    assert row["p_a_gt_b_low"] <= row["p_a_gt_b"] <= row["p_a_gt_b_high"]
-    assert row == _stats.compare(a, b, bootstrap_seed=5, n_resamples=2000)
+    assert close(row["p_a_better"], np.mean((signs > 0) + 0.5 * (signs == 0)))
+    assert row["p_a_better_low"] <= row["p_a_better"] <= row["p_a_better_high"]
+    assert row == _stats.compare(a, b, bootstrap_seed=5)
+
+
+def test_comparisons_of_a_metric_to_minimise_read_better_as_lower(no_warnings):
+    """A's losses are lower: A is the better configuration, and every directional figure says so."""
+    a, b = sample(10, seed=1), sample(10, seed=2) + 0.05
+    for_loss = _stats.compare(a, b, higher_is_better=False, bootstrap_seed=1)
+    for_accuracy = _stats.compare(-a, -b, bootstrap_seed=1)
+    for key in ("cohen_d", "cliff_delta", "p_a_better", "p_a_better_low", "p_a_better_high", "aso_eps_min"):
+        assert close(for_loss[key], for_accuracy[key]), key
+    assert for_loss["p_a_better"] > 0.5 and for_loss["cliff_delta"] > 0 and for_loss["aso_eps_min"] < 0.5
+    assert for_loss["mean_diff"] < 0  # the raw difference keeps its sign
+
+
+def test_newcombe_interval_solves_its_score_equation_and_survives_separation():
+    a, b = np.array([0.91, 0.93, 0.95, 0.90, 0.97]), np.array([0.89, 0.92, 0.90, 0.88, 0.91, 0.86])
+    theta = float(_stats.prob_greater(a, b))
+    low, high = _stats.prob_greater_interval(a, b)
+    z2, m, n = stats.norm.ppf(0.975) ** 2, 5, 6
+
+    def variance(t):
+        return t * (1 - t) * (1 + ((m + n) / 2 - 2) * ((1 - t) / (2 - t) + t / (1 + t))) / (m * n)
+
+    assert low < theta < high
+    for end in (low, high):
+        assert math.isclose((theta - end) ** 2, z2 * variance(end), rel_tol=1e-9)
+    # complete separation, 3 seeds against 3: a bootstrap interval collapses to [1, 1]; this one does not
+    low, high = _stats.prob_greater_interval([4.0, 5.0, 6.0], [1.0, 2.0, 3.0])
+    assert high == 1.0 and 0.4 < low < 0.7
+    assert _stats.prob_greater_interval([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == (0.0, pytest.approx(1 - low))
+
+
+def test_newcombe_interval_holds_its_level_on_a_shift():
+    rng = np.random.default_rng(0)
+    truth = stats.norm.cdf(0.5 / math.sqrt(2))  # P(A > B) for A ~ N(0.5, 1), B ~ N(0, 1)
+    hits = [low <= truth <= high for low, high in
+            (_stats.prob_greater_interval(rng.normal(0.5, 1, 8), rng.normal(0, 1, 8)) for _ in range(400))]
+    assert 0.91 <= np.mean(hits) <= 0.99
+
+
+def test_headline_interval_is_t_and_flags_few_seeds():
+    row = _stats.summarize(sample(4, seed=3), n_resamples=100)
+    assert (row["ci_low"], row["ci_high"]) == (row["ci_t_low"], row["ci_t_high"])
+    assert row["ci_method"] == "t" and row["few_seeds"]
+    assert not _stats.summarize(sample(5, seed=3), n_resamples=100)["few_seeds"]
 
 
 def test_probability_of_superiority_on_known_inputs(no_warnings):
     a = np.arange(10, dtype=np.float64)
-    separated = _stats.compare(a + 100, a, n_resamples=500)
-    assert separated["p_a_gt_b"] == separated["p_a_gt_b_low"] == separated["p_a_gt_b_high"] == 1.0
+    separated = _stats.compare(a + 100, a)
+    assert separated["p_a_better"] == separated["p_a_better_high"] == 1.0 and separated["p_a_better_low"] < 1.0
     assert separated["cliff_delta"] == 1.0
-    assert _stats.compare(a, a + 100, n_resamples=500)["p_a_gt_b"] == 0.0
-    same = _stats.compare(a, a, n_resamples=500)
-    assert same["p_a_gt_b"] == 0.5 and same["cliff_delta"] == 0.0
+    assert _stats.compare(a, a + 100)["p_a_better"] == 0.0
+    same = _stats.compare(a, a)
+    assert same["p_a_better"] == 0.5 and same["cliff_delta"] == 0.0
     # 2 of the 4 pairs won, 1 tied, 1 lost: (2 + 0.5) / 4
-    assert _stats.compare([1.0, 3.0], [2.0, 3.0], n_resamples=100)["p_a_gt_b"] == 0.375
+    assert _stats.compare([1.0, 3.0], [2.0, 3.0])["p_a_better"] == 0.375
 
 
 def test_compare_degenerate_input(no_warnings):
     assert all(math.isnan(v) for v in _stats.compare([], [1.0, 2.0]).values())
-    flat = _stats.compare([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], n_resamples=100)
-    assert math.isnan(flat["welch_p"]) and math.isnan(flat["cohen_d"]) and flat["p_a_gt_b"] == 0.5
+    flat = _stats.compare([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
+    assert math.isnan(flat["welch_p"]) and math.isnan(flat["cohen_d"]) and flat["p_a_better"] == 0.5
 
 
 # --------------------------------------------------------------------------- ASO
@@ -432,10 +477,13 @@ def test_analyse_comparisons_ranking_power(analysed):
     result, an = analysed
     acc = an.comparisons.query("metric == 'test_acc'")
     assert list(zip(acc["a"], acc["b"])) == [("A", "B"), ("A", "C"), ("B", "C")]
-    np.testing.assert_allclose(acc["p_holm"], _stats.holm(acc["welch_p"]), rtol=0, atol=TIGHT)
+    np.testing.assert_allclose(acc["welch_p_holm"], _stats.holm(acc["welch_p"]), rtol=0, atol=TIGHT)
+    np.testing.assert_allclose(acc["mwu_p_holm"], _stats.holm(acc["mwu_p"]), rtol=0, atol=TIGHT)
+    assert (acc["aso_confidence"] == 1 - 0.05 / 3).all() and (acc["better"] == "higher").all()
+    assert (an.comparisons.query("metric == 'test_loss'")["better"] == "lower").all()
     main = result.seeds.query("design == 'all' and status == 'completed'")
     direct = _stats.compare(main.query("config == 'A'")["test_acc"], main.query("config == 'B'")["test_acc"],
-                            bootstrap_seed=4, n_resamples=500)
+                            bootstrap_seed=4, aso_confidence=1 - 0.05 / 3)
     for key, value in direct.items():
         assert close(acc.iloc[0][key], value), key
     for metric, best_first in (("test_acc", False), ("test_loss", True)):
