@@ -326,3 +326,17 @@ def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
     assert round_["problems"] == [] and round_["compared_with_clean_run"] >= 1
     assert completed.stdout.strip().splitlines()[-1].startswith("chaos: 1 rounds (")
     assert completed.stdout.strip().endswith("1 passed, 0 failed")
+
+
+def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
+    from benchmarks import coverage
+
+    out = tmp_path / "coverage.json"
+    assert coverage.main(["--quick", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [(r["shape"], r["n"]) for r in result["rows"]] == [(s, n) for s in coverage.SHAPES for n in (3, 8)]
+    for row in result["rows"]:
+        for key in ("mean_t", "mean_bca", "p_better_newcombe", "p_better_bca"):
+            assert 0.0 <= row[key] <= 1.0
+    assert abs(result["rows"][0]["true_p_better"] - 0.71) < 0.01  # normal data, a shift of 0.78 sd
+    assert coverage.worst_headline(result).startswith("coverage: headline intervals at n >= 5")
