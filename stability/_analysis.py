@@ -37,7 +37,7 @@ RANKING_COLUMNS = ("metric", "rank", "config", "mean", "ci_low", "ci_high")
 POWER_COLUMNS = ("config", "metric", "std", "n", "min_detectable_diff")
 # `config` is not in the contract's list, but a study of several configurations run with
 # --decompose has one decomposition per configuration, and without it their rows would collide.
-DECOMPOSITION_COLUMNS = ("config", "metric", "source", "variance", "ci_low", "ci_high", "share")
+DECOMPOSITION_COLUMNS = ("config", "method", "metric", "source", "variance", "ci_low", "ci_high", "share")
 
 
 def analyse(result: StabilityResult, *, confidence: float = 0.95, bootstrap_seed: int | None = None,
@@ -87,6 +87,16 @@ def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
 
 def _higher_is_better(metric: str) -> bool:
     return not metric.endswith("_loss")
+
+
+def _grid(rows: pd.DataFrame, metric: str, confidence: float) -> list[dict[str, Any]]:
+    """The grid's components; none when a seed failed (the ANOVA needs every cell of the grid)."""
+    values = pd.to_numeric(rows[metric], errors="coerce")
+    if (rows["status"] != "completed").any() or not np.isfinite(values.to_numpy(dtype=np.float64)).all():
+        return []
+    frame = pd.DataFrame({"init": rows["seed_init"].to_numpy(), "data": rows["seed_data"].to_numpy(),
+                          metric: values.to_numpy(dtype=np.float64)})
+    return _stats.grid_decomposition(frame, ["init", "data"], metric, confidence)
 
 
 # --------------------------------------------------------------------------- frames
@@ -188,18 +198,21 @@ def _power(summary: pd.DataFrame, differences: Sequence[float]) -> pd.DataFrame:
 
 
 def _decomposition(seeds: pd.DataFrame, metrics: list[str], confidence: float) -> pd.DataFrame:
-    """Each source's variance from its only_<source> design, their sum, and the "all" design's
-    total, per configuration that ran --decompose."""
+    """Per configuration that ran --decompose: method "sources", each source's variance from its
+    only_<source> design, their sum, and the "all" design's total; method "grid", the init x data
+    grid's variance components (init, data, their interaction with the residual)."""
     rows = []
     for config, group in seeds.groupby("config", sort=False):
         designs = set(group["design"])
         sources = [s for s in SOURCES if f"only_{s}" in designs]
-        if not sources:
-            continue
         for metric in metrics:
-            by_source = {s: _values(group[group["design"] == f"only_{s}"], metric)[0] for s in sources}
-            total = _values(group[group["design"] == "all"], metric)[0] if "all" in designs else None
-            rows += [{"config": config, "metric": metric, **row}
-                     for row in _stats.decompose_one_at_a_time(by_source, total, confidence)]
+            if sources:
+                by_source = {s: _values(group[group["design"] == f"only_{s}"], metric)[0] for s in sources}
+                total = _values(group[group["design"] == "all"], metric)[0] if "all" in designs else None
+                rows += [{"config": config, "method": "sources", "metric": metric, **row}
+                         for row in _stats.decompose_one_at_a_time(by_source, total, confidence)]
+            if "grid" in designs:
+                rows += [{"config": config, "method": "grid", "metric": metric, **row}
+                         for row in _grid(group[group["design"] == "grid"], metric, confidence)]
     frame = _frame(rows, DECOMPOSITION_COLUMNS)
     return frame.astype({c: float for c in ("variance", "ci_low", "ci_high", "share")}) if rows else frame

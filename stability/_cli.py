@@ -34,7 +34,9 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--seeds", "n_seeds", default=32, show_default=True, type=int, help="Seeds per configuration (slots of the array)."),
         click.option("--seed", "base_seed", default=0, show_default=True, type=int, help="Base seed of the per-source seed streams."),
         click.option("--vary", default="init,data,dropout", show_default=True, help="Sources that change across seeds (init, data, dropout); the others stay fixed."),
-        click.option("--decompose", is_flag=True, help="Also run one design per varied source (only it changes) and report each source's share of the variance."),
+        click.option("--decompose", is_flag=False, flag_value="sources", default=None, type=click.Choice(["sources", "grid"]),
+                     help="Also attribute the variance to its sources: `--decompose` (or `sources`) runs one design per varied "
+                          "source (only it changes); `--decompose grid` crosses init seeds with data seeds (a two-way ANOVA)."),
         click.option("--array-size", type=int, default=None, help="At most this many seeds per array [default: all seeds of a configuration in one array]."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"])),
@@ -156,7 +158,7 @@ def report(folder: str | None, studies: tuple[str, ...], storage: str | None, ou
 
 
 # ----------------------------------------------------------------- the work
-def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary: str, decompose: bool,
+def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary: str, decompose: str | None,
              array_size: int | None, device: str, dtype: str, threads: int | None, storage: str | None,
              artifact_dir: str | None, out_dir: str | None, formats: str, plot_formats: str, metric: str,
              bootstrap_seed: int, as_json: bool, quiet: bool) -> None:

@@ -212,8 +212,12 @@ def _sections(report: _Report) -> list[_Section]:
     decomposition = analysis.decomposition[analysis.decomposition["metric"] == report.metric]
     if not decomposition.empty:
         sections.append(_Section(
-            "Sources of variance", "Each source varied alone (the others fixed at their first seed); its variance, "
-            "95% chi-square interval and share of the sum of the sources' variances, beside the total when all vary.",
+            "Sources of variance", "Method 'sources' (--decompose): each source varied alone (the others fixed), "
+            "each design with seeds of its own; its variance, 95% chi-square interval and share of the sum of the "
+            "sources' variances, beside the total when all vary (a total above the sum: the sources interact). "
+            "Method 'grid' (--decompose grid): init seeds crossed with data seeds, one run per cell; two-way "
+            "random-effects ANOVA components with 95% intervals (modified large-sample for init and data, "
+            "chi-square for their interaction, which holds the residual: dropout and what seeds leave unexplained).",
             _round(decomposition), "variance"))
     sections.append(_Section("All metrics", "Every recorded metric, every design.",
                              _round(analysis.summary.drop(columns=["outliers", "best_of_k"]))))

@@ -33,7 +33,7 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas.search import checkpoint_folder
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig
-from stability._design import SeedPlan, plan
+from stability._design import SeedPlan, parse_decompose, plan
 from stability._result import SOURCES, StabilityResult
 from stability._store import SeedOutcome, SeedStore, frames, study_name_for
 
@@ -45,7 +45,7 @@ def run_stability(
     *,
     n_seeds: int = 32,
     vary: Sequence[str] = SOURCES,
-    decompose: bool = False,
+    decompose: bool | str | None = None,
     base_seed: int = 0,
     device: str = "cpu",
     dtype: str = "float32",
@@ -64,6 +64,7 @@ def run_stability(
         raise HftaNasError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}.")
     device_type = _checked_device(device).type
     on_event = on_event or (lambda kind, info: None)
+    decompose = parse_decompose(decompose)
     plans = plan(n_seeds, vary=vary, decompose=decompose, base_seed=base_seed)
     started = time.perf_counter()
     datasets: dict[str, Dataset] = {}

@@ -512,3 +512,45 @@ def variance_components(frame: pd.DataFrame, factors: Sequence[str], value: str)
     summed = sum(v for v in variance.values() if math.isfinite(v))
     return pd.DataFrame([{"source": names[k], "df": df[k], "mean_square": ms[k], "variance": v,
                           "share": v / summed if summed > 0 else NAN} for k, v in variance.items()])
+
+
+def difference_interval(ms1: float, df1: float, ms2: float, df2: float, c: float,
+                        confidence: float = 0.95) -> tuple[float, float]:
+    """Modified large-sample interval (Ting, Burdick, Graybill et al. 1990) for c (E[MS1] - E[MS2]),
+    a variance component from two independent mean squares; the lower end truncated at 0.
+
+    This is the interval Burdick and Graybill (1992) recommend for a component estimated as a
+    difference of mean squares, where a chi-square interval does not apply; its level is
+    checked by simulation in the tests.
+    """
+    if not all(math.isfinite(v) for v in (ms1, ms2)) or df1 < 1 or df2 < 1:
+        return NAN, NAN
+    tail = (1 - confidence) / 2
+    g1, g2 = 1 - df1 / stats.chi2.ppf(1 - tail, df1), 1 - df2 / stats.chi2.ppf(1 - tail, df2)
+    h1, h2 = df1 / stats.chi2.ppf(tail, df1) - 1, df2 / stats.chi2.ppf(tail, df2) - 1
+    f_high, f_low = stats.f.ppf(1 - tail, df1, df2), stats.f.ppf(tail, df1, df2)
+    g12 = ((f_high - 1) ** 2 - g1**2 * f_high**2 - h2**2) / f_high
+    h12 = ((1 - f_low) ** 2 - h1**2 * f_low**2 - g2**2) / f_low
+    estimate = c * (ms1 - ms2)
+    below = math.sqrt(max(g1**2 * (c * ms1) ** 2 + h2**2 * (c * ms2) ** 2 + g12 * c * c * ms1 * ms2, 0.0))
+    above = math.sqrt(max(h1**2 * (c * ms1) ** 2 + g2**2 * (c * ms2) ** 2 + h12 * c * c * ms1 * ms2, 0.0))
+    return max(estimate - below, 0.0), max(estimate + above, 0.0)
+
+
+def grid_decomposition(frame: pd.DataFrame, factors: Sequence[str], value: str,
+                       confidence: float = 0.95) -> list[dict[str, Any]]:
+    """`variance_components` of a crossed grid with one run per cell, each component with an
+    interval: the two factors by `difference_interval`, the interaction-plus-residual by chi-square."""
+    table = variance_components(frame, factors, value).set_index("source")
+    (a, b), rest = factors, f"{factors[0]}:{factors[1]}+residual"
+    ms_ab, df_ab = float(table.loc[rest, "mean_square"]), float(table.loc[rest, "df"])
+    rows = []
+    for name, other in ((a, b), (b, a)):
+        levels = frame[other].nunique()  # the component is (MS - MS_AB) / (levels of the other factor)
+        low, high = difference_interval(float(table.loc[name, "mean_square"]), float(table.loc[name, "df"]),
+                                        ms_ab, df_ab, 1.0 / levels, confidence)
+        rows.append({"source": name, "variance": float(table.loc[name, "variance"]), "ci_low": low, "ci_high": high,
+                     "share": float(table.loc[name, "share"])})
+    rows.append({"source": rest, "variance": float(table.loc[rest, "variance"]),
+                 **_chi2_interval(ms_ab, df_ab, confidence), "share": float(table.loc[rest, "share"])})
+    return rows

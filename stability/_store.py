@@ -23,17 +23,12 @@ from typing import Any
 
 import optuna
 import pandas as pd
-from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from hfta_nas.errors import HftaNasError
 from search_spaces import ResolvedConfig
 from stability._design import SeedPlan
 from stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, SOURCES
-
-DESIGNS = ("all", "only_init", "only_data", "only_dropout")
-_DISTRIBUTIONS = {"design": CategoricalDistribution(DESIGNS), "seed_index": IntDistribution(0, 1_000_000)}
-
 
 @dataclass
 class SeedOutcome:
@@ -120,8 +115,9 @@ def _as_trial(outcome: SeedOutcome, device: str, attrs: dict[str, Any]) -> optun
     return optuna.trial.create_trial(
         state=TrialState.COMPLETE if completed else TrialState.FAIL,
         value=value if completed else None,
-        params={"design": plan.design, "seed_index": plan.seed_index},
-        distributions=_DISTRIBUTIONS,
+        # No params: a seed is not a hyper-parameter, and as one the dashboard's importance panel
+        # ranked the seed index first. Its design and seeds are user attributes.
+        params={}, distributions={},
         user_attrs=user_attrs,
         intermediate_values=intermediate,
     )

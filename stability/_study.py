@@ -54,7 +54,7 @@ def run_study(
     *,
     seeds: int = 32,
     vary: str | Sequence[str] = SOURCES,
-    decompose: bool = False,
+    decompose: bool | str | None = None,
     base_seed: int = 0,
     device: str = "cpu",
     dtype: str = "float32",

@@ -224,6 +224,25 @@ def test_decompose_reports_a_share_per_source(tmp_path, tiny_config):
     assert {"init", "data"} <= sources
 
 
+def test_decompose_grid_reports_init_data_and_their_interaction(tmp_path, tiny_config):
+    result = cli("stability", tiny_config, "--seeds", 4, "--vary", "init,data", "--out", tmp_path / "g",
+                 "--storage", tmp_path / "s.journal", "--format", "json,md", "--plot-format", "png", "--json",
+                 "--decompose", "grid")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["decomposition"]
+    assert {row["method"] for row in rows} == {"grid"}
+    assert [row["source"] for row in rows] == ["init", "data", "init:data+residual"]
+    assert all(0.0 <= row["ci_low"] <= row["variance"] <= row["ci_high"] for row in rows)
+    assert "Method 'grid'" in (tmp_path / "g" / "report.md").read_text()
+
+
+def test_a_single_varied_source_cannot_be_decomposed(tmp_path, tiny_config):
+    result = cli("stability", tiny_config, "--seeds", 2, "--vary", "data", "--decompose", "--storage",
+                 tmp_path / "s.journal")
+    assert result.exit_code == 2 and "vary at least two" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "s.journal").exists() or "stability:" not in (tmp_path / "s.journal").read_text()
+
+
 def test_top_k_trials_of_a_search_are_rerun_across_seeds(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(
