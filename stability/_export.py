@@ -145,7 +145,7 @@ def _write_html(report: _Report, out: Path) -> list[Path]:
 
 def _write_latex(report: _Report, out: Path) -> list[Path]:
     """A booktabs table of the metric per configuration (and the comparisons, when any),
-    ready for \\input{} in a paper (needs \\usepackage{booktabs})."""
+    ready for \\input{} in a paper (needs \\usepackage{booktabs,graphicx})."""
     parts = [_latex(_distribution_table(report), caption=f"Final {report.metric.replace('_', ' ')} over seeds "
                                                          "(mean $\\pm$ std, 95\\% intervals).", label="tab:stability")]
     comparisons = _comparison_table(report)
@@ -181,8 +181,11 @@ def _sections(report: _Report) -> list[_Section]:
                  "Completed seeds only; failed or diverged seeds are counted in 'failed'. The interval is the 95% "
                  "t interval of the mean (measured at 93-97% coverage from 5 seeds on normal, skewed and "
                  "heavy-tailed data; 'few seeds' marks n below 5, where its level rests on normality; the BCa "
-                 "bootstrap interval is in the CSV/JSON). The noise floor is the standard deviation a perfectly "
-                 "stable model would still show from the finite test set, sqrt(p(1-p)/n_test).",
+                 "bootstrap interval is in the CSV/JSON). The noise floor sqrt(p(1-p)/n_test) is the standard "
+                 "error with which one seed's test accuracy p estimates its accuracy on the population the "
+                 "test set was drawn from: differences between seeds of about that size cannot be told apart "
+                 "from the luck of which examples are in the test set. 'var / noise var' well above 1: the "
+                 "seeds differ by more than that.",
                  _distribution_table(report), "distribution"),
         _Section("Empirical distribution", "Fraction of seeds at or below each final value.", None, "ecdf"),
         _Section("Learning curves", "Every seed as a thin line; the mean with its 95% t interval as a band.",
@@ -245,7 +248,7 @@ def _protocol_table(metadata: dict[str, Any]) -> pd.DataFrame:
         ("torch threads", determinism.get("torch_threads")),
         ("deterministic algorithms", determinism.get("deterministic_algorithms")),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
-        ("wall time (s)", metadata.get("seconds")),
+        ("wall time (s)", round(metadata["seconds"], 1) if isinstance(metadata.get("seconds"), (int, float)) else None),
     ]
     return pd.DataFrame([(k, "" if v is None else str(v)) for k, v in rows], columns=["setting", "value"])
 
@@ -342,10 +345,20 @@ def _round(frame: pd.DataFrame, digits: int = 6) -> pd.DataFrame:
     return frame.round({c: digits for c in frame.columns if pd.api.types.is_float_dtype(frame[c])})
 
 
+# Characters of the tables that plain LaTeX (no inputenc tricks) cannot typeset, in math or text mode.
+_LATEX_SYMBOLS = {"±": "$\\pm$", "–": "--", "—": "---", "×": "$\\times$", "≥": "$\\geq$", "≤": "$\\leq$",
+                  "≈": "$\\approx$", "ε": "$\\varepsilon$"}
+
+
 def _latex(table: pd.DataFrame, *, caption: str, label: str) -> str:
+    """A booktabs table scaled to the text width (\\resizebox, package graphicx), ASCII and math only."""
     styler = table.style.hide(axis="index").format(escape="latex")
     styler = styler.format_index(escape="latex", axis="columns")
-    return styler.to_latex(hrules=True, caption=caption, label=label, position="htbp", position_float="centering")
+    text = styler.to_latex(hrules=True, caption=caption, label=label, position="htbp", position_float="centering")
+    for symbol, replacement in _LATEX_SYMBOLS.items():
+        text = text.replace(symbol, replacement)
+    text = text.replace("\\begin{tabular}", "\\resizebox{\\linewidth}{!}{%\n\\begin{tabular}")
+    return text.replace("\\end{tabular}", "\\end{tabular}%\n}")
 
 
 # ------------------------------------------------------------------- JSON

@@ -102,8 +102,9 @@ def _as_trial(outcome: SeedOutcome, device: str, attrs: dict[str, Any]) -> optun
     plan = outcome.plan
     value = outcome.final.get("test_acc")
     completed = outcome.status == "completed" and value is not None and math.isfinite(value)
-    intermediate = {row["epoch"]: row["val_acc"] for row in outcome.history
-                    if "val_acc" in row and math.isfinite(row["val_acc"])}
+    # the curve of the study's objective (test_acc), the metric the dashboard labels it with
+    intermediate = {row["epoch"]: row["test_acc"] for row in outcome.history
+                    if "test_acc" in row and math.isfinite(row["test_acc"])}
     user_attrs = {
         "design": plan.design, "seed_index": plan.seed_index, "device": device,
         **{f"seed_{source}": seed for source, seed in plan.seeds.items()},

@@ -130,6 +130,8 @@ def test_a_rerun_reuses_stored_seeds_and_trains_only_new_ones(tmp_path):
     assert len(study.trials) == 4 and all(t.state == TrialState.COMPLETE for t in study.trials)
     assert {t.user_attrs["seed_index"] for t in study.trials} == {0, 1, 2, 3}
     assert all(t.intermediate_values for t in study.trials)
+    for t in study.trials:  # the curve is the objective's (test_acc), its last point the trial's value
+        assert t.intermediate_values[max(t.intermediate_values)] == t.value
 
 
 def test_array_size_splits_the_seeds_without_changing_results():

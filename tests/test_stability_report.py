@@ -130,6 +130,25 @@ def test_latex_table_escapes_names_and_uses_booktabs(written):
     assert "\\label{tab:stability}" in tex
 
 
+def test_latex_tables_fit_the_page_and_are_plain_ascii(written, tmp_path):
+    """Scaled to the text width, symbols in math mode; compiled when pdflatex is installed."""
+    import shutil
+    import subprocess
+
+    _, _, out, _ = written
+    tex = (out / "report.tex").read_text()
+    assert tex.isascii(), sorted({c for c in tex if not c.isascii()})
+    assert tex.count("\\resizebox{\\linewidth}{!}{%") == tex.count("\\begin{tabular}") == 2
+    assert "$\\pm$" in tex
+    if shutil.which("pdflatex") is None:
+        return
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage{booktabs,graphicx}\\begin{document}\n"
+                                      f"{tex}\n\\end{{document}}\n")
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "doc.tex"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+
+
 def test_a_rebuilt_report_is_identical(written, tmp_path):
     result, _, out, _ = written
     result.save(tmp_path / "saved")
