@@ -3,6 +3,7 @@ re-run them, and check that nothing was lost. Not a unit test (minutes per dozen
 
     python -m benchmarks.chaos                     # 100 rounds, journal + SQLite (+ PostgreSQL when it can start)
     python -m benchmarks.chaos --rounds 10 --seed 3 --storages journal --json chaos.json
+    python -m benchmarks.chaos --rounds 30 --epochs 40  # longer arrays: signals land mid-array, re-runs resume
 
 Each round draws, from `--seed`: the command (search or stability), the storage
 (journal file, SQLite, a throwaway PostgreSQL), 1-3 workers (search), the signal
@@ -68,21 +69,22 @@ class Draw:
 
 
 # ------------------------------------------------------------------- inputs
-def space_text(name: str) -> str:
+def space_text(name: str, epochs: int = EPOCHS) -> str:
     return yaml.safe_dump({
         "study": {"name": name, "metrics": ["val_acc"]},
         "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 3}}, "pruner": {"name": "none"},
         "budget": {"n_trials": N_TRIALS}, "array": {"size": 3},
         "data": {"dataset": "digits", "batch_size": 64},
-        "training": {"epochs": EPOCHS, "optimizer": {"name": "adam", "lr": 1e-3}},
+        "training": {"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
         "model": {"family": "mlp", "config": {"depth": 1}}, "seed": 11,
         "params": {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
                    "model.config.width": {"distribution": "categorical", "values": [16, 32]}},
     })
 
 
-STABILITY_CONFIG = "model: mlp\nmodel_config: {width: 16, depth: 1}\ndataset: digits\noptimizer: adam\n" \
-                   f"hparams: {{lr: 0.01}}\nepochs: {EPOCHS}\ndata: {{batch_size: 64}}\n"
+def stability_config(epochs: int = EPOCHS) -> str:
+    return ("model: mlp\nmodel_config: {width: 16, depth: 1}\ndataset: digits\noptimizer: adam\n"
+            f"hparams: {{lr: 0.01}}\nepochs: {epochs}\ndata: {{batch_size: 64}}\n")
 
 
 def command(draw: Draw, folder: Path, url: str) -> list[str]:
@@ -237,12 +239,12 @@ def draw_round(rng: random.Random, number: int, storages: list[str]) -> Draw:
                 round(rng.uniform(0.5, 4.0), 2))
 
 
-def references(base: Path) -> dict[str, Any]:
+def references(base: Path, epochs: int = EPOCHS) -> dict[str, Any]:
     """Clean runs of both commands, once, on the journal (values do not depend on the storage)."""
     folder = base / "reference"
     folder.mkdir()
-    (folder / "space.yaml").write_text(space_text("reference"))
-    (folder / "config.yaml").write_text(STABILITY_CONFIG)
+    (folder / "space.yaml").write_text(space_text("reference", epochs))
+    (folder / "config.yaml").write_text(stability_config(epochs))
     url = storage_url("journal", folder, None, "reference")
     for what in ("search", "stability"):
         probe = Draw(0, what, "journal", 1, "", "command", 0, 0)
@@ -251,15 +253,15 @@ def references(base: Path) -> dict[str, Any]:
     return {"search": search_reference(url, "reference"), "stability": stability_values(folder / "report")}
 
 
-def run_round(draw: Draw, base: Path, postgres: str | None,
-              reference: dict[str, Any]) -> tuple[list[str], int, bool, bool]:
+def run_round(draw: Draw, base: Path, postgres: str | None, reference: dict[str, Any],
+              epochs: int = EPOCHS) -> tuple[list[str], int, bool, bool]:
     """The round's broken invariants, how many results were compared with a clean run, whether
     the signal found the command running, and whether the re-run continued a checkpoint."""
     folder = base / f"round-{draw.round}"
     folder.mkdir()
     name = f"chaos{draw.round}"
-    (folder / "space.yaml").write_text(space_text(name))
-    (folder / "config.yaml").write_text(STABILITY_CONFIG)
+    (folder / "space.yaml").write_text(space_text(name, epochs))
+    (folder / "config.yaml").write_text(stability_config(epochs))
     url = storage_url(draw.storage, folder, postgres, name)
     argv = command(draw, folder, url)
     hit = disturbed_run(draw, argv, folder / "disturbed.log")
@@ -292,11 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="draws the rounds")
     parser.add_argument("--storages", default=",".join(STORAGES), help="from journal, sqlite, postgresql")
     parser.add_argument("--keep", type=Path, default=None, help="keep every round's folder here")
+    parser.add_argument("--epochs", type=int, default=EPOCHS,
+                        help=f"epochs of every model [{EPOCHS}]; more make a signal land mid-array more often")
     parser.add_argument("--json", type=Path, default=None, help="write the draws and results here")
     args = parser.parse_args(argv)
     storages = [s for s in args.storages.split(",") if s]
-    if not storages or set(storages) - set(STORAGES) or args.rounds < 1:
-        parser.error(f"--storages takes some of {','.join(STORAGES)}; --rounds must be positive")
+    if not storages or set(storages) - set(STORAGES) or args.rounds < 1 or args.epochs < 1:
+        parser.error(f"--storages takes some of {','.join(STORAGES)}; --rounds and --epochs must be positive")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rng = random.Random(args.seed)
     base = Path(tempfile.mkdtemp(prefix="hfta-nas-chaos-")) if args.keep is None else args.keep
@@ -312,11 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             except Unavailable as why:
                 print(f"chaos: no PostgreSQL ({why}); journal and SQLite only", flush=True)
                 storages.remove("postgresql")
-        reference = references(base)
+        reference = references(base, args.epochs)
         for number in range(1, args.rounds + 1):
             draw = draw_round(rng, number, storages)
             started = time.monotonic()
-            problems, compared, hit, resumed = run_round(draw, base, postgres, reference)
+            problems, compared, hit, resumed = run_round(draw, base, postgres, reference, args.epochs)
             results.append({**asdict(draw), "seconds": round(time.monotonic() - started, 1), "problems": problems,
                             "compared_with_clean_run": compared, "signal_hit": hit, "resumed_mid_array": resumed})
             verdict = f"ok ({compared} results equal a clean run's)" if not problems else "FAILED: " + "; ".join(problems)
@@ -327,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep is None:
         shutil.rmtree(base, ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps({"seed": args.seed, "rounds": results}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"seed": args.seed, "epochs": args.epochs, "rounds": results}, indent=2) + "\n")
     failed = sum(1 for r in results if r["problems"])
     hit = sum(1 for r in results if r["signal_hit"])
     resumed = sum(1 for r in results if r["resumed_mid_array"])

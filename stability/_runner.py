@@ -30,6 +30,7 @@ from hfta_nas.runtime import DTYPES, train_in_halves
 from hfta_nas.runtime import checked_device as _checked_device
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
+from hfta_nas.optim import OPTIMIZERS
 from hfta_nas.search import checkpoint_folder
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig
@@ -71,30 +72,37 @@ def run_stability(
     outcomes: dict[str, list[SeedOutcome]] = {}
     stores: dict[str, SeedStore] = {}
     arrays: list[dict[str, Any]] = []
-    for item in configs:
-        config = item.config
-        data = _dataset(config, datasets, device, dtype)
-        store = None
-        if storage is not None:
-            store = SeedStore(storage, study_name_for(item.label, config, dtype), config=config, device=device_type)
-            stores[item.label] = store
-        folder = checkpoint_folder(storage_location, store.name) if store is not None else None
-        done = store.finished() if store is not None else {}
-        ready: list[SeedOutcome | None] = [store.lookup(p, done) if store else None for p in plans]
-        todo = [i for i, outcome in enumerate(ready) if outcome is None]
-        on_event("config", {"label": item.label, "todo": len(todo), "reused": len(plans) - len(todo),
-                            "study": store.name if store else None})
+    for group in fusable_groups(configs):
+        data = _dataset(group[0].config, datasets, device, dtype)
+        todo: list[tuple[LabelledConfig, int]] = []  # (configuration, plan index): the slots to train
+        for item in group:
+            store = None
+            if storage is not None:
+                store = SeedStore(storage, study_name_for(item.label, item.config, dtype), config=item.config,
+                                  device=device_type)
+                stores[item.label] = store
+            done = store.finished() if store is not None else {}
+            outcomes[item.label] = [store.lookup(p, done) if store else None for p in plans]
+            missing = [i for i, outcome in enumerate(outcomes[item.label]) if outcome is None]
+            todo += [(item, i) for i in missing]
+            on_event("config", {"label": item.label, "todo": len(missing), "reused": len(plans) - len(missing),
+                                "study": store.name if store else None})
+        first = stores.get(group[0].label)
+        folder = checkpoint_folder(storage_location, first.name) if first is not None else None
         size = array_size or max(len(todo), 1)
         for start in range(0, len(todo), size):
-            for chunk, (trained, info) in _train_fitting(item, todo[start : start + size], plans, data, device, dtype,
+            for chunk, (trained, info) in _train_fitting(todo[start : start + size], plans, data, device, dtype,
                                                           on_event, folder):
-                arrays.append({"config": item.label, **info})
-                on_event("array", {"label": item.label, **info})
-                if store is not None:
-                    store.add(trained, array=len(arrays), hfta_nas_version=hfta_nas.__version__)
-                for i, outcome in zip(chunk, trained):
-                    ready[i] = outcome
-        outcomes[item.label] = ready
+                label = ", ".join(dict.fromkeys(item.label for item, _ in chunk))
+                arrays.append({"config": label, **info})
+                on_event("array", {"label": label, **info})
+                for item in group:
+                    mine = [(i, o) for (owner, i), o in zip(chunk, trained) if owner is item]
+                    if mine and item.label in stores:
+                        stores[item.label].add([o for _, o in mine], array=len(arrays),
+                                               hfta_nas_version=hfta_nas.__version__)
+                    for i, outcome in mine:
+                        outcomes[item.label][i] = outcome
     metadata = protocol(configs, plans, n_seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed,
                         device=device, dtype=dtype, bootstrap_seed=bootstrap_seed, arrays=arrays,
                         n_test=_n_test(datasets), seconds=time.perf_counter() - started,
@@ -106,28 +114,44 @@ def run_stability(
     return result, stores
 
 
-def _train_fitting(item: LabelledConfig, chunk: list[int], plans: Sequence[SeedPlan], data: Dataset, device: str,
-                   dtype: str, on_event: Event, checkpoints: Path | None = None,
-                   ) -> list[tuple[list[int], tuple[list[SeedOutcome], dict[str, Any]]]]:
-    """Train the plans `chunk` indexes as one array, split in halves while it runs out of memory;
-    a seed that does not fit even alone is a failed seed with the reason (counted, not lost).
-    With a `checkpoints` folder each array saves itself every epoch and a re-run continues it."""
-    config = item.config
+Slot = tuple[LabelledConfig, int]  # a configuration and the index of its seed plan
 
-    def train(part: list[int]) -> tuple[list[SeedOutcome], dict[str, Any]]:
-        chosen = [plans[i] for i in part]
-        return train_seeds(config, chosen, data, device=device, dtype=dtype,
+
+def fusable_groups(configs: Sequence[LabelledConfig]) -> list[list[LabelledConfig]]:
+    """The configurations that can train in one array, in order: the same model, data, optimizer
+    and its flags, schedule, epochs and batch size; only per-slot hyper-parameters (lr, weight
+    decay, momentum, betas, ...) may differ, as each slot of an array has its own."""
+    groups: dict[str, list[LabelledConfig]] = {}
+    for item in configs:
+        config = item.config  # one architecture (model and its config), one schedule: equal shapes, one LRSchedule
+        key = repr((config.shared_key(), config.model, config.model_config, config.schedule))
+        groups.setdefault(key, []).append(item)
+    return list(groups.values())
+
+
+def _train_fitting(chunk: list[Slot], plans: Sequence[SeedPlan], data: Dataset, device: str, dtype: str,
+                   on_event: Event, checkpoints: Path | None = None,
+                   ) -> list[tuple[list[Slot], tuple[list[SeedOutcome], dict[str, Any]]]]:
+    """Train `chunk` (each configuration with its plans' seeds) as one array, split in halves while it
+    runs out of memory; a seed that does not fit even alone is a failed seed with the reason (counted,
+    not lost). With a `checkpoints` folder each array saves itself every epoch and a re-run continues it."""
+    label = ", ".join(dict.fromkeys(item.label for item, _ in chunk))
+    epochs = chunk[0][0].config.epochs
+
+    def train(part: list[Slot]) -> tuple[list[SeedOutcome], dict[str, Any]]:
+        slots = [(item.config, plans[i]) for item, i in part]
+        return train_slots(slots, data, device=device, dtype=dtype,
                            on_epoch=lambda epoch, n: on_event(
-                               "epoch", {"label": item.label, "epoch": epoch, "epochs": config.epochs, "size": n}),
-                           checkpoint=checkpoints / _array_key(config, chosen, device, dtype) if checkpoints else None)
+                               "epoch", {"label": label, "epoch": epoch, "epochs": epochs, "size": n}),
+                           checkpoint=checkpoints / _array_key(slots, device, dtype) if checkpoints else None)
 
     def on_split(size: int, half: int, reason: str) -> None:
-        on_event("split", {"label": item.label, "size": size, "half": half, "reason": reason})
+        on_event("split", {"label": label, "size": size, "half": half, "reason": reason})
 
     done = []
     for part, trained in train_in_halves(chunk, train, on_split):
         if isinstance(trained, str):  # out of memory with one seed
-            failed = [SeedOutcome(plans[i], "failed", trained, 0, [], device=torch.device(device).type) for i in part]
+            failed = [SeedOutcome(plans[i], "failed", trained, 0, [], device=torch.device(device).type) for _, i in part]
             trained = (failed, {"size": len(part), "seconds": 0.0, "samples_per_s": 0.0, "error": trained})
         done.append((part, trained))
     return done
@@ -139,13 +163,26 @@ def train_seeds(
 ) -> tuple[list[SeedOutcome], dict[str, Any]]:
     """One array: slot b trains `config` with the seeds of `plans[b]` (continuing from
     `checkpoint` when an earlier run of the same array left one)."""
+    return train_slots([(config, p) for p in plans], data, device=device, dtype=dtype, on_epoch=on_epoch,
+                       checkpoint=checkpoint)
+
+
+def train_slots(
+    slots: Sequence[tuple[ResolvedConfig, SeedPlan]], data: Dataset, *, device: str = "cpu", dtype: str = "float32",
+    on_epoch: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
+) -> tuple[list[SeedOutcome], dict[str, Any]]:
+    """One array: slot b trains configuration `slots[b][0]` (its own per-slot hyper-parameters;
+    everything else as `fusable_groups` requires, shared) with the seeds of plan `slots[b][1]`."""
+    plans = [p for _, p in slots]
+    kwargs = slots[0][0].train_kwargs()
+    kwargs["hparams"] = _per_slot_hparams([config for config, _ in slots])
     run = hfta_nas.train(
         dataset=data, device=device, dtype=dtype,
         seeds=[p.seeds["init"] for p in plans],
         data_seeds=[p.seeds["data"] for p in plans],
         dropout_seeds=[p.seeds["dropout"] for p in plans],
         on_epoch=(lambda report, trainer: on_epoch(report.epoch, len(plans))) if on_epoch else None,
-        checkpoint=checkpoint, **config.train_kwargs(),
+        checkpoint=checkpoint, **kwargs,
     )
     outcomes = []
     for p, result in zip(plans, run.results.values()):
@@ -157,9 +194,21 @@ def train_seeds(
     return outcomes, info
 
 
-def _array_key(config: ResolvedConfig, plans: Sequence[SeedPlan], device: str, dtype: str) -> str:
-    """The checkpoint file of one array: the same configuration, seeds, device and dtype, the same file."""
-    identity = repr((config.to_dict(), [sorted(p.seeds.items()) for p in plans], device, dtype))
+def _per_slot_hparams(configs: Sequence[ResolvedConfig]) -> dict[str, Any]:
+    """The optimizer's shared flags, and one value per slot of every hyper-parameter any slot sets
+    (the optimizer's default where a slot does not)."""
+    defaults = OPTIMIZERS[configs[0].optimizer].defaults
+    per_slot = [config.slot_hparams() for config in configs]
+    for hparams in per_slot:  # torch's betas pair, kept per slot as beta1 and beta2
+        if "betas" in hparams:
+            hparams["beta1"], hparams["beta2"] = hparams.pop("betas")
+    names = sorted({name for hparams in per_slot for name in hparams})
+    return {**configs[0].optimizer_flags(), **{name: [h.get(name, defaults.get(name)) for h in per_slot] for name in names}}
+
+
+def _array_key(slots: Sequence[tuple[ResolvedConfig, SeedPlan]], device: str, dtype: str) -> str:
+    """The checkpoint file of one array: the same configurations, seeds, device and dtype, the same file."""
+    identity = repr(([(config.to_dict(), sorted(p.seeds.items())) for config, p in slots], device, dtype))
     return hashlib.sha256(identity.encode()).hexdigest()[:24] + ".pt"
 
 

@@ -5,6 +5,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 import torch
@@ -344,3 +345,17 @@ def test_an_array_killed_mid_training_continues_from_its_last_epoch_bit_identica
     assert resumed.curves.equals(reference.curves)
     assert not list(folder.rglob("*.pt"))  # removed once the array ended
     assert len(optuna.load_study(study_name=study_name, storage=storage).trials) == 3
+
+
+def test_configs_that_differ_only_in_per_slot_hparams_train_as_one_array_of_k_x_s_slots():
+    fast, slow = mlp_config(), mlp_config(hparams={**mlp_config().hparams, "lr": 0.01})
+    other = dataclasses.replace(mlp_config(), model_config={"width": 12, "depth": 1})  # another architecture
+    labelled = [LabelledConfig("fast", fast), LabelledConfig("slow", slow), LabelledConfig("other", other)]
+    events = []
+    fused, _ = run_stability(labelled, n_seeds=3, dtype="float64", on_event=lambda kind, info: events.append((kind, info)))
+    assert [(info["label"], info["size"]) for kind, info in events if kind == "array"] == [("fast, slow", 6), ("other", 3)]
+    for item in labelled:  # each equals its own array: slots are independent
+        alone, _ = run_stability([item], n_seeds=3, dtype="float64")
+        mine = fused.seeds[fused.seeds["config"] == item.label]
+        for metric in ("test_acc", "test_loss", "train_loss"):
+            np.testing.assert_allclose(mine[metric].to_numpy(), alone.seeds[metric].to_numpy(), rtol=1e-10)
