@@ -217,7 +217,8 @@ def _sections(report: _Report) -> list[_Section]:
         sections.append(_Section(
             "Sources of variance", "Method 'sources' (--decompose): each source varied alone (the others fixed), "
             "each design with seeds of its own; its variance, 95% chi-square interval and share of the sum of the "
-            "sources' variances, beside the total when all vary (a total above the sum: the sources interact). "
+            "sources' variances, beside the total when all vary (a total below the sum: the sources interact, each one-at-a-time design counting their "
+            "interaction once more). "
             "Method 'grid' (--decompose grid): init seeds crossed with data seeds, one run per cell; two-way "
             "random-effects ANOVA components with 95% intervals (modified large-sample for init and data, "
             "chi-square for their interaction, which holds the residual: dropout and what seeds leave unexplained).",

@@ -439,7 +439,9 @@ def decompose_one_at_a_time(by_source: Mapping[str, ArrayLike], total: ArrayLike
     "sum_of_sources" (their sum, with a Welch-Satterthwaite chi-square interval, share 1);
     and, given the all-sources-vary design, "total" (its variance and chi-square CI, share =
     var_total / sum_of_sources). If the sources add up, total's share is near 1 and its interval
-    overlaps the sum's; well above 1 means the sources interact.
+    overlaps the sum's. An interaction pushes it below 1: with y = a + b + ab, varying only a
+    gives var(a) + var(ab), varying only b gives var(b) + var(ab), so the sum counts var(ab)
+    twice and the total once (`--decompose grid` separates it).
     """
     rows = [{"source": str(s), **variance_interval(v, confidence)} for s, v in by_source.items()]
     summed = float(sum(r["variance"] for r in rows)) if rows else NAN
