@@ -620,9 +620,10 @@ class ModelArray:
     def numeric_state(self) -> dict[str, Any]:
         """Every number the array trains or counts (weights, buffers, dropout seeds and call
         counters), for a checkpoint; the structure (slots, envelope) is rebuilt by the caller."""
-        return {"flat": self.flat.detach().clone(), "buffers": {k: v.clone() for k, v in self.buffers.items()},
-                "slot_random": {k: v.clone() for k, v in self._slot_random.items()},
-                "dropout_seeds": self.dropout_seeds.clone()}
+        cpu = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731 - a checkpoint takes no device memory
+        return {"flat": cpu(self.flat), "buffers": {k: cpu(v) for k, v in self.buffers.items()},
+                "slot_random": {k: cpu(v) for k, v in self._slot_random.items()},
+                "dropout_seeds": cpu(self.dropout_seeds)}
 
     def load_numeric_state(self, state: Mapping[str, Any]) -> None:
         """Put back `numeric_state()` of an array of the same structure (HftaNasError if not)."""

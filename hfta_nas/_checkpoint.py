@@ -47,20 +47,21 @@ def save(path: Path, state: dict[str, Any]) -> bool:
     return True
 
 
-def load(path: Path) -> dict[str, Any] | None:
-    """The state saved at `path`, or None when there is none (or it is unreadable: then removed)."""
-    if not path.is_file():
-        return None
+def load(path: Path, *, remove_unreadable: bool = True) -> dict[str, Any] | None:
+    """The state saved at `path`, or None when there is none or it is unreadable (then removed, unless
+    `remove_unreadable` is False: a file another process may still be writing or using)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:  # none, or removed by its array's end meanwhile
+        return None
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
         log.warning("ignoring the unreadable checkpoint %s (%s)", path, error)
-        remove(path)
-        return None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        state = None
+    if state is not None and (not isinstance(state, dict) or state.get("format") != FORMAT):
         log.warning("ignoring the checkpoint %s: written by another version", path)
+        state = None
+    if state is None and remove_unreadable:
         remove(path)
-        return None
     return state
 
 
@@ -72,8 +73,12 @@ def remove(path: Path) -> None:
 
 
 class Checkpointer:
-    """The checkpoint file of one array: `resume(trainer, build)` at the start, then
-    `trainer.fit(..., checkpoint=checkpointer)`, then `finish()` when the array ends."""
+    """The checkpoint file of one array: `resume(make_trainer, build)` at the start, then
+    `trainer.fit(..., checkpoint=checkpointer)`, then `finish()` when the array ends.
+
+    `extra` is saved beside the trainer's state and must be equal on resume: a fingerprint of
+    what the array trains (seeds, hyper-parameters, data, device, dtype), so a file left by a
+    different call is never continued."""
 
     def __init__(self, path: Path, extra: dict[str, Any] | None = None) -> None:
         self.path, self.extra = Path(path), dict(extra or {})
@@ -88,6 +93,8 @@ class Checkpointer:
         if state is None:
             return trainer
         try:
+            if any(state.get(key) != value for key, value in self.extra.items()):
+                raise ValueError("it was saved by an array with other settings")
             trainer.restore(state["trainer"], build)
         except Exception as error:  # noqa: BLE001 - a checkpoint of another array: start over
             log.warning("ignoring the checkpoint %s: %s", self.path, error)

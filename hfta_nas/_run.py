@@ -72,6 +72,7 @@ def train(
     on_epoch: Callable[[EpochReport, ArrayTrainer], Any] | None = None,
     memory_budget: int | None = None,
     checkpoint: str | Path | None = None,
+    remove_checkpoint: bool = True,
 ) -> TrainRun:
     """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
 
@@ -83,8 +84,10 @@ def train(
     $HFTA_NAS_MEMORY_BUDGET, else no limit) raises ArrayOutOfMemory before
     anything is allocated (see hfta_nas._oom.train_in_halves for the split).
     `checkpoint`: a file the array is saved to at every epoch's end; a call with
-    the same arguments and file continues from it, bit-identically, and the
-    file is removed at the end ($HFTA_NAS_CHECKPOINT=off: not written).
+    the same arguments and file continues from it, bit-identically (a file saved
+    with other arguments is ignored), and the file is removed at the end unless
+    `remove_checkpoint` is False (a caller that first stores the results removes
+    it then). $HFTA_NAS_CHECKPOINT=off: nothing is written.
     """
     seeds = list(seeds)
     if not isinstance(epochs, int) or epochs < 0:
@@ -116,13 +119,17 @@ def train(
             shared_order_seed=data_seeds[0] if shared_order else None,
         )
 
-    saver = Checkpointer(Path(checkpoint)) if checkpoint is not None and checkpoints_enabled() else None
+    fingerprint = repr((getattr(model, "__module__", ""), getattr(model, "__qualname__", model), model_config,
+                        getattr(data, "name", None), tuple(data.x_train.shape), seeds, data_seeds, dropout_seeds,
+                        shared_order, optimizer, hparams, schedule, epochs, batch_size, device.type, str(torch_dtype)))
+    saver = (Checkpointer(Path(checkpoint), extra={"fingerprint": fingerprint})
+             if checkpoint is not None and checkpoints_enabled() else None)
     trainer = saver.resume(make_trainer) if saver is not None else make_trainer()
     resumed_epoch, epochs_before = trainer.epoch, sum(r.epochs for r in trainer.results.values())
     started = time.perf_counter()
     results = trainer.fit(epochs, on_epoch=on_epoch, checkpoint=saver)
     seconds = time.perf_counter() - started
-    if saver is not None:
+    if saver is not None and remove_checkpoint:
         saver.finish()
     samples = (sum(r.epochs for r in results.values()) - epochs_before) * len(data.y_train)
     return TrainRun(

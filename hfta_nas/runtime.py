@@ -4,6 +4,7 @@ process set-up, option checks, atomic files, epoch progress and out-of-memory ha
 Public names for packages above the engine; they import these, not `hfta_nas._*`.
 """
 
+from hfta_nas._checkpoint import remove as remove_checkpoint
 from hfta_nas._files import atomic_write_bytes, atomic_write_text, save_weights
 from hfta_nas._oom import train_in_halves
 from hfta_nas._progress import EpochProgress
@@ -19,6 +20,7 @@ __all__ = [
     "atomic_write_text",
     "checked_device",
     "checked_out_dir",
+    "remove_checkpoint",
     "save_weights",
     "set_up_command_process",
     "train_in_halves",

@@ -26,7 +26,7 @@ import scipy
 import torch
 
 import hfta_nas
-from hfta_nas.runtime import DTYPES, train_in_halves
+from hfta_nas.runtime import DTYPES, remove_checkpoint, train_in_halves
 from hfta_nas.runtime import checked_device as _checked_device
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
@@ -103,6 +103,8 @@ def run_stability(
                                                hfta_nas_version=hfta_nas.__version__)
                     for i, outcome in mine:
                         outcomes[item.label][i] = outcome
+                if folder is not None:  # stored: a kill from here on loses nothing
+                    remove_checkpoint(folder / _array_key([(it.config, plans[i]) for it, i in chunk], device, dtype))
     metadata = protocol(configs, plans, n_seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed,
                         device=device, dtype=dtype, bootstrap_seed=bootstrap_seed, arrays=arrays,
                         n_test=_n_test(datasets), seconds=time.perf_counter() - started,
@@ -143,7 +145,8 @@ def _train_fitting(chunk: list[Slot], plans: Sequence[SeedPlan], data: Dataset, 
         return train_slots(slots, data, device=device, dtype=dtype,
                            on_epoch=lambda epoch, n: on_event(
                                "epoch", {"label": label, "epoch": epoch, "epochs": epochs, "size": n}),
-                           checkpoint=checkpoints / _array_key(slots, device, dtype) if checkpoints else None)
+                           checkpoint=checkpoints / _array_key(slots, device, dtype) if checkpoints else None,
+                           remove_checkpoint=False)
 
     def on_split(size: int, half: int, reason: str) -> None:
         on_event("split", {"label": label, "size": size, "half": half, "reason": reason})
@@ -170,6 +173,7 @@ def train_seeds(
 def train_slots(
     slots: Sequence[tuple[ResolvedConfig, SeedPlan]], data: Dataset, *, device: str = "cpu", dtype: str = "float32",
     on_epoch: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
+    remove_checkpoint: bool = True,
 ) -> tuple[list[SeedOutcome], dict[str, Any]]:
     """One array: slot b trains configuration `slots[b][0]` (its own per-slot hyper-parameters;
     everything else as `fusable_groups` requires, shared) with the seeds of plan `slots[b][1]`."""
@@ -182,7 +186,7 @@ def train_slots(
         data_seeds=[p.seeds["data"] for p in plans],
         dropout_seeds=[p.seeds["dropout"] for p in plans],
         on_epoch=(lambda report, trainer: on_epoch(report.epoch, len(plans))) if on_epoch else None,
-        checkpoint=checkpoint, **kwargs,
+        checkpoint=checkpoint, remove_checkpoint=remove_checkpoint, **kwargs,
     )
     outcomes = []
     for p, result in zip(plans, run.results.values()):

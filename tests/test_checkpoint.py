@@ -106,3 +106,26 @@ def test_switch(monkeypatch):
     for value in ("off", "0", "False", "no"):
         monkeypatch.setenv("HFTA_NAS_CHECKPOINT", value)
         assert not enabled()
+
+
+def test_train_continues_only_a_checkpoint_of_the_same_call(tiny_data, tmp_path):
+    path = tmp_path / "train.pt"
+    common = dict(model=lambda: model(4, 0), dataset=tiny_data, seeds=[1, 2], epochs=3, batch_size=16,
+                  dtype="float64", checkpoint=path)
+
+    def killed_after_epoch_1(report, trainer):
+        if report.epoch == 2:  # epoch 1's checkpoint is written, epoch 2's not yet
+            raise Killed
+
+    with pytest.raises(Killed):
+        hfta_nas.train(hparams={"lr": 1e-2}, on_epoch=killed_after_epoch_1, **common)
+    other = hfta_nas.train(hparams={"lr": 3e-3}, **common)  # another learning rate: starts over
+    assert other.resumed_epoch == 0 and not path.exists()
+
+    with pytest.raises(Killed):
+        hfta_nas.train(hparams={"lr": 1e-2}, on_epoch=killed_after_epoch_1, **common)
+    resumed = hfta_nas.train(hparams={"lr": 1e-2}, **common)
+    reference = hfta_nas.train(hparams={"lr": 1e-2}, **{**common, "checkpoint": None})
+    assert resumed.resumed_epoch == 1 and not path.exists()
+    for got, want in zip(resumed.results.values(), reference.results.values()):
+        assert got.history == want.history

@@ -215,11 +215,13 @@ class ArrayOptimizer:
         return 0.0
 
     def state_dict(self) -> dict[str, Any]:
+        """Copies on the CPU (a checkpoint must not take device memory); `load_state_dict` moves them back."""
+        cpu = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
         return {
-            "hparams": {k: v.clone() for k, v in self.hparams.items()},
-            "state": {k: v.clone() for k, v in self.state.items()},
-            "steps": self.steps.clone(),
-            "active": self.active.clone(),
+            "hparams": {k: cpu(v) for k, v in self.hparams.items()},
+            "state": {k: cpu(v) for k, v in self.state.items()},
+            "steps": cpu(self.steps),
+            "active": cpu(self.active),
             "options": dict(self.options),
         }
 

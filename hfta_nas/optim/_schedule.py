@@ -146,14 +146,18 @@ class LRSchedule:
             self._apply()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.clone(), "params": {k: v.clone() for k, v in self.params.items()},
-                "base_lr": self.base_lr.clone(), "position": self.position.clone()}
+        """Copies on the CPU (a checkpoint must not take device memory)."""
+        cpu = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
+        return {"kind": cpu(self.kind), "params": {k: cpu(v) for k, v in self.params.items()},
+                "base_lr": cpu(self.base_lr), "position": cpu(self.position)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.kind = state["kind"].clone()
-        self.params = {k: v.clone() for k, v in state["params"].items()}
-        self.base_lr = state["base_lr"].clone()
-        self.position = state["position"].clone()
+        """Back onto the device of the optimizer's tensors, wherever the state was saved."""
+        device = self.optimizer.hparams["lr"].device
+        self.kind = state["kind"].to(device, copy=True)
+        self.params = {k: v.to(device, copy=True) for k, v in state["params"].items()}
+        self.base_lr = state["base_lr"].to(device, copy=True)
+        self.position = state["position"].to(device, copy=True)
         self._apply()
 
 

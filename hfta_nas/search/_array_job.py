@@ -16,6 +16,7 @@ import inspect
 import logging
 import math
 import re
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,8 +92,9 @@ class ArrayJob:
         self.static: dict[int, dict[str, float]] = {}  # trial number -> its metrics known without training
         # per-epoch checkpoints (`_resume`): the file, the trial of every slot id it names, and the
         # claimed checkpoint of a stopped run this job continues (removed once this one is saved)
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", ctx.worker)
-        self.path = ctx.checkpoints / f"{name}-{number}.pt" if ctx.checkpoints is not None else None
+        # a random part: a restarted container may have the worker's hostname and pid again
+        name = f'{re.sub(r"[^A-Za-z0-9_.-]", "_", ctx.worker)}-{number}-{secrets.token_hex(4)}'
+        self.path = ctx.checkpoints / f"{name}.pt" if ctx.checkpoints is not None else None
         self.records: dict[int, dict[str, Any]] = {}
         self.resume, self.rebuild = resume, rebuild
         self.previous = resume.path if resume is not None else None
@@ -181,7 +183,9 @@ class ArrayJob:
 
     # ------------------------------------------------------------ checkpoints
     def _save(self, trainer: ArrayTrainer) -> None:
-        if save_checkpoint(self.path, {"trainer": trainer.state_dict(), "slots": self.records}) and self.previous:
+        state = {"trainer": trainer.state_dict(), "slots": self.records, "device": self.ctx.device.type,
+                 "dtype": str(self.ctx.dtype)}
+        if save_checkpoint(self.path, state) and self.previous not in (None, self.path):
             remove_checkpoint(self.previous)
             self.previous = None
 
@@ -203,11 +207,13 @@ class ArrayJob:
                         for sid in {*state["initial_ids"], *state["slot_ids"]}}
             trainer = self._trainer([builders[sid] for sid in state["initial_ids"]], list(state["initial_ids"]))
             trainer.restore(state, build=lambda sid: (builders[sid].build(), slot_options(builders[sid], trainer)))
+            trainer.array.verify(trainer.data.x_train[:2])  # padded slots against their own models, here
         except Exception as error:  # noqa: BLE001 - the user's build on stored params, a changed model, ...
             log.warning("could not continue the checkpoint %s (%s: %s); its trials train from the start",
                         claim.path, type(error).__name__, error)
+            if not is_out_of_memory(error):  # out of memory may pass; anything else will not
+                remove_checkpoint(claim.path)
             self.previous, self.records = None, {}
-            remove_checkpoint(claim.path)
             return None
         self.by_number = claimed
         shells = [builders[sid].shell for sid in state["initial_ids"]]

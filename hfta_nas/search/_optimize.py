@@ -167,7 +167,8 @@ class _Search:
                         if wait_for_other_workers(self.ledger, self.worker, self.emit, self._time_left, heartbeat.interval):
                             continue
                         break
-                    claims, pool = claim(self.ctx.checkpoints, pool)  # arrays a stopped run left mid-training
+                    # arrays a stopped run left mid-training
+                    claims, pool = claim(self.ctx.checkpoints, pool, self.device.type, str(self.dtype))
                     for resumed in claims:
                         self._train(Pack(list(resumed.proposals.values()), 0, 0, 0.0), resume=resumed)
                     for planned in self.pack(pool):
@@ -176,7 +177,8 @@ class _Search:
                 raise self._tell_held_on(error)
         self._release("not trained: the search's timeout ran out before its array started")
         self.ledger.discard_surplus()
-        prune(self.ctx.checkpoints, self.study)  # checkpoints no retry will claim
+        with self.ledger.lock:  # not between another worker's fail and its enqueue of the retry
+            prune(self.ctx.checkpoints, self.study)  # checkpoints no retry will claim
         self.ctx.export.repair()  # another worker may have published a better trial meanwhile
         return self._summary()
 

@@ -59,15 +59,16 @@ def _training(state: dict[str, Any]) -> list[int]:
     return [sid for sid in trainer["slot_ids"] if trainer["results"][sid]["status"] == "running"]
 
 
-def claim(folder: Path | None, pool: list[Proposal]) -> tuple[list[Claim], list[Proposal]]:
-    """The checkpoints whose training slots all have their retry in `pool`, and the rest of the pool."""
+def claim(folder: Path | None, pool: list[Proposal], device: str, dtype: str) -> tuple[list[Claim], list[Proposal]]:
+    """The checkpoints (saved on this kind of device, in this dtype) whose training slots all have their
+    retry in `pool`, and the rest of the pool."""
     if folder is None or not folder.is_dir():
         return [], pool
     free = {origin_of(p.trial): p for p in pool}
     claims = []
     for path in sorted(folder.glob("*.pt")):
-        state = load(path)
-        if state is None or "slots" not in state:
+        state = load(path, remove_unreadable=False)  # another worker's file: not ours to delete
+        if state is None or "slots" not in state or (state.get("device"), state.get("dtype")) != (device, dtype):
             continue
         slots, training = state["slots"], _training(state)
         taking = {sid: free.get(slots[sid]["origin"]) for sid in training}
@@ -88,13 +89,21 @@ def prune(folder: Path | None, study: optuna.Study, keep: Iterable[Path] = ()) -
     alive = {origin_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
     keep = set(keep)
     for path in folder.glob("*.pt"):
-        state = None if path in keep else load(path)
-        if state is not None and not {state.get("slots", {}).get(s, {}).get("origin") for s in _training(state)} & alive:
+        if path in keep:
+            continue
+        state = load(path, remove_unreadable=False)
+        if state is None:  # unreadable or of another version: removed once nobody can be writing it
+            if _older_than(path, STRAY_SECONDS):
+                remove(path)
+        elif not {state.get("slots", {}).get(s, {}).get("origin") for s in _training(state)} & alive:
             remove(path)
     for stray in folder.glob(".*.tmp"):
-        try:
-            old = time.time() - stray.stat().st_mtime > STRAY_SECONDS
-        except OSError:  # another worker's write renamed it meanwhile
-            continue
-        if old:
+        if _older_than(stray, STRAY_SECONDS):
             remove(stray)
+
+
+def _older_than(path: Path, seconds: float) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime > seconds
+    except OSError:  # another worker renamed or removed it meanwhile
+        return False
