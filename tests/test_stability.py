@@ -359,3 +359,16 @@ def test_configs_that_differ_only_in_per_slot_hparams_train_as_one_array_of_k_x_
         mine = fused.seeds[fused.seeds["config"] == item.label]
         for metric in ("test_acc", "test_loss", "train_loss"):
             np.testing.assert_allclose(mine[metric].to_numpy(), alone.seeds[metric].to_numpy(), rtol=1e-10)
+
+
+def test_the_readme_worked_example_runs(tmp_path):
+    """`hfta-nas stability compare examples/adam_vs_sgd/adam.yaml examples/adam_vs_sgd/sgd.yaml` (2 seeds here)."""
+    root = Path(__file__).resolve().parents[1]
+    result = cli("stability", "compare", root / "examples/adam_vs_sgd/adam.yaml", root / "examples/adam_vs_sgd/sgd.yaml",
+                 "--seeds", 2, "--threads", 1, "--storage", tmp_path / "s.journal", "--out", tmp_path / "r",
+                 "--format", "json", "--plot-format", "png", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert [row["config"] for row in summary["configs"]] == ["adam", "sgd"]
+    (comparison,) = summary["comparisons"]
+    assert comparison["better"] == "higher" and 0.0 <= comparison["p_a_better_low"] <= comparison["p_a_better"]
