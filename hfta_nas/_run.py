@@ -26,7 +26,7 @@ from hfta_nas._checkpoint import Checkpointer
 from hfta_nas._checkpoint import enabled as checkpoints_enabled
 from hfta_nas._oom import check_budget
 from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
-from hfta_nas.data import Dataset, load_dataset
+from hfta_nas.data import Dataset, load_dataset, pooled, slot_splits
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
@@ -61,6 +61,7 @@ def train(
     seeds: Sequence[int] = tuple(range(8)),
     data_seeds: Sequence[int] | None = None,
     dropout_seeds: Sequence[int] | None = None,
+    split_seeds: Sequence[int | None] | None = None,
     shared_order: bool = False,
     optimizer: str = "adam",
     hparams: Mapping[str, Any] | None = None,
@@ -79,7 +80,9 @@ def train(
     `hparams` values (lr, weight_decay, ...) and `schedule` values are a float
     for all slots or one per slot; `schedule` holds `kind` plus LRSchedule's
     arguments. Data order and dropout seeds default to the init seeds; pass
-    them separately to vary one source of randomness at a time. On CPU, an
+    them separately to vary one source of randomness at a time. `split_seeds`
+    (one per slot; None keeps the data's split) re-draws each slot's train /
+    validation partition of the data's train and validation samples. On CPU, an
     array whose estimated memory exceeds `memory_budget` bytes (default:
     $HFTA_NAS_MEMORY_BUDGET, else no limit) raises ArrayOutOfMemory before
     anything is allocated (see hfta_nas._oom.train_in_halves for the split).
@@ -105,6 +108,13 @@ def train(
     factory = resolve_model(model, model_config, input_shape=data.input_shape, num_classes=data.num_classes)
     data_seeds = list(data_seeds) if data_seeds is not None else seeds
     dropout_seeds = list(dropout_seeds) if dropout_seeds is not None else seeds
+    splits = None
+    if split_seeds is not None:
+        split_seeds = list(split_seeds)
+        if len(split_seeds) != len(seeds) or shared_order:
+            raise HftaNasError(f"split_seeds needs one entry per slot ({len(seeds)}, got {len(split_seeds)}) "
+                               "and per-slot data orders (not shared_order).")
+        splits, data = slot_splits(data, split_seeds), pooled(data)
 
     check_budget(factory, data.input_shape, batch_size=batch_size, slots=len(seeds), dtype=torch_dtype,
                  optimizer=optimizer, device=device, budget=memory_budget)
@@ -116,11 +126,11 @@ def train(
         return ArrayTrainer(
             array, opt, data, batch_size=batch_size, schedule=LRSchedule(opt, **schedule) if schedule else None,
             data_seeds=None if shared_order else data_seeds,
-            shared_order_seed=data_seeds[0] if shared_order else None,
+            shared_order_seed=data_seeds[0] if shared_order else None, splits=splits,
         )
 
     fingerprint = repr((getattr(model, "__module__", ""), getattr(model, "__qualname__", model), model_config,
-                        getattr(data, "name", None), tuple(data.x_train.shape), seeds, data_seeds, dropout_seeds,
+                        getattr(data, "name", None), tuple(data.x_train.shape), seeds, data_seeds, dropout_seeds, split_seeds,
                         shared_order, optimizer, hparams, schedule, epochs, batch_size, device.type, str(torch_dtype)))
     saver = (Checkpointer(Path(checkpoint), extra={"fingerprint": fingerprint})
              if checkpoint is not None and checkpoints_enabled() else None)

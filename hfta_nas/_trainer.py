@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hfta_nas._array import ModelArray
-from hfta_nas.data import Dataset, EpochOrder, gather
+from hfta_nas.data import Dataset, EpochOrder, SlotSplits, gather
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import ArrayOptimizer, LRSchedule
 
@@ -61,6 +61,11 @@ class ArrayTrainer:
     with `generator=torch.Generator().manual_seed(seed)` would) or None with
     `shared_order_seed` for one order shared by all slots (cheaper: one batch
     is broadcast to every slot).
+
+    `splits`: each slot's own train / validation rows of `data`'s train set
+    (`hfta_nas.data.pooled` and `slot_splits`); slot b then trains on
+    `data.x_train[splits.train[b]]` in its own order and is validated on
+    `data.x_train[splits.val[b]]`. Needs per-slot orders; slots cannot be refilled.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class ArrayTrainer:
         evaluate_test: bool = True,
         slot_ids: Sequence[Any] | None = None,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+        splits: SlotSplits | None = None,
     ) -> None:
         if optimizer.array is not array:
             raise HftaNasError("the optimizer was built for a different ModelArray.")
@@ -91,6 +97,9 @@ class ArrayTrainer:
             raise HftaNasError("give either data_seeds (one order per slot) or shared_order_seed, not both.")
         if data_seeds is None and shared_order_seed is None:
             data_seeds = list(range(len(array)))
+        if splits is not None and (shared_order_seed is not None or splits.train.shape[0] != len(array)):
+            raise HftaNasError("per-slot splits need one split and one data order per slot (not a shared order).")
+        self.splits = splits
         self.array, self.optimizer, self.schedule, self.data = array, optimizer, schedule, data
         self.schedule_interval = schedule_interval
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
@@ -98,7 +107,8 @@ class ArrayTrainer:
         self.loss_fn = loss_fn
         self.shared_order = shared_order_seed is not None
         self.order = EpochOrder(
-            len(data.y_train), batch_size, None if self.shared_order else list(data_seeds),
+            splits.train.shape[1] if splits is not None else len(data.y_train), batch_size,
+            None if self.shared_order else list(data_seeds),
             shared_seed=shared_order_seed, device=data.x_train.device,
         )
         self.slot_ids: list[Any] = list(slot_ids) if slot_ids is not None else list(range(len(array)))
@@ -154,6 +164,8 @@ class ArrayTrainer:
         correct = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
         seen = 0
         for index in self.order.next_epoch():
+            if self.splits is not None:  # positions in each slot's own train rows -> rows of the pool
+                index = torch.gather(self.splits.train, 1, index)
             x, y = gather(x_all, index), gather(y_all, index)
             logits = self.array(x, shared_input=self.shared_order)
             if self.shared_order:
@@ -181,23 +193,31 @@ class ArrayTrainer:
     def evaluate(self) -> dict[str, torch.Tensor]:
         """Loss and accuracy of every slot on validation (and test) data: [B] tensors."""
         self.array.eval()
-        splits = [("val", self.data.x_val, self.data.y_val)]
+        parts = [("val", self.data.x_val, self.data.y_val, None)]
+        if self.splits is not None:  # each slot its own validation rows of the pool
+            parts = [("val", self.data.x_train, self.data.y_train, self.splits.val)]
         if self.evaluate_test:
-            splits.append(("test", self.data.x_test, self.data.y_test))
+            parts.append(("test", self.data.x_test, self.data.y_test, None))
         metrics = {}
-        for name, x_all, y_all in splits:
-            if len(y_all) == 0:
+        for name, x_all, y_all, rows in parts:
+            count = len(y_all) if rows is None else rows.shape[1]
+            if count == 0:
                 continue
             loss_sum = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
             correct = torch.zeros_like(loss_sum)
-            for start in range(0, len(y_all), self.eval_batch_size):
-                x, y = x_all[start : start + self.eval_batch_size], y_all[start : start + self.eval_batch_size]
-                logits = self.array(x, shared_input=True)
-                y = y.expand(len(self.array), *y.shape)
+            for start in range(0, count, self.eval_batch_size):
+                if rows is None:  # the same samples for every slot
+                    x, y = x_all[start : start + self.eval_batch_size], y_all[start : start + self.eval_batch_size]
+                    logits = self.array(x, shared_input=True)
+                    y = y.expand(len(self.array), *y.shape)
+                else:
+                    index = rows[:, start : start + self.eval_batch_size]
+                    x, y = gather(x_all, index), gather(y_all, index)
+                    logits = self.array(x)
                 loss_sum += self.slot_losses(logits, y).to(torch.float64) * y.shape[1]
                 correct += (logits.argmax(-1) == y).sum(1).to(torch.float64)
-            metrics[f"{name}_loss"] = loss_sum / len(y_all)
-            metrics[f"{name}_acc"] = correct / len(y_all)
+            metrics[f"{name}_loss"] = loss_sum / count
+            metrics[f"{name}_acc"] = correct / count
         return metrics
 
     def _record_epoch(self, metrics: dict[str, torch.Tensor], seconds: float) -> EpochReport:
@@ -251,6 +271,8 @@ class ArrayTrainer:
         keep = self.array.drop_slots(positions)
         if not self.shared_order:
             self.order.drop_slots(keep)
+        if self.splits is not None:
+            self.splits = self.splits.keep(keep)
         self.slot_ids = [self.slot_ids[b] for b in keep]
         self.origins = [self.origins[b] for b in keep]
 
@@ -269,6 +291,8 @@ class ArrayTrainer:
         state, schedule position 0 and its own data order from `data_seed`."""
         if new_id in self.results:
             raise HftaNasError(f"slot id {new_id!r} is already used in this array.")
+        if self.splits is not None:
+            raise HftaNasError("slots with their own train/validation splits cannot be refilled.")
         position = self.position_of(old_id)
         if self.results[old_id].status == "running":
             self.results[old_id].status, self.results[old_id].reason = "stopped", "replaced"

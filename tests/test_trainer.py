@@ -215,3 +215,28 @@ def test_trainer_rejects_bad_arguments(tiny_data):
         ArrayTrainer(arr, opt, tiny_data, data_seeds=[0, 1], shared_order_seed=3)
     with pytest.raises(HftaNasError, match="epochs must be a non-negative integer"):
         ArrayTrainer(arr, opt, tiny_data).fit(-1)
+
+
+def test_per_slot_splits_equal_training_each_slot_on_its_own_split(tiny_data):
+    """Slot b with split seed s trains on its own partition of the train + validation samples and is
+    validated on the rest: exactly a plain run on a Dataset holding that partition (float64)."""
+    from dataclasses import replace
+
+    from hfta_nas.data import pooled, slot_splits
+
+    seeds, split_seeds = [3, 1, 4], [11, None, 12]
+    run = hfta_nas.train(conv_bn_model, dataset=tiny_data, seeds=seeds, data_seeds=DATA_SEEDS[:3],
+                         dropout_seeds=seeds, split_seeds=split_seeds, epochs=2, batch_size=BATCH, dtype="float64")
+    pool, splits = pooled(tiny_data), slot_splits(tiny_data, split_seeds)
+    assert splits.train.shape == (3, len(tiny_data.y_train)) and splits.val.shape == (3, len(tiny_data.y_val))
+    assert not torch.equal(splits.val[0], splits.val[2])  # two seeds, two partitions
+    for b in range(3):
+        own = replace(tiny_data, x_train=pool.x_train[splits.train[b]], y_train=pool.y_train[splits.train[b]],
+                      x_val=pool.x_train[splits.val[b]], y_val=pool.y_train[splits.val[b]])
+        if split_seeds[b] is None:  # the data's own split, row for row
+            assert torch.equal(own.x_train, tiny_data.x_train) and torch.equal(own.x_val, tiny_data.x_val)
+        alone = hfta_nas.train(conv_bn_model, dataset=own, seeds=[seeds[b]], data_seeds=[DATA_SEEDS[b]],
+                               dropout_seeds=[seeds[b]], epochs=2, batch_size=BATCH, dtype="float64")
+        for mine, reference in zip(run.results[b].history, alone.results[0].history):
+            for key in ("train_loss", "val_loss", "val_acc", "test_loss", "test_acc"):
+                assert mine[key] == pytest.approx(reference[key], rel=1e-10, abs=1e-12), (b, key)
