@@ -36,7 +36,8 @@ from hfta_nas.errors import HftaNasError
 from stability._result import SOURCES
 
 
-DESIGNS = ("all", "only_init", "only_data", "only_dropout", "grid")  # the position names each design's streams
+# the position names each design's streams: append, never reorder (stored studies are found by their seeds)
+DESIGNS = ("all", "only_init", "only_data", "only_dropout", "grid", "only_split")
 DECOMPOSITIONS = ("sources", "grid")  # --decompose (one source at a time) and --decompose grid
 
 
@@ -100,8 +101,10 @@ def plan(n_seeds: int, *, vary: Sequence[str] = SOURCES, decompose: bool | str |
 
 
 def _seeds(base_seed: int, design: str, varied: Sequence[str], index: int) -> dict[str, int]:
-    """Seed `index` of every source in `design`: the varied ones move, the others keep their first seed."""
-    return {s: source_seed(base_seed, s, index if s in varied else 0, design) for s in SOURCES}
+    """Seed `index` of every source in `design`: the varied ones move, the others keep their first seed;
+    the split has a seed only where it varies (elsewhere the data's own split is used)."""
+    return {s: source_seed(base_seed, s, index if s in varied else 0, design)
+            for s in SOURCES if s != "split" or s in varied}
 
 
 def parse_decompose(value: bool | str | None) -> str | None:

@@ -194,7 +194,7 @@ def _sections(report: _Report) -> list[_Section]:
     if len(failed):
         sections.append(_Section(f"Failed seeds ({len(failed)} of {len(seeds)})",
                                  "These seeds are counted, not dropped: they did not finish or diverged.",
-                                 failed[["config", "design", "seed_index", "seed_init", "seed_data", "seed_dropout",
+                                 failed[["config", "design", "seed_index", "seed_init", "seed_data", "seed_dropout", "seed_split",
                                          "epochs", "reason"]]))
     comparisons = _comparison_table(report)
     if not comparisons.empty:

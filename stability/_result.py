@@ -22,19 +22,22 @@ from hfta_nas.runtime import atomic_write_text
 
 # Final metrics recorded per seed; accuracies are fractions in [0, 1].
 METRICS = ("test_acc", "test_loss", "val_acc", "val_loss", "train_acc", "train_loss")
-SOURCES = ("init", "data", "dropout")
+SOURCES = ("init", "data", "dropout", "split")  # split: the train/validation partition, re-drawn per seed
+DEFAULT_VARY = ("init", "data", "dropout")  # the split stays the data's own unless asked for
 
 # seeds.csv: one row per (config, seed_index).
 #   config       str   label of the configuration ("A", a trial name, ...)
 #   seed_index   int   0..S-1 within its config and design
 #   design       str   "all" for the main study; with --decompose also
-#                      "only_init", "only_data", "only_dropout" (one source varies)
+#                      "only_<source>" (one source varies) or "grid" (init x data)
 #   seed_init, seed_data, seed_dropout   int   the seed each source used
+#   seed_split   Int64 the seed of the slot's train/validation split; empty: the data's own
 #   status       str   "completed" | "failed"
 #   reason       str   why it failed ("" when completed)
 #   epochs       int   epochs actually run
 #   <metric>     float for every name in METRICS (NaN when failed)
-SEED_COLUMNS = ("config", "seed_index", "design", "seed_init", "seed_data", "seed_dropout", "status", "reason", "epochs")
+SEED_COLUMNS = ("config", "seed_index", "design", "seed_init", "seed_data", "seed_dropout", "seed_split", "status",
+                "reason", "epochs")
 
 # curves.csv: long format, one row per (config, design, seed_index, epoch, metric).
 CURVE_COLUMNS = ("config", "design", "seed_index", "epoch", "metric", "value")
@@ -50,6 +53,12 @@ class StabilityResult:
     # vary, n_test (test-set size), bootstrap_seed, configs {label: resolved config dict},
     # seeds per source, wall time, array sizes.
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if "seed_split" not in self.seeds.columns:  # a result from before the split source: the data's own split
+            position = list(self.seeds.columns).index("seed_dropout") + 1 if "seed_dropout" in self.seeds else 0
+            self.seeds = self.seeds.copy()
+            self.seeds.insert(position, "seed_split", pd.array([pd.NA] * len(self.seeds), dtype="Int64"))
 
     def save(self, folder: str | Path) -> None:
         folder = Path(folder)
@@ -70,6 +79,8 @@ class StabilityResult:
             seeds = pd.read_csv(folder / "seeds.csv", keep_default_na=False, na_values=[""],
                                 dtype={"config": str, "design": str, "status": str, "reason": str})
             seeds["reason"] = seeds["reason"].fillna("")
+            if "seed_split" in seeds.columns:
+                seeds["seed_split"] = seeds["seed_split"].astype("Int64")
             curves = pd.read_csv(folder / "curves.csv", dtype={"config": str, "design": str, "metric": str})
             metadata = json.loads((folder / "metadata.json").read_text())
         except (ValueError, KeyError, OSError, pd.errors.ParserError) as error:

@@ -35,7 +35,7 @@ from hfta_nas.search import checkpoint_folder
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig
 from stability._design import SeedPlan, parse_decompose, plan
-from stability._result import SOURCES, StabilityResult
+from stability._result import DEFAULT_VARY, SOURCES, StabilityResult
 from stability._store import SeedOutcome, SeedStore, frames, study_name_for
 
 Event = Callable[[str, dict[str, Any]], None]
@@ -45,7 +45,7 @@ def run_stability(
     configs: Sequence[LabelledConfig],
     *,
     n_seeds: int = 32,
-    vary: Sequence[str] = SOURCES,
+    vary: Sequence[str] = DEFAULT_VARY,
     decompose: bool | str | None = None,
     base_seed: int = 0,
     device: str = "cpu",
@@ -185,6 +185,7 @@ def train_slots(
         seeds=[p.seeds["init"] for p in plans],
         data_seeds=[p.seeds["data"] for p in plans],
         dropout_seeds=[p.seeds["dropout"] for p in plans],
+        split_seeds=[p.seeds.get("split") for p in plans] if any("split" in p.seeds for p in plans) else None,
         on_epoch=(lambda report, trainer: on_epoch(report.epoch, len(plans))) if on_epoch else None,
         checkpoint=checkpoint, remove_checkpoint=remove_checkpoint, **kwargs,
     )
@@ -224,7 +225,7 @@ def protocol(configs: Sequence[LabelledConfig], plans: Sequence[SeedPlan], **set
         **settings,
         "vary": list(settings["vary"]),
         "configs": {item.label: item.config.to_dict() for item in configs},
-        "seeds_per_source": {s: sorted({p.seeds[s] for p in plans}) for s in SOURCES},
+        "seeds_per_source": {s: sorted({p.seeds[s] for p in plans if s in p.seeds}) for s in SOURCES},
         "versions": {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__, "optuna": optuna.__version__,
                      "numpy": np.__version__, "scipy": scipy.__version__, "pandas": pd.__version__,
                      "python": platform.python_version()},

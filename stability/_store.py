@@ -54,7 +54,8 @@ def study_name_for(label: str, config: ResolvedConfig, dtype: str) -> str:
 
 
 def _key(plan: SeedPlan, device: str) -> tuple:
-    return (plan.design, plan.seed_index, plan.seeds["init"], plan.seeds["data"], plan.seeds["dropout"], device)
+    return (plan.design, plan.seed_index, plan.seeds["init"], plan.seeds["data"], plan.seeds["dropout"],
+            plan.seeds.get("split"), device)
 
 
 class SeedStore:
@@ -132,7 +133,7 @@ def outcomes_of(study: optuna.Study) -> list[SeedOutcome]:
         if "design" not in attrs:
             continue
         plan = SeedPlan(attrs["design"], int(attrs["seed_index"]),
-                        {s: int(attrs[f"seed_{s}"]) for s in ("init", "data", "dropout")})
+                        {s: int(attrs[f"seed_{s}"]) for s in SOURCES if f"seed_{s}" in attrs})
         outcomes.append(SeedOutcome(plan, attrs["status"], attrs.get("reason", ""), int(attrs["epochs_run"]),
                                     list(attrs.get("history", [])), reused=True, device=attrs.get("device", "cpu")))
     return outcomes
@@ -158,7 +159,7 @@ def frames(outcomes: dict[str, list[SeedOutcome]]) -> tuple[pd.DataFrame, pd.Dat
             final = o.final if o.status == "completed" else {}
             seed_rows.append({
                 "config": label, "seed_index": o.plan.seed_index, "design": o.plan.design,
-                **{f"seed_{s}": o.plan.seeds[s] for s in SOURCES},
+                **{f"seed_{s}": o.plan.seeds.get(s) for s in SOURCES},
                 "status": o.status, "reason": o.reason, "epochs": o.epochs,
                 **{m: final.get(m, float("nan")) for m in METRICS},
             })
@@ -166,6 +167,7 @@ def frames(outcomes: dict[str, list[SeedOutcome]]) -> tuple[pd.DataFrame, pd.Dat
                 curve_rows += [{"config": label, "design": o.plan.design, "seed_index": o.plan.seed_index,
                                 "epoch": int(row["epoch"]), "metric": m, "value": row[m]} for m in METRICS if m in row]
     seeds = pd.DataFrame(seed_rows, columns=[*SEED_COLUMNS, *METRICS])
+    seeds["seed_split"] = seeds["seed_split"].astype("Int64")  # empty where the data's own split was used
     curves = pd.DataFrame(curve_rows, columns=list(CURVE_COLUMNS))
     return seeds, curves
 

@@ -17,7 +17,7 @@ from hfta_nas.errors import HftaNasError
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig, label_for, load_config
 from stability._design import parse_vary
-from stability._result import METRICS, SOURCES, Analysis, StabilityResult
+from stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
 from stability._export import FORMATS, PLOT_FORMATS, write_report
 
 
@@ -53,7 +53,7 @@ def run_study(
     configs: str | Path | ResolvedConfig | LabelledConfig | Sequence[str | Path | ResolvedConfig | LabelledConfig],
     *,
     seeds: int = 32,
-    vary: str | Sequence[str] = SOURCES,
+    vary: str | Sequence[str] = DEFAULT_VARY,
     decompose: bool | str | None = None,
     base_seed: int = 0,
     device: str = "cpu",
@@ -82,10 +82,11 @@ def run_study(
 
     check_run_options(seeds, metric)
     labelled = _labelled(configs)
-    _check_sources(labelled)
+    vary = parse_vary(vary)
+    _check_sources(labelled, vary)
     opened, location = open_storage(storage) if store else (None, "")
     result, stores = run_stability(
-        labelled, n_seeds=seeds, vary=parse_vary(vary), decompose=decompose, base_seed=base_seed, device=device,
+        labelled, n_seeds=seeds, vary=vary, decompose=decompose, base_seed=base_seed, device=device,
         dtype=dtype, array_size=array_size, storage=opened, storage_location=location, bootstrap_seed=bootstrap_seed,
         on_event=on_event)
     if earlier:
@@ -136,9 +137,10 @@ def default_artifact_dir(location: str) -> Path:
     return Path(location).parent / "artifacts"
 
 
-def _check_sources(labelled: Sequence[LabelledConfig]) -> None:
+def _check_sources(labelled: Sequence[LabelledConfig], vary: Sequence[str]) -> None:
     """Import each configuration's model factory and data function (if any) before the
-    storage is opened: a misspelt module must not leave an empty study behind."""
+    storage is opened: a misspelt module must not leave an empty study behind; a split
+    to vary needs validation data."""
     from hfta_nas.data import check_source
     from hfta_nas.models import FAMILIES, load_factory
 
@@ -149,6 +151,9 @@ def _check_sources(labelled: Sequence[LabelledConfig]) -> None:
             check_source(item.config.dataset)
         except HftaNasError as error:
             raise HftaNasError(f"configuration '{item.label}': {error}") from None
+        if "split" in vary and not item.config.data.get("val_fraction"):
+            raise HftaNasError(f"configuration '{item.label}': --vary split re-draws the train/validation split, "
+                               "but its data has no validation samples (data.val_fraction: 0).")
 
 
 def _labelled(configs: Any) -> list[LabelledConfig]:

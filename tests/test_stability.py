@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import optuna
+import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
@@ -70,7 +71,7 @@ def test_decompose_adds_one_design_per_varied_source():
 def test_unknown_sources_are_refused(bad):
     with pytest.raises(Exception, match="--vary takes"):
         parse_vary(bad)
-    assert parse_vary("all") == ("init", "data", "dropout")
+    assert parse_vary("all") == ("init", "data", "dropout", "split")
 
 
 @pytest.mark.parametrize("n", [0, -3])
@@ -372,3 +373,27 @@ def test_the_readme_worked_example_runs(tmp_path):
     assert [row["config"] for row in summary["configs"]] == ["adam", "sgd"]
     (comparison,) = summary["comparisons"]
     assert comparison["better"] == "higher" and 0.0 <= comparison["p_a_better_low"] <= comparison["p_a_better"]
+
+
+def test_vary_split_redraws_each_seeds_train_validation_partition(tmp_path, tiny_config):
+    result = cli("stability", tiny_config, "--seeds", 3, "--vary", "init,split", "--decompose", "--out", tmp_path / "s",
+                 "--storage", tmp_path / "s.journal", "--format", "csv,json", "--plot-format", "png", "--json")
+    assert result.exit_code == 0, result.output
+    seeds = pd.read_csv(tmp_path / "s" / "seeds.csv")
+    main_design = seeds[seeds["design"] == "all"]
+    assert main_design["seed_split"].nunique() == 3 and main_design["seed_data"].nunique() == 1
+    assert seeds[seeds["design"] == "only_init"]["seed_split"].isna().all()  # the data's own split there
+    assert seeds[seeds["design"] == "only_split"]["seed_split"].nunique() == 3
+    sources = {row["source"] for row in json.loads(result.output)["decomposition"]}
+    assert {"init", "split"} <= sources
+
+
+def test_vary_split_without_validation_data_is_refused_before_anything_is_stored(tmp_path):
+    from hfta_nas.errors import HftaNasError
+    from stability import run_study
+
+    config = mlp_config(data={**mlp_config().data, "val_fraction": 0.0})
+    with pytest.raises(HftaNasError, match="--vary split re-draws the train/validation split"):
+        run_study(LabelledConfig("noval", config), seeds=2, vary="split", storage=str(tmp_path / "s.journal"),
+                  out_dir=tmp_path / "out")
+    assert not (tmp_path / "s.journal").exists() and not (tmp_path / "out").exists()
