@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hfta_nas._allocator import keep_freed_memory_unless_disabled
-from hfta_nas._array import ModelArray
+from hfta_nas._array import ModelArray, _build_seeded
 from hfta_nas._checkpoint import Checkpointer
 from hfta_nas._checkpoint import enabled as checkpoints_enabled
 from hfta_nas._oom import check_budget
@@ -46,10 +46,12 @@ class TrainRun:
     seconds: float
     samples_per_second: float
     resumed_epoch: int = 0  # the epoch a checkpoint restored (0: trained from the start)
+    slot_factories: list[Callable[[], nn.Module]] | None = None  # per slot, when architectures differ
 
     def model(self, slot: int) -> nn.Module:
         """Slot `slot` as a plain nn.Module."""
-        module = self.factory().to(device=self.array.device, dtype=self.array.dtype)
+        factory = self.slot_factories[slot] if self.slot_factories else self.factory
+        module = factory().to(device=self.array.device, dtype=self.array.dtype)
         return self.array.to_module(slot, module)
 
 
@@ -57,6 +59,7 @@ def train(
     model: str | Callable[..., nn.Module] = "cnn1d",
     *,
     model_config: Mapping[str, Any] | None = None,
+    slot_model_configs: Sequence[Mapping[str, Any]] | None = None,
     dataset: str | Dataset = "mnist1d",
     seeds: Sequence[int] = tuple(range(8)),
     data_seeds: Sequence[int] | None = None,
@@ -76,6 +79,10 @@ def train(
     remove_checkpoint: bool = True,
 ) -> TrainRun:
     """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
+
+    `slot_model_configs`: one model config per slot instead of `model_config`:
+    slots of different sizes (widths, kernels, depths) train padded into one
+    envelope (FusionError when they cannot).
 
     `hparams` values (lr, weight_decay, ...) and `schedule` values are a float
     for all slots or one per slot; `schedule` holds `kind` plus LRSchedule's
@@ -106,6 +113,12 @@ def train(
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, device=device, dtype=torch_dtype)
     data = data.to(device=device, dtype=torch_dtype)
     factory = resolve_model(model, model_config, input_shape=data.input_shape, num_classes=data.num_classes)
+    slot_factories = None
+    if slot_model_configs is not None:
+        if len(slot_model_configs) != len(seeds):
+            raise HftaNasError(f"slot_model_configs has {len(slot_model_configs)} entries for {len(seeds)} seeds.")
+        slot_factories = [resolve_model(model, c, input_shape=data.input_shape, num_classes=data.num_classes)
+                          for c in slot_model_configs]
     data_seeds = list(data_seeds) if data_seeds is not None else seeds
     dropout_seeds = list(dropout_seeds) if dropout_seeds is not None else seeds
     splits = None
@@ -116,12 +129,18 @@ def train(
                                "and per-slot data orders (not shared_order).")
         splits, data = slot_splits(data, split_seeds), pooled(data)
 
-    check_budget(factory, data.input_shape, batch_size=batch_size, slots=len(seeds), dtype=torch_dtype,
-                 optimizer=optimizer, device=device, budget=memory_budget)
+    for one in slot_factories or [factory]:  # each architecture as if it filled every slot: the envelope's bound
+        check_budget(one, data.input_shape, batch_size=batch_size, slots=len(seeds), dtype=torch_dtype,
+                     optimizer=optimizer, device=device, budget=memory_budget)
     schedule = _checked_schedule(schedule) if schedule else None
 
     def make_trainer() -> ArrayTrainer:
-        array = ModelArray.from_factory(factory, seeds, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
+        if slot_factories is None:
+            array = ModelArray.from_factory(factory, seeds, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
+        else:
+            with torch.random.fork_rng(devices=[]):  # as from_factory: the caller's global RNG is left as it was
+                models = [_build_seeded(f, seed) for f, seed in zip(slot_factories, seeds)]
+            array = ModelArray(models, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
         opt = OPTIMIZERS[optimizer](array, **dict(hparams or {}))
         return ArrayTrainer(
             array, opt, data, batch_size=batch_size, schedule=LRSchedule(opt, **schedule) if schedule else None,
@@ -130,6 +149,7 @@ def train(
         )
 
     fingerprint = repr((getattr(model, "__module__", ""), getattr(model, "__qualname__", model), model_config,
+                        slot_model_configs,
                         getattr(data, "name", None), tuple(data.x_train.shape), seeds, data_seeds, dropout_seeds, split_seeds,
                         shared_order, optimizer, hparams, schedule, epochs, batch_size, device.type, str(torch_dtype)))
     saver = (Checkpointer(Path(checkpoint), extra={"fingerprint": fingerprint})
@@ -145,7 +165,7 @@ def train(
     return TrainRun(
         trainer.array, results, data, factory,
         {"init": seeds, "data": data_seeds, "dropout": dropout_seeds},
-        seconds, samples / seconds if seconds > 0 else 0.0, resumed_epoch,
+        seconds, samples / seconds if seconds > 0 else 0.0, resumed_epoch, slot_factories,
     )
 
 

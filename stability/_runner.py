@@ -30,6 +30,7 @@ from hfta_nas.runtime import DTYPES, remove_checkpoint, train_in_halves
 from hfta_nas.runtime import checked_device as _checked_device
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
+from hfta_nas.models import resolve_model
 from hfta_nas.optim import OPTIMIZERS
 from hfta_nas.search import checkpoint_folder
 from search_spaces import ResolvedConfig
@@ -72,7 +73,7 @@ def run_stability(
     outcomes: dict[str, list[SeedOutcome]] = {}
     stores: dict[str, SeedStore] = {}
     arrays: list[dict[str, Any]] = []
-    for group in fusable_groups(configs):
+    for group in fusable_groups(configs, lambda config: _dataset(config, datasets, device, dtype)):
         data = _dataset(group[0].config, datasets, device, dtype)
         todo: list[tuple[LabelledConfig, int]] = []  # (configuration, plan index): the slots to train
         for item in group:
@@ -119,16 +120,37 @@ def run_stability(
 Slot = tuple[LabelledConfig, int]  # a configuration and the index of its seed plan
 
 
-def fusable_groups(configs: Sequence[LabelledConfig]) -> list[list[LabelledConfig]]:
-    """The configurations that can train in one array, in order: the same model, data, optimizer
-    and its flags, schedule, epochs and batch size; only per-slot hyper-parameters (lr, weight
-    decay, momentum, betas, ...) may differ, as each slot of an array has its own."""
-    groups: dict[str, list[LabelledConfig]] = {}
+def fusable_groups(configs: Sequence[LabelledConfig],
+                   data_of: Callable[[ResolvedConfig], Dataset]) -> list[list[LabelledConfig]]:
+    """The configurations that can train in one array, in order: the same data, optimizer and its
+    flags, schedule, epochs, batch size and model family (or factory); per-slot hyper-parameters
+    (lr, weight decay, momentum, betas, ...) may differ, and model configs the engine can pad into
+    one envelope (`hfta_nas.check_fusable` of their models on the meta device). Each joins the
+    first group it fuses with, as in a search's packing."""
+    by_settings: dict[str, list[list[LabelledConfig]]] = {}
     for item in configs:
-        config = item.config  # one architecture (model and its config), one schedule: equal shapes, one LRSchedule
-        key = repr((config.shared_key(), config.model, config.model_config, config.schedule))
-        groups.setdefault(key, []).append(item)
-    return list(groups.values())
+        config = item.config
+        groups = by_settings.setdefault(repr((config.shared_key(), config.model, config.schedule)), [])
+        joined = next((g for g in groups if _fuses([*g, item], data_of(config))), None)
+        if joined is not None:
+            joined.append(item)
+        else:
+            groups.append([item])
+    return [group for groups in by_settings.values() for group in groups]
+
+
+def _fuses(items: list[LabelledConfig], data: Dataset) -> bool:
+    """Equal model configs always fuse; different ones when their meta-device models pad into one envelope."""
+    if all(item.config.model_config == items[0].config.model_config for item in items):
+        return True
+    try:
+        with torch.device("meta"):
+            shells = [resolve_model(item.config.model, item.config.model_config, input_shape=data.input_shape,
+                                    num_classes=data.num_classes)() for item in items]
+        hfta_nas.check_fusable(shells)
+    except Exception:  # noqa: BLE001 - FusionError, or a model that cannot be built on the meta device
+        return False
+    return True
 
 
 def _train_fitting(chunk: list[Slot], plans: Sequence[SeedPlan], data: Dataset, device: str, dtype: str,
@@ -180,6 +202,8 @@ def train_slots(
     plans = [p for _, p in slots]
     kwargs = slots[0][0].train_kwargs()
     kwargs["hparams"] = _per_slot_hparams([config for config, _ in slots])
+    if any(config.model_config != kwargs["model_config"] for config, _ in slots):  # sizes differ: an envelope
+        kwargs["slot_model_configs"] = [config.model_config for config, _ in slots]
     run = hfta_nas.train(
         dataset=data, device=device, dtype=dtype,
         seeds=[p.seeds["init"] for p in plans],

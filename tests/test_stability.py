@@ -348,13 +348,18 @@ def test_an_array_killed_mid_training_continues_from_its_last_epoch_bit_identica
     assert len(optuna.load_study(study_name=study_name, storage=storage).trials) == 3
 
 
-def test_configs_that_differ_only_in_per_slot_hparams_train_as_one_array_of_k_x_s_slots():
+def test_configs_that_fuse_train_as_one_array_of_k_x_s_slots():
+    """Per-slot hyper-parameters and architectures the engine pads into one envelope share an array;
+    another optimizer cannot."""
     fast, slow = mlp_config(), mlp_config(hparams={**mlp_config().hparams, "lr": 0.01})
-    other = dataclasses.replace(mlp_config(), model_config={"width": 12, "depth": 1})  # another architecture
-    labelled = [LabelledConfig("fast", fast), LabelledConfig("slow", slow), LabelledConfig("other", other)]
+    wider = dataclasses.replace(mlp_config(), model_config={"width": 12, "depth": 1})  # padded with the others
+    adam = dataclasses.replace(mlp_config(), optimizer="adam", hparams={"lr": 1e-3})
+    labelled = [LabelledConfig("fast", fast), LabelledConfig("slow", slow), LabelledConfig("wider", wider),
+                LabelledConfig("adam", adam)]
     events = []
     fused, _ = run_stability(labelled, n_seeds=3, dtype="float64", on_event=lambda kind, info: events.append((kind, info)))
-    assert [(info["label"], info["size"]) for kind, info in events if kind == "array"] == [("fast, slow", 6), ("other", 3)]
+    assert [(info["label"], info["size"]) for kind, info in events if kind == "array"] == [
+        ("fast, slow, wider", 9), ("adam", 3)]
     for item in labelled:  # each equals its own array: slots are independent
         alone, _ = run_stability([item], n_seeds=3, dtype="float64")
         mine = fused.seeds[fused.seeds["config"] == item.label]
