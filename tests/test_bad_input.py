@@ -579,11 +579,11 @@ def test_any_stability_options_reach_training_or_give_one_line_and_exit_2(tmp_pa
     def reached(*args, **kwargs):
         raise _ReachedTraining("reached training")
 
-    original, runner.train_seeds = runner.train_seeds, reached
+    original, runner.train_slots = runner.train_slots, reached  # every array of a study trains through it
     try:
         result = invoke(*args)
     finally:
-        runner.train_seeds = original
+        runner.train_slots = original
     assert result.exit_code == 2, (args, result.output, result.exception)
     assert "Traceback" not in result.output, (args, result.output)
     errors = [line for line in result.output.splitlines() if line.startswith(("error: ", "Error: "))]
