@@ -150,7 +150,7 @@ def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared
 
 
 def _print_train_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    from rich.console import Console
+    from hfta_nas.runtime import command_console
     from rich.table import Table
 
     table = Table(title="per-slot results (final epoch)")
@@ -163,7 +163,7 @@ def _print_train_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> N
             f"{row.get('train_loss', float('nan')):.4f}", f"{row.get('val_acc', float('nan')):.4f}",
             f"{row.get('test_acc', float('nan')):.4f}",
         )
-    console = Console()
+    console = command_console()
     console.print(table)
     console.print(f"{len(rows)} models in {summary['seconds']:.1f} s: {summary['samples_per_second']:,.0f} samples/s "
                   f"summed over slots ({summary['threads']} torch threads, {summary['device']})")
@@ -283,7 +283,7 @@ class _SearchProgress:
     the array running and its slots, the mean occupancy and the throughput."""
 
     def __init__(self, enabled: bool) -> None:
-        from rich.console import Console
+        from hfta_nas.runtime import command_console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.text import Text
 
@@ -296,7 +296,7 @@ class _SearchProgress:
                     yield Text(self.status)
 
         self.enabled = enabled
-        self.console = Console(stderr=True)
+        self.console = command_console(stderr=True)
         self.live = enabled and self.console.is_terminal  # else (a log file, a pipe): plain lines, status per array
         self.progress = StatusProgress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                        console=self.console, disable=not self.live)
@@ -417,10 +417,10 @@ class _SearchProgress:
 
 def _print_search_plan(plan: Any) -> None:
     """The --dry-run plan: one table row per array (slots, architectures, padding, estimated time, trials)."""
-    from rich.console import Console
+    from hfta_nas.runtime import command_console
     from rich.table import Table
 
-    console = Console()
+    console = command_console()
     done = f", {plan.done} already done" if plan.done else ""
     budget = f"{plan.n_trials} trials" if plan.n_trials is not None else "a timeout"
     console.print(f"dry run of study [bold]{plan.study_name}[/] in {plan.storage} ({budget}{done}; "
@@ -442,10 +442,10 @@ def _print_search_plan(plan: Any) -> None:
 
 
 def _print_search_summary(summary: Any) -> None:
-    from rich.console import Console
+    from hfta_nas.runtime import command_console, plural
     from rich.table import Table
 
-    console = Console()
+    console = command_console()
     table = Table(title=f"study {summary.study_name}: best trial(s)")
     table.add_column("trial", justify="right")
     for metric in summary.metrics:
@@ -456,8 +456,13 @@ def _print_search_summary(summary: Any) -> None:
         table.add_row(str(best["number"]), *(f"{best['values'][m]:.4g}" for m in summary.metrics), params)
     console.print(table)
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(summary.trials.items()))
-    console.print(f"trials: {states}; {len(summary.arrays)} arrays this run, mean occupancy {summary.mean_occupancy:.0%}, "
-                  f"{summary.seconds:.1f} s, {summary.samples_per_s:,.0f} samples/s summed over slots")
+    if not summary.arrays:
+        console.print(f"trials: {states}; nothing to train this run: n_trials is the study's total (finished trials "
+                      "of earlier runs count), and it is reached; raise --n-trials to train more")
+    else:
+        console.print(f"trials: {states}; {plural(len(summary.arrays), 'array')} this run, mean occupancy "
+                      f"{summary.mean_occupancy:.0%}, {summary.seconds:.1f} s, {summary.samples_per_s:,.0f} samples/s "
+                      "summed over slots")
     console.print(f"architectures: {summary.architectures_trained} trained of {summary.architectures_proposed} "
                   f"proposed; padding {summary.waste:.0%} of executed multiply-adds")
     for what, path in summary.exported.items():

@@ -213,10 +213,10 @@ def _summary(done: Any, metric: str) -> dict[str, Any]:
 
 
 def _print_summary(summary: dict[str, Any], metric: str) -> None:
-    from rich.console import Console
+    from hfta_nas.runtime import command_console, plural
     from rich.table import Table
 
-    console = Console()
+    console = command_console()
     scale, unit = (100.0, "%") if metric.endswith("_acc") else (1.0, "")
     table = Table(title=f"{metric}: distribution over seeds")
     for column in ("config", "n", "failed", "mean ± std", "95% CI (t)", "median [IQR]", "min–max", "noise floor sd"):
@@ -241,10 +241,11 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     arrays = summary["arrays"]
     if arrays:
         sizes = ", ".join(str(a["size"]) for a in arrays)
-        console.print(f"{len(arrays)} array(s) of {sizes} slots in {summary['seconds']:.1f} s"
-                      + (f"; {summary['reused_seeds']} seeds reused from the storage" if summary["reused_seeds"] else ""))
+        console.print(f"{plural(len(arrays), 'array')} of {sizes} slots in {summary['seconds']:.1f} s"
+                      + (f"; {plural(summary['reused_seeds'], 'seed')} reused from the storage"
+                         if summary["reused_seeds"] else ""))
     elif summary["reused_seeds"]:
-        console.print(f"all {summary['reused_seeds']} seeds reused from the storage (nothing retrained)")
+        console.print(f"{plural(summary['reused_seeds'], 'seed')} reused from the storage: nothing to retrain")
     console.print(f"report: {summary['report']}")
     for name in summary["studies"].values():
         console.print(f"study: {name}")
@@ -256,10 +257,10 @@ class _Progress:
     """One rich progress bar over the epochs of the array being trained."""
 
     def __init__(self, enabled: bool) -> None:
-        from rich.console import Console
+        from hfta_nas.runtime import command_console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=True)
+        self.console = command_console(stderr=True)
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  console=self.console, disable=not enabled)
         self.enabled = enabled

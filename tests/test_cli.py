@@ -56,3 +56,32 @@ def test_user_errors_exit_2_without_traceback(args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+# ------------------------------------------------------------- output that survives terminals and pipes
+def test_printed_commands_never_wrap_in_a_narrow_terminal_or_a_pipe(tmp_path):
+    """COLUMNS=60 (a narrow terminal) and no COLUMNS (a pipe): the dashboard command stays one line,
+    and a re-run with nothing left to train says why instead of '0 arrays'."""
+    from tests.test_search import space_text
+
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(budget={"n_trials": 2}))
+    journal = tmp_path / "a-rather-long-folder-name-for-the-journal" / "study.journal"
+    args = ["search", str(space), "--storage", str(journal), "--out", str(tmp_path / "out"), "--quiet", "--threads", "1"]
+    for env in ({"COLUMNS": "60"}, {}):
+        result = CliRunner().invoke(main, args, env=env)
+        assert result.exit_code == 0, result.output
+        assert f"dashboard: optuna-dashboard {journal}" in result.output.splitlines(), result.output
+    assert "nothing to train this run" in result.output and "0 arrays" not in result.output
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
+                      "hparams: {lr: 0.05}\nepochs: 1\ndata: {batch_size: 50}\n")
+    result = CliRunner().invoke(main, ["stability", str(config), "--seeds", "2", "--storage", str(journal), "--out",
+                                       str(tmp_path / "report"), "--format", "html", "--plot-format", "png",
+                                       "--quiet", "--threads", "1"], env={"COLUMNS": "60"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    dashboard = next(line for line in lines if line.startswith("dashboard: "))
+    assert dashboard.endswith(str(tmp_path / "a-rather-long-folder-name-for-the-journal" / "artifacts")), lines
+    assert "1 array of 2 slots" in result.output and "array(s)" not in result.output
