@@ -474,9 +474,11 @@ def _print_search_summary(summary: Any) -> None:
 @click.option("--storage", default=None, help="Optuna storage URL or journal file [default: runs/hfta-nas.journal].")
 @click.option("--artifact-dir", default=None, type=click.Path(file_okay=False), help="Where stability reports are stored as artifacts [default: artifacts/ beside the journal file, else runs/artifacts].")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535),
+              help="Port to serve on; when the default is taken, the next free one up to 8099 is used.")
 @_friendly_errors
-def dashboard(storage, artifact_dir, host, port) -> None:
+@click.pass_context
+def dashboard(ctx: click.Context, storage, artifact_dir, host, port) -> None:
     """Start optuna-dashboard on a search's (or stability study's) storage."""
     from pathlib import Path
 
@@ -484,9 +486,12 @@ def dashboard(storage, artifact_dir, host, port) -> None:
     from optuna.artifacts import FileSystemArtifactStore
 
     from hfta_nas.errors import HftaNasError
-    from hfta_nas.search import open_storage
+    from hfta_nas.search import DEFAULT_STORAGE, open_storage
     from stability import default_artifact_dir
 
+    _check_storage_exists(storage or DEFAULT_STORAGE)  # opening would create an empty one
+    if ctx.get_parameter_source("port") == click.core.ParameterSource.DEFAULT:
+        port = _free_port(host, port, last=8099)
     _check_port_free(host, port)  # before the storage or the artifact folder is created
     opened, location = open_storage(storage)
     artifacts = Path(artifact_dir) if artifact_dir else default_artifact_dir(location)
@@ -496,6 +501,41 @@ def dashboard(storage, artifact_dir, host, port) -> None:
         optuna_dashboard.run_server(opened, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts)))
     except OSError as error:  # taken between the check and the start
         raise HftaNasError(f"cannot serve the dashboard on {host}:{port}: {error.strerror or error}; give another --port") from None
+
+
+def _check_storage_exists(location: str) -> None:
+    """HftaNasError when a journal or SQLite file that `hfta-nas dashboard` would show does not exist:
+    opening it would create an empty one and serve an empty page."""
+    from pathlib import Path
+
+    from hfta_nas.errors import HftaNasError
+
+    if location.startswith("sqlite:///"):
+        path = Path(location[len("sqlite:///"):].split("?", 1)[0])
+    elif "://" in location or location.startswith(("postgresql", "mysql", "sqlite:")):
+        return  # a database server: it says itself whether the database exists
+    else:
+        path = Path(location)
+    if not path.exists():
+        raise HftaNasError(f"no storage at '{path}': nothing has been searched or studied there yet; run "
+                           "`hfta-nas search` or `hfta-nas stability` first, or give --storage")
+
+
+def _free_port(host: str, first: int, last: int) -> int:
+    """The first port from `first` to `last` that is free on `host` (saying so when it is not `first`);
+    `first` when none is (the check that follows then says why)."""
+    import socket
+
+    for port in range(first, last + 1):
+        try:
+            with socket.create_server((host, port)):
+                pass
+        except OSError:
+            continue
+        if port != first:
+            click.echo(f"port {first} is taken; serving on {port} instead")
+        return port
+    return first
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -5,6 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+import hfta_nas.search
 from cli import main
 
 
@@ -85,3 +86,35 @@ def test_printed_commands_never_wrap_in_a_narrow_terminal_or_a_pipe(tmp_path):
     dashboard = next(line for line in lines if line.startswith("dashboard: "))
     assert dashboard.endswith(str(tmp_path / "a-rather-long-folder-name-for-the-journal" / "artifacts")), lines
     assert "1 array of 2 slots" in result.output and "array(s)" not in result.output
+
+
+# ------------------------------------------------------------------------------- dashboard
+def test_dashboard_refuses_a_storage_that_does_not_exist_and_creates_nothing(tmp_path):
+    for storage in (tmp_path / "typo.journal", f"sqlite:///{tmp_path / 'typo.db'}"):
+        result = CliRunner().invoke(main, ["dashboard", "--storage", str(storage)])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert "no storage at" in result.output and "run `hfta-nas search`" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dashboard_takes_the_next_free_port_when_the_default_is_busy(tmp_path, monkeypatch):
+    import socket
+
+    import optuna
+    import optuna_dashboard
+
+    journal = tmp_path / "s.journal"
+    optuna.create_study(storage=hfta_nas.search.open_storage(str(journal))[0], study_name="x")
+    served = {}
+    monkeypatch.setattr(optuna_dashboard, "run_server", lambda storage, host, port, **kw: served.update(port=port))
+    try:
+        taken = socket.create_server(("127.0.0.1", 8080))
+    except OSError:  # taken already, by something else on this machine: the same situation
+        taken = None
+    try:
+        result = CliRunner().invoke(main, ["dashboard", "--storage", str(journal)])
+    finally:
+        if taken is not None:
+            taken.close()
+    assert result.exit_code == 0, result.output
+    assert 8080 < served["port"] <= 8099 and f"port 8080 is taken; serving on {served['port']} instead" in result.output
