@@ -235,3 +235,32 @@ def test_a_search_stopped_mid_array_continues_it_from_its_checkpoint_bit_identic
             original.state, original.values, original.intermediate_values)
     assert not list((tmp_path / "checkpoints").rglob("*.pt"))  # removed when the array ended
     assert reference.trials == {"COMPLETE": 6} or pruner == "median"
+
+
+def test_a_stop_between_the_tells_of_an_arrays_last_epoch_still_continues_from_the_checkpoint(tmp_path):
+    """Ctrl-C right after the first slot of array 1 is told COMPLETE in its last epoch: the others are
+    retried, and the re-run continues the epoch-3 checkpoint with the told slot training on untold
+    beside them (as it did), so the retries end with the values of a search never stopped."""
+    from hfta_nas.search import ArrayResumed, TrialEnded
+
+    text = space_text(budget={"n_trials": 3}, training={"epochs": 4, "optimizer": {"name": "adam", "lr": 1e-3}})
+    search(tmp_path / "ref", text)
+    reference = {t.number: t for t in optuna.load_study(study_name="tiny", storage=open_storage(
+        str(tmp_path / "ref" / "study.journal"))[0]).trials}
+
+    def stop_after_the_first_completion(event):
+        if isinstance(event, TrialEnded) and event.state == "COMPLETE":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        search(tmp_path, text, on_event=stop_after_the_first_completion)
+    events = []
+    search(tmp_path, text, on_event=events.append)
+    (resumed,) = [e for e in events if isinstance(e, ArrayResumed)]
+    assert resumed.epoch == 3 and len(resumed.trials) == 2
+    trials = {t.number: t for t in load_study(tmp_path).trials}
+    for number in resumed.trials:
+        original = reference[trials[number].user_attrs["retry_of"]]
+        assert (trials[number].values, trials[number].intermediate_values) == (original.values,
+                                                                               original.intermediate_values)
+    assert sum(t.state == TrialState.COMPLETE for t in trials.values()) == 3

@@ -98,6 +98,7 @@ class ArrayJob:
         self.records: dict[int, dict[str, Any]] = {}
         self.resume, self.rebuild = resume, rebuild
         self.previous = resume.path if resume is not None else None
+        self.ended: dict[int, int] = dict(resume.ended) if resume is not None else {}  # slot id -> its last epoch
 
     # ------------------------------------------------------------------ build
     def _within_memory(self, proposals: list[Proposal]) -> list[Proposal]:
@@ -243,6 +244,10 @@ class ArrayJob:
     def _on_epoch(self, report: EpochReport, trainer: ArrayTrainer) -> None:
         ctx = self.ctx
         for number, metrics in report.metrics.items():
+            if number in self.ended:  # its trial ended after the checkpoint: it trains on untold, then leaves
+                if trainer.results[number].epochs >= self.ended[number] and trainer.results[number].status == "running":
+                    trainer.stop([number], reason="its trial ended before the stop")
+                continue
             try:
                 self._end_epoch_of(number, metrics, report, trainer)
             except optuna.exceptions.UpdateFinishedTrialError:

@@ -46,7 +46,7 @@ from hfta_nas.search._cost import StepCost, measure_step_cost
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
-from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome
+from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome, counts
 from hfta_nas.search._packing import Pack, example_input, pack, shape_key, structure_key
 from hfta_nas.search._recovery import (interrupt_held, retry_stale_trials, told_despite_interrupts,
                                       wait_for_other_workers)
@@ -168,7 +168,8 @@ class _Search:
                             continue
                         break
                     # arrays a stopped run left mid-training
-                    claims, pool = claim(self.ctx.checkpoints, pool, self.device.type, str(self.dtype))
+                    claims, pool = claim(self.ctx.checkpoints, pool, self.device.type, str(self.dtype),
+                                         self._ended_trials() if self.ctx.checkpoints is not None else {})
                     for resumed in claims:
                         self._train(Pack(list(resumed.proposals.values()), 0, 0, 0.0), resume=resumed)
                     for planned in self.pack(pool):
@@ -269,6 +270,11 @@ class _Search:
         proposal = Proposal(trial, candidate, seeds, shell, model_macs(shell, x))
         self.proposed.add(shape_key(proposal))
         return proposal
+
+    def _ended_trials(self) -> dict[int, int]:
+        """Trials told how they ended for good (not failed as interrupted) -> the epochs they trained."""
+        finished = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+        return {t.number: int(t.user_attrs.get("epochs_run", len(t.intermediate_values))) for t in finished if counts(t)}
 
     def _rebuilt(self, record: dict[str, Any]) -> Proposal:
         """The proposal of a trial that is no longer asked (it ended before a checkpoint of its array), from

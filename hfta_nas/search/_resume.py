@@ -32,12 +32,16 @@ STRAY_SECONDS = 3600  # a temporary checkpoint file this old was left by a kille
 
 @dataclass
 class Claim:
-    """A checkpoint this run continues: the file, what it holds, and for each slot id still
-    training in it the proposal (a retry of that slot's trial) that takes the slot over."""
+    """A checkpoint this run continues: the file, what it holds, for each slot id still training in
+    it the proposal (a retry of that slot's trial) that takes the slot over, and the slots whose
+    trials ended after the checkpoint was saved (told before the stop, not retried): they train on
+    untold, as they did, until the epoch they ended at (slot id -> epoch), so the others' numbers
+    stay those of the run that was stopped."""
 
     path: Path
     state: dict[str, Any]
     proposals: dict[int, Proposal]
+    ended: dict[int, int]
 
     @property
     def epoch(self) -> int:
@@ -59,9 +63,11 @@ def _training(state: dict[str, Any]) -> list[int]:
     return [sid for sid in trainer["slot_ids"] if trainer["results"][sid]["status"] == "running"]
 
 
-def claim(folder: Path | None, pool: list[Proposal], device: str, dtype: str) -> tuple[list[Claim], list[Proposal]]:
-    """The checkpoints (saved on this kind of device, in this dtype) whose training slots all have their
-    retry in `pool`, and the rest of the pool."""
+def claim(folder: Path | None, pool: list[Proposal], device: str, dtype: str,
+          ended: dict[int, int]) -> tuple[list[Claim], list[Proposal]]:
+    """The checkpoints (saved on this kind of device, in this dtype) whose training slots each have
+    their retry in `pool` or belong to a trial in `ended` (trial number -> the epochs it trained: it
+    finished for good after the checkpoint), at least one retried; and the rest of the pool."""
     if folder is None or not folder.is_dir():
         return [], pool
     free = {origin_of(p.trial): p for p in pool}
@@ -71,12 +77,12 @@ def claim(folder: Path | None, pool: list[Proposal], device: str, dtype: str) ->
         if state is None or "slots" not in state or (state.get("device"), state.get("dtype")) != (device, dtype):
             continue
         slots, training = state["slots"], _training(state)
-        taking = {sid: free.get(slots[sid]["origin"]) for sid in training}
-        if not training or any(p is None or p.trial.params != slots[sid]["params"] for sid, p in taking.items()):
+        taking = {sid: free.get(slots[sid]["origin"]) for sid in training if sid not in ended}
+        if not taking or any(p is None or p.trial.params != slots[sid]["params"] for sid, p in taking.items()):
             continue
         for proposal in taking.values():
             del free[origin_of(proposal.trial)]
-        claims.append(Claim(path, state, taking))
+        claims.append(Claim(path, state, taking, {sid: ended[sid] for sid in training if sid in ended}))
     kept = {id(p) for p in free.values()}
     return claims, [p for p in pool if id(p) in kept]
 
