@@ -161,7 +161,8 @@ def train(
     seconds = time.perf_counter() - started
     if saver is not None and remove_checkpoint:
         saver.finish()
-    samples = (sum(r.epochs for r in results.values()) - epochs_before) * len(data.y_train)
+    per_epoch = splits.train.shape[1] if splits is not None else len(data.y_train)  # a slot's own train rows
+    samples = (sum(r.epochs for r in results.values()) - epochs_before) * per_epoch
     return TrainRun(
         trainer.array, results, data, factory,
         {"init": seeds, "data": data_seeds, "dropout": dropout_seeds},

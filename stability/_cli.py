@@ -33,10 +33,11 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--seeds", "n_seeds", default=32, show_default=True, type=int, help="Seeds per configuration (slots of the array)."),
         click.option("--seed", "base_seed", default=0, show_default=True, type=int, help="Base seed of the per-source seed streams."),
-        click.option("--vary", default="init,data,dropout", show_default=True, help="Sources that change across seeds: init, data (order), dropout, split (the train/validation partition, re-drawn per seed), or all; the others stay fixed."),
+        click.option("--vary", default="init,data,dropout", show_default=True, help="Sources that change across seeds: init, data (order), dropout, split (the train/validation partition, re-drawn per seed); 'all' is init,data,dropout (name split to add it); the others stay fixed."),
         click.option("--decompose", is_flag=False, flag_value="sources", default=None, type=click.Choice(["sources", "grid"]),
                      help="Also attribute the variance to its sources: `--decompose` (or `sources`) runs one design per varied "
-                          "source (only it changes); `--decompose grid` crosses init seeds with data seeds (a two-way ANOVA)."),
+                          "source (only it changes); `--decompose grid` crosses init seeds with data seeds (a two-way ANOVA). "
+                          "It takes an optional value: put it after CONFIG."),
         click.option("--array-size", type=int, default=None, help="At most this many seeds per array [default: all seeds of a configuration in one array]."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"])),

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hfta_nas.errors import HftaNasError
-from stability._result import SOURCES
+from stability._result import DEFAULT_VARY, SOURCES
 
 
 # the position names each design's streams: append, never reorder (stored studies are found by their seeds)
@@ -67,15 +67,15 @@ class SeedPlan:
 def parse_vary(text: str | Sequence[str]) -> tuple[str, ...]:
     """'init,data' -> ('init', 'data'); 'all' -> every source; errors name the valid ones."""
     names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
-    if names == ["all"]:
-        return SOURCES
+    if names == ["all"]:  # every source a study varied before the split was one: stored studies stay reusable
+        return DEFAULT_VARY
     unknown = [n for n in names if n not in SOURCES]
     if unknown or not names:
         raise HftaNasError(f"--vary takes a comma-separated subset of {', '.join(SOURCES)} (or 'all'), got {text!r}.")
     return tuple(s for s in SOURCES if s in names)
 
 
-def plan(n_seeds: int, *, vary: Sequence[str] = SOURCES, decompose: bool | str | None = None,
+def plan(n_seeds: int, *, vary: Sequence[str] = DEFAULT_VARY, decompose: bool | str | None = None,
          base_seed: int = 0) -> list[SeedPlan]:
     """The models of one configuration's study, main design first; `decompose`: None (or False),
     "sources" (or True: one design per varied source) or "grid" (init x data)."""

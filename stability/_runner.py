@@ -92,8 +92,8 @@ def run_stability(
         folder = checkpoint_folder(storage_location, first.name) if first is not None else None
         size = array_size or max(len(todo), 1)
         for start in range(0, len(todo), size):
-            for chunk, (trained, info) in _train_fitting(todo[start : start + size], plans, data, device, dtype,
-                                                          on_event, folder):
+            whole = todo[start : start + size]
+            for chunk, (trained, info) in _train_fitting(whole, plans, data, device, dtype, on_event, folder):
                 label = ", ".join(dict.fromkeys(item.label for item, _ in chunk))
                 arrays.append({"config": label, **info})
                 on_event("array", {"label": label, **info})
@@ -106,6 +106,8 @@ def run_stability(
                         outcomes[item.label][i] = outcome
                 if folder is not None:  # stored: a kill from here on loses nothing
                     remove_checkpoint(folder / _array_key([(it.config, plans[i]) for it, i in chunk], device, dtype))
+            if folder is not None:  # the whole array's, when it ran out of memory mid-run and trained in halves
+                remove_checkpoint(folder / _array_key([(it.config, plans[i]) for it, i in whole], device, dtype))
     metadata = protocol(configs, plans, n_seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed,
                         device=device, dtype=dtype, bootstrap_seed=bootstrap_seed, arrays=arrays,
                         n_test=_n_test(datasets), seconds=time.perf_counter() - started,

@@ -158,15 +158,18 @@ def test_newcombe_interval_solves_its_score_equation_and_survives_separation():
     z2, m, n = stats.norm.ppf(0.975) ** 2, 5, 6
 
     def variance(t):
-        return t * (1 - t) * (1 + ((m + n) / 2 - 2) * ((1 - t) / (2 - t) + t / (1 + t))) / (m * n)
+        return t * (1 - t) * (1 + ((m + n) / 2 - 1) * ((1 - t) / (2 - t) + t / (1 + t))) / (m * n)
 
     assert low < theta < high
     for end in (low, high):
         assert math.isclose((theta - end) ** 2, z2 * variance(end), rel_tol=1e-9)
     # complete separation, 3 seeds against 3: a bootstrap interval collapses to [1, 1]; this one does not
     low, high = _stats.prob_greater_interval([4.0, 5.0, 6.0], [1.0, 2.0, 3.0])
-    assert high == 1.0 and 0.4 < low < 0.7
+    assert high == 1.0 and low == pytest.approx(0.5, abs=0.01)
     assert _stats.prob_greater_interval([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == (0.0, pytest.approx(1 - low))
+    # the published example of R's SingleCaseES (Newcombe's method 5): [0.5973, 0.9860]
+    low, high = _stats.prob_greater_interval([28, 25, 24, 27, 30, 30, 29], [20, 20, 26, 25, 22, 23])
+    assert (low, high) == (pytest.approx(0.5973, abs=1e-4), pytest.approx(0.9860, abs=1e-4))
 
 
 def test_newcombe_interval_holds_its_level_on_a_shift():
