@@ -129,3 +129,35 @@ def test_train_continues_only_a_checkpoint_of_the_same_call(tiny_data, tmp_path)
     assert resumed.resumed_epoch == 1 and not path.exists()
     for got, want in zip(resumed.results.values(), reference.results.values()):
         assert got.history == want.history
+
+
+def test_checkpoint_folders_are_per_storage_and_study(tmp_path):
+    from hfta_nas.search import checkpoint_folder
+
+    a, b = str(tmp_path / "a.journal"), str(tmp_path / "b.journal")
+    assert checkpoint_folder(a, "s").parent == checkpoint_folder(b, "s").parent == tmp_path / "checkpoints"
+    assert len({checkpoint_folder(a, "s"), checkpoint_folder(b, "s"), checkpoint_folder(a, "t")}) == 3
+    assert checkpoint_folder(f"sqlite:///{tmp_path / 'x.db'}", "s").parent == tmp_path / "checkpoints"
+    assert checkpoint_folder("<in memory>", "s") is None
+
+
+def test_only_retries_claim_a_checkpoint(tmp_path):
+    """A fresh trial with the number and parameters of a checkpoint's slot (the same search started on
+    another storage) never takes the slot over; its retry does."""
+    import optuna
+
+    from hfta_nas.search._candidate import Proposal
+    from hfta_nas.search._resume import claim
+
+    study = optuna.create_study()
+    fresh = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    study.enqueue_trial(fresh.params, user_attrs={"retry_of": fresh.number})
+    retry = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trainer = {"epoch": 1, "slot_ids": [fresh.number], "results": {fresh.number: {"status": "running"}}}
+    save(tmp_path / "c.pt", {"trainer": trainer, "slots": {fresh.number: {"origin": fresh.number, "params": fresh.params}},
+                             "device": "cpu", "dtype": "torch.float32"})
+    as_proposal = lambda trial: Proposal(trial, None, {}, None, 0)  # noqa: E731 - claim reads the trial only
+    claims, rest = claim(tmp_path, [as_proposal(fresh)], "cpu", "torch.float32", {})
+    assert not claims and len(rest) == 1
+    claims, rest = claim(tmp_path, [as_proposal(retry)], "cpu", "torch.float32", {})
+    assert [c.proposals[fresh.number].trial.number for c in claims] == [retry.number] and not rest

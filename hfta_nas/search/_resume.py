@@ -70,7 +70,9 @@ def claim(folder: Path | None, pool: list[Proposal], device: str, dtype: str,
     finished for good after the checkpoint), at least one retried; and the rest of the pool."""
     if folder is None or not folder.is_dir():
         return [], pool
-    free = {origin_of(p.trial): p for p in pool}
+    # only retries take a slot over: a fresh trial with the same number and parameters (the same search
+    # started again on another storage) is a different trial, however alike
+    free = {origin_of(p.trial): p for p in pool if RETRY_OF in p.trial.user_attrs}
     claims = []
     for path in sorted(folder.glob("*.pt")):
         state = load(path, remove_unreadable=False)  # another worker's file: not ours to delete
@@ -83,8 +85,8 @@ def claim(folder: Path | None, pool: list[Proposal], device: str, dtype: str,
         for proposal in taking.values():
             del free[origin_of(proposal.trial)]
         claims.append(Claim(path, state, taking, {sid: ended[sid] for sid in training if sid in ended}))
-    kept = {id(p) for p in free.values()}
-    return claims, [p for p in pool if id(p) in kept]
+    taken = {id(p) for c in claims for p in c.proposals.values()}
+    return claims, [p for p in pool if id(p) not in taken]
 
 
 def prune(folder: Path | None, study: optuna.Study, keep: Iterable[Path] = ()) -> None:

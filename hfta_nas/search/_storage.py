@@ -343,8 +343,10 @@ def checkpoint_folder(location: str, study_name: str) -> Path | None:
         root = Path(location).parent / "checkpoints"
     else:
         root = None
-    # one folder per study, named by a digest: study names may hold any character
-    return root / hashlib.sha256(study_name.encode()).hexdigest()[:16] if root is not None else None
+    # one folder per study of this storage, named by a digest: study names may hold any character, and
+    # two storages in one folder (or one server) may hold studies of the same name
+    digest = hashlib.sha256(f"{location}\0{study_name}".encode()).hexdigest()[:16]
+    return root / digest if root is not None else None
 
 
 def storage_location(storage: BaseStorage) -> str:
