@@ -72,6 +72,16 @@ def remove(path: Path) -> None:
         log.warning("could not remove the checkpoint %s (%s)", path, error)
 
 
+def remove_empty_folders(folder: Path | None) -> None:
+    """A study's checkpoint folder and the `checkpoints` folder above it, when nothing is left in them
+    (another worker's files keep them)."""
+    for empty in (folder, folder.parent) if folder is not None else ():
+        try:
+            empty.rmdir()
+        except OSError:  # not empty, or gone
+            return
+
+
 class Checkpointer:
     """The checkpoint file of one array: `resume(make_trainer, build)` at the start, then
     `trainer.fit(..., checkpoint=checkpointer)`, then `finish()` when the array ends.

@@ -5,6 +5,7 @@ Public names for packages above the engine; they import these, not `hfta_nas._*`
 """
 
 from hfta_nas._checkpoint import remove as remove_checkpoint
+from hfta_nas._checkpoint import remove_empty_folders
 from hfta_nas._console import command_console, plural
 from hfta_nas._files import atomic_write_bytes, atomic_write_text, save_weights
 from hfta_nas._oom import train_in_halves
@@ -24,6 +25,7 @@ __all__ = [
     "command_console",
     "plural",
     "remove_checkpoint",
+    "remove_empty_folders",
     "save_weights",
     "set_up_command_process",
     "train_in_halves",

@@ -43,7 +43,7 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"])),
         click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads [default: torch's choice]."),
         click.option("--storage", default=None, help="Optuna storage URL or journal file where each seed is stored [default: runs/hfta-nas.journal]."),
-        click.option("--artifact-dir", default=None, type=click.Path(file_okay=False), help="Where the report is stored as an Optuna artifact [default: runs/artifacts]."),
+        click.option("--artifact-dir", default=None, type=click.Path(file_okay=False), help="Where the report is stored as an Optuna artifact [default: artifacts/ beside the journal or SQLite file, else runs/artifacts]."),
         click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report folder [default: runs/stability/<config>]."),
         click.option("--format", "formats", default=",".join(FORMATS), show_default=True, help="Report formats: html, md, csv, json, tex."),
         click.option("--plot-format", "plot_formats", default=",".join(PLOT_FORMATS), show_default=True, help="Plot files: png, svg."),

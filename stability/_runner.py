@@ -26,7 +26,7 @@ import scipy
 import torch
 
 import hfta_nas
-from hfta_nas.runtime import DTYPES, remove_checkpoint, train_in_halves
+from hfta_nas.runtime import DTYPES, remove_checkpoint, remove_empty_folders, train_in_halves
 from hfta_nas.runtime import checked_device as _checked_device
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
@@ -108,6 +108,7 @@ def run_stability(
                     remove_checkpoint(folder / _array_key([(it.config, plans[i]) for it, i in chunk], device, dtype))
             if folder is not None:  # the whole array's, when it ran out of memory mid-run and trained in halves
                 remove_checkpoint(folder / _array_key([(it.config, plans[i]) for it, i in whole], device, dtype))
+        remove_empty_folders(folder)
     metadata = protocol(configs, plans, n_seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed,
                         device=device, dtype=dtype, bootstrap_seed=bootstrap_seed, arrays=arrays,
                         n_test=_n_test(datasets), seconds=time.perf_counter() - started,

@@ -86,6 +86,9 @@ def test_printed_commands_never_wrap_in_a_narrow_terminal_or_a_pipe(tmp_path):
     dashboard = next(line for line in lines if line.startswith("dashboard: "))
     assert dashboard.endswith(str(tmp_path / "a-rather-long-folder-name-for-the-journal" / "artifacts")), lines
     assert "1 array of 2 slots" in result.output and "array(s)" not in result.output
+    # beside the journal: the study and its report's artifacts; lock files hidden, no checkpoint folder left
+    assert sorted(p.name for p in journal.parent.iterdir() if not p.name.startswith(".")) == ["artifacts",
+                                                                                              "study.journal"]
 
 
 # ------------------------------------------------------------------------------- dashboard

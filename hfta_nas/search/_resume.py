@@ -23,7 +23,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from hfta_nas._checkpoint import load, remove
+from hfta_nas._checkpoint import load, remove, remove_empty_folders
 from hfta_nas.search._candidate import Proposal
 from hfta_nas.search._ledger import RETRY_OF
 
@@ -108,6 +108,7 @@ def prune(folder: Path | None, study: optuna.Study, keep: Iterable[Path] = ()) -
     for stray in folder.glob(".*.tmp"):
         if _older_than(stray, STRAY_SECONDS):
             remove(stray)
+    remove_empty_folders(folder)
 
 
 def _older_than(path: Path, seconds: float) -> bool:

@@ -139,14 +139,14 @@ def repair_torn_tail(journal: Path, lock: Any) -> str | None:
 
 
 class _KernelFileLock:  # the acquire/release interface of Optuna's journal file locks
-    """An flock on `<file>.flock`, which the kernel drops when its process dies: the journal's
+    """An flock on `.<file>.flock` (hidden beside it), which the kernel drops when its process dies: the journal's
     write lock (and the lock around creating a fresh SQLite file's tables). A run killed
     mid-write (SIGKILL, the OOM killer) leaves no lock behind. Optuna's default symlink lock would stay held until its
     30 s grace period broke it, stalling the re-run that resumes the study. Every
     hfta-nas command (and `hfta-nas dashboard`) opens journals through here."""
 
     def __init__(self, file: Path) -> None:
-        self._path = str(file) + ".flock"
+        self._path = str(file.with_name(f".{file.name}.flock"))
         self._held = threading.local()
 
     def acquire(self) -> bool:
@@ -309,7 +309,7 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
         return (lambda: None), (lambda: None)
     import fcntl
 
-    lock_path = path.with_name(path.name + f".{key & 0xFFFFFFFF:08x}.lock")
+    lock_path = path.with_name(f".{path.name}.{key & 0xFFFFFFFF:08x}.lock")  # hidden: it outlives the run, empty
     files: list[Any] = []
 
     def acquire_file() -> None:
