@@ -63,6 +63,15 @@ class _RunByDefault(click.Group):
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The group's help, then the default command's options: they are what `--seeds 32` takes."""
+        super().format_help(ctx, formatter)
+        run = self.commands["run"]
+        with click.Context(run, info_name="run", parent=ctx) as sub:
+            formatter.write_paragraph()
+            formatter.write_text("`run` is the default command (hfta-nas stability [CONFIG] [OPTIONS]); its arguments:")
+            run.format_options(sub, formatter)
+
 
 @click.group(cls=_RunByDefault)
 def stability() -> None:

@@ -402,3 +402,12 @@ def test_vary_split_without_validation_data_is_refused_before_anything_is_stored
         run_study(LabelledConfig("noval", config), seeds=2, vary="split", storage=str(tmp_path / "s.journal"),
                   out_dir=tmp_path / "out")
     assert not (tmp_path / "s.journal").exists() and not (tmp_path / "out").exists()
+
+
+def test_stability_help_shows_the_default_commands_options():
+    result = cli("stability", "--help")
+    assert result.exit_code == 0
+    assert "Commands:" in result.output and "compare" in result.output  # the group
+    for option in ("--seeds", "--vary", "--decompose", "--top-k", "--artifact-dir"):  # and `run`'s options
+        assert option in result.output, option
+    assert "beside the journal" in result.output
