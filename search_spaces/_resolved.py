@@ -153,13 +153,20 @@ def read_text(path: str | Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpaceError(Problem(source, None, "", f"file not found (looked for {Path(path).resolve()})")) from None
+        raise SpaceError(Problem(source, None, "", f"file not found (looked for {Path(path).resolve()})"
+                                                   f"{_other_suffix_hint(Path(path))}")) from None
     except IsADirectoryError:
         raise SpaceError(Problem(source, None, "", "is a directory; expected a YAML file")) from None
     except UnicodeDecodeError as error:
         raise SpaceError(Problem(source, None, "", f"is not UTF-8 text ({error.reason} at byte {error.start})")) from None
     except OSError as error:
         raise SpaceError(Problem(source, None, "", f"cannot be read: {error.strerror or error}")) from None
+
+
+def _other_suffix_hint(path: Path) -> str:
+    """'; did you mean x.yaml?' when the same name with the other YAML suffix exists (.yml for .yaml, and back)."""
+    other = {".yaml": ".yml", ".yml": ".yaml"}.get(path.suffix)
+    return f"; did you mean {path.with_suffix(other)}?" if other and path.with_suffix(other).is_file() else ""
 
 
 def _plain(value: Any) -> Any:

@@ -590,3 +590,10 @@ def test_any_stability_options_reach_training_or_give_one_line_and_exit_2(tmp_pa
     assert "Traceback" not in result.output, (args, result.output)
     errors = [line for line in result.output.splitlines() if line.startswith(("error: ", "Error: "))]
     assert errors, (args, result.output)
+
+
+def test_a_space_file_named_with_the_other_yaml_suffix_gets_a_hint(tmp_path):
+    (tmp_path / "space.yml").write_text(space_text())
+    result = invoke("search", str(tmp_path / "space.yaml"), "--dry-run")
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"did you mean {tmp_path / 'space.yml'}?" in result.output
