@@ -323,6 +323,12 @@ def _parse_params(run: _Run, file: SpaceFile) -> dict[str, Param]:
                 params[path] = cls.model_validate(raw)
             except ValidationError as error:
                 run.problems.extend(validation_problems(run.where, error, cls, prefix=loc))
+        elif isinstance(raw, dict) and set(raw) == {"values"} and isinstance(raw["values"], list):
+            # `{values: [...]}` alone is a categorical (as in Weights & Biases sweep files)
+            try:
+                params[path] = Categorical(distribution="categorical", values=raw["values"])
+            except ValidationError as error:
+                run.problems.extend(validation_problems(run.where, error, Categorical, prefix=loc))
         elif isinstance(raw, dict) and raw and _DISTRIBUTION_KEYS & set(raw):
             run.add(loc, f"missing key 'distribution' (one of {', '.join(DISTRIBUTIONS)}); a mapping with "
                          f"{', '.join(sorted(str(k) for k in raw))} looks like a distribution")

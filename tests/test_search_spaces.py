@@ -507,3 +507,19 @@ def test_readme_examples_are_valid():
     space_text, config_text = re.findall(r"```yaml\n(.*?)```", readme, re.S)
     assert len(parse_space(space_text, "README.md").searched) == 4
     assert ResolvedConfig.from_yaml(config_text, "README.md").origin["trial"] == 12
+
+
+def test_a_bare_values_list_is_a_categorical():
+    """`{values: [...]}` alone, as in a Weights & Biases sweep file, reads as `distribution: categorical`."""
+    import yaml as _yaml
+
+    from tests.test_search import space_text as _space_text
+
+    text = _yaml.safe_load(_space_text())
+    text["params"]["model.config.width"] = {"values": [16, 32]}
+    bare = parse_space(_yaml.safe_dump(text), source="bare.yaml")
+    explicit = parse_space(_space_text(), source="explicit.yaml")
+    assert bare.params["model.config.width"] == explicit.params["model.config.width"]
+    text["params"]["model.config.width"] = {"values": []}
+    with pytest.raises(SpaceError, match="model.config.width"):
+        parse_space(_yaml.safe_dump(text), source="empty.yaml")
