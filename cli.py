@@ -177,6 +177,7 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(**kwargs: Any) -> Any:
         ctx = click.get_current_context()
         workers = ctx.meta.get("hfta_nas.workers", 1)
+        kwargs["n_trials"] = _n_trials(kwargs.pop("n_more"), kwargs)  # once, before any worker starts
         if workers <= 1 or kwargs.get("dry_run"):
             return command(**kwargs)
         from pathlib import Path
@@ -191,7 +192,10 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             _checked_out_dir(kwargs["out_dir"], "--out")
         study_name = kwargs.get("study_name") or loaded.study.name or Path(loaded.source).stem
         open_storage(kwargs.get("storage"))  # an unreachable storage too; and a fresh database gets its tables once
-        exits = run_workers(worker_arguments(ctx), workers, device=kwargs.get("device") or "cpu")
+        arguments = worker_arguments(ctx, drop=("workers", "n_more", "n_trials"))
+        if kwargs["n_trials"] is not None:  # --n-more resolved here: every worker gets the same total
+            arguments += ["--n-trials", str(kwargs["n_trials"])]
+        exits = run_workers(arguments, workers, device=kwargs.get("device") or "cpu")
         try:
             report = study_report(kwargs.get("storage"), study_name, exits)
         except KeyError:  # no worker got as far as creating the study
@@ -212,9 +216,26 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
+    """--n-trials as given, or with --n-more N: the trials the study already counts, plus N."""
+    if n_more is None:
+        return options["n_trials"]
+    if options["n_trials"] is not None:
+        raise click.UsageError("give --n-trials (the study's total) or --n-more (this many more), not both")
+    from pathlib import Path
+
+    from hfta_nas.search import counted_trials
+    from search_spaces import load_space
+
+    space = load_space(options["space"])
+    name = options.get("study_name") or space.study.name or Path(space.source).stem
+    return counted_trials(options.get("storage"), name) + n_more
+
+
 @main.command()
 @click.argument("space", type=click.Path(dir_okay=False))
 @click.option("--n-trials", type=int, default=None, help="Trials in the study when done [default: the space's budget.n_trials]; finished trials of an earlier run count.")
+@click.option("--n-more", type=click.IntRange(min=1), default=None, help="Train this many trials more than the study already counts (what Optuna's optimize(n_trials=N) means); instead of --n-trials.")
 @click.option("--timeout", type=float, default=None, help="Stop starting new arrays after this many seconds [default: the space's budget.timeout].")
 @click.option("--array-size", default=None, help="Slots per array: an integer, or 'auto' (per shape: as many as fit in memory, up to where throughput stops rising by 10% per doubling; measured) [default: the space's array.size].")
 @click.option("--storage", default=None, help="Optuna storage URL (sqlite:///f.db, postgresql://...) or a journal file path [default: runs/hfta-nas.journal].")
@@ -458,7 +479,7 @@ def _print_search_summary(summary: Any) -> None:
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(summary.trials.items()))
     if not summary.arrays:
         console.print(f"trials: {states}; nothing to train this run: n_trials is the study's total (finished trials "
-                      "of earlier runs count), and it is reached; raise --n-trials to train more")
+                      "of earlier runs count), and it is reached; --n-more N trains N more")
     else:
         console.print(f"trials: {states}; {plural(len(summary.arrays), 'array')} this run, mean occupancy "
                       f"{summary.mean_occupancy:.0%}, {summary.seconds:.1f} s, {summary.samples_per_s:,.0f} samples/s "

@@ -121,3 +121,18 @@ def test_dashboard_takes_the_next_free_port_when_the_default_is_busy(tmp_path, m
             taken.close()
     assert result.exit_code == 0, result.output
     assert 8080 < served["port"] <= 8099 and f"port 8080 is taken; serving on {served['port']} instead" in result.output
+
+
+def test_n_more_trains_that_many_more_trials_than_the_study_counts(tmp_path):
+    from tests.test_search import space_text
+
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(budget={"n_trials": 2}))
+    args = ["search", str(space), "--storage", str(tmp_path / "s.journal"), "--out", str(tmp_path / "out"), "--quiet",
+            "--threads", "1", "--json"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    result = CliRunner().invoke(main, [*args, "--n-more", "2"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["trials"] == {"COMPLETE": 4}  # Optuna's optimize(n_trials=2) meaning
+    both = CliRunner().invoke(main, [*args, "--n-more", "1", "--n-trials", "3"])
+    assert both.exit_code == 2 and "not both" in both.output

@@ -349,6 +349,21 @@ def checkpoint_folder(location: str, study_name: str) -> Path | None:
     return root / digest if root is not None else None
 
 
+def counted_trials(storage: str | None, study_name: str) -> int:
+    """How many trials of a stored study take a place in its budget (0 when there is none yet);
+    read only: nothing is created or written."""
+    from hfta_nas.search._ledger import counts
+
+    readable = _readable(storage or DEFAULT_STORAGE)
+    if readable is None:
+        return 0
+    try:
+        study = optuna.load_study(study_name=study_name, storage=readable)
+    except KeyError:
+        return 0
+    return sum(counts(t) for t in study.get_trials(deepcopy=False))
+
+
 def storage_location(storage: BaseStorage) -> str:
     """The string optuna-dashboard takes for an opened storage (a journal file's path,
     a database URL without its password), or '<in memory>'."""
