@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -332,6 +333,7 @@ class _SearchProgress:
         self.running = 0
         self.mean_occupancy: float | None = None
         self.samples_per_s: float | None = None
+        self.started, self.total, self.ended_this_run = time.monotonic(), None, 0  # for the ETA
 
     def __enter__(self) -> "_SearchProgress":
         self.progress.start()
@@ -356,6 +358,9 @@ class _SearchProgress:
             parts.append(f"mean occupancy {self.mean_occupancy:.0%}")
         if self.samples_per_s is not None:
             parts.append(f"{self.samples_per_s:,.0f} samples/s")
+        if self.total and self.ended_this_run:  # trials of this run at the pace so far
+            left = max(self.total - self.ended_this_run, 0)
+            parts.append(f"ETA {(time.monotonic() - self.started) / self.ended_this_run * left:.0f} s")
         return " | ".join(parts)
 
     def _better(self, value: float) -> bool:
@@ -384,6 +389,7 @@ class _SearchProgress:
 
     def _on_SearchStarted(self, event: Any) -> str:
         self.metrics, self.directions = list(event.metrics), list(event.directions)
+        self.started, self.total = time.monotonic(), (event.n_trials - event.done if event.n_trials else None)
         for state in self.counts:
             self.counts[state] = event.states.get(state, 0)
         for values in event.best_values:
@@ -399,6 +405,7 @@ class _SearchProgress:
     def _on_TrialEnded(self, event: Any) -> None:
         if event.state in self.counts:
             self.counts[event.state] += 1
+            self.ended_this_run += 1
         if event.state == "COMPLETE" and event.values:
             if len(self.metrics) > 1:
                 self._add_to_front(list(event.values))

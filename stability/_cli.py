@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -268,13 +269,16 @@ class _Progress:
 
     def __init__(self, enabled: bool) -> None:
         from hfta_nas.runtime import command_console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
 
         self.console = command_console(stderr=True)
+        self.live = enabled and self.console.is_terminal  # else (a pipe, a log): plain lines with an ETA
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=self.console, disable=not enabled)
+                                 TextColumn("ETA"), TimeRemainingColumn(), console=self.console, disable=not self.live)
         self.enabled = enabled
         self.task = None
+        self.array_started, self.first_epoch, self.last_epoch = 0.0, 1, 0
 
     def __enter__(self) -> _Progress:
         self.progress.start()
@@ -293,11 +297,25 @@ class _Progress:
             self.progress.console.print(f"{info['label']}: an array of {info['size']} seeds ran out of memory "
                                         f"({info['reason']}); retrying as {info['half']} + {info['size'] - info['half']}")
         elif kind == "epoch":
-            if self.task is None or info["epoch"] == 1:
+            if self.task is None or info["epoch"] <= self.last_epoch:  # a new array (or one continued mid-way)
                 if self.task is not None:
                     self.progress.remove_task(self.task)
                 self.task = self.progress.add_task(f"{info['label']} ({info['size']} slots) epochs", total=info["epochs"])
+                self.array_started, self.first_epoch = time.monotonic(), info["epoch"]
+            self.last_epoch = info["epoch"]
             self.progress.update(self.task, completed=info["epoch"])
+            if not self.live:
+                self._plain_line(info)
+
+    def _plain_line(self, info: dict[str, Any]) -> None:
+        """About ten lines per array where no live bar can be drawn: epoch, elapsed time and ETA."""
+        epoch, epochs = info["epoch"], info["epochs"]
+        if epoch % max(1, epochs // 10) and epoch != epochs:
+            return
+        elapsed = time.monotonic() - self.array_started
+        eta = elapsed / (epoch - self.first_epoch + 1) * (epochs - epoch)
+        self.console.print(f"{info['label']} ({info['size']} slots): epoch {epoch}/{epochs}, {elapsed:.1f} s, "
+                           f"ETA {eta:.0f} s")
 
 
 def _open(storage: str | None) -> tuple[Any, str]:

@@ -136,3 +136,26 @@ def test_n_more_trains_that_many_more_trials_than_the_study_counts(tmp_path):
     assert json.loads(result.output)["trials"] == {"COMPLETE": 4}  # Optuna's optimize(n_trials=2) meaning
     both = CliRunner().invoke(main, [*args, "--n-more", "1", "--n-trials", "3"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_piped_runs_print_plain_progress_lines_with_an_eta(tmp_path):
+    """Not a terminal: a stability study prints about ten lines per array with an ETA as it trains,
+    and a search's status line per array carries one."""
+    from tests.test_search import space_text
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
+                      "hparams: {lr: 0.05}\nepochs: 20\ndata: {batch_size: 50}\n")
+    result = CliRunner().invoke(main, ["stability", str(config), "--seeds", "2", "--storage", str(tmp_path / "s.journal"),
+                                       "--out", str(tmp_path / "r"), "--format", "csv", "--plot-format", "png",
+                                       "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tiny (2 slots): epoch ")]
+    assert len(lines) == 10 and lines[-1].startswith("tiny (2 slots): epoch 20/20") and "ETA" in lines[0]
+
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(budget={"n_trials": 4}))
+    result = CliRunner().invoke(main, ["search", str(space), "--storage", str(tmp_path / "s.journal"), "--out",
+                                       str(tmp_path / "o"), "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert any("complete" in line and "ETA" in line for line in result.stderr.splitlines()), result.stderr
