@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -207,7 +208,7 @@ def _summary(done: Any, metric: str) -> dict[str, Any]:
     rows = analysis.summary[(analysis.summary["metric"] == metric) & (analysis.summary["design"] == "all")]
     dashboard = None
     if done.artifacts and metadata.get("storage"):
-        dashboard = f"optuna-dashboard {metadata['storage']} --artifact-dir {done.artifact_dir}"
+        dashboard = shlex.join(["optuna-dashboard", str(metadata["storage"]), "--artifact-dir", str(done.artifact_dir)])
     return {
         "metric": metric,
         "configs": [_clean(row) for row in rows.to_dict("records")],

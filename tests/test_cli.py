@@ -159,3 +159,18 @@ def test_piped_runs_print_plain_progress_lines_with_an_eta(tmp_path):
                                        str(tmp_path / "o"), "--threads", "1"])
     assert result.exit_code == 0, result.output
     assert any("complete" in line and "ETA" in line for line in result.stderr.splitlines()), result.stderr
+
+
+def test_printed_commands_quote_paths_with_spaces(tmp_path):
+    import shlex
+
+    from tests.test_search import space_text
+
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(budget={"n_trials": 1}))
+    journal = tmp_path / "my runs" / "study.journal"
+    result = CliRunner().invoke(main, ["search", str(space), "--storage", str(journal), "--study-name", "my study",
+                                       "--out", str(tmp_path / "my out"), "--quiet", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("dashboard: "))
+    assert shlex.split(line.removeprefix("dashboard: ")) == ["optuna-dashboard", str(journal)]

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import logging
 import os
+import shlex
 import threading
 import warnings
 from pathlib import Path
@@ -327,7 +328,7 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
 
 def dashboard_command(dashboard_location: str) -> str:
     """The exact command that shows this storage in optuna-dashboard."""
-    return f"optuna-dashboard {dashboard_location}"
+    return f"optuna-dashboard {shlex.quote(dashboard_location)}"  # a path with spaces stays one argument
 
 
 def checkpoint_folder(location: str, study_name: str) -> Path | None:
