@@ -180,8 +180,9 @@ def test_progress_status_counts_best_arrays_occupancy_and_throughput():
     progress.event(TrialEnded(3, "COMPLETE", [0.75]))
     progress.event(TrialEnded(4, "COMPLETE", [0.25]))
     progress.event(TrialEnded(5, "FAIL", reason="non-finite"))
-    assert progress.status() == ("3 complete, 2 pruned, 1 failed | best val_acc 0.75 (trial 3) | "
-                                 "1 array running (3/4 slots) | mean occupancy 75% | 1,500 samples/s")
+    assert progress.status().startswith("3 complete, 2 pruned, 1 failed | best val_acc 0.75 (trial 3) | "
+                                        "1 array running (3/4 slots) | mean occupancy 75% | 1,500 samples/s | ETA ")
+    assert progress.status().endswith(" s")  # 4 of this run's 8 trials ended: as long again at this pace
     progress.event(ArrayEnded(1, 0.7))
     assert "0 arrays running | mean occupancy 70%" in progress.status()
 
