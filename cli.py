@@ -181,17 +181,15 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         kwargs["n_trials"] = _n_trials(kwargs.pop("n_more"), kwargs)  # once, before any worker starts
         if workers <= 1 or kwargs.get("dry_run"):
             return command(**kwargs)
-        from pathlib import Path
-
         from hfta_nas.runtime import checked_out_dir as _checked_out_dir
         from hfta_nas.search import open_storage
         from hfta_nas.search import run_workers, study_report, worker_arguments
-        from search_spaces import load_space
+        from search_spaces import load_space, study_name_of
 
         loaded = load_space(kwargs["space"])  # a bad space fails once, here, not K times
         if kwargs.get("out_dir") is not None:
             _checked_out_dir(kwargs["out_dir"], "--out")
-        study_name = kwargs.get("study_name") or loaded.study.name or Path(loaded.source).stem
+        study_name = study_name_of(loaded, kwargs.get("study_name"))
         open_storage(kwargs.get("storage"))  # an unreachable storage too; and a fresh database gets its tables once
         arguments = worker_arguments(ctx, drop=("workers", "n_more", "n_trials"))
         if kwargs["n_trials"] is not None:  # --n-more resolved here: every worker gets the same total
@@ -223,13 +221,10 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
         return options["n_trials"]
     if options["n_trials"] is not None:
         raise click.UsageError("give --n-trials (the study's total) or --n-more (this many more), not both")
-    from pathlib import Path
-
     from hfta_nas.search import counted_trials
-    from search_spaces import load_space
+    from search_spaces import load_space, study_name_of
 
-    space = load_space(options["space"])
-    name = options.get("study_name") or space.study.name or Path(space.source).stem
+    name = study_name_of(load_space(options["space"]), options.get("study_name"))
     return counted_trials(options.get("storage"), name) + n_more
 
 
@@ -514,13 +509,15 @@ def dashboard(ctx: click.Context, storage, artifact_dir, host, port) -> None:
     from optuna.artifacts import FileSystemArtifactStore
 
     from hfta_nas.errors import HftaNasError
-    from hfta_nas.search import DEFAULT_STORAGE, open_storage
+    from hfta_nas.search import DEFAULT_STORAGE, missing_storage_file, open_storage
     from stability import default_artifact_dir
 
-    _check_storage_exists(storage or DEFAULT_STORAGE)  # opening would create an empty one
-    if ctx.get_parameter_source("port") == click.core.ParameterSource.DEFAULT:
-        port = _free_port(host, port, last=8099)
-    _check_port_free(host, port)  # before the storage or the artifact folder is created
+    missing = missing_storage_file(storage or DEFAULT_STORAGE)  # opening would create an empty one
+    if missing is not None:
+        raise HftaNasError(f"no storage at '{missing}': nothing has been searched or studied there yet; run "
+                           "`hfta-nas search` or `hfta-nas stability` first, or give --storage")
+    default_port = ctx.get_parameter_source("port") == click.core.ParameterSource.DEFAULT
+    port = _serving_port(host, port, last=8099 if default_port else port)  # before the artifact folder is made
     opened, location = open_storage(storage)
     artifacts = Path(artifact_dir) if artifact_dir else default_artifact_dir(location)
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -531,53 +528,26 @@ def dashboard(ctx: click.Context, storage, artifact_dir, host, port) -> None:
         raise HftaNasError(f"cannot serve the dashboard on {host}:{port}: {error.strerror or error}; give another --port") from None
 
 
-def _check_storage_exists(location: str) -> None:
-    """HftaNasError when a journal or SQLite file that `hfta-nas dashboard` would show does not exist:
-    opening it would create an empty one and serve an empty page."""
-    from pathlib import Path
+def _serving_port(host: str, first: int, last: int) -> int:
+    """The first port from `first` to `last` the dashboard can listen on at `host` (saying so when it
+    is not `first`); HftaNasError naming `first` when none can (taken, or not this machine's)."""
+    import socket
 
     from hfta_nas.errors import HftaNasError
 
-    if location.startswith("sqlite:///"):
-        path = Path(location[len("sqlite:///"):].split("?", 1)[0])
-    elif "://" in location or location.startswith(("postgresql", "mysql", "sqlite:")):
-        return  # a database server: it says itself whether the database exists
-    else:
-        path = Path(location)
-    if not path.exists():
-        raise HftaNasError(f"no storage at '{path}': nothing has been searched or studied there yet; run "
-                           "`hfta-nas search` or `hfta-nas stability` first, or give --storage")
-
-
-def _free_port(host: str, first: int, last: int) -> int:
-    """The first port from `first` to `last` that is free on `host` (saying so when it is not `first`);
-    `first` when none is (the check that follows then says why)."""
-    import socket
-
+    refused = None
     for port in range(first, last + 1):
         try:
             with socket.create_server((host, port)):
                 pass
-        except OSError:
+        except OSError as error:
+            refused = refused or error
             continue
         if port != first:
             click.echo(f"port {first} is taken; serving on {port} instead")
         return port
-    return first
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """HftaNasError when the dashboard could not listen on host:port (taken, or not this machine's)."""
-    import socket
-
-    from hfta_nas.errors import HftaNasError
-
-    try:
-        with socket.create_server((host, port)):
-            pass
-    except OSError as error:
-        raise HftaNasError(f"cannot serve the dashboard on {host}:{port}: {error.strerror or error}; "
-                           "give another --port (or --host)") from None
+    raise HftaNasError(f"cannot serve the dashboard on {host}:{first}: {refused.strerror or refused}; "
+                       "give another --port (or --host)")
 
 
 _BENCHMARKS = {"throughput": "benchmarks.throughput", "stability": "benchmarks.stability", "search": "benchmarks.search"}

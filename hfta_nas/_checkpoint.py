@@ -99,12 +99,14 @@ class Checkpointer:
         array (`self.state` then holds what was saved); else, or when the file is of another
         array, a fresh one."""
         state = load(self.path)
+        if state is not None and any(state.get(key) != value for key, value in self.extra.items()):
+            log.warning("ignoring the checkpoint %s: it was saved by an array with other settings", self.path)
+            remove(self.path)
+            state = None
         trainer = make_trainer()
         if state is None:
             return trainer
         try:
-            if any(state.get(key) != value for key, value in self.extra.items()):
-                raise ValueError("it was saved by an array with other settings")
             trainer.restore(state["trainer"], build)
         except Exception as error:  # noqa: BLE001 - a checkpoint of another array: start over
             log.warning("ignoring the checkpoint %s: %s", self.path, error)

@@ -30,7 +30,8 @@ from search_spaces._schema import (
     Uniform,
 )
 from search_spaces._sources import check_sources
-from search_spaces._search import architecture_params, candidate_builder, open_space_study, plan_search, run_search
+from search_spaces._search import (architecture_params, candidate_builder, open_space_study, plan_search, run_search,
+                                   study_name_of)
 from search_spaces._space import SearchSpace, load_space, parse_space
 
 SHIPPED_SPACES: dict[str, Path] = {path.stem: path for path in sorted(Path(__file__).parent.glob("*.yaml"))}
@@ -61,4 +62,5 @@ __all__ = [
     "plan_search",
     "read_text",
     "run_search",
+    "study_name_of",
 ]

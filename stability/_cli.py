@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
-import shlex
 import math
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path

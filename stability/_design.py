@@ -65,7 +65,8 @@ class SeedPlan:
 
 
 def parse_vary(text: str | Sequence[str]) -> tuple[str, ...]:
-    """'init,data' -> ('init', 'data'); 'all' -> every source; errors name the valid ones."""
+    """'init,data' -> ('init', 'data'); 'all' -> init, data and dropout (the split only when named);
+    errors name the valid ones."""
     names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
     if names == ["all"]:  # every source a study varied before the split was one: stored studies stay reusable
         return DEFAULT_VARY

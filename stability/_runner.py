@@ -204,7 +204,9 @@ def train_slots(
     everything else as `fusable_groups` requires, shared) with the seeds of plan `slots[b][1]`."""
     plans = [p for _, p in slots]
     kwargs = slots[0][0].train_kwargs()
-    kwargs["hparams"] = _per_slot_hparams([config for config, _ in slots])
+    configs = [config for config, _ in slots]
+    kwargs["hparams"] = OPTIMIZERS[configs[0].optimizer].slot_arguments([c.slot_hparams() for c in configs],
+                                                                         configs[0].optimizer_flags())
     if any(config.model_config != kwargs["model_config"] for config, _ in slots):  # sizes differ: an envelope
         kwargs["slot_model_configs"] = [config.model_config for config, _ in slots]
     run = hfta_nas.train(
@@ -224,18 +226,6 @@ def train_slots(
     info = {"size": len(plans), "seconds": run.seconds, "samples_per_s": run.samples_per_second,
             "resumed_epoch": run.resumed_epoch}
     return outcomes, info
-
-
-def _per_slot_hparams(configs: Sequence[ResolvedConfig]) -> dict[str, Any]:
-    """The optimizer's shared flags, and one value per slot of every hyper-parameter any slot sets
-    (the optimizer's default where a slot does not)."""
-    defaults = OPTIMIZERS[configs[0].optimizer].defaults
-    per_slot = [config.slot_hparams() for config in configs]
-    for hparams in per_slot:  # torch's betas pair, kept per slot as beta1 and beta2
-        if "betas" in hparams:
-            hparams["beta1"], hparams["beta2"] = hparams.pop("betas")
-    names = sorted({name for hparams in per_slot for name in hparams})
-    return {**configs[0].optimizer_flags(), **{name: [h.get(name, defaults.get(name)) for h in per_slot] for name in names}}
 
 
 def _array_key(slots: Sequence[tuple[ResolvedConfig, SeedPlan]], device: str, dtype: str) -> str:

@@ -157,7 +157,7 @@ def test_only_retries_claim_a_checkpoint(tmp_path):
     save(tmp_path / "c.pt", {"trainer": trainer, "slots": {fresh.number: {"origin": fresh.number, "params": fresh.params}},
                              "device": "cpu", "dtype": "torch.float32"})
     as_proposal = lambda trial: Proposal(trial, None, {}, None, 0)  # noqa: E731 - claim reads the trial only
-    claims, rest = claim(tmp_path, [as_proposal(fresh)], "cpu", "torch.float32", {})
+    claims, rest = claim(tmp_path, [as_proposal(fresh)], "cpu", "torch.float32", dict)
     assert not claims and len(rest) == 1
-    claims, rest = claim(tmp_path, [as_proposal(retry)], "cpu", "torch.float32", {})
+    claims, rest = claim(tmp_path, [as_proposal(retry)], "cpu", "torch.float32", dict)
     assert [c.proposals[fresh.number].trial.number for c in claims] == [retry.number] and not rest

@@ -13,7 +13,7 @@ check every optimizer to 1e-10 in float64).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -79,6 +79,20 @@ class ArrayOptimizer:
     def _validate_all(self) -> None:
         for name, values in self.hparams.items():
             self._validate(name, values)
+
+    @classmethod
+    def slot_arguments(cls, per_slot: Sequence[Mapping[str, Any]], flags: Mapping[str, bool]) -> dict[str, Any]:
+        """This optimizer's keyword arguments for slots with hyper-parameters of their own: one value per
+        slot of every name any slot sets (the default where a slot does not; torch's `betas` pair as
+        beta1 and beta2), and the flags (nesterov, amsgrad, ...) the array shares."""
+        split = []
+        for hparams in per_slot:
+            hparams = dict(hparams)
+            if "betas" in hparams:
+                hparams["beta1"], hparams["beta2"] = hparams.pop("betas")
+            split.append(hparams)
+        names = sorted({name for hparams in split for name in hparams})
+        return {**{name: [h.get(name, cls.defaults.get(name)) for h in split] for name in names}, **flags}
 
     def _validate(self, name: str, values: torch.Tensor) -> None:
         if not torch.isfinite(values).all() or (values < 0).any():

@@ -346,12 +346,8 @@ def renamed(state: dict[str, Any], renames: dict[int, int]) -> dict[str, Any]:
 def per_slot_hparams(candidates: list[Any]) -> dict[str, Any]:
     """Per-slot lists of every hyper-parameter any slot sets (the optimizer's defaults fill
     the rest), and the flags the array shares."""
-    cls = OPTIMIZERS[candidates[0].optimizer]
-    per_slot = [c.slot_hparams() for c in candidates]
-    names = sorted({name for hp in per_slot for name in hp})
-    result: dict[str, Any] = {name: [hp.get(name, cls.defaults.get(name)) for hp in per_slot] for name in names}
-    result.update(candidates[0].flags())
-    return result
+    return OPTIMIZERS[candidates[0].optimizer].slot_arguments([c.slot_hparams() for c in candidates],
+                                                              candidates[0].flags())
 
 
 def schedule_of(candidate: Any) -> dict[str, Any]:

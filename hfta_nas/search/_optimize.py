@@ -169,7 +169,7 @@ class _Search:
                         break
                     # arrays a stopped run left mid-training
                     claims, pool = claim(self.ctx.checkpoints, pool, self.device.type, str(self.dtype),
-                                         self._ended_trials() if self.ctx.checkpoints is not None else {})
+                                         self._ended_trials)
                     for resumed in claims:
                         self._train(Pack(list(resumed.proposals.values()), 0, 0, 0.0), resume=resumed)
                     for planned in self.pack(pool):

@@ -15,7 +15,7 @@ or failed for good) is removed by `prune`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,15 +64,17 @@ def _training(state: dict[str, Any]) -> list[int]:
 
 
 def claim(folder: Path | None, pool: list[Proposal], device: str, dtype: str,
-          ended: dict[int, int]) -> tuple[list[Claim], list[Proposal]]:
+          ended_trials: Callable[[], dict[int, int]]) -> tuple[list[Claim], list[Proposal]]:
     """The checkpoints (saved on this kind of device, in this dtype) whose training slots each have
-    their retry in `pool` or belong to a trial in `ended` (trial number -> the epochs it trained: it
-    finished for good after the checkpoint), at least one retried; and the rest of the pool."""
-    if folder is None or not folder.is_dir():
-        return [], pool
+    their retry in `pool` or belong to a trial in `ended_trials()` (trial number -> the epochs it
+    trained: it finished for good after the checkpoint), at least one retried; and the rest of the
+    pool. Nothing is read when the pool holds no retry (the usual round)."""
     # only retries take a slot over: a fresh trial with the same number and parameters (the same search
     # started again on another storage) is a different trial, however alike
     free = {origin_of(p.trial): p for p in pool if RETRY_OF in p.trial.user_attrs}
+    if folder is None or not free or not folder.is_dir():
+        return [], pool
+    ended = ended_trials()
     claims = []
     for path in sorted(folder.glob("*.pt")):
         state = load(path, remove_unreadable=False)  # another worker's file: not ours to delete
@@ -89,16 +91,13 @@ def claim(folder: Path | None, pool: list[Proposal], device: str, dtype: str,
     return claims, [p for p in pool if id(p) not in taken]
 
 
-def prune(folder: Path | None, study: optuna.Study, keep: Iterable[Path] = ()) -> None:
+def prune(folder: Path | None, study: optuna.Study) -> None:
     """Remove the checkpoints no retry can claim any more: none of their training slots' trials
     waits or runs (a running one may be another worker's live array)."""
     if folder is None or not folder.is_dir():
         return
     alive = {origin_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
-    keep = set(keep)
     for path in folder.glob("*.pt"):
-        if path in keep:
-            continue
         state = load(path, remove_unreadable=False)
         if state is None:  # unreadable or of another version: removed once nobody can be writing it
             if _older_than(path, STRAY_SECONDS):

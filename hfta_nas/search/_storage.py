@@ -353,7 +353,7 @@ def checkpoint_folder(location: str, study_name: str) -> Path | None:
 def counted_trials(storage: str | None, study_name: str) -> int:
     """How many trials of a stored study take a place in its budget (0 when there is none yet);
     read only: nothing is created or written."""
-    from hfta_nas.search._ledger import counts
+    from hfta_nas.search._ledger import Ledger
 
     readable = _readable(storage or DEFAULT_STORAGE)
     if readable is None:
@@ -362,7 +362,7 @@ def counted_trials(storage: str | None, study_name: str) -> int:
         study = optuna.load_study(study_name=study_name, storage=readable)
     except KeyError:
         return 0
-    return sum(counts(t) for t in study.get_trials(deepcopy=False))
+    return Ledger(study, None).counted()
 
 
 def storage_location(storage: BaseStorage) -> str:
@@ -377,11 +377,18 @@ def storage_location(storage: BaseStorage) -> str:
     return "<in memory>"
 
 
+def missing_storage_file(location: str) -> Path | None:
+    """The journal or SQLite file `location` names when it does not exist yet (opening the storage
+    would create it); None when it exists, or the storage is a database server or in memory."""
+    path = _sqlite_file(location) if location.startswith(_URL_SCHEMES) else Path(location)
+    return path if path is not None and not path.exists() else None
+
+
 def _readable(location: str) -> BaseStorage | None:
     """The storage at `location` opened for reading, or None when there is nothing to read
     yet (opening would create a database or journal file)."""
     if location.startswith(_URL_SCHEMES):
-        if location.startswith("sqlite:///") and not Path(location[len("sqlite:///"):]).exists():
+        if missing_storage_file(location) is not None:
             return None
         try:
             return optuna.storages.get_storage(_with_driver(location))
