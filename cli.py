@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -187,6 +188,7 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         from search_spaces import load_space, study_name_of
 
         loaded = load_space(kwargs["space"])  # a bad space fails once, here, not K times
+        _print_sweep_notes(loaded)
         if kwargs.get("out_dir") is not None:
             _checked_out_dir(kwargs["out_dir"], "--out")
         study_name = study_name_of(loaded, kwargs.get("study_name"))
@@ -213,6 +215,14 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return wrapper
+
+
+def _print_sweep_notes(space: Any) -> None:
+    """How a W&B sweep file was read: one line per key, on stderr (nothing for our own files)."""
+    if space.notes:
+        click.echo(f"{space.source} is a W&B sweep file, read as:", err=True)
+        for note in space.notes:
+            click.echo(f"  {note}", err=True)
 
 
 def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
@@ -275,6 +285,8 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
         _checked_out_dir(out_dir, "--out")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = load_space(space).with_overrides(sampler=sampler, pruner=pruner, seed=seed)
+    if "HFTA_NAS_WORKER" not in os.environ:  # a worker's parent said it once
+        _print_sweep_notes(loaded)
     if dry_run:
         plan = plan_search(loaded, storage=storage, study_name=study_name, n_trials=n_trials, timeout=timeout,
                            array_size=array_size, device=device, dtype=dtype)

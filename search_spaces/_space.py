@@ -45,6 +45,7 @@ from search_spaces._schema import (
     _Strict,
     short,
 )
+from search_spaces._wandb import is_sweep, translate_sweep
 from search_spaces._yaml import Loc, Where, parse_yaml
 
 
@@ -68,6 +69,7 @@ class SearchSpace(_Strict):
     params: dict[str, Param]
     text: str
     source: str
+    notes: tuple[str, ...] = ()  # how a W&B sweep file's keys were read (empty for our own files)
     _lines: dict[Loc, int] = PrivateAttr(default_factory=dict)  # key lines, for errors found later
 
     # ------------------------------------------------------------- the params
@@ -291,17 +293,20 @@ def _checked_value(param: Distribution, value: Any) -> tuple[Any, str | None]:
 
 
 def parse_space(text: str, source: str = "<string>") -> SearchSpace:
-    """Validate search space YAML `text`; `source` names it in errors (a file path)."""
+    """Validate search space YAML `text` (ours, or a W&B sweep file: see `notes`); `source` names it in errors."""
     located = parse_yaml(text, source)
-    where = Where(source, located.lines)
-    checked = validate(located.data, where)
+    data, lines, where, notes = located.data, located.lines, Where(source, located.lines), []
+    if is_sweep(data):
+        sweep = translate_sweep(data, where)
+        data, lines, where, notes = sweep.data, sweep.lines, sweep.where, sweep.notes
+    checked = validate(data, where)
     file = checked.file
     space = SearchSpace(
         study=file.study, sampler=file.sampler, pruner=file.pruner, budget=file.budget, array=file.array,
         data=file.data, training=file.training, model=file.model, seed=file.seed, params=checked.params,
-        text=text, source=source,
+        text=text, source=source, notes=tuple(notes),
     )
-    space._lines = located.lines
+    space._lines = lines
     return space
 
 
