@@ -28,12 +28,15 @@ from hfta_nas.search import (
     SearchPlan,
     SearchSummary,
     StepCost,
+    artifact_folder,
+    attach_study_file,
     check_directions,
     check_options,
     copy_of_stored_study,
     open_storage,
     optimize,
     plan,
+    set_study_text,
 )
 from search_spaces._sources import check_sources
 from search_spaces._space import SearchSpace
@@ -88,7 +91,7 @@ def default_out_dir(study_name: str) -> Path:
 
 def open_space_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None) -> optuna.Study:
     """The space's study in `storage` (created, or resumed when it exists with the same directions)."""
-    opened, _ = open_storage(storage)
+    opened, location = open_storage(storage)
     name = study_name_of(space, study_name)
     sampler, pruner = space.make_sampler(seed=space.seed), space.make_pruner()
     try:  # loaded first: create_study(load_if_exists=True) appends a record to a journal even when the study exists
@@ -101,7 +104,12 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
     with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(space.study.metrics))
-    for key, value in {"space_source": str(space.source), "space_text": space.text, "sampler": space.sampler.name,
+    # The file's text is long: kept out of the user attributes (which `optuna studies` and the dashboard
+    # list), and shown in the dashboard as an artifact.
+    set_study_text(study, "space_text", space.text)
+    attach_study_file(study, Path(space.source).name if space.source.endswith((".yaml", ".yml")) else "space.yaml",
+                      space.text, artifact_folder(location))
+    for key, value in {"space_source": str(space.source), "sampler": space.sampler.name,
                        "pruner": space.pruner.name, "seed": space.seed,
                        "versions": {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__,
                                     "optuna": optuna.__version__}}.items():

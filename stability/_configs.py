@@ -20,6 +20,7 @@ import yaml
 from optuna.trial import TrialState
 
 from hfta_nas.errors import HftaNasError
+from hfta_nas.search import study_text
 from search_spaces import ResolvedConfig, parse_space, read_text
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mnist1d_cnn.yaml"
@@ -95,7 +96,7 @@ def top_k_configs(storage: Any, study_name: str, k: int) -> list[LabelledConfig]
     except KeyError:
         names = ", ".join(s.study_name for s in optuna.get_all_study_summaries(storage)) or "none"
         raise HftaNasError(f"no study named '{study_name}' in this storage (studies: {names}).") from None
-    text = study.user_attrs.get("space_text")
+    text = study_text(study, "space_text")
     if text is None:
         raise HftaNasError(f"study '{study_name}' was not made by `hfta-nas search` (it has no stored search space).")
     space = parse_space(text, study.user_attrs.get("space_source", study_name))

@@ -26,6 +26,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from hfta_nas.errors import HftaNasError
+from hfta_nas.search import set_study_text, study_text
 from search_spaces import ResolvedConfig
 from stability._design import SeedPlan
 from stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, SOURCES
@@ -68,7 +69,7 @@ class SeedStore:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.set_metric_names(["test_acc"])
         self.study.set_user_attr("kind", "hfta-nas stability")
-        self.study.set_user_attr("config", config.to_yaml())
+        set_study_text(self.study, "config", config.to_yaml())
 
     @property
     def name(self) -> str:
@@ -86,7 +87,7 @@ class SeedStore:
             self.study.add_trial(_as_trial(outcome, self.device, attrs))
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
-        self.study.set_user_attr("metadata", json.loads(json.dumps(metadata, default=str)))
+        set_study_text(self.study, "metadata", json.loads(json.dumps(metadata, default=str)))
 
     def attach(self, path: Path, artifact_dir: Path) -> str:
         """Attach a report file to the study (optuna-dashboard lists it under the study's artifacts)."""
@@ -180,7 +181,7 @@ def result_of(study: optuna.Study) -> Any:
     outcomes = outcomes_of(study)
     if not outcomes:
         raise HftaNasError(f"stability study '{study.study_name}' has no finished seeds yet.")
-    metadata = dict(study.user_attrs.get("metadata", {}))
+    metadata = dict(study_text(study, "metadata", {}))
     metadata["studies"] = {label: study.study_name}  # a compare run stored every config's protocol in each study
     metadata["configs"] = {label: metadata.get("configs", {}).get(label)}
     return StabilityResult(*frames({label: outcomes}), metadata)

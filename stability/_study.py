@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hfta_nas.errors import HftaNasError
+from hfta_nas.search import artifact_folder
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig, label_for, load_config
 from stability._design import parse_vary
@@ -131,10 +132,8 @@ def report(
 
 
 def default_artifact_dir(location: str) -> Path:
-    """Where reports are stored as Optuna artifacts: beside a journal file; runs/artifacts for servers."""
-    if "://" in location or not location:
-        return Path("runs") / "artifacts"
-    return Path(location).parent / "artifacts"
+    """Where reports are stored as Optuna artifacts: beside a journal or SQLite file; runs/artifacts for servers."""
+    return artifact_folder(location) or Path("runs") / "artifacts"
 
 
 def _check_sources(labelled: Sequence[LabelledConfig], vary: Sequence[str]) -> None:

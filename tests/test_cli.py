@@ -2,6 +2,7 @@
 
 import json
 
+import optuna
 import pytest
 from click.testing import CliRunner
 
@@ -72,8 +73,16 @@ def test_printed_commands_never_wrap_in_a_narrow_terminal_or_a_pipe(tmp_path):
     for env in ({"COLUMNS": "60"}, {}):
         result = CliRunner().invoke(main, args, env=env)
         assert result.exit_code == 0, result.output
-        assert f"dashboard: optuna-dashboard {journal}" in result.output.splitlines(), result.output
+        expected = f"dashboard: optuna-dashboard {journal} --artifact-dir {journal.parent / 'artifacts'}"
+        assert expected in result.output.splitlines(), result.output
     assert "nothing to train this run" in result.output and "0 arrays" not in result.output
+    # the space file is the study's artifact (shown readably by the dashboard), uploaded once for both runs
+    study = optuna.load_study(study_name="tiny", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal))))
+    [artifact] = optuna.artifacts.get_all_artifact_meta(study)
+    assert artifact.filename == "space.yaml"
+    assert (journal.parent / "artifacts" / artifact.artifact_id).read_text() == space.read_text()
+    assert "space_text" not in study.user_attrs
 
     config = tmp_path / "tiny.yaml"
     config.write_text("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
@@ -173,4 +182,5 @@ def test_printed_commands_quote_paths_with_spaces(tmp_path):
                                        "--out", str(tmp_path / "my out"), "--quiet", "--threads", "1"])
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if line.startswith("dashboard: "))
-    assert shlex.split(line.removeprefix("dashboard: ")) == ["optuna-dashboard", str(journal)]
+    assert shlex.split(line.removeprefix("dashboard: ")) == ["optuna-dashboard", str(journal), "--artifact-dir",
+                                                             str(journal.parent / "artifacts")]

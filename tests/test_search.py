@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 
 import hfta_nas
 from cli import main
+from hfta_nas.search import study_text
 from hfta_nas.search import open_storage, trial_seeds
 from search_spaces import run_search
 from search_spaces import parse_space
@@ -68,7 +69,9 @@ def test_every_trial_is_told_with_its_attributes(tmp_path):
         assert sorted(trial.intermediate_values) == [1, 2]
         assert attrs["train_start"] <= attrs["train_end"]
     assert study.metric_names == ["val_acc"]
-    assert "model" in study.user_attrs["space_text"] and "torch" in study.user_attrs["versions"]
+    # the space's text is kept with the study, out of the user attributes `optuna studies` prints
+    assert "model" in study_text(study, "space_text") and "torch" in study.user_attrs["versions"]
+    assert "space_text" not in study.user_attrs
     # every architecture the sampler proposed trained, in arrays of at most array.size slots
     assert summary.architectures_trained == summary.architectures_proposed == len({t.params["model.config.width"] for t in study.trials})
     by_array = {}
@@ -177,7 +180,7 @@ def test_cli_search_json_and_dashboard_hint(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["trials"] == {"COMPLETE": 3}
-    assert summary["dashboard"] == f"optuna-dashboard {tmp_path / 's.journal'}"
+    assert summary["dashboard"] == f"optuna-dashboard {tmp_path / 's.journal'} --artifact-dir {tmp_path / 'artifacts'}"
 
 
 @pytest.mark.parametrize("args,message", [

@@ -29,6 +29,7 @@ from hfta_nas.search._optimize import SearchSummary, check_options, optimize
 from hfta_nas.search._plan import PlannedArray, SearchPlan, plan
 from hfta_nas.search._storage import (
     DEFAULT_STORAGE,
+    artifact_folder,
     check_directions,
     checkpoint_folder,
     counted_trials,
@@ -37,6 +38,7 @@ from hfta_nas.search._storage import (
     dashboard_command,
     open_storage,
 )
+from hfta_nas.search._study_texts import attach_study_file, set_study_text, study_text
 from hfta_nas.search._workers import run_workers, study_report, worker_arguments
 
 __all__ = [
@@ -59,6 +61,8 @@ __all__ = [
     "TrialEnded",
     "TrialRetried",
     "TrialWaits",
+    "artifact_folder",
+    "attach_study_file",
     "check_directions",
     "checkpoint_folder",
     "counted_trials",
@@ -72,7 +76,9 @@ __all__ = [
     "outcome_of",
     "plan",
     "run_workers",
+    "set_study_text",
     "study_report",
+    "study_text",
     "trial_seeds",
     "worker_arguments",
 ]

@@ -327,23 +327,39 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
 
 
 def dashboard_command(dashboard_location: str) -> str:
-    """The exact command that shows this storage in optuna-dashboard."""
-    return f"optuna-dashboard {shlex.quote(dashboard_location)}"  # a path with spaces stays one argument
+    """The exact command that shows this storage in optuna-dashboard (with its artifacts folder)."""
+    command = ["optuna-dashboard", dashboard_location]  # quoted: a path with spaces stays one argument
+    artifacts = artifact_folder(dashboard_location)
+    if artifacts is not None:
+        command += ["--artifact-dir", str(artifacts)]
+    return shlex.join(command)
+
+
+def _folder_beside(location: str, name: str) -> Path | None:
+    """`name` beside a journal or SQLite file, `runs/name` for a database server (the machine
+    that runs keeps it), None for a storage in memory (nothing outlives the process)."""
+    if location.startswith("sqlite:"):
+        file = _sqlite_file(location)
+        return file.parent / name if file is not None else None
+    if location.startswith(_URL_SCHEMES):
+        return Path("runs") / name
+    if location and not location.startswith("<"):
+        return Path(location).parent / name
+    return None
+
+
+def artifact_folder(location: str) -> Path | None:
+    """Where the Optuna artifacts of a storage's studies go (a search's space file, a
+    stability report): an `artifacts` folder beside a journal or SQLite file,
+    `runs/artifacts` for a database server, None for a storage in memory."""
+    return _folder_beside(location, "artifacts")
 
 
 def checkpoint_folder(location: str, study_name: str) -> Path | None:
     """Where the arrays of one study keep their per-epoch checkpoints: a `checkpoints` folder
     beside a journal or SQLite file, `runs/checkpoints` for a database server (the machine
     that trains keeps them), None for a storage in memory (nothing outlives the process)."""
-    if location.startswith("sqlite:"):
-        file = _sqlite_file(location)
-        root = file.parent / "checkpoints" if file is not None else None
-    elif location.startswith(_URL_SCHEMES):
-        root = Path("runs") / "checkpoints"
-    elif location and not location.startswith("<"):
-        root = Path(location).parent / "checkpoints"
-    else:
-        root = None
+    root = _folder_beside(location, "checkpoints")
     # one folder per study of this storage, named by a digest: study names may hold any character, and
     # two storages in one folder (or one server) may hold studies of the same name
     digest = hashlib.sha256(f"{location}\0{study_name}".encode()).hexdigest()[:16]
