@@ -60,6 +60,7 @@ def plain_run(config: ResolvedConfig, data: Any, seeds: dict[str, int], device: 
     torch.manual_seed(seeds["init"])
     model = factory().to(device=device, dtype=dtype)
     hparams = dict(config.hparams)
+    clip_value, clip_norm = hparams.pop("clip_value", None), hparams.pop("clip_norm", None)
     if "beta1" in hparams:
         hparams["betas"] = (hparams.pop("beta1"), hparams.pop("beta2"))
     optimizer = _TORCH_OPTIMIZERS[config.optimizer](model.parameters(), **hparams)
@@ -77,6 +78,10 @@ def plain_run(config: ResolvedConfig, data: Any, seeds: dict[str, int], device: 
         for x, y in loader:
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(model(x), y).backward()
+            if clip_value is not None:
+                torch.nn.utils.clip_grad_value_(model.parameters(), clip_value)
+            if clip_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
             optimizer.step()
         if schedule is not None:
             schedule.step()

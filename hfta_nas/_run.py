@@ -25,7 +25,7 @@ from hfta_nas._array import ModelArray, _build_seeded
 from hfta_nas._checkpoint import Checkpointer
 from hfta_nas._checkpoint import enabled as checkpoints_enabled
 from hfta_nas._oom import check_budget
-from hfta_nas._trainer import ArrayTrainer, EpochReport, SlotResult
+from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
 from hfta_nas.data import Dataset, load_dataset, pooled, slot_splits
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
@@ -77,6 +77,8 @@ def train(
     memory_budget: int | None = None,
     checkpoint: str | Path | None = None,
     remove_checkpoint: bool = True,
+    accumulate: int = 1,
+    early_stopping: EarlyStopping | None = None,
 ) -> TrainRun:
     """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
 
@@ -84,8 +86,10 @@ def train(
     slots of different sizes (widths, kernels, depths) train padded into one
     envelope (FusionError when they cannot).
 
-    `hparams` values (lr, weight_decay, ...) and `schedule` values are a float
-    for all slots or one per slot; `schedule` holds `kind` plus LRSchedule's
+    `hparams` values (lr, weight_decay, ..., and every optimizer's clip_norm and
+    clip_value: per-slot gradient clipping) and `schedule` values are a float
+    for all slots or one per slot; `accumulate`: micro-batches per optimizer
+    step; `early_stopping`: an EarlyStopping each slot follows on its own; `schedule` holds `kind` plus LRSchedule's
     arguments. Data order and dropout seeds default to the init seeds; pass
     them separately to vary one source of randomness at a time. `split_seeds`
     (one per slot; None keeps the data's split) re-draws each slot's train /
@@ -146,12 +150,14 @@ def train(
             array, opt, data, batch_size=batch_size, schedule=LRSchedule(opt, **schedule) if schedule else None,
             data_seeds=None if shared_order else data_seeds,
             shared_order_seed=data_seeds[0] if shared_order else None, splits=splits,
+            accumulate=accumulate, early_stopping=early_stopping,
         )
 
     fingerprint = repr((getattr(model, "__module__", ""), getattr(model, "__qualname__", model), model_config,
                         slot_model_configs,
                         getattr(data, "name", None), tuple(data.x_train.shape), seeds, data_seeds, dropout_seeds, split_seeds,
-                        shared_order, optimizer, hparams, schedule, epochs, batch_size, device.type, str(torch_dtype)))
+                        shared_order, optimizer, hparams, schedule, epochs, batch_size, device.type, str(torch_dtype),
+                        accumulate, early_stopping))
     saver = (Checkpointer(Path(checkpoint), extra={"fingerprint": fingerprint})
              if checkpoint is not None and checkpoints_enabled() else None)
     trainer = saver.resume(make_trainer) if saver is not None else make_trainer()

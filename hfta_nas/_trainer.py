@@ -38,10 +38,47 @@ class SlotResult:
     reason: str = ""
     epochs: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
+    best: float | None = None  # early stopping: the best value of its metric so far
+    since_best: int = 0  # early stopping: epochs since that value
 
     @property
     def final(self) -> dict[str, float]:
         return self.history[-1] if self.history else {}
+
+
+@dataclass(frozen=True)
+class EarlyStopping:
+    """Stop a slot (it completes, its epoch count short) when `metric` has not improved by
+    more than `min_delta` for `patience` epochs; `mode` "min" or "max" (default: "max" for
+    metrics ending in _acc, else "min"). Each slot on its own, as a Keras or Lightning
+    EarlyStopping callback on that model alone would."""
+
+    metric: str = "val_loss"
+    patience: int = 3
+    min_delta: float = 0.0
+    mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.patience, int) or isinstance(self.patience, bool) or self.patience < 1:
+            raise HftaNasError(f"early stopping patience must be an integer >= 1, got {self.patience!r}.")
+        if not (isinstance(self.min_delta, (int, float)) and math.isfinite(self.min_delta) and self.min_delta >= 0):
+            raise HftaNasError(f"early stopping min_delta must be a finite number >= 0, got {self.min_delta!r}.")
+        if self.mode not in (None, "min", "max"):
+            raise HftaNasError(f"early stopping mode must be 'min' or 'max', got {self.mode!r}.")
+
+    @property
+    def maximize(self) -> bool:
+        return self.mode == "max" if self.mode is not None else self.metric.endswith("_acc")
+
+    def update(self, result: SlotResult, value: float) -> bool:
+        """Record this epoch's value in `result`; True when the slot should stop."""
+        better = result.best is None or (value > result.best + self.min_delta if self.maximize
+                                          else value < result.best - self.min_delta)
+        if better:
+            result.best, result.since_best = value, 0
+        else:
+            result.since_best += 1
+        return result.since_best >= self.patience
 
 
 @dataclass
@@ -56,6 +93,12 @@ class EpochReport:
 
 class ArrayTrainer:
     """Trains an array with its optimizer (and schedule) on a Dataset.
+
+    `accumulate`: k micro-batches of `batch_size` per optimizer step, each
+    contributing loss / k (the last step of an epoch takes what is left), as a
+    plain loop calling `(loss / k).backward()` and stepping every k batches.
+    `early_stopping`: stop each slot on its own when its metric stalls (a stopped
+    slot completes; a search refills it).
 
     `data_seeds`: one per slot (each slot its own shuffling, as a DataLoader
     with `generator=torch.Generator().manual_seed(seed)` would) or None with
@@ -84,6 +127,8 @@ class ArrayTrainer:
         slot_ids: Sequence[Any] | None = None,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
         splits: SlotSplits | None = None,
+        accumulate: int = 1,
+        early_stopping: EarlyStopping | None = None,
     ) -> None:
         if optimizer.array is not array:
             raise HftaNasError("the optimizer was built for a different ModelArray.")
@@ -93,6 +138,11 @@ class ArrayTrainer:
             raise HftaNasError(f"schedule_interval must be 'epoch' or 'step', got {schedule_interval!r}.")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise HftaNasError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+            raise HftaNasError(f"accumulate must be a positive integer (micro-batches per step), got {accumulate!r}.")
+        if early_stopping is not None and not isinstance(early_stopping, EarlyStopping):
+            raise HftaNasError(f"early_stopping must be an EarlyStopping, got {type(early_stopping).__name__}.")
+        self.accumulate, self.early_stopping = accumulate, early_stopping
         if data_seeds is not None and shared_order_seed is not None:
             raise HftaNasError("give either data_seeds (one order per slot) or shared_order_seed, not both.")
         if data_seeds is None and shared_order_seed is None:
@@ -163,7 +213,8 @@ class ArrayTrainer:
         loss_sum = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
         correct = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
         seen = 0
-        for index in self.order.next_epoch():
+        batches = list(self.order.next_epoch())
+        for number, index in enumerate(batches):
             if self.splits is not None:  # positions in each slot's own train rows -> rows of the pool
                 index = torch.gather(self.splits.train, 1, index)
             x, y = gather(x_all, index), gather(y_all, index)
@@ -171,11 +222,13 @@ class ArrayTrainer:
             if self.shared_order:
                 y = y.expand(len(self.array), *y.shape)
             losses = self.slot_losses(logits, y)
-            self.optimizer.zero_grad()
-            losses.sum().backward()
-            self.optimizer.step()
-            if self.schedule is not None and self.schedule_interval == "step":
-                self.schedule.step()
+            if number % self.accumulate == 0:
+                self.optimizer.zero_grad()
+            (losses.sum() / self.accumulate if self.accumulate > 1 else losses.sum()).backward()
+            if (number + 1) % self.accumulate == 0 or number + 1 == len(batches):
+                self.optimizer.step()
+                if self.schedule is not None and self.schedule_interval == "step":
+                    self.schedule.step()
             loss_sum += losses.detach().to(torch.float64) * y.shape[1]
             correct += (logits.detach().argmax(-1) == y).sum(1).to(torch.float64)
             seen += y.shape[1]
@@ -242,7 +295,18 @@ class ArrayTrainer:
                 reason = f"{what} became non-finite (NaN/inf) in epoch {self.epoch}"
                 self._fail(position, reason)
                 failed[sid] = reason
+            elif self.early_stopping is not None and self._stalled(result, row):
+                result.status = "completed"
+                result.reason = (f"early stopped: {self.early_stopping.metric} did not improve for "
+                                 f"{self.early_stopping.patience} epochs")
         return EpochReport(self.epoch, per_slot, failed, seconds)
+
+    def _stalled(self, result: SlotResult, row: dict[str, float]) -> bool:
+        stopping = self.early_stopping
+        if stopping.metric not in row:
+            raise HftaNasError(f"early stopping watches '{stopping.metric}', which is not measured; measured: "
+                               f"{', '.join(k for k in row if k not in ('epoch', 'lr'))}.")
+        return stopping.update(result, row[stopping.metric])
 
     def _fail(self, position: int, reason: str) -> None:
         # The slot stays in the array (frozen) so the others keep exactly the
@@ -317,7 +381,8 @@ class ArrayTrainer:
             "epoch": self.epoch, "initial_ids": list(self.initial_ids), "slot_ids": list(self.slot_ids),
             "origins": list(self.origins),
             "results": {sid: {"slot_id": r.slot_id, "status": r.status, "reason": r.reason, "epochs": r.epochs,
-                              "history": [dict(row) for row in r.history]} for sid, r in self.results.items()},
+                              "history": [dict(row) for row in r.history], "best": r.best,
+                              "since_best": r.since_best} for sid, r in self.results.items()},
         }
         if self.slot_ids:
             state["array"] = self.array.numeric_state()

@@ -489,8 +489,10 @@ def _leaf(context: _Context, path: str) -> Checker | str:
         if parts[1] in _DATA_LEAVES:
             return _DATA_LEAVES[parts[1]]
     if root == "training":
-        if parts[1:] == ["epochs"]:
+        if parts[1:] in (["epochs"], ["accumulate"]):
             return _checker(PositiveInt)
+        if parts[1:] in (["clip_norm"], ["clip_value"]):
+            return _checker(PositiveFloat)
         if parts[1] == "optimizer" and len(parts) == 3:
             if parts[2] == "name":
                 return _OPTIMIZER_NAME
@@ -522,7 +524,8 @@ def _leaf(context: _Context, path: str) -> Checker | str:
 
 
 def _suggestions(context: _Context) -> list[str]:
-    paths = [f"data.{k}" for k in _DATA_LEAVES] + ["training.epochs", "training.optimizer.name"]
+    paths = [f"data.{k}" for k in _DATA_LEAVES] + ["training.epochs", "training.clip_norm", "training.clip_value",
+                                                    "training.accumulate", "training.optimizer.name"]
     for name in context.optimizer_names or ["adam"]:
         paths += [f"training.optimizer.{k}" for k in optimizer_args(name) if f"training.optimizer.{k}" not in paths]
     paths += [f"training.schedule.{k}" for k in _SCHEDULE_LEAVES]

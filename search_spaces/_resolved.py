@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfta_nas import EarlyStopping
 from hfta_nas.models import FAMILIES, family_defaults
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from search_spaces._checks import validate
@@ -25,7 +26,8 @@ from search_spaces._errors import Problem, SpaceError
 from search_spaces._schema import SpaceFile, short, unknown_key_message
 from search_spaces._yaml import Loc, Where, dump_yaml, parse_yaml
 
-FILE_KEYS = ("model", "model_config", "dataset", "data", "optimizer", "hparams", "schedule", "epochs", "origin")
+FILE_KEYS = ("model", "model_config", "dataset", "data", "optimizer", "hparams", "schedule", "epochs", "accumulate",
+             "early_stopping", "origin")
 DATA_KEYS = ("batch_size", "val_fraction", "test_fraction", "split_seed", "num_samples")
 _SCHEDULE_DEFAULTS = {
     name: p.default for name, p in inspect.signature(LRSchedule.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
@@ -44,6 +46,9 @@ class ResolvedConfig:
     - hparams: every hyper-parameter and flag of that optimizer (betas split into beta1 / beta2)
     - schedule: None, or `kind` plus every LRSchedule argument (cosine's t_max defaults to epochs)
     - epochs: training epochs
+    - accumulate: micro-batches per optimizer step (1: none)
+    - early_stopping: None, or EarlyStopping's arguments (metric, patience, min_delta, mode)
+    - per-slot gradient clipping is in hparams (clip_norm, clip_value), where set
     - origin: where the config came from (study, trial, values, seeds, ...); informational,
       not compared by `==`
     """
@@ -56,6 +61,8 @@ class ResolvedConfig:
     hparams: dict[str, Any]
     schedule: dict[str, Any] | None
     epochs: int
+    accumulate: int = 1
+    early_stopping: dict[str, Any] | None = None
     origin: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # ------------------------------------------------------------ for the engine
@@ -73,6 +80,8 @@ class ResolvedConfig:
             "schedule": dict(self.schedule) if self.schedule is not None else None,
             "epochs": self.epochs,
             "batch_size": self.data["batch_size"],
+            "accumulate": self.accumulate,
+            "early_stopping": EarlyStopping(**self.early_stopping) if self.early_stopping is not None else None,
         }
 
     def dataset_kwargs(self) -> dict[str, Any]:
@@ -101,6 +110,8 @@ class ResolvedConfig:
             self.optimizer,
             tuple(sorted(self.optimizer_flags().items())),
             self.schedule is not None,
+            self.accumulate,
+            repr(self.early_stopping),
         )
 
     # --------------------------------------------------------------- as a file
@@ -108,6 +119,11 @@ class ResolvedConfig:
         data = copy.deepcopy(asdict(self))
         if not data["origin"]:
             del data["origin"]
+        # written only where set: a config without them reads (and hashes) as before they existed
+        if data["accumulate"] == 1:
+            del data["accumulate"]
+        if data["early_stopping"] is None:
+            del data["early_stopping"]
         return data
 
     def to_yaml(self, header: str | None = None, **origin: Any) -> str:
@@ -198,8 +214,12 @@ def _to_file_loc(loc: Loc) -> Loc:
     if loc[:1] == ("data",):
         return ("dataset",) if loc[1:2] == ("dataset",) else loc
     if loc[:1] == ("training",):
-        if head == ("training", "epochs"):
-            return ("epochs",)
+        if head in (("training", "epochs"), ("training", "accumulate")):
+            return (head[1],)
+        if head == ("training", "early_stopping"):
+            return ("early_stopping", *rest)
+        if head in (("training", "clip_norm"), ("training", "clip_value")):
+            return ("hparams", head[1])
         if head == ("training", "optimizer"):
             return ("optimizer",) if rest[:1] == ("name",) else ("hparams", *rest)
         if head == ("training", "schedule"):
@@ -237,8 +257,9 @@ def _as_space(data: Any, where: Where) -> dict[str, Any]:
     if "dataset" in data:
         space["data"]["dataset"] = data["dataset"]
     training: dict[str, Any] = {}
-    if "epochs" in data:
-        training["epochs"] = data["epochs"]
+    for key in ("epochs", "accumulate", "early_stopping"):
+        if key in data:
+            training[key] = data[key]
     optimizer = dict(data.get("hparams") or {})
     if "optimizer" in data:
         optimizer["name"] = data["optimizer"]
@@ -273,6 +294,10 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
                 {"kind": training.schedule.kind, **copy.deepcopy(training.schedule.args)}
                 if training.schedule is not None else None
             ),
+            "clip_norm": training.clip_norm,
+            "clip_value": training.clip_value,
+            "accumulate": training.accumulate,
+            "early_stopping": training.early_stopping.model_dump() if training.early_stopping is not None else None,
         },
     }
     for path, value in values.items():
@@ -288,7 +313,12 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
     if "betas" in hparams:
         hparams["beta1"], hparams["beta2"] = hparams.pop("betas")
     cls = OPTIMIZERS[name]
-    hparams = {**cls.defaults, **cls.flags, **hparams}
+    # clipping is written only where set: an unclipped config reads as it did before clipping existed
+    defaults = {k: v for k, v in cls.defaults.items() if k not in cls.clipping}
+    hparams = {**defaults, **cls.flags, **hparams}
+    for key in ("clip_norm", "clip_value"):  # training.clip_*: the optimizer clips per slot
+        if tree["training"][key] is not None:
+            hparams[key] = tree["training"][key]
     schedule = tree["training"]["schedule"]
     if schedule is not None:
         schedule = {"kind": schedule["kind"], **_SCHEDULE_DEFAULTS, "t_max": epochs,
@@ -303,5 +333,7 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
         hparams=hparams,
         schedule=schedule,
         epochs=epochs,
+        accumulate=tree["training"]["accumulate"],
+        early_stopping=tree["training"]["early_stopping"],
     )
 

@@ -161,10 +161,28 @@ class ScheduleSpec(_Strict):
         return _split_off(value, "kind", "args")
 
 
+class EarlyStoppingSpec(_Strict):
+    """Stop a slot when `metric` has not improved by more than `min_delta` for `patience` epochs
+    (`mode`: min or max; default max for *_acc metrics, else min)."""
+
+    metric: Literal["val_loss", "val_acc", "train_loss", "train_acc", "test_loss", "test_acc"] = "val_loss"
+    patience: PositiveInt = 3
+    min_delta: NonNegativeFloat = 0.0
+    mode: Literal["min", "max"] | None = None
+
+
 class TrainingSpec(_Strict):
+    """Epochs, the optimizer and schedule, per-slot gradient clipping (`clip_norm`,
+    `clip_value`: searchable per slot), micro-batches per step (`accumulate`) and
+    per-slot early stopping."""
+
     epochs: PositiveInt = 10
     optimizer: OptimizerSpec = OptimizerSpec()
     schedule: ScheduleSpec | None = None
+    clip_norm: PositiveFloat | None = None
+    clip_value: PositiveFloat | None = None
+    accumulate: PositiveInt = 1
+    early_stopping: EarlyStoppingSpec | None = None
 
 
 class ModelSpec(_Strict):

@@ -61,7 +61,8 @@ def candidate_builder(space: SearchSpace, *, device: str = "cpu", dtype: str = "
         factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape,
                                 num_classes=data.num_classes)
         return Candidate(model=factory, optimizer=config.optimizer, hparams=config.hparams, schedule=config.schedule,
-                         epochs=config.epochs, batch_size=config.data["batch_size"], data=data, config=config)
+                         epochs=config.epochs, batch_size=config.data["batch_size"], data=data, config=config,
+                         accumulate=config.accumulate, early_stopping=config.train_kwargs()["early_stopping"])
 
     return build
 

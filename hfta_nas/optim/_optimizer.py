@@ -13,6 +13,7 @@ check every optimizer to 1e-10 in float64).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,25 @@ def per_slot_tensor(value: Any, count: int, name: str, device: torch.device) -> 
     return tensor.clone()
 
 
+def clip_slot_gradients(grad: torch.Tensor, clip_value: torch.Tensor | None, clip_norm: torch.Tensor | None) -> None:
+    """Clip each slot's row of `grad` ([B, P]) in place: to [-clip_value, clip_value], then to an
+    L2 norm of at most clip_norm ([B] each; inf leaves a slot alone).
+
+    torch.nn.utils.clip_grad_norm_ on one model scales its gradients by
+    min(1, max_norm / (total_norm + 1e-6)), total_norm over all its parameters: a
+    slot's row holds exactly its model's gradients (padding is zero), so the row's
+    norm is that total norm. No host synchronisation: slots that do not clip are
+    multiplied by exactly 1. None skips that clipping for every slot.
+    """
+    if clip_value is not None:
+        bound = clip_value.to(grad.dtype).unsqueeze(1)
+        torch.minimum(torch.maximum(grad, -bound), bound, out=grad)
+    if clip_norm is not None:
+        norms = torch.linalg.vector_norm(grad, dim=1)
+        scale = (clip_norm.to(grad.dtype) / (norms + 1e-6)).clamp(max=1.0)
+        grad.mul_(scale.unsqueeze(1))
+
+
 class ArrayOptimizer:
     """Shared machinery: hyper-parameters, state, freezing and slot surgery.
 
@@ -49,6 +69,14 @@ class ArrayOptimizer:
 
     defaults: dict[str, float] = {}
     flags: dict[str, bool] = {}
+    # Every optimizer also clips each slot's gradient before its update, as
+    # torch.nn.utils.clip_grad_value_ and then clip_grad_norm_ on that slot's
+    # model alone would; inf (the default) does not clip.
+    clipping: dict[str, float] = {"clip_value": math.inf, "clip_norm": math.inf}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.defaults = {**{k: v for k, v in cls.defaults.items() if k not in cls.clipping}, **cls.clipping}
 
     def __init__(self, array: ModelArray, **kwargs: Any) -> None:
         if not isinstance(array, ModelArray):
@@ -95,6 +123,10 @@ class ArrayOptimizer:
         return {**{name: [h.get(name, cls.defaults.get(name)) for h in split] for name in names}, **flags}
 
     def _validate(self, name: str, values: torch.Tensor) -> None:
+        if name in self.clipping:
+            if torch.isnan(values).any() or (values <= 0).any():
+                raise HftaNasError(f"{type(self).__name__}: '{name}' must be > 0 (inf: no clipping), got {values.tolist()}.")
+            return
         if not torch.isfinite(values).all() or (values < 0).any():
             raise HftaNasError(f"{type(self).__name__}: '{name}' must be finite and >= 0, got {values.tolist()}.")
 
@@ -133,6 +165,7 @@ class ArrayOptimizer:
     def step(self) -> None:
         param = self.array.flat
         grad = self.array.gradient()
+        clip_slot_gradients(grad, *self._clipping_in_use())
         if self._fused_applies(param):
             self.steps += self.active.to(self.steps.dtype)
             self._fused_step(param, grad)
@@ -147,6 +180,17 @@ class ArrayOptimizer:
         if self._any_frozen:
             hp["lr"] = hp["lr"] * self.active.to(torch.float64).unsqueeze(1)
         self._update(param, grad, hp)
+
+    def _clipping_in_use(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(clip_value, clip_norm), each None when no slot clips: read on the host only when the
+        values change (hyper-parameter tensors are replaced, never edited in place), so a CUDA step
+        does not wait for the device."""
+        current = (self.hparams["clip_value"], self.hparams["clip_norm"])
+        seen = getattr(self, "_clipping_of", (None, None))  # held, so a new tensor cannot reuse their ids
+        if seen[0] is not current[0] or seen[1] is not current[1]:
+            self._clipping_of = current
+            self._clipping = tuple(t if bool(torch.isfinite(t).any()) else None for t in current)
+        return self._clipping  # type: ignore[return-value]
 
     # ------------------------------------------------------- the fused CPU path
     # On CPU, torch's fused optimizer kernels (torch._fused_adam_ & co.) make one
@@ -166,7 +210,7 @@ class ArrayOptimizer:
         return param.device.type == "cpu" and param.dtype in self.fused_kernel_dtypes and self._fused_supported()
 
     def _fused_step(self, param: torch.Tensor, grad: torch.Tensor) -> None:
-        names = list(self.hparams)
+        names = [name for name in self.hparams if name not in self.clipping]  # applied before, to all slots
         columns = [self.hparams[name] for name in names] + [self.steps, self.active.to(torch.float64)]
         rows = torch.stack(columns, dim=1).tolist()
         groups: dict[tuple[float, ...], list[tuple[int, int]]] = {}

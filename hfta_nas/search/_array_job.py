@@ -131,7 +131,8 @@ class ArrayJob:
         return ArrayTrainer(array, optimizer, self.first.data.to(self.ctx.device, self.ctx.dtype),
                             batch_size=self.first.batch_size, schedule=per_slot_schedule(optimizer, candidates),
                             data_seeds=[p.seeds["data"] for p in proposals],
-                            slot_ids=slot_ids or [p.number for p in proposals], loss_fn=self.first.loss or F.cross_entropy)
+                            slot_ids=slot_ids or [p.number for p in proposals], loss_fn=self.first.loss or F.cross_entropy,
+                            accumulate=self.first.accumulate, early_stopping=self.first.early_stopping)
 
     def _start_slot(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         trial = proposal.trial
@@ -278,6 +279,8 @@ class ArrayJob:
         self._report(proposal, result.epochs, values)
         if result.status == "completed":
             self._complete(proposal, values, trainer)
+            if result.epochs < proposal.candidate.epochs:  # stopped early: its slot is free for another trial
+                self._refill_or_stop(trainer, proposal, "early stopped")
         elif len(ctx.metrics) == 1 and proposal.trial.should_prune():
             proposal.trial.set_user_attr("train_end", _now())
             ctx.ledger.prune(proposal.trial)

@@ -19,6 +19,7 @@ import optuna
 import torch
 from torch import nn
 
+from hfta_nas._trainer import EarlyStopping
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS
@@ -36,6 +37,10 @@ class Candidate:
       slot; flags such as nesterov or amsgrad are shared by an array).
     - schedule: None, or `{"kind": "cosine", ...}` (`hfta_nas.optim.LRSchedule` arguments).
     - epochs, batch_size: shared by an array.
+    - accumulate: micro-batches per optimizer step; early_stopping: an
+      `hfta_nas.EarlyStopping` each slot follows (a stopped slot completes and is
+      refilled); both shared by an array. Per-slot gradient clipping is an
+      optimizer hyper-parameter (`clip_norm`, `clip_value`).
     - data: the `Dataset` to train on (default: the one given to `optimize`).
     - loss: `loss(logits, y)` per sample mean, as `F.cross_entropy` (the default).
     - metrics: values known without training (say a latency you measured) for
@@ -54,6 +59,8 @@ class Candidate:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     config: Any = None
+    accumulate: int = 1
+    early_stopping: EarlyStopping | None = None
 
     def checked(self, default_data: Dataset | None) -> "Candidate":
         """This candidate with its data filled in; HftaNasError naming the first bad field."""
@@ -69,12 +76,14 @@ class Candidate:
         if unknown:
             raise HftaNasError(f"optimizer '{self.optimizer}' has no hyper-parameter {unknown[0]!r}; "
                                f"it has {', '.join(sorted(known))}.")
-        for name, value in (("epochs", self.epochs), ("batch_size", self.batch_size)):
+        for name, value in (("epochs", self.epochs), ("batch_size", self.batch_size), ("accumulate", self.accumulate)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise HftaNasError(f"Candidate.{name} must be a positive integer, got {value!r}.")
         if self.schedule is not None and self.schedule.get("kind") not in SCHEDULE_KINDS:
             raise HftaNasError(f"Candidate.schedule needs a 'kind' in {', '.join(SCHEDULE_KINDS)}, "
                                f"got {dict(self.schedule)!r}.")
+        if self.early_stopping is not None and not isinstance(self.early_stopping, EarlyStopping):
+            raise HftaNasError(f"Candidate.early_stopping must be an hfta_nas.EarlyStopping, got {self.early_stopping!r}.")
         data = self.data if self.data is not None else default_data
         if not isinstance(data, Dataset):
             raise HftaNasError("no data: give optimize(..., data=Dataset) or Candidate(data=Dataset).")
@@ -82,7 +91,8 @@ class Candidate:
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise HftaNasError(f"Candidate.metrics[{name!r}] must be a finite number, got {value!r}.")
         return Candidate(self.model, self.optimizer, dict(self.hparams), dict(self.schedule) if self.schedule else None,
-                         self.epochs, self.batch_size, data, self.loss, dict(self.metrics), self.config)
+                         self.epochs, self.batch_size, data, self.loss, dict(self.metrics), self.config, self.accumulate,
+                         self.early_stopping)
 
     def flags(self) -> dict[str, bool]:
         """The optimizer options one array shares (nesterov, amsgrad, ...), defaults filled in."""
@@ -104,7 +114,8 @@ class Candidate:
         """`shared_settings` by name instead of object identity (the same in every run)."""
         loss = getattr(self.loss, "__qualname__", repr(self.loss)) if self.loss is not None else None
         return (getattr(self.data, "name", None), self.batch_size, self.epochs, self.optimizer,
-                tuple(sorted(self.flags().items())), self.schedule is not None, loss)
+                tuple(sorted(self.flags().items())), self.schedule is not None, loss, self.accumulate,
+                repr(self.early_stopping))
 
 
 def trial_seeds(base_seed: int, trial_number: int) -> dict[str, int]:
