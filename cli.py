@@ -112,10 +112,11 @@ def main() -> None:
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]))
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="torch CPU threads [default: torch's choice].")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Set a training setting (repeatable), keys as in a config file or search space: epochs, data.batch_size, hparams.clip_norm (or training.clip_norm), model_config.width, accumulate, early_stopping.patience, schedule.t_max, ...; YAML values; after the options above.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-slot results as JSON (for machines).")
 @_friendly_errors
 def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared_order, optimizer, lr, weight_decay,
-          momentum, schedule, schedule_arg, epochs, batch_size, device, dtype, threads, as_json) -> None:
+          momentum, schedule, schedule_arg, epochs, batch_size, device, dtype, threads, overrides, as_json) -> None:
     """Train one array of models (one per seed) and print every slot's accuracy."""
     import torch
 
@@ -129,13 +130,16 @@ def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared
             hparams[name] = _numbers(value, f"--{name.replace('_', '-')}")
     init_seeds = _seeds(seeds, "--seeds")
     schedule_config = {"kind": schedule, **_key_values(schedule_arg, "--schedule-arg")} if schedule else None
-    with EpochProgress(epochs, enabled=not as_json) as progress:
+    settings = _with_overrides({
+        "model": model, "model_config": _key_values(model_config, "--config"), "dataset": dataset,
+        "optimizer": optimizer, "hparams": hparams, "schedule": schedule_config, "epochs": epochs,
+        "batch_size": batch_size, "accumulate": 1, "early_stopping": None,
+    }, overrides)
+    with EpochProgress(settings["epochs"], enabled=not as_json) as progress:
         run = hfta_nas.train(
-            model, model_config=_key_values(model_config, "--config"), dataset=dataset, seeds=init_seeds,
-            data_seeds=_seeds(data_seeds, "--data-seeds") if data_seeds else None,
+            seeds=init_seeds, data_seeds=_seeds(data_seeds, "--data-seeds") if data_seeds else None,
             dropout_seeds=_seeds(dropout_seeds, "--dropout-seeds") if dropout_seeds else None,
-            shared_order=shared_order, optimizer=optimizer, hparams=hparams, schedule=schedule_config,
-            epochs=epochs, batch_size=batch_size, device=device, dtype=dtype, on_epoch=progress.update,
+            shared_order=shared_order, device=device, dtype=dtype, on_epoch=progress.update, **settings,
         )
     rows = [
         {"slot": slot, "init_seed": run.seeds["init"][slot], "data_seed": run.seeds["data"][slot],
@@ -149,6 +153,34 @@ def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared
         click.echo(json.dumps(summary, indent=2))
         return
     _print_train_table(rows, summary)
+
+
+def _with_overrides(settings: dict[str, Any], overrides: tuple[str, ...]) -> dict[str, Any]:
+    """`hfta-nas train`'s settings with `--set key=value` applied (keys in a config file's layout;
+    a search space's dotted keys are translated); an unknown key is one clear line."""
+    from hfta_nas import EarlyStopping
+    from search_spaces import parse_config_overrides
+
+    nested = {"hparams", "model_config", "schedule", "early_stopping"}
+    for override in parse_config_overrides(overrides):
+        loc = override.loc[1:] if override.loc[:2] == ("data", "batch_size") else override.loc
+        head = loc[0] if loc else ""
+        if len(loc) == 1 and head in settings:
+            settings[head] = override.value
+        elif len(loc) == 2 and head in nested:
+            settings[head] = {**(settings[head] or {}), loc[1]: override.value}
+        else:
+            raise click.BadParameter(f"unknown setting {'.'.join(map(str, override.loc)) or override.text!r}; "
+                                     "expected one of model, model_config.KEY, dataset, optimizer, hparams.NAME, "
+                                     "schedule.KEY, epochs, batch_size, accumulate, early_stopping.KEY",
+                                     param_hint=f"--set {override.text}")
+    if settings["early_stopping"] is not None:
+        try:
+            settings["early_stopping"] = EarlyStopping(**settings["early_stopping"])
+        except TypeError as error:
+            raise click.BadParameter(f"early_stopping takes metric, patience, min_delta, mode ({error})",
+                                     param_hint="--set") from None
+    return settings
 
 
 def _print_train_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
@@ -187,7 +219,7 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         from hfta_nas.search import run_workers, study_report, worker_arguments
         from search_spaces import load_space, study_name_of
 
-        loaded = load_space(kwargs["space"])  # a bad space fails once, here, not K times
+        loaded = load_space(kwargs["space"], kwargs["overrides"])  # a bad space fails once, here, not K times
         _print_sweep_notes(loaded)
         if kwargs.get("out_dir") is not None:
             _checked_out_dir(kwargs["out_dir"], "--out")
@@ -234,7 +266,7 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     from hfta_nas.search import counted_trials
     from search_spaces import load_space, study_name_of
 
-    name = study_name_of(load_space(options["space"]), options.get("study_name"))
+    name = study_name_of(load_space(options["space"], options.get("overrides", ())), options.get("study_name"))
     return counted_trials(options.get("storage"), name) + n_more
 
 
@@ -253,6 +285,7 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
 @click.option("--sampler", default=None, metavar="NAME", help="Override the space's sampler: tpe, random, cmaes, gp, grid, nsga2 (its defaults; the file's kwargs go with the file's sampler).")
 @click.option("--pruner", default=None, metavar="NAME", help="Override the space's pruner: none, median, successive_halving, hyperband (its defaults).")
 @click.option("--seed", type=int, default=None, help="Override the space's seed (sampler and every trial's init/data/dropout seeds).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Set a setting of SPACE (repeatable): a dotted key, a YAML value, validated with the file, e.g. --set training.epochs=2 --set array.size=4 --set params.training.optimizer.lr=1e-3.")
 @click.option("--dry-run", is_flag=True, help="Print the packing plan (which trials go into which array, their padding and estimated time, by the policy the run uses) without training; nothing is written to the storage.")
 @click.option("--quiet", is_flag=True, help="No live progress display (the summary is still printed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary (or the --dry-run plan) as JSON (for machines).")
@@ -262,7 +295,7 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
 @_friendly_errors
 @_search_workers
 def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, device, dtype, threads, sampler, pruner,
-           seed, dry_run, quiet, as_json) -> None:
+           seed, overrides, dry_run, quiet, as_json) -> None:
     """Search SPACE (a YAML file, see search_spaces/README.md) with Optuna: every proposed
     candidate trains as proposed, packed into arrays by measured cost. Re-running resumes the study."""
     import dataclasses
@@ -284,7 +317,7 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
     if out_dir is not None:  # before any trial is asked, not when the best trial is exported
         _checked_out_dir(out_dir, "--out")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    loaded = load_space(space).with_overrides(sampler=sampler, pruner=pruner, seed=seed)
+    loaded = load_space(space, overrides).with_overrides(sampler=sampler, pruner=pruner, seed=seed)
     if "HFTA_NAS_WORKER" not in os.environ:  # a worker's parent said it once
         _print_sweep_notes(loaded)
     if dry_run:

@@ -16,7 +16,7 @@ The schema is documented key by key in search_spaces/README.md.
 from pathlib import Path
 
 from search_spaces._errors import Problem, SpaceError
-from search_spaces._resolved import ResolvedConfig, read_text
+from search_spaces._resolved import ResolvedConfig, parse_config_overrides, read_text
 from search_spaces._schema import (
     DISTRIBUTIONS,
     METRICS,
@@ -58,6 +58,7 @@ __all__ = [
     "check_sources",
     "load_space",
     "open_space_study",
+    "parse_config_overrides",
     "parse_space",
     "plan_search",
     "read_text",

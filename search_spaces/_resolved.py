@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from hfta_nas.models import FAMILIES, family_defaults
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from search_spaces._checks import validate
 from search_spaces._errors import Problem, SpaceError
+from search_spaces._overrides import OverriddenWhere, apply_overrides, parse_overrides
 from search_spaces._schema import SpaceFile, short, unknown_key_message
 from search_spaces._yaml import Loc, Where, dump_yaml, parse_yaml
 
@@ -149,9 +150,14 @@ class ResolvedConfig:
         return path
 
     @classmethod
-    def from_yaml(cls, text: str, source: str = "<string>") -> ResolvedConfig:
+    def from_yaml(cls, text: str, source: str = "<string>", overrides: Sequence[str] = ()) -> ResolvedConfig:
+        """A config file's text (`overrides`: `key=value` settings over it, in the file's layout or
+        the search space's: `epochs=2` and `training.epochs=2` are the same)."""
         located = parse_yaml(text, source)
-        where = Where(source, located.lines, _to_file_loc)
+        where: Where = Where(source, located.lines, _to_file_loc)
+        sets = parse_config_overrides(overrides)
+        if sets:
+            located.data, where = apply_overrides(located.data, sets), OverriddenWhere(where, sets)
         file = validate(_as_space(located.data, where), where).file
         origin = located.data.get("origin") or {}
         return dataclasses.replace(build(file, {}), origin=origin)
@@ -160,6 +166,12 @@ class ResolvedConfig:
     def from_file(cls, path: str | Path) -> ResolvedConfig:
         """Read a config written by `to_yaml` (or by hand); `SpaceError` naming file, line and key."""
         return cls.from_yaml(read_text(path), str(path))
+
+
+def parse_config_overrides(items: Sequence[str]) -> list[Any]:
+    """`--set key=value` items as `Override`s located in a config file's layout (a search
+    space's dotted keys are translated: training.epochs -> epochs)."""
+    return parse_overrides(items, translate=_to_file_loc)
 
 
 def read_text(path: str | Path) -> str:

@@ -108,6 +108,7 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
     # The file's text is long: kept out of the user attributes (which `optuna studies` and the dashboard
     # list), and shown in the dashboard as an artifact.
     set_study_text(study, "space_text", space.text)
+    set_study_text(study, "space_overrides", list(space.overrides))  # `--set`s: the space as it was searched
     attach_study_file(study, Path(space.source).name if space.source.endswith((".yaml", ".yml")) else "space.yaml",
                       space.text, artifact_folder(location))
     for key, value in {"space_source": str(space.source), "sampler": space.sampler.name,

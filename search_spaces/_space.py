@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from search_spaces._schema import (
     _Strict,
     short,
 )
+from search_spaces._overrides import OverriddenWhere, apply_overrides, parse_overrides
 from search_spaces._wandb import is_sweep, translate_sweep
 from search_spaces._yaml import Loc, Where, parse_yaml
 
@@ -70,6 +71,7 @@ class SearchSpace(_Strict):
     text: str
     source: str
     notes: tuple[str, ...] = ()  # how a W&B sweep file's keys were read (empty for our own files)
+    overrides: tuple[str, ...] = ()  # `--set key=value` given over the file's settings, in order
     _lines: dict[Loc, int] = PrivateAttr(default_factory=dict)  # key lines, for errors found later
 
     # ------------------------------------------------------------- the params
@@ -292,24 +294,32 @@ def _checked_value(param: Distribution, value: Any) -> tuple[Any, str | None]:
     return number, None
 
 
-def parse_space(text: str, source: str = "<string>") -> SearchSpace:
-    """Validate search space YAML `text` (ours, or a W&B sweep file: see `notes`); `source` names it in errors."""
+def parse_space(text: str, source: str = "<string>", overrides: Sequence[str] = ()) -> SearchSpace:
+    """Validate search space YAML `text` (ours, or a W&B sweep file: see `notes`); `source` names it in errors.
+
+    `overrides`: `key=value` settings over the file's (`training.epochs=2`,
+    `params.training.optimizer.lr=1e-3`), validated with it; a problem with one names its `--set`.
+    """
     located = parse_yaml(text, source)
     data, lines, where, notes = located.data, located.lines, Where(source, located.lines), []
     if is_sweep(data):
         sweep = translate_sweep(data, where)
         data, lines, where, notes = sweep.data, sweep.lines, sweep.where, sweep.notes
+    sets = parse_overrides(overrides)
+    if sets:
+        data, where = apply_overrides(data, sets), OverriddenWhere(where, sets)
     checked = validate(data, where)
     file = checked.file
     space = SearchSpace(
         study=file.study, sampler=file.sampler, pruner=file.pruner, budget=file.budget, array=file.array,
         data=file.data, training=file.training, model=file.model, seed=file.seed, params=checked.params,
-        text=text, source=source, notes=tuple(notes),
+        text=text, source=source, notes=tuple(notes), overrides=tuple(overrides),
     )
     space._lines = lines
     return space
 
 
-def load_space(path: str | Path) -> SearchSpace:
-    """Read and validate the search space file at `path`; `SpaceError` names the file, line and key."""
-    return parse_space(read_text(path), str(path))
+def load_space(path: str | Path, overrides: Sequence[str] = ()) -> SearchSpace:
+    """Read and validate the search space file at `path` (with `overrides`, as `parse_space`);
+    `SpaceError` names the file, line and key."""
+    return parse_space(read_text(path), str(path), overrides)

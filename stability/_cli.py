@@ -30,6 +30,10 @@ def _split(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
     return items
 
 
+_SET_HELP = ("Set a setting of CONFIG (repeatable): a dotted key of the config file or of a search space "
+             "(epochs=2 and training.epochs=2 are the same), a YAML value, validated with the file.")
+
+
 def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options shared by `stability run` and `stability compare`."""
     options = [
@@ -89,8 +93,10 @@ def stability() -> None:
 @click.option("--params", "params", multiple=True, metavar="KEY=VALUE", help="Fix a searched parameter when CONFIG is a search space (repeatable).")
 @click.option("--study", "study_name", default=None, help="Re-run the best trials of this search study (with --top-k and --storage).")
 @click.option("--top-k", default=3, show_default=True, type=int, help="With --study: how many of its best trials to re-run and re-rank.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
 @_study_options
-def run(config: str | None, params: tuple[str, ...], study_name: str | None, top_k: int, **options: Any) -> None:
+def run(config: str | None, params: tuple[str, ...], study_name: str | None, top_k: int, overrides: tuple[str, ...],
+        **options: Any) -> None:
     """Train CONFIG across --seeds seeds in one array and report the distribution.
 
     CONFIG is a config file exported by `hfta-nas search` (runs/<study>/best_config.yaml),
@@ -101,20 +107,21 @@ def run(config: str | None, params: tuple[str, ...], study_name: str | None, top
     from stability._configs import DEFAULT_CONFIG, LabelledConfig, label_for, load_config, parse_params, top_k_configs
 
     if study_name is not None:
-        if config is not None:
-            raise HftaNasError("give either CONFIG or --study, not both.")
+        if config is not None or overrides:
+            raise HftaNasError("give either CONFIG (with --set) or --study, not both.")
         storage, _ = _open(options["storage"])
         configs = top_k_configs(storage, study_name, top_k)
     else:
         path = Path(config) if config is not None else DEFAULT_CONFIG
-        configs = [LabelledConfig(label_for(path), load_config(path, parse_params(params)))]
+        configs = [LabelledConfig(label_for(path), load_config(path, parse_params(params), overrides))]
     _execute(configs, [], **options)
 
 
 @stability.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP + " Applies to every config file.")
 @_study_options
-def compare(inputs: tuple[str, ...], **options: Any) -> None:
+def compare(inputs: tuple[str, ...], overrides: tuple[str, ...], **options: Any) -> None:
     """Compare configurations: each INPUT is a config file (trained across the seeds)
     or the folder of an earlier stability report (reused without retraining)."""
     from stability._configs import LabelledConfig, label_for, load_config
@@ -129,7 +136,7 @@ def compare(inputs: tuple[str, ...], **options: Any) -> None:
         else:
             label = label_for(path, labels)
             labels.append(label)
-            configs.append(LabelledConfig(label, load_config(path)))
+            configs.append(LabelledConfig(label, load_config(path, overrides=overrides)))
     _execute(configs, earlier, **options)
 
 

@@ -58,15 +58,16 @@ def _value(text: str) -> Any:
     return value
 
 
-def load_config(path: str | Path, params: Mapping[str, Any] | None = None) -> ResolvedConfig:
-    """A config file, or a search space with its searched parameters fixed by `params`."""
+def load_config(path: str | Path, params: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> ResolvedConfig:
+    """A config file, or a search space with its searched parameters fixed by `params`;
+    `overrides` (`--set key=value`) over the file's settings."""
     text = read_text(path)
     try:
         top = yaml.safe_load(text)
     except yaml.YAMLError:
         top = None  # the located parser below reports the syntax error
     if isinstance(top, dict) and _SPACE_KEYS & set(top):
-        space = parse_space(text, str(path))
+        space = parse_space(text, str(path), overrides)
         values = dict(params or {})
         if not values and space.searched:
             raise HftaNasError(
@@ -75,7 +76,7 @@ def load_config(path: str | Path, params: Mapping[str, Any] | None = None) -> Re
         return space.resolve(values)
     if params:
         raise HftaNasError(f"--params fixes the searched parameters of a search space file; {path} is a config file.")
-    return ResolvedConfig.from_yaml(text, str(path))
+    return ResolvedConfig.from_yaml(text, str(path), overrides)
 
 
 def label_for(path: str | Path, taken: Sequence[str] = ()) -> str:
@@ -99,7 +100,7 @@ def top_k_configs(storage: Any, study_name: str, k: int) -> list[LabelledConfig]
     text = study_text(study, "space_text")
     if text is None:
         raise HftaNasError(f"study '{study_name}' was not made by `hfta-nas search` (it has no stored search space).")
-    space = parse_space(text, study.user_attrs.get("space_source", study_name))
+    space = parse_space(text, study.user_attrs.get("space_source", study_name), study_text(study, "space_overrides", []))
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not complete:
         raise HftaNasError(f"study '{study_name}' has no completed trial to re-run.")
