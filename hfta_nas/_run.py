@@ -25,6 +25,7 @@ from hfta_nas._array import ModelArray, _build_seeded
 from hfta_nas._checkpoint import Checkpointer
 from hfta_nas._checkpoint import enabled as checkpoints_enabled
 from hfta_nas._oom import check_budget
+from hfta_nas._objectives import Objective, as_objective
 from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
 from hfta_nas.data import Dataset, load_dataset, pooled, slot_splits
 from hfta_nas.errors import HftaNasError
@@ -79,6 +80,7 @@ def train(
     remove_checkpoint: bool = True,
     accumulate: int = 1,
     early_stopping: EarlyStopping | None = None,
+    loss: Objective | str | Callable[..., torch.Tensor] | None = None,
 ) -> TrainRun:
     """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
 
@@ -89,7 +91,10 @@ def train(
     `hparams` values (lr, weight_decay, ..., and every optimizer's clip_norm and
     clip_value: per-slot gradient clipping) and `schedule` values are a float
     for all slots or one per slot; `accumulate`: micro-batches per optimizer
-    step; `early_stopping`: an EarlyStopping each slot follows on its own; `schedule` holds `kind` plus LRSchedule's
+    step; `early_stopping`: an EarlyStopping each slot follows on its own;
+    `loss`: an Objective, a loss name (cross_entropy, mse, mae, huber) or a
+    function (default cross-entropy); a regression loss loads a dataset given by
+    name as regression targets; `schedule` holds `kind` plus LRSchedule's
     arguments. Data order and dropout seeds default to the init seeds; pass
     them separately to vary one source of randomness at a time. `split_seeds`
     (one per slot; None keeps the data's split) re-draws each slot's train /
@@ -114,7 +119,12 @@ def train(
     if torch_dtype not in DTYPES.values():
         raise HftaNasError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}.")
     device = _checked_device(device)
-    data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, device=device, dtype=torch_dtype)
+    objective = as_objective(loss)
+    data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, device=device, dtype=torch_dtype,
+                                                                     task=objective.kind)
+    if data.task != objective.kind:
+        raise HftaNasError(f"the data holds {data.task} targets but the loss is a {objective.kind} loss "
+                           f"({objective.loss if isinstance(objective.loss, str) else 'a function'}).")
     data = data.to(device=device, dtype=torch_dtype)
     factory = resolve_model(model, model_config, input_shape=data.input_shape, num_classes=data.num_classes)
     slot_factories = None
@@ -150,14 +160,14 @@ def train(
             array, opt, data, batch_size=batch_size, schedule=LRSchedule(opt, **schedule) if schedule else None,
             data_seeds=None if shared_order else data_seeds,
             shared_order_seed=data_seeds[0] if shared_order else None, splits=splits,
-            accumulate=accumulate, early_stopping=early_stopping,
+            accumulate=accumulate, early_stopping=early_stopping, loss_fn=objective,
         )
 
     fingerprint = repr((getattr(model, "__module__", ""), getattr(model, "__qualname__", model), model_config,
                         slot_model_configs,
                         getattr(data, "name", None), tuple(data.x_train.shape), seeds, data_seeds, dropout_seeds, split_seeds,
                         shared_order, optimizer, hparams, schedule, epochs, batch_size, device.type, str(torch_dtype),
-                        accumulate, early_stopping))
+                        accumulate, early_stopping, objective.describe()))
     saver = (Checkpointer(Path(checkpoint), extra={"fingerprint": fingerprint})
              if checkpoint is not None and checkpoints_enabled() else None)
     trainer = saver.resume(make_trainer) if saver is not None else make_trainer()

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hfta_nas._array import ModelArray
+from hfta_nas._objectives import Objective, as_objective
 from hfta_nas.data import Dataset, EpochOrder, SlotSplits, gather
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import ArrayOptimizer, LRSchedule
@@ -91,6 +92,11 @@ class EpochReport:
     seconds: float
 
 
+def _add(sums: dict[str, torch.Tensor], more: dict[str, torch.Tensor]) -> None:
+    for key, value in more.items():
+        sums[key] = sums[key] + value if key in sums else value
+
+
 class ArrayTrainer:
     """Trains an array with its optimizer (and schedule) on a Dataset.
 
@@ -125,7 +131,7 @@ class ArrayTrainer:
         eval_batch_size: int = 1000,
         evaluate_test: bool = True,
         slot_ids: Sequence[Any] | None = None,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+        loss_fn: Objective | Callable[..., torch.Tensor] | str = F.cross_entropy,
         splits: SlotSplits | None = None,
         accumulate: int = 1,
         early_stopping: EarlyStopping | None = None,
@@ -154,7 +160,7 @@ class ArrayTrainer:
         self.schedule_interval = schedule_interval
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.evaluate_test = evaluate_test
-        self.loss_fn = loss_fn
+        self.objective = as_objective(loss_fn)
         self.shared_order = shared_order_seed is not None
         self.order = EpochOrder(
             splits.train.shape[1] if splits is not None else len(data.y_train), batch_size,
@@ -189,8 +195,7 @@ class ArrayTrainer:
             raise HftaNasError(f"epochs must be a non-negative integer, got {epochs!r}.")
         while epochs > 0 and self._running():
             started = time.perf_counter()
-            train_loss, train_acc = self._train_one_epoch()
-            metrics = {"train_loss": train_loss, "train_acc": train_acc, **self.evaluate()}
+            metrics = {**self._train_one_epoch(), **self.evaluate()}
             report = self._record_epoch(metrics, time.perf_counter() - started)
             for sid in self._running():
                 if self.results[sid].epochs >= epochs:
@@ -207,12 +212,12 @@ class ArrayTrainer:
     def _running(self) -> list[Any]:
         return [sid for sid in self.slot_ids if self.results[sid].status == "running"]
 
-    def _train_one_epoch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _train_one_epoch(self) -> dict[str, torch.Tensor]:
         self.array.train()
         x_all, y_all = self.data.x_train, self.data.y_train
         loss_sum = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
-        correct = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
-        seen = 0
+        loss_count = torch.zeros_like(loss_sum)
+        sums: dict[str, torch.Tensor] = {}
         batches = list(self.order.next_epoch())
         for number, index in enumerate(batches):
             if self.splits is not None:  # positions in each slot's own train rows -> rows of the pool
@@ -221,7 +226,8 @@ class ArrayTrainer:
             logits = self.array(x, shared_input=self.shared_order)
             if self.shared_order:
                 y = y.expand(len(self.array), *y.shape)
-            losses = self.slot_losses(logits, y)
+            total, count = self.objective.slot_losses(logits, y)
+            losses = total / count
             if number % self.accumulate == 0:
                 self.optimizer.zero_grad()
             (losses.sum() / self.accumulate if self.accumulate > 1 else losses.sum()).backward()
@@ -229,22 +235,22 @@ class ArrayTrainer:
                 self.optimizer.step()
                 if self.schedule is not None and self.schedule_interval == "step":
                     self.schedule.step()
-            loss_sum += losses.detach().to(torch.float64) * y.shape[1]
-            correct += (logits.detach().argmax(-1) == y).sum(1).to(torch.float64)
-            seen += y.shape[1]
+            loss_sum += total.detach().to(torch.float64)
+            loss_count += count.detach().to(torch.float64)
+            _add(sums, self.objective.metric_sums(logits.detach(), y))
         if self.schedule is not None and self.schedule_interval == "epoch":
             self.schedule.step()
-        return loss_sum / seen, correct / seen
+        return {"train_loss": loss_sum / loss_count, **self.objective.finish("train", sums)}
 
     def slot_losses(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """[B] each slot's own loss (its mean over its batch)."""
-        batch, n = y.shape[:2]
-        flat = self.loss_fn(logits.reshape(batch * n, *logits.shape[2:]), y.reshape(batch * n, *y.shape[2:]), reduction="none")
-        return flat.reshape(batch, n, -1).mean(dim=(1, 2))
+        total, count = self.objective.slot_losses(logits, y)
+        return total / count
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, torch.Tensor]:
-        """Loss and accuracy of every slot on validation (and test) data: [B] tensors."""
+        """Loss and metrics (accuracy; RMSE, MAE, R^2 for regression; the user's) of every slot on
+        validation (and test) data: [B] tensors."""
         self.array.eval()
         parts = [("val", self.data.x_val, self.data.y_val, None)]
         if self.splits is not None:  # each slot its own validation rows of the pool
@@ -257,7 +263,8 @@ class ArrayTrainer:
             if count == 0:
                 continue
             loss_sum = torch.zeros(len(self.array), dtype=torch.float64, device=x_all.device)
-            correct = torch.zeros_like(loss_sum)
+            loss_count = torch.zeros_like(loss_sum)
+            sums: dict[str, torch.Tensor] = {}
             for start in range(0, count, self.eval_batch_size):
                 if rows is None:  # the same samples for every slot
                     x, y = x_all[start : start + self.eval_batch_size], y_all[start : start + self.eval_batch_size]
@@ -267,10 +274,12 @@ class ArrayTrainer:
                     index = rows[:, start : start + self.eval_batch_size]
                     x, y = gather(x_all, index), gather(y_all, index)
                     logits = self.array(x)
-                loss_sum += self.slot_losses(logits, y).to(torch.float64) * y.shape[1]
-                correct += (logits.argmax(-1) == y).sum(1).to(torch.float64)
-            metrics[f"{name}_loss"] = loss_sum / count
-            metrics[f"{name}_acc"] = correct / count
+                total, counted = self.objective.slot_losses(logits, y)
+                loss_sum += total.to(torch.float64)
+                loss_count += counted.to(torch.float64)
+                _add(sums, self.objective.metric_sums(logits, y))
+            metrics[f"{name}_loss"] = loss_sum / loss_count
+            metrics.update(self.objective.finish(name, sums))
         return metrics
 
     def _record_epoch(self, metrics: dict[str, torch.Tensor], seconds: float) -> EpochReport:

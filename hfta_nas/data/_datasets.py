@@ -50,7 +50,10 @@ class Dataset:
     """Train / val / test tensors on one device: x floating point, y int64 class indices.
 
     Every x tensor is shaped `[num_samples, *input_shape]`, every y tensor
-    `[num_samples]` with values in `[0, num_classes)`.
+    `[num_samples]` with values in `[0, num_classes)`. A regression dataset
+    (`task="regression"`) has floating targets `[num_samples]` or
+    `[num_samples, num_targets]` (NaN: missing, for masked losses), and
+    `num_classes` is the number of outputs a model needs.
     """
 
     name: str
@@ -61,6 +64,7 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    task: str = "classification"
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -70,7 +74,7 @@ class Dataset:
     def to(
         self, device: str | torch.device | None = None, dtype: torch.dtype | None = None
     ) -> Dataset:
-        """A copy on `device` with x cast to the floating `dtype`; y stays int64."""
+        """A copy on `device` with x cast to the floating `dtype`; y stays int64 (regression targets: `dtype`)."""
         device = self.x_train.device if device is None else _resolve_device(device)
         dtype = self.x_train.dtype if dtype is None else _check_dtype(dtype)
 
@@ -78,7 +82,7 @@ class Dataset:
             return x.to(device=device, dtype=dtype).contiguous()
 
         def move_y(y: torch.Tensor) -> torch.Tensor:
-            return y.to(device=device, dtype=torch.int64).contiguous()
+            return y.to(device=device, dtype=torch.int64 if self.task == "classification" else dtype).contiguous()
 
         return replace(
             self,
@@ -109,6 +113,7 @@ def load_dataset(
     num_samples: int | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    task: str = "classification",
 ) -> Dataset:
     """Load a dataset, split it and put it on `device`.
 
@@ -131,7 +136,9 @@ def load_dataset(
         num_samples: size of the generated mnist1d dataset (default 5000, rounded
             down to a multiple of its 10 classes); only valid for mnist1d.
         device: where the tensors live for the whole run.
-        dtype: floating dtype of x; y is always int64.
+        dtype: floating dtype of x; y is int64 (regression targets: this dtype).
+        task: "classification" (integer labels) or "regression" (numeric targets, one
+            or several per sample; NaN marks a missing target for masked losses).
 
     Raises:
         HftaNasError: the source, a file's content, the labels or an argument is bad.
@@ -141,15 +148,20 @@ def load_dataset(
         raise HftaNasError(f"split_seed must be a non-negative integer, got {split_seed!r}")
     resolved_device = _resolve_device(device)
     dtype = _check_dtype(dtype)
-    name, splits = _read_source(source, val_fraction, test_fraction, split_seed, num_samples)
-    num_classes = 1 + max(int(splits[key].max()) for key in _SPLIT_KEYS[1::2] if splits[key].size)
+    if task not in ("classification", "regression"):
+        raise HftaNasError(f"task must be 'classification' or 'regression', got {task!r}")
+    name, splits = _read_source(source, val_fraction, test_fraction, split_seed, num_samples, task)
+    if task == "regression":
+        num_classes = 1 if splits["y_train"].ndim == 1 else int(splits["y_train"].shape[1])
+    else:
+        num_classes = 1 + max(int(splits[key].max()) for key in _SPLIT_KEYS[1::2] if splits[key].size)
 
     def tensor(key: str) -> torch.Tensor:
         # torch.tensor copies, so the dataset never aliases the caller's (or the cache's) arrays.
-        key_dtype = dtype if key.startswith("x") else torch.int64
+        key_dtype = dtype if key.startswith("x") or task == "regression" else torch.int64
         return torch.tensor(splits[key], dtype=key_dtype, device=resolved_device)
 
-    return Dataset(name=name, num_classes=num_classes, **{key: tensor(key) for key in _SPLIT_KEYS})
+    return Dataset(name=name, num_classes=num_classes, task=task, **{key: tensor(key) for key in _SPLIT_KEYS})
 
 
 # -- sources ------------------------------------------------------------------
@@ -161,6 +173,7 @@ def _read_source(
     test_fraction: float,
     split_seed: int,
     num_samples: int | None,
+    task: str = "classification",
 ) -> tuple[str, dict[str, np.ndarray]]:
     """The dataset's name and its six validated, split numpy arrays."""
     if not isinstance(source, (str, os.PathLike)):
@@ -175,6 +188,9 @@ def _read_source(
             f"not to data source {text!r}; leave num_samples unset"
         )
 
+    if builtin in ("mnist1d", "digits") and task != "classification":
+        raise HftaNasError(f"the built-in dataset {builtin!r} is a classification dataset; task {task!r} needs "
+                           "a .npz/.csv file or 'module:function' with numeric targets")
     if builtin == "mnist1d":
         return "mnist1d", _mnist1d_splits(num_samples, val_fraction, split_seed)
     if builtin == "digits":
@@ -191,7 +207,7 @@ def _read_source(
                 f"expected an existing .{suffix} file, relative paths are resolved from the current directory"
             )
         where = f"data file {text!r}"
-        arrays = _read_npz(path, where) if suffix == "npz" else _read_csv(path, where)
+        arrays = _read_npz(path, where) if suffix == "npz" else _read_csv(path, where, task)
     elif _FACTORY.match(text):
         arrays, where = _call_factory(text)
     else:
@@ -199,7 +215,7 @@ def _read_source(
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise HftaNasError(f"unknown data source {text!r}; expected {_ACCEPTED_FORMS}.{hint}")
 
-    arrays = _validated(arrays, where)
+    arrays = _validated(arrays, where, task)
     if "x" in arrays:
         arrays = _split(arrays, val_fraction, test_fraction, split_seed)
     return text, arrays
@@ -314,7 +330,7 @@ def _read_npz(path: Path, where: str) -> dict[str, Any]:
     return _pick_arrays(arrays, where)
 
 
-def _read_csv(path: Path, where: str) -> dict[str, Any]:
+def _read_csv(path: Path, where: str, task: str = "classification") -> dict[str, Any]:
     import pandas as pd  # lazy: only this source needs pandas
 
     try:
@@ -346,7 +362,8 @@ def _read_csv(path: Path, where: str) -> dict[str, Any]:
             f"{where}: feature columns {missing} have missing values; expected a number in every cell"
         )
     # Checked here so that a bad label is reported under its column's name.
-    y = _labels(frame[labels[0]].to_numpy(), where, labels[0])
+    y = frame[labels[0]].to_numpy()
+    y = _labels(y, where, labels[0]) if task == "classification" else _targets(y, where, labels[0])
     return {"x": features.to_numpy(dtype=np.float64), "y": y}
 
 
@@ -462,13 +479,13 @@ def _pick_arrays(arrays: Mapping[str, Any], where: str) -> dict[str, Any]:
 # -- validation and splitting --------------------------------------------------
 
 
-def _validated(arrays: dict[str, Any], where: str) -> dict[str, np.ndarray]:
+def _validated(arrays: dict[str, Any], where: str, task: str = "classification") -> dict[str, np.ndarray]:
     """Check every (x, y) pair in `arrays`; return numpy features and int64 labels."""
     pairs = [("x", "y")] if "x" in arrays else list(zip(_SPLIT_KEYS[0::2], _SPLIT_KEYS[1::2]))
     out: dict[str, np.ndarray] = {}
     for x_key, y_key in pairs:
         x = _features(arrays[x_key], where, x_key)
-        y = _labels(arrays[y_key], where, y_key)
+        y = _labels(arrays[y_key], where, y_key) if task == "classification" else _targets(arrays[y_key], where, y_key)
         if len(x) != len(y):
             raise HftaNasError(
                 f"{where}: {x_key!r} has {len(x)} samples but {y_key!r} has {len(y)} labels; "
@@ -510,6 +527,18 @@ def _features(value: Any, where: str, key: str) -> np.ndarray:
             f"(first at index {int(np.argmax(bad))}); expected finite numbers"
         )
     return x
+
+
+def _targets(value: Any, where: str, key: str) -> np.ndarray:
+    """Regression targets: numbers, one or several per sample; NaN marks a missing target."""
+    y = _as_numpy(value, where, key)
+    if y.ndim not in (1, 2) or y.dtype.kind not in "biuf":
+        raise HftaNasError(f"{where}: targets {key!r} have shape {y.shape} and dtype {y.dtype}; expected numbers, "
+                           "shape [num_samples] or [num_samples, num_targets] (NaN for a missing target)")
+    y = y.astype(np.float64)
+    if np.isinf(y).any():
+        raise HftaNasError(f"{where}: targets {key!r} hold infinite values; expected finite numbers or NaN (missing)")
+    return y
 
 
 def _labels(value: Any, where: str, key: str) -> np.ndarray:

@@ -47,7 +47,6 @@ from hfta_nas.search._packing import Pack, example_input, shape_key
 from hfta_nas.search._resume import Claim, slot_record
 
 log = logging.getLogger(__name__)
-TRAINED_METRICS = ("train_loss", "val_loss", "val_acc", "test_loss", "test_acc")
 STATIC_METRICS = ("params", "latency_ms")
 
 

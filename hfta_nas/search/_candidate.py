@@ -19,6 +19,7 @@ import optuna
 import torch
 from torch import nn
 
+from hfta_nas._objectives import Objective
 from hfta_nas._trainer import EarlyStopping
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
@@ -42,7 +43,9 @@ class Candidate:
       refilled); both shared by an array. Per-slot gradient clipping is an
       optimizer hyper-parameter (`clip_norm`, `clip_value`).
     - data: the `Dataset` to train on (default: the one given to `optimize`).
-    - loss: `loss(logits, y)` per sample mean, as `F.cross_entropy` (the default).
+    - loss: an `hfta_nas.Objective` (a built-in loss with its options and user
+      metrics), or `loss(output, y, reduction="none")` per-sample losses, as
+      `F.cross_entropy` (the default) takes them.
     - metrics: values known without training (say a latency you measured) for
       objectives of those names; `params` (the parameter count) is always known.
     - config: what the best trial's export writes as `best_config.yaml`: an
@@ -56,7 +59,7 @@ class Candidate:
     epochs: int = 5
     batch_size: int = 100
     data: Dataset | None = None
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    loss: Objective | Callable[..., torch.Tensor] | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     config: Any = None
     accumulate: int = 1
@@ -112,7 +115,8 @@ class Candidate:
 
     def stable_settings(self) -> tuple:
         """`shared_settings` by name instead of object identity (the same in every run)."""
-        loss = getattr(self.loss, "__qualname__", repr(self.loss)) if self.loss is not None else None
+        loss = self.loss.describe() if isinstance(self.loss, Objective) else (
+            getattr(self.loss, "__qualname__", repr(self.loss)) if self.loss is not None else None)
         return (getattr(self.data, "name", None), self.batch_size, self.epochs, self.optimizer,
                 tuple(sorted(self.flags().items())), self.schedule is not None, loss, self.accumulate,
                 repr(self.early_stopping))

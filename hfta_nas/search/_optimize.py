@@ -40,7 +40,8 @@ from hfta_nas._probe import model_macs, padding_fraction
 from hfta_nas._run import DTYPES, _checked_device
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
-from hfta_nas.search._array_job import STATIC_METRICS, TRAINED_METRICS, ArrayJob, JobContext
+from hfta_nas._objectives import as_objective
+from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, JobContext
 from hfta_nas.search._candidate import Candidate, Proposal, check_outputs, meta_shell, trial_seeds
 from hfta_nas.search._cost import StepCost, measure_step_cost
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
@@ -289,12 +290,14 @@ class _Search:
         return checkpoint_folder(self.location, self.study.study_name) if checkpoints_enabled() else None
 
     def _check_metrics(self, candidate: Candidate) -> None:
-        known = {*TRAINED_METRICS, *STATIC_METRICS, *candidate.metrics}
+        objective = as_objective(candidate.loss)
+        trained = {name for split in ("train", "val", "test") for name in objective.metric_names(split)}
+        known = {*trained, *STATIC_METRICS, *candidate.metrics}
         for metric in self.metrics:
             if metric not in known:
                 raise HftaNasError(f"unknown metric '{metric}': expected one of {', '.join(sorted(known))}.")
             split = metric.split("_", 1)[0]
-            if metric in TRAINED_METRICS and split in ("val", "test") and len(getattr(candidate.data, f"y_{split}")) == 0:
+            if metric in trained and split in ("val", "test") and len(getattr(candidate.data, f"y_{split}")) == 0:
                 name = {"val": "validation", "test": "test"}[split]
                 raise HftaNasError(f"metric '{metric}' needs {name} data, but the data has no {name} samples "
                                    f"(a {split}_fraction of 0?); give the split samples or choose another metric.")

@@ -1,0 +1,174 @@
+"""Losses and metrics per slot, against each model trained and evaluated alone with plain
+PyTorch (float64) and sklearn's metrics: classification with label smoothing, class weights and
+missing labels; regression (MSE, MAE, Huber; one or several targets; missing targets); user
+losses and metrics."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import synthetic_dataset
+from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import hfta_nas
+from hfta_nas import ArrayTrainer, HftaNasError, ModelArray, Objective
+from hfta_nas.data import Dataset
+from tests.test_trainer import BATCH, DATA_SEEDS, INIT_SEEDS, assert_equivalent, conv_bn_model
+
+LR = [1e-2, 3e-3, 3e-2, 1e-3]
+
+
+def regression_data(targets=1, missing=0.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(24, max(targets, 1), generator=g, dtype=torch.float64)
+
+    def part(n):
+        x = torch.randn(n, 2, 12, generator=g, dtype=torch.float64)
+        y = x.reshape(n, -1) @ weight + 0.1 * torch.randn(n, max(targets, 1), generator=g, dtype=torch.float64)
+        y = y[:, 0] if targets == 1 else y
+        if missing:
+            y = torch.where(torch.rand(y.shape, generator=g, dtype=torch.float64) < missing, torch.nan, y)
+        return x, y
+
+    (xt, yt), (xv, yv), (xs, ys) = part(60), part(20), part(20)
+    return Dataset("regression", xt, yt, xv, yv, xs, ys, max(targets, 1), task="regression")
+
+
+def regression_model(outputs):
+    return lambda: nn.Sequential(nn.Flatten(), nn.Linear(24, 8), nn.Tanh(), nn.Linear(8, outputs))
+
+
+def plain_loss(objective, output, y):
+    """The loss of one model's batch as plain PyTorch code writes it."""
+    if objective.loss == "cross_entropy":
+        weight = torch.tensor(objective.class_weights, dtype=output.dtype) if objective.class_weights else None
+        return F.cross_entropy(output, y, weight=weight, label_smoothing=objective.label_smoothing)
+    if output.dim() == y.dim() + 1:
+        output = output.squeeze(-1)
+    if objective.masked:
+        keep = ~torch.isnan(y)
+        output, y = output[keep], y[keep]
+    functional = {"mse": F.mse_loss, "mae": F.l1_loss, "huber": lambda o, t: F.huber_loss(o, t, delta=objective.delta)}
+    return functional[objective.loss](output, y)
+
+
+def train_both(data, objective, factory, epochs=2):
+    arr = ModelArray.from_factory(factory, seeds=INIT_SEEDS, dtype=torch.float64)
+    trainer = ArrayTrainer(arr, hfta_nas.optim.Adam(arr, lr=LR), data, batch_size=BATCH, data_seeds=DATA_SEEDS,
+                           loss_fn=objective)
+    results = trainer.fit(epochs)
+    models = []
+    for slot in range(len(INIT_SEEDS)):
+        torch.manual_seed(INIT_SEEDS[slot])
+        model = factory().double()
+        opt = torch.optim.Adam(model.parameters(), lr=LR[slot])
+        loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=BATCH, shuffle=True,
+                            generator=torch.Generator().manual_seed(DATA_SEEDS[slot]))
+        for _ in range(epochs):
+            model.train()
+            for x, y in loader:
+                opt.zero_grad()
+                plain_loss(objective, model(x), y).backward()
+                opt.step()
+        models.append(model.eval())
+    return arr, results, models
+
+
+@pytest.mark.parametrize("objective", [
+    Objective(label_smoothing=0.1),
+    Objective(class_weights=[0.2, 1.0, 3.0]),
+    Objective(class_weights=[0.5, 1.0, 2.0], label_smoothing=0.2),
+], ids=["label-smoothing", "class-weights", "both"])
+def test_classification_losses_equal_cross_entropy_on_each_model(tiny_data, objective):
+    arr, results, models = train_both(tiny_data, objective, conv_bn_model)
+    assert_equivalent(arr, models, 1e-10)
+    for slot, model in enumerate(models):
+        with torch.no_grad():
+            logits = model(tiny_data.x_val)
+        assert results[slot].final["val_loss"] == pytest.approx(plain_loss(objective, logits, tiny_data.y_val).item(), rel=1e-10)
+        assert results[slot].final["val_acc"] == pytest.approx((logits.argmax(1) == tiny_data.y_val).double().mean().item())
+
+
+def test_missing_labels_are_ignored_as_torchs_ignore_index(tiny_data):
+    y, y_val = tiny_data.y_train.clone(), tiny_data.y_val.clone()
+    y[::3], y_val[::2] = -100, -100  # partly unlabelled training and validation sets
+    data = Dataset("partial", tiny_data.x_train, y, tiny_data.x_val, y_val, tiny_data.x_test, tiny_data.y_test, 3)
+    arr, results, models = train_both(data, Objective(), conv_bn_model)  # F.cross_entropy skips -100 by default
+    assert_equivalent(arr, models, 1e-10)
+    labelled = y_val != -100
+    for slot, model in enumerate(models):
+        with torch.no_grad():
+            logits = model(data.x_val)
+        final = results[slot].final
+        assert final["val_loss"] == pytest.approx(F.cross_entropy(logits, y_val).item(), rel=1e-10)
+        accuracy = (logits.argmax(1) == y_val)[labelled].double().mean().item()
+        assert final["val_acc"] == pytest.approx(accuracy, rel=1e-12)
+
+
+@pytest.mark.parametrize("loss, targets, missing", [("mse", 1, 0.0), ("mae", 1, 0.0), ("huber", 3, 0.0),
+                                                    ("mse", 3, 0.3), ("huber", 1, 0.2)])
+def test_regression_losses_and_metrics_equal_torch_and_sklearn(loss, targets, missing):
+    data = regression_data(targets, missing)
+    objective = Objective(loss=loss, masked=missing > 0, delta=0.5)
+    arr, results, models = train_both(data, objective, regression_model(targets))
+    assert_equivalent(arr, models, 1e-10)
+    for slot, model in enumerate(models):
+        with torch.no_grad():
+            out = model(data.x_val)
+        final = results[slot].final
+        assert final["val_loss"] == pytest.approx(plain_loss(objective, out, data.y_val).item(), rel=1e-10)
+        pred, true = out.numpy().reshape(len(out), -1), data.y_val.numpy().reshape(len(out), -1)
+        if missing:  # each metric over the targets present
+            keep = ~np.isnan(true)
+            error = (pred - np.nan_to_num(true))[keep]
+            assert final["val_rmse"] == pytest.approx(np.sqrt((error ** 2).mean()), rel=1e-10)
+            assert final["val_mae"] == pytest.approx(np.abs(error).mean(), rel=1e-10)
+            r2 = np.mean([r2_score(true[keep[:, k], k], pred[keep[:, k], k]) for k in range(true.shape[1])])
+        else:
+            assert final["val_rmse"] == pytest.approx(np.sqrt(mean_squared_error(true, pred)), rel=1e-10)
+            assert final["val_mae"] == pytest.approx(mean_absolute_error(true, pred), rel=1e-10)
+            r2 = r2_score(true, pred)
+        assert final["val_r2"] == pytest.approx(r2, rel=1e-9)
+        assert "val_acc" not in final
+
+
+def test_a_user_loss_and_metric(tiny_data):
+    def focal(logits, y, reduction="none"):
+        ce = F.cross_entropy(logits, y, reduction="none")
+        return (1 - torch.exp(-ce)) ** 2 * ce
+
+    def top2(logits, y):
+        return (logits.topk(2, dim=-1).indices == y.unsqueeze(-1)).any(-1).double()
+
+    objective = Objective(loss=focal, metrics={"top2": top2})
+    arr = ModelArray.from_factory(conv_bn_model, seeds=INIT_SEEDS, dtype=torch.float64)
+    trainer = ArrayTrainer(arr, hfta_nas.optim.Adam(arr, lr=LR), tiny_data, batch_size=BATCH, data_seeds=DATA_SEEDS,
+                           loss_fn=objective)
+    results = trainer.fit(1)
+    for slot in range(4):
+        model = conv_bn_model().double()
+        model.load_state_dict(arr.slot_state_dict(slot))
+        model.eval()
+        with torch.no_grad():
+            logits = model(tiny_data.x_val)
+        final = results[slot].final
+        assert final["val_loss"] == pytest.approx(focal(logits, tiny_data.y_val).mean().item(), rel=1e-10)
+        assert final["val_top2"] == pytest.approx(top2(logits, tiny_data.y_val).mean().item(), rel=1e-12)
+        assert "val_acc" in final  # a user loss of a classification task keeps the accuracy
+
+
+def test_train_loads_regression_targets_and_refuses_a_mismatch(tmp_path):
+    x = np.random.default_rng(0).normal(size=(200, 5))
+    np.savez(tmp_path / "r.npz", x=x, y=x @ np.arange(5.0))
+    run = hfta_nas.train("mlp", model_config={"width": 8, "depth": 1}, dataset=str(tmp_path / "r.npz"), seeds=[0, 1],
+                         loss="mse", epochs=2, dtype="float64")
+    assert run.dataset.task == "regression" and run.dataset.y_train.dtype == torch.float64 and run.dataset.num_classes == 1
+    assert {"val_rmse", "val_mae", "val_r2", "test_r2"} <= set(run.results[0].final)
+    with pytest.raises(HftaNasError, match="regression targets but the loss is a classification loss"):
+        hfta_nas.train("mlp", dataset=run.dataset, seeds=[0], epochs=1)
+    with pytest.raises(HftaNasError, match="classification dataset"):
+        hfta_nas.train("mlp", dataset="digits", seeds=[0], epochs=1, loss="mse")
+    with pytest.raises(HftaNasError, match="unknown loss 'msee'"):
+        Objective(loss="msee")
