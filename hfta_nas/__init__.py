@@ -5,7 +5,7 @@ from hfta_nas._allocator import keep_freed_memory
 from hfta_nas._array import FusionSignature, ModelArray, check_fusable
 from hfta_nas._probe import PaddingCost, padding_cost
 from hfta_nas._run import TrainRun, train
-from hfta_nas._objectives import LOSSES, Objective
+from hfta_nas._objectives import CLASSIFICATION_LOSSES, LOSSES, REGRESSION_LOSSES, Objective
 from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
 from hfta_nas.search import Candidate, SearchSummary, optimize, plan
@@ -14,7 +14,9 @@ __all__ = [
     "ArrayTrainer",
     "Candidate",
     "EarlyStopping",
+    "CLASSIFICATION_LOSSES",
     "LOSSES",
+    "REGRESSION_LOSSES",
     "Objective",
     "EpochReport",
     "FusionError",

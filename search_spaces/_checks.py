@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from hfta_nas import CLASSIFICATION_LOSSES, LOSSES, REGRESSION_LOSSES
 from hfta_nas.data import DATASETS
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import FAMILIES, family_defaults, model_factory
@@ -28,7 +29,7 @@ from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS, LRSchedule
 from search_spaces import _optuna
 from search_spaces._errors import Problem, SpaceError
 from search_spaces._schema import (
-    DEFAULT_DIRECTION,
+    default_direction,
     DISTRIBUTIONS,
     FOREIGN_DISTRIBUTIONS,
     Categorical,
@@ -54,10 +55,13 @@ from search_spaces._yaml import Loc, Where
 
 # Shapes of the built-in datasets, so a family config can be checked (layer
 # sizes fit the input) without generating the data.
-BUILTIN_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {"mnist1d": ((1, 40), 10), "digits": ((1, 8, 8), 10)}
+BUILTIN_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {"mnist1d": ((1, 40), 10), "digits": ((1, 8, 8), 10),
+                                                          "diabetes": ((10,), 1)}
 GRID_LIMIT = 10_000
 _PRIMITIVE = (type(None), bool, int, float, str)
 _IDENTIFIER_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
+STATIC_METRICS = ("params", "latency_ms")
 _FUNCTION_SOURCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -201,6 +205,7 @@ def validate(data: Any, where: Where) -> Validated:
     except ValidationError as error:
         raise SpaceError(validation_problems(where, error, SpaceFile)) from None
     run = _Run(where)
+    _check_loss(run, file)
     file = _check_study(run, file)
     _check_model(run, file)
     _check_data(run, file)
@@ -220,22 +225,71 @@ def validate(data: Any, where: Where) -> Validated:
 
 
 # ----------------------------------------------------------------------- study
+def loss_kind(file: SpaceFile) -> str:
+    """classification or regression: what the space's loss trains (and so which metrics exist)."""
+    loss = file.training.loss
+    if loss is None or loss.name in CLASSIFICATION_LOSSES:
+        return "classification"
+    if loss.name in REGRESSION_LOSSES:
+        return "regression"
+    return loss.task or "classification"
+
+
+def measured_metrics(file: SpaceFile) -> list[str]:
+    """The metrics training records for this space: per split its loss, accuracy (classification)
+    or RMSE, MAE and R^2 (regression), and the user metrics."""
+    names = ["loss", *(["acc"] if loss_kind(file) == "classification" else ["rmse", "mae", "r2"]),
+             *file.training.metrics]
+    return [f"{split}_{name}" for split in ("train", "val", "test") for name in names]
+
+
+def _check_loss(run: _Run, file: SpaceFile) -> None:
+    loss, kind = file.training.loss, loss_kind(file)
+    if loss is not None:
+        if loss.name not in LOSSES and not (":" in loss.name and _IDENTIFIER_PATH.match(loss.name.rpartition(":")[2])):
+            close = difflib.get_close_matches(loss.name, LOSSES, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            run.add(("training", "loss", "name"), f"unknown loss {short(loss.name)}{hint}; expected one of "
+                                                  f"{', '.join(LOSSES)}, or 'module:function'")
+        if kind == "regression" and (loss.label_smoothing or loss.class_weights):
+            run.add(("training", "loss"), "label_smoothing and class_weights are options of a classification "
+                                          f"loss (cross_entropy), not of '{loss.name}'")
+    for name, function in file.training.metrics.items():
+        if not _IDENTIFIER.match(str(name)):
+            run.add(("training", "metrics", name), f"a metric name must be an identifier (it becomes val_{name}, "
+                                                   f"...), got {short(name)}")
+        elif ":" not in function or not _IDENTIFIER_PATH.match(function.rpartition(":")[2]):
+            run.add(("training", "metrics", name), f"expected 'module:function', got {short(function)}")
+    stopping = file.training.early_stopping
+    if stopping is not None and stopping.metric not in measured_metrics(file):
+        run.add(("training", "early_stopping", "metric"), _unknown_metric(stopping.metric, measured_metrics(file)))
+
+
+def _unknown_metric(metric: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(str(metric), known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"metric {short(metric)} is not measured here{hint}; measured: {', '.join(known)}"
+
+
 def _check_study(run: _Run, file: SpaceFile) -> SpaceFile:
     study = file.study
     metrics = list(study.metrics)
     seen: set[str] = set()
+    known = [*measured_metrics(file), *STATIC_METRICS]
     for i, metric in enumerate(metrics):
         if metric in seen:
             run.add(("study", "metrics", i), f"metric '{metric}' is listed twice")
+        elif metric not in known:
+            run.add(("study", "metrics", i), _unknown_metric(metric, known))
         seen.add(metric)
     directions = study.directions
     if directions is None:
         if len(metrics) > 1:
             run.add(("study",), f"missing key 'directions': with {len(metrics)} metrics {metrics} give one direction "
                                 "per metric, e.g. directions: [maximize, minimize]")
-            directions = [DEFAULT_DIRECTION[m] for m in metrics]
+            directions = [default_direction(m) for m in metrics]
         else:
-            directions = [DEFAULT_DIRECTION[metrics[0]]]
+            directions = [default_direction(metrics[0])]
     elif len(directions) != len(metrics):
         run.add(("study", "directions"), f"expected {len(metrics)} direction(s), one per metric {metrics}, "
                                          f"got {len(directions)}: {directions}")

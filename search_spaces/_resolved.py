@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfta_nas import EarlyStopping
-from hfta_nas.models import FAMILIES, family_defaults
+from hfta_nas import LOSSES, EarlyStopping, Objective
+from hfta_nas.models import FAMILIES, family_defaults, load_factory
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from search_spaces._checks import validate
 from search_spaces._errors import Problem, SpaceError
@@ -28,7 +28,7 @@ from search_spaces._schema import SpaceFile, short, unknown_key_message
 from search_spaces._yaml import Loc, Where, dump_yaml, parse_yaml
 
 FILE_KEYS = ("model", "model_config", "dataset", "data", "optimizer", "hparams", "schedule", "epochs", "accumulate",
-             "early_stopping", "origin")
+             "early_stopping", "loss", "metrics", "origin")
 DATA_KEYS = ("batch_size", "val_fraction", "test_fraction", "split_seed", "num_samples")
 _SCHEDULE_DEFAULTS = {
     name: p.default for name, p in inspect.signature(LRSchedule.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
@@ -50,6 +50,8 @@ class ResolvedConfig:
     - accumulate: micro-batches per optimizer step (1: none)
     - early_stopping: None, or EarlyStopping's arguments (metric, patience, min_delta, mode)
     - per-slot gradient clipping is in hparams (clip_norm, clip_value), where set
+    - loss: None (cross-entropy), or the loss's name and options (see `hfta_nas.Objective`)
+    - metrics: user metrics, name -> 'module:function'
     - origin: where the config came from (study, trial, values, seeds, ...); informational,
       not compared by `==`
     """
@@ -64,6 +66,8 @@ class ResolvedConfig:
     epochs: int
     accumulate: int = 1
     early_stopping: dict[str, Any] | None = None
+    loss: dict[str, Any] | None = None
+    metrics: dict[str, str] = field(default_factory=dict)
     origin: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # ------------------------------------------------------------ for the engine
@@ -83,11 +87,22 @@ class ResolvedConfig:
             "batch_size": self.data["batch_size"],
             "accumulate": self.accumulate,
             "early_stopping": EarlyStopping(**self.early_stopping) if self.early_stopping is not None else None,
+            "loss": self.objective(),
         }
+
+    def objective(self) -> Objective:
+        """The loss and metrics as the engine takes them (user functions imported)."""
+        spec = dict(self.loss or {})
+        name = spec.pop("name", "cross_entropy")
+        metrics = {metric: load_factory(path) for metric, path in self.metrics.items()}
+        return Objective(loss=name if name in LOSSES else load_factory(name), metrics=metrics, **spec)
 
     def dataset_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `hfta_nas.data.load_dataset` after `source`."""
-        return {k: self.data[k] for k in ("val_fraction", "test_fraction", "split_seed", "num_samples")}
+        kwargs = {k: self.data[k] for k in ("val_fraction", "test_fraction", "split_seed", "num_samples")}
+        if self.objective().kind == "regression":  # written only then: a classification config reads as before
+            kwargs["task"] = "regression"
+        return kwargs
 
     def optimizer_flags(self) -> dict[str, bool]:
         """The optimizer's options shared by the whole array (nesterov, amsgrad, ...)."""
@@ -113,6 +128,8 @@ class ResolvedConfig:
             self.schedule is not None,
             self.accumulate,
             repr(self.early_stopping),
+            repr(self.loss),
+            repr(sorted(self.metrics.items())),
         )
 
     # --------------------------------------------------------------- as a file
@@ -123,8 +140,9 @@ class ResolvedConfig:
         # written only where set: a config without them reads (and hashes) as before they existed
         if data["accumulate"] == 1:
             del data["accumulate"]
-        if data["early_stopping"] is None:
-            del data["early_stopping"]
+        for key in ("early_stopping", "loss", "metrics"):
+            if not data[key]:
+                del data[key]
         return data
 
     def to_yaml(self, header: str | None = None, **origin: Any) -> str:
@@ -228,8 +246,8 @@ def _to_file_loc(loc: Loc) -> Loc:
     if loc[:1] == ("training",):
         if head in (("training", "epochs"), ("training", "accumulate")):
             return (head[1],)
-        if head == ("training", "early_stopping"):
-            return ("early_stopping", *rest)
+        if head in (("training", "early_stopping"), ("training", "loss"), ("training", "metrics")):
+            return (head[1], *rest)
         if head in (("training", "clip_norm"), ("training", "clip_value")):
             return ("hparams", head[1])
         if head == ("training", "optimizer"):
@@ -263,13 +281,14 @@ def _as_space(data: Any, where: Where) -> dict[str, Any]:
         raise SpaceError(problems)
     model = data["model"]
     space: dict[str, Any] = {"model": {("factory" if isinstance(model, str) and ":" in model else "family"): model}}
+    space["study"] = {"metrics": ["val_loss"]}  # a config has no study; val_loss is measured for every loss
     if data.get("model_config") is not None:
         space["model"]["config"] = data["model_config"]
     space["data"] = dict(data.get("data") or {})
     if "dataset" in data:
         space["data"]["dataset"] = data["dataset"]
     training: dict[str, Any] = {}
-    for key in ("epochs", "accumulate", "early_stopping"):
+    for key in ("epochs", "accumulate", "early_stopping", "loss", "metrics"):
         if key in data:
             training[key] = data[key]
     optimizer = dict(data.get("hparams") or {})
@@ -310,6 +329,8 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
             "clip_value": training.clip_value,
             "accumulate": training.accumulate,
             "early_stopping": training.early_stopping.model_dump() if training.early_stopping is not None else None,
+            "loss": training.loss.model_dump() if training.loss is not None else None,
+            "metrics": dict(training.metrics),
         },
     }
     for path, value in values.items():
@@ -347,5 +368,7 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
         epochs=epochs,
         accumulate=tree["training"]["accumulate"],
         early_stopping=tree["training"]["early_stopping"],
+        loss=tree["training"]["loss"],
+        metrics=tree["training"]["metrics"],
     )
 

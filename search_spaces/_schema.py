@@ -25,7 +25,8 @@ UnitFactor = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
-Metric = Literal["val_acc", "val_loss", "test_acc", "test_loss", "train_loss", "train_acc", "params", "latency_ms"]
+Metric = Literal["val_acc", "val_loss", "test_acc", "test_loss", "train_loss", "train_acc", "params", "latency_ms",
+                 "val_rmse", "val_mae", "val_r2", "test_rmse", "test_mae", "test_r2", "train_rmse", "train_mae", "train_r2"]
 Direction = Literal["minimize", "maximize"]
 SamplerName = Literal["tpe", "random", "cmaes", "gp", "grid", "nsga2"]
 PrunerName = Literal["none", "median", "successive_halving", "hyperband"]
@@ -33,7 +34,16 @@ PrunerName = Literal["none", "median", "successive_halving", "hyperband"]
 METRICS: tuple[str, ...] = get_args(Metric)
 SAMPLERS: tuple[str, ...] = get_args(SamplerName)
 PRUNERS: tuple[str, ...] = get_args(PrunerName)
-DEFAULT_DIRECTION = {m: ("maximize" if m.endswith("_acc") else "minimize") for m in METRICS}
+REGRESSION_METRICS = tuple(m for m in METRICS if m.endswith(("_rmse", "_mae", "_r2")))
+CLASSIFICATION_METRICS = tuple(m for m in METRICS if m.endswith("_acc"))
+
+
+def default_direction(metric: str) -> str:
+    """Accuracy and R^2 are maximised; losses, errors, sizes and latencies minimised."""
+    return "maximize" if metric.endswith(("_acc", "_r2")) else "minimize"
+
+
+DEFAULT_DIRECTION = {m: default_direction(m) for m in METRICS}
 
 
 class _Strict(BaseModel):
@@ -45,7 +55,8 @@ class StudySpec(_Strict):
     """What is optimised: metric names and their directions (filled in from the metrics)."""
 
     name: str | None = None
-    metrics: Annotated[list[Metric], Field(min_length=1)] = ["val_acc"]
+    # built-in names (METRICS) or `<split>_<name>` of a user metric in training.metrics
+    metrics: Annotated[list[str], Field(min_length=1)] = ["val_acc"]
     directions: list[Direction] | None = None
 
 
@@ -165,10 +176,28 @@ class EarlyStoppingSpec(_Strict):
     """Stop a slot when `metric` has not improved by more than `min_delta` for `patience` epochs
     (`mode`: min or max; default max for *_acc metrics, else min)."""
 
-    metric: Literal["val_loss", "val_acc", "train_loss", "train_acc", "test_loss", "test_acc"] = "val_loss"
+    metric: str = "val_loss"  # any measured metric: val_loss, val_acc, val_rmse, val_<user metric>, ...
     patience: PositiveInt = 3
     min_delta: NonNegativeFloat = 0.0
     mode: Literal["min", "max"] | None = None
+
+
+class LossSpec(_Strict):
+    """`cross_entropy` (label_smoothing, class_weights), `mse`, `mae`, `huber` (delta), or a user
+    'module:function' (per-sample losses, torch's reduction="none"; `task` says whether it
+    classifies); `masked`: missing targets (-100 labels, NaN values) are left out."""
+
+    name: str = "cross_entropy"
+    label_smoothing: Fraction = 0.0
+    class_weights: list[NonNegativeFloat] | None = None
+    delta: PositiveFloat = 1.0
+    masked: bool = False
+    task: Literal["classification", "regression"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:  # `loss: mse` is short for `loss: {name: mse}`
+        return {"name": value} if isinstance(value, str) else value
 
 
 class TrainingSpec(_Strict):
@@ -183,6 +212,8 @@ class TrainingSpec(_Strict):
     clip_value: PositiveFloat | None = None
     accumulate: PositiveInt = 1
     early_stopping: EarlyStoppingSpec | None = None
+    loss: LossSpec | None = None
+    metrics: dict[str, str] = {}  # user metrics: name -> 'module:function' (per-sample values), as <split>_<name>
 
 
 class ModelSpec(_Strict):

@@ -86,7 +86,7 @@ def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
 
 
 def _higher_is_better(metric: str) -> bool:
-    return not metric.endswith("_loss")
+    return not metric.endswith(("_loss", "_rmse", "_mae"))
 
 
 def _grid(rows: pd.DataFrame, metric: str, confidence: float) -> list[dict[str, Any]]:

@@ -53,7 +53,7 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report folder [default: runs/stability/<config>]."),
         click.option("--format", "formats", default=",".join(FORMATS), show_default=True, help="Report formats: html, md, csv, json, tex."),
         click.option("--plot-format", "plot_formats", default=",".join(PLOT_FORMATS), show_default=True, help="Plot files: png, svg."),
-        click.option("--metric", default="test_acc", show_default=True, help="Metric of the plots and the printed summary."),
+        click.option("--metric", default="test_acc", show_default=True, help="Metric of the plots and the printed summary (test_rmse when the configs are regressions)."),
         click.option("--bootstrap-seed", default=0, show_default=True, type=int, help="Seed of the bootstrap resamples (recorded in the report)."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines)."),
         click.option("--quiet", is_flag=True, help="No progress display."),
@@ -183,7 +183,7 @@ def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary
              bootstrap_seed: int, as_json: bool, quiet: bool) -> None:
     import optuna
 
-    from stability._study import run_study
+    from stability._study import metric_for, run_study
 
     formats_ = _split(formats, FORMATS, "--format")
     plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
@@ -194,6 +194,7 @@ def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary
             _checked_out_dir(folder, option)
     set_up_command_process(threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    metric = metric_for(configs, metric)
     with _Progress(enabled=not (quiet or as_json)) as progress:
         done = run_study(configs, seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed, device=device,
                          dtype=dtype, array_size=array_size, storage=storage, out_dir=out_dir, formats=formats_,

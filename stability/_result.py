@@ -21,7 +21,9 @@ import pandas as pd
 from hfta_nas.runtime import atomic_write_text
 
 # Final metrics recorded per seed; accuracies are fractions in [0, 1].
-METRICS = ("test_acc", "test_loss", "val_acc", "val_loss", "train_acc", "train_loss")
+METRICS = ("test_acc", "test_loss", "val_acc", "val_loss", "train_acc", "train_loss",
+           # regression (a config with an mse, mae or huber loss); absent metrics are NaN and left out
+           "test_rmse", "test_mae", "test_r2", "val_rmse", "val_mae", "val_r2", "train_rmse", "train_mae", "train_r2")
 SOURCES = ("init", "data", "dropout", "split")  # split: the train/validation partition, re-drawn per seed
 DEFAULT_VARY = ("init", "data", "dropout")  # the split stays the data's own unless asked for
 

@@ -67,7 +67,7 @@ class SeedStore:
         self.study = optuna.create_study(storage=storage, study_name=study_name, direction="maximize", load_if_exists=True)
         with warnings.catch_warnings():  # "experimental" in Optuna, stable in use
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            self.study.set_metric_names(["test_acc"])
+            self.study.set_metric_names(["test_r2" if config.objective().kind == "regression" else "test_acc"])
         self.study.set_user_attr("kind", "hfta-nas stability")
         set_study_text(self.study, "config", config.to_yaml())
 
@@ -102,11 +102,12 @@ class SeedStore:
 
 def _as_trial(outcome: SeedOutcome, device: str, attrs: dict[str, Any]) -> optuna.trial.FrozenTrial:
     plan = outcome.plan
-    value = outcome.final.get("test_acc")
+    objective = _objective_metric(outcome.final or (outcome.history[-1] if outcome.history else {}))
+    value = outcome.final.get(objective)
     completed = outcome.status == "completed" and value is not None and math.isfinite(value)
-    # the curve of the study's objective (test_acc), the metric the dashboard labels it with
-    intermediate = {row["epoch"]: row["test_acc"] for row in outcome.history
-                    if "test_acc" in row and math.isfinite(row["test_acc"])}
+    # the curve of the study's objective (test_acc; test_r2 for regression), the metric the dashboard labels it with
+    intermediate = {row["epoch"]: row[objective] for row in outcome.history
+                    if objective in row and math.isfinite(row[objective])}
     user_attrs = {
         "design": plan.design, "seed_index": plan.seed_index, "device": device,
         **{f"seed_{source}": seed for source, seed in plan.seeds.items()},
@@ -114,7 +115,7 @@ def _as_trial(outcome: SeedOutcome, device: str, attrs: dict[str, Any]) -> optun
         "history": json.loads(json.dumps(outcome.history)), **attrs,
     }
     if not completed:
-        user_attrs["fail_reason"] = outcome.reason or "no finite test accuracy"
+        user_attrs["fail_reason"] = outcome.reason or f"no finite {objective}"
     return optuna.trial.create_trial(
         state=TrialState.COMPLETE if completed else TrialState.FAIL,
         value=value if completed else None,
@@ -124,6 +125,12 @@ def _as_trial(outcome: SeedOutcome, device: str, attrs: dict[str, Any]) -> optun
         user_attrs=user_attrs,
         intermediate_values=intermediate,
     )
+
+
+def _objective_metric(row: dict[str, Any]) -> str:
+    """What a stability study stores as each seed's value (higher is better, as the study's direction):
+    the test accuracy, or for regression the test R^2."""
+    return "test_r2" if "test_r2" in row else "test_acc"
 
 
 def outcomes_of(study: optuna.Study) -> list[SeedOutcome]:

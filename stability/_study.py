@@ -50,6 +50,13 @@ def check_run_options(seeds: Any, metric: str) -> None:
         raise HftaNasError(f"--metric: unknown metric '{metric}'{hint}; expected one of {', '.join(METRICS)}.")
 
 
+def metric_for(configs: Sequence[LabelledConfig], metric: str) -> str:
+    """`metric`, except that the default test_acc is test_rmse when every config is a regression."""
+    if metric == "test_acc" and configs and all(item.config.objective().kind == "regression" for item in configs):
+        return "test_rmse"  # test_acc is not measured for regression
+    return metric
+
+
 def run_study(
     configs: str | Path | ResolvedConfig | LabelledConfig | Sequence[str | Path | ResolvedConfig | LabelledConfig],
     *,
@@ -76,13 +83,15 @@ def run_study(
     `configs`: config files, ResolvedConfigs or LabelledConfigs (one or several);
     `storage`: an Optuna storage URL or journal path (default runs/hfta-nas.journal;
     `store=False` keeps nothing in a storage); `earlier`: results of earlier studies
-    to compare with, reused without retraining.
+    to compare with, reused without retraining. `metric` test_acc (the default) is
+    test_rmse for regression configs.
     """
     from hfta_nas.search import open_storage
     from stability._runner import run_stability
 
     check_run_options(seeds, metric)
     labelled = _labelled(configs)
+    metric = metric_for(labelled, metric)
     vary = parse_vary(vary)
     _check_sources(labelled, vary)
     opened, location = open_storage(storage) if store else (None, "")

@@ -32,7 +32,8 @@ import torch
 from hfta_nas._files import atomic_write_bytes
 from hfta_nas.errors import HftaNasError
 
-DATASETS: tuple[str, ...] = ("mnist1d", "digits")
+DATASETS: tuple[str, ...] = ("mnist1d", "digits", "diabetes")
+REGRESSION_DATASETS: tuple[str, ...] = ("diabetes",)
 """Names of the built-in datasets; both are made offline, without the network."""
 
 _SPLIT_KEYS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
@@ -118,7 +119,8 @@ def load_dataset(
     """Load a dataset, split it and put it on `device`.
 
     Args:
-        source: `"mnist1d"` (generated offline, samples `(1, 40)`), `"digits"`
+        source: `"mnist1d"` (generated offline, samples `(1, 40)`), `"diabetes"` (sklearn's
+            regression data, 10 features, standardised target; task="regression"), `"digits"`
             (sklearn's 8x8 digits scaled to [0, 1], samples `(1, 8, 8)`), a `.npz`
             file with arrays `x` and `y` (or `X`) or with the six predefined splits
             `x_train, y_train, x_val, y_val, x_test, y_test`, a `.csv` file with a
@@ -188,9 +190,16 @@ def _read_source(
             f"not to data source {text!r}; leave num_samples unset"
         )
 
-    if builtin in ("mnist1d", "digits") and task != "classification":
-        raise HftaNasError(f"the built-in dataset {builtin!r} is a classification dataset; task {task!r} needs "
-                           "a .npz/.csv file or 'module:function' with numeric targets")
+    if builtin in DATASETS and (builtin in REGRESSION_DATASETS) != (task == "regression"):
+        kind = "regression" if builtin in REGRESSION_DATASETS else "classification"
+        raise HftaNasError(f"the built-in dataset {builtin!r} is a {kind} dataset, not one for {task}: "
+                           + ("use a regression loss (mse, mae, huber)" if kind == "regression" else
+                              "a regression loss needs a .npz/.csv file or 'module:function' with numeric targets, "
+                              "or the built-in 'diabetes'"))
+    if builtin == "diabetes":
+        x, y = _diabetes()
+        arrays = _validated({"x": x, "y": y}, "the diabetes dataset", "regression")
+        return "diabetes", _split(arrays, val_fraction, test_fraction, split_seed)
     if builtin == "mnist1d":
         return "mnist1d", _mnist1d_splits(num_samples, val_fraction, split_seed)
     if builtin == "digits":
@@ -308,6 +317,15 @@ def _mnist1d_splits(num_samples: int | None, val_fraction: float, split_seed: in
         "x_val": x[val], "y_val": y[val],
         "x_test": x_test, "y_test": y_test,
     }  # fmt: skip
+
+
+def _diabetes() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_diabetes  # ships with sklearn: nothing is downloaded
+
+    x, y = load_diabetes(return_X_y=True)
+    # Features come mean-centred and scaled; the target (disease progression, 25..346) is
+    # standardised too, so that losses and learning rates are on the usual scale.
+    return x, (y - y.mean()) / y.std()
 
 
 def _digits() -> tuple[np.ndarray, np.ndarray]:

@@ -111,7 +111,8 @@ class Candidate:
     def shared_settings(self) -> tuple:
         """What every slot of one array has in common besides fusable models: data,
         batch size, epochs, optimizer class and flags, loss, whether it schedules."""
-        return (id(self.data), *self.stable_settings()[1:], self.loss)
+        loss = self.loss.describe() if isinstance(self.loss, Objective) else self.loss  # an Objective holds lists
+        return (id(self.data), *self.stable_settings()[1:], loss)
 
     def stable_settings(self) -> tuple:
         """`shared_settings` by name instead of object identity (the same in every run)."""
