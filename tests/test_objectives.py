@@ -3,10 +3,11 @@ PyTorch (float64) and sklearn's metrics: classification with label smoothing, cl
 missing labels; regression (MSE, MAE, Huber; one or several targets; missing targets); user
 losses and metrics."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
-from conftest import synthetic_dataset
 from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
 from torch import nn
 from torch.nn import functional as F
@@ -172,3 +173,57 @@ def test_train_loads_regression_targets_and_refuses_a_mismatch(tmp_path):
         hfta_nas.train("mlp", dataset="digits", seeds=[0], epochs=1, loss="mse")
     with pytest.raises(HftaNasError, match="unknown loss 'msee'"):
         Objective(loss="msee")
+
+
+# ------------------------------------------------------------------ from YAML and the command line
+def test_the_shipped_regression_space_searches_and_its_best_config_seed_tests(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from cli import main
+    from search_spaces import SHIPPED_SPACES, load_space
+
+    monkeypatch.chdir(tmp_path)
+    space = load_space(SHIPPED_SPACES["diabetes_mlp"])
+    assert space.directions == ["minimize"] and space.resolve(
+        {p: v.values[0] if hasattr(v, "values") else v.min for p, v in space.searched.items()}).objective().kind == "regression"
+    shrink = ["--set", "training.epochs=3", "--set", "array.size=4"]
+    result = CliRunner().invoke(main, ["search", str(SHIPPED_SPACES["diabetes_mlp"]), "--n-trials", "4", "--storage",
+                                       "r.journal", "--quiet", "--json", *shrink])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["trials"] == {"COMPLETE": 4} and summary["best"][0]["values"]["val_rmse"] > 0
+    best = tmp_path / "runs" / "diabetes-mlp" / "best_config.yaml"
+    result = CliRunner().invoke(main, ["stability", str(best), "--seeds", "3", "--storage", "r.journal", "--json",
+                                       "--format", "csv", "--plot-format", "png"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["metric"] == "test_rmse" and report["configs"][0]["n"] == 3 and report["configs"][0]["mean"] > 0
+    seeds = __import__("pandas").read_csv(tmp_path / report["report"] / "seeds.csv")
+    assert seeds["test_r2"].notna().all() and seeds["test_acc"].isna().all()
+
+
+@pytest.mark.parametrize("training, message", [
+    ({"loss": "msee"}, "training.loss.name: unknown loss 'msee' (did you mean 'mse'?)"),
+    ({"loss": {"name": "mse", "label_smoothing": 0.1}}, "training.loss: label_smoothing and class_weights"),
+    ({"loss": {"name": "cross_entropy", "label_smoothing": 1.5}}, "training.loss.label_smoothing: expected a value < 1"),
+    ({"early_stopping": {"metric": "val_rmse"}}, "training.early_stopping.metric: metric 'val_rmse' is not measured here"),
+    ({"metrics": {"top-2": "m:f"}}, "training.metrics.top-2: a metric name must be an identifier"),
+])
+def test_loss_settings_are_checked_with_the_file(training, message):
+    from search_spaces import parse_space
+    from search_spaces import SpaceError
+    from tests.test_search import space_text
+
+    with pytest.raises(SpaceError) as caught:
+        parse_space(space_text(training={"epochs": 1, **training}), "s.yaml")
+    assert message in str(caught.value)
+
+
+def test_a_regression_metric_of_a_classification_space_is_refused_with_a_hint():
+    from search_spaces import SpaceError, parse_space
+    from tests.test_search import space_text
+
+    with pytest.raises(SpaceError, match=r"study.metrics\[0\]: metric 'val_rmse' is not measured here"):
+        parse_space(space_text(study={"metrics": ["val_rmse"]}), "s.yaml")
+    space = parse_space(space_text(study={"metrics": ["val_top2"]}, training={"epochs": 1, "metrics": {"top2": "m:top2"}}))
+    assert space.directions == ["minimize"]  # a user metric: give directions to maximise it
