@@ -112,7 +112,7 @@ def main() -> None:
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]))
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="torch CPU threads [default: torch's choice].")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Set a training setting (repeatable), keys as in a config file or search space: epochs, data.batch_size, hparams.clip_norm (or training.clip_norm), model_config.width, accumulate, early_stopping.patience, schedule.t_max, ...; YAML values; after the options above.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Set a training setting (repeatable), keys as in a config file or search space: epochs, data.batch_size, hparams.clip_norm (or training.clip_norm), model_config.width, accumulate, early_stopping.patience, augment.flip, schedule.t_max, ...; YAML values; after the options above.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-slot results as JSON (for machines).")
 @_friendly_errors
 def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared_order, optimizer, lr, weight_decay,
@@ -133,7 +133,7 @@ def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared
     settings = _with_overrides({
         "model": model, "model_config": _key_values(model_config, "--config"), "dataset": dataset,
         "optimizer": optimizer, "hparams": hparams, "schedule": schedule_config, "epochs": epochs,
-        "batch_size": batch_size, "accumulate": 1, "early_stopping": None,
+        "batch_size": batch_size, "accumulate": 1, "early_stopping": None, "augmentation": None,
     }, overrides)
     with EpochProgress(settings["epochs"], enabled=not as_json) as progress:
         run = hfta_nas.train(
@@ -161,9 +161,10 @@ def _with_overrides(settings: dict[str, Any], overrides: tuple[str, ...]) -> dic
     from hfta_nas import EarlyStopping
     from search_spaces import parse_config_overrides
 
-    nested = {"hparams", "model_config", "schedule", "early_stopping"}
+    nested = {"hparams", "model_config", "schedule", "early_stopping", "augmentation"}
     for override in parse_config_overrides(overrides):
         loc = override.loc[1:] if override.loc[:2] == ("data", "batch_size") else override.loc
+        loc = ("augmentation", *loc[1:]) if loc[:1] == ("augment",) else loc
         head = loc[0] if loc else ""
         if len(loc) == 1 and head in settings:
             settings[head] = override.value
@@ -172,8 +173,16 @@ def _with_overrides(settings: dict[str, Any], overrides: tuple[str, ...]) -> dic
         else:
             raise click.BadParameter(f"unknown setting {'.'.join(map(str, override.loc)) or override.text!r}; "
                                      "expected one of model, model_config.KEY, dataset, optimizer, hparams.NAME, "
-                                     "schedule.KEY, epochs, batch_size, accumulate, early_stopping.KEY",
+                                     "schedule.KEY, epochs, batch_size, accumulate, early_stopping.KEY, augment.KEY",
                                      param_hint=f"--set {override.text}")
+    if settings["augmentation"] is not None:
+        from hfta_nas.data import Augmentation
+
+        try:
+            settings["augmentation"] = Augmentation(**settings["augmentation"])
+        except TypeError as error:
+            raise click.BadParameter(f"augment takes shift, flip, noise, mixup, cutmix ({error})",
+                                     param_hint="--set") from None
     if settings["early_stopping"] is not None:
         try:
             settings["early_stopping"] = EarlyStopping(**settings["early_stopping"])

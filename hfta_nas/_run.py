@@ -27,7 +27,7 @@ from hfta_nas._checkpoint import enabled as checkpoints_enabled
 from hfta_nas._oom import check_budget
 from hfta_nas._objectives import Objective, as_objective
 from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
-from hfta_nas.data import Dataset, load_dataset, pooled, slot_splits
+from hfta_nas.data import Augmentation, Dataset, load_dataset, pooled, slot_splits
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
@@ -81,6 +81,7 @@ def train(
     accumulate: int = 1,
     early_stopping: EarlyStopping | None = None,
     loss: Objective | str | Callable[..., torch.Tensor] | None = None,
+    augmentation: Augmentation | None = None,
 ) -> TrainRun:
     """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
 
@@ -94,7 +95,8 @@ def train(
     step; `early_stopping`: an EarlyStopping each slot follows on its own;
     `loss`: an Objective, a loss name (cross_entropy, mse, mae, huber) or a
     function (default cross-entropy); a regression loss loads a dataset given by
-    name as regression targets; `schedule` holds `kind` plus LRSchedule's
+    name as regression targets; `augmentation`: each slot's training batches
+    augmented on the device from its data seed; `schedule` holds `kind` plus LRSchedule's
     arguments. Data order and dropout seeds default to the init seeds; pass
     them separately to vary one source of randomness at a time. `split_seeds`
     (one per slot; None keeps the data's split) re-draws each slot's train /
@@ -160,14 +162,14 @@ def train(
             array, opt, data, batch_size=batch_size, schedule=LRSchedule(opt, **schedule) if schedule else None,
             data_seeds=None if shared_order else data_seeds,
             shared_order_seed=data_seeds[0] if shared_order else None, splits=splits,
-            accumulate=accumulate, early_stopping=early_stopping, loss_fn=objective,
+            accumulate=accumulate, early_stopping=early_stopping, loss_fn=objective, augmentation=augmentation,
         )
 
     fingerprint = repr((getattr(model, "__module__", ""), getattr(model, "__qualname__", model), model_config,
                         slot_model_configs,
                         getattr(data, "name", None), tuple(data.x_train.shape), seeds, data_seeds, dropout_seeds, split_seeds,
                         shared_order, optimizer, hparams, schedule, epochs, batch_size, device.type, str(torch_dtype),
-                        accumulate, early_stopping, objective.describe()))
+                        accumulate, early_stopping, objective.describe(), augmentation))
     saver = (Checkpointer(Path(checkpoint), extra={"fingerprint": fingerprint})
              if checkpoint is not None and checkpoints_enabled() else None)
     trainer = saver.resume(make_trainer) if saver is not None else make_trainer()

@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 from hfta_nas._array import ModelArray
 from hfta_nas._objectives import Objective, as_objective
-from hfta_nas.data import Dataset, EpochOrder, SlotSplits, gather
+from hfta_nas.data import Augmentation, Dataset, EpochOrder, SlotAugmenter, SlotSplits, gather
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import ArrayOptimizer, LRSchedule
 
@@ -104,7 +104,8 @@ class ArrayTrainer:
     contributing loss / k (the last step of an epoch takes what is left), as a
     plain loop calling `(loss / k).backward()` and stepping every k batches.
     `early_stopping`: stop each slot on its own when its metric stalls (a stopped
-    slot completes; a search refills it).
+    slot completes; a search refills it). `augmentation`: each slot's training
+    batches augmented on the device from its own data seed (`hfta_nas.data.Augmentation`).
 
     `data_seeds`: one per slot (each slot its own shuffling, as a DataLoader
     with `generator=torch.Generator().manual_seed(seed)` would) or None with
@@ -135,6 +136,7 @@ class ArrayTrainer:
         splits: SlotSplits | None = None,
         accumulate: int = 1,
         early_stopping: EarlyStopping | None = None,
+        augmentation: Augmentation | None = None,
     ) -> None:
         if optimizer.array is not array:
             raise HftaNasError("the optimizer was built for a different ModelArray.")
@@ -167,6 +169,10 @@ class ArrayTrainer:
             None if self.shared_order else list(data_seeds),
             shared_seed=shared_order_seed, device=data.x_train.device,
         )
+        self.augmenter = None
+        if augmentation is not None and augmentation.active:
+            seeds = [shared_order_seed] if self.shared_order else list(data_seeds)
+            self.augmenter = SlotAugmenter(augmentation, seeds, device=data.x_train.device)
         self.slot_ids: list[Any] = list(slot_ids) if slot_ids is not None else list(range(len(array)))
         if len(self.slot_ids) != len(array):
             raise HftaNasError(f"slot_ids has {len(self.slot_ids)} entries but the array has {len(array)} slots.")
@@ -223,10 +229,18 @@ class ArrayTrainer:
             if self.splits is not None:  # positions in each slot's own train rows -> rows of the pool
                 index = torch.gather(self.splits.train, 1, index)
             x, y = gather(x_all, index), gather(y_all, index)
+            mixed = self.augmenter(x, y, shared=self.shared_order) if self.augmenter is not None else None
+            if mixed is not None:
+                x = mixed.x
             logits = self.array(x, shared_input=self.shared_order)
             if self.shared_order:
                 y = y.expand(len(self.array), *y.shape)
             total, count = self.objective.slot_losses(logits, y)
+            if mixed is not None and mixed.y_partner is not None:  # mixup / cutmix: the loss mixed as the inputs
+                partner = mixed.y_partner.expand_as(y) if self.shared_order else mixed.y_partner
+                total_partner, _ = self.objective.slot_losses(logits, partner)
+                strength = mixed.strength.to(total.dtype)
+                total = strength * total + (1 - strength) * total_partner
             losses = total / count
             if number % self.accumulate == 0:
                 self.optimizer.zero_grad()
@@ -344,6 +358,8 @@ class ArrayTrainer:
         keep = self.array.drop_slots(positions)
         if not self.shared_order:
             self.order.drop_slots(keep)
+            if self.augmenter is not None:
+                self.augmenter.keep_slots(keep)
         if self.splits is not None:
             self.splits = self.splits.keep(keep)
         self.slot_ids = [self.slot_ids[b] for b in keep]
@@ -378,6 +394,8 @@ class ArrayTrainer:
             self.schedule.set_params(position, **schedule_params)
         if not self.shared_order:
             self.order.replace_slot(position, data_seed if data_seed is not None else position)
+            if self.augmenter is not None:
+                self.augmenter.replace_slot(position, data_seed if data_seed is not None else position)
         self.slot_ids[position] = new_id
         self.results[new_id] = SlotResult(new_id)
 
@@ -398,6 +416,7 @@ class ArrayTrainer:
             state["optimizer"] = self.optimizer.state_dict()
             state["schedule"] = self.schedule.state_dict() if self.schedule is not None else None
             state["order"] = self.order.state_dict()
+            state["augmenter"] = self.augmenter.state_dict() if self.augmenter is not None else None
         return state
 
     def restore(self, state: dict[str, Any],
@@ -426,5 +445,7 @@ class ArrayTrainer:
             if self.schedule is not None:
                 self.schedule.load_state_dict(state["schedule"])
             self.order.load_state_dict(state["order"])
+            if self.augmenter is not None and state.get("augmenter") is not None:
+                self.augmenter.load_state_dict(state["augmenter"])
         self.results = {sid: SlotResult(**r) for sid, r in state["results"].items()}
         self.epoch = state["epoch"]

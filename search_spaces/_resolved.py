@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hfta_nas import LOSSES, EarlyStopping, Objective
+from hfta_nas.data import Augmentation
 from hfta_nas.models import FAMILIES, family_defaults, load_factory
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from search_spaces._checks import validate
@@ -28,7 +29,7 @@ from search_spaces._schema import SpaceFile, short, unknown_key_message
 from search_spaces._yaml import Loc, Where, dump_yaml, parse_yaml
 
 FILE_KEYS = ("model", "model_config", "dataset", "data", "optimizer", "hparams", "schedule", "epochs", "accumulate",
-             "early_stopping", "loss", "metrics", "origin")
+             "early_stopping", "loss", "metrics", "augment", "origin")
 DATA_KEYS = ("batch_size", "val_fraction", "test_fraction", "split_seed", "num_samples")
 _SCHEDULE_DEFAULTS = {
     name: p.default for name, p in inspect.signature(LRSchedule.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
@@ -52,6 +53,7 @@ class ResolvedConfig:
     - per-slot gradient clipping is in hparams (clip_norm, clip_value), where set
     - loss: None (cross-entropy), or the loss's name and options (see `hfta_nas.Objective`)
     - metrics: user metrics, name -> 'module:function'
+    - augment: None, or `hfta_nas.data.Augmentation`'s arguments (shift, flip, noise, mixup, cutmix)
     - origin: where the config came from (study, trial, values, seeds, ...); informational,
       not compared by `==`
     """
@@ -68,6 +70,7 @@ class ResolvedConfig:
     early_stopping: dict[str, Any] | None = None
     loss: dict[str, Any] | None = None
     metrics: dict[str, str] = field(default_factory=dict)
+    augment: dict[str, Any] | None = None
     origin: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # ------------------------------------------------------------ for the engine
@@ -88,6 +91,7 @@ class ResolvedConfig:
             "accumulate": self.accumulate,
             "early_stopping": EarlyStopping(**self.early_stopping) if self.early_stopping is not None else None,
             "loss": self.objective(),
+            "augmentation": Augmentation(**self.augment) if self.augment else None,
         }
 
     def objective(self) -> Objective:
@@ -130,6 +134,7 @@ class ResolvedConfig:
             repr(self.early_stopping),
             repr(self.loss),
             repr(sorted(self.metrics.items())),
+            repr(self.augment),
         )
 
     # --------------------------------------------------------------- as a file
@@ -140,7 +145,7 @@ class ResolvedConfig:
         # written only where set: a config without them reads (and hashes) as before they existed
         if data["accumulate"] == 1:
             del data["accumulate"]
-        for key in ("early_stopping", "loss", "metrics"):
+        for key in ("early_stopping", "loss", "metrics", "augment"):
             if not data[key]:
                 del data[key]
         return data
@@ -246,7 +251,7 @@ def _to_file_loc(loc: Loc) -> Loc:
     if loc[:1] == ("training",):
         if head in (("training", "epochs"), ("training", "accumulate")):
             return (head[1],)
-        if head in (("training", "early_stopping"), ("training", "loss"), ("training", "metrics")):
+        if head in (("training", "early_stopping"), ("training", "loss"), ("training", "metrics"), ("training", "augment")):
             return (head[1], *rest)
         if head in (("training", "clip_norm"), ("training", "clip_value")):
             return ("hparams", head[1])
@@ -288,7 +293,7 @@ def _as_space(data: Any, where: Where) -> dict[str, Any]:
     if "dataset" in data:
         space["data"]["dataset"] = data["dataset"]
     training: dict[str, Any] = {}
-    for key in ("epochs", "accumulate", "early_stopping", "loss", "metrics"):
+    for key in ("epochs", "accumulate", "early_stopping", "loss", "metrics", "augment"):
         if key in data:
             training[key] = data[key]
     optimizer = dict(data.get("hparams") or {})
@@ -331,6 +336,7 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
             "early_stopping": training.early_stopping.model_dump() if training.early_stopping is not None else None,
             "loss": training.loss.model_dump() if training.loss is not None else None,
             "metrics": dict(training.metrics),
+            "augment": training.augment.model_dump() if training.augment is not None else None,
         },
     }
     for path, value in values.items():
@@ -370,5 +376,6 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
         early_stopping=tree["training"]["early_stopping"],
         loss=tree["training"]["loss"],
         metrics=tree["training"]["metrics"],
+        augment=tree["training"]["augment"],
     )
 

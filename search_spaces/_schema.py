@@ -200,6 +200,18 @@ class LossSpec(_Strict):
         return {"name": value} if isinstance(value, str) else value
 
 
+class AugmentSpec(_Strict):
+    """On-device augmentation of each slot's training batches, seeded from its data seed:
+    `shift` (pad and random crop, samples), `flip` (last axis, p=1/2), `noise` (Gaussian std),
+    `mixup` and `cutmix` (Beta alpha; 0: off)."""
+
+    shift: NonNegativeInt = 0
+    flip: bool = False
+    noise: NonNegativeFloat = 0.0
+    mixup: NonNegativeFloat = 0.0
+    cutmix: NonNegativeFloat = 0.0
+
+
 class TrainingSpec(_Strict):
     """Epochs, the optimizer and schedule, per-slot gradient clipping (`clip_norm`,
     `clip_value`: searchable per slot), micro-batches per step (`accumulate`) and
@@ -213,7 +225,8 @@ class TrainingSpec(_Strict):
     accumulate: PositiveInt = 1
     early_stopping: EarlyStoppingSpec | None = None
     loss: LossSpec | None = None
-    metrics: dict[str, str] = {}  # user metrics: name -> 'module:function' (per-sample values), as <split>_<name>
+    metrics: dict[str, str] = {}
+    augment: AugmentSpec | None = None  # user metrics: name -> 'module:function' (per-sample values), as <split>_<name>
 
 
 class ModelSpec(_Strict):

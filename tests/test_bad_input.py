@@ -385,7 +385,7 @@ FACTORY_CASES = [
      "the model factory built different models on different calls (one per seed)", "trials"),
     # found before anything trains: the asked trial is failed as not trained, nothing is left RUNNING
     ("search factory with too few outputs", "three_outputs", SEARCH,
-     "the model returns outputs of shape [2, 3] for a batch of 2, but the default loss (cross-entropy) needs [2, 10, ...]",
+     "the model returns outputs of shape [2, 3] for a batch of 2, but the loss (cross-entropy) needs [2, 10, ...]",
      "trials"),
     ("search factory calling sys.exit", "exits", SEARCH, "called sys.exit(0)", "trials"),
 ]

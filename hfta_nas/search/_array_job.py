@@ -131,7 +131,8 @@ class ArrayJob:
                             batch_size=self.first.batch_size, schedule=per_slot_schedule(optimizer, candidates),
                             data_seeds=[p.seeds["data"] for p in proposals],
                             slot_ids=slot_ids or [p.number for p in proposals], loss_fn=self.first.loss or F.cross_entropy,
-                            accumulate=self.first.accumulate, early_stopping=self.first.early_stopping)
+                            accumulate=self.first.accumulate, early_stopping=self.first.early_stopping,
+                            augmentation=self.first.augmentation)
 
     def _start_slot(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         trial = proposal.trial

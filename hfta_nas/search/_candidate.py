@@ -19,9 +19,9 @@ import optuna
 import torch
 from torch import nn
 
-from hfta_nas._objectives import Objective
+from hfta_nas._objectives import REGRESSION_LOSSES, Objective
 from hfta_nas._trainer import EarlyStopping
-from hfta_nas.data import Dataset
+from hfta_nas.data import Augmentation, Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS
 
@@ -40,7 +40,8 @@ class Candidate:
     - epochs, batch_size: shared by an array.
     - accumulate: micro-batches per optimizer step; early_stopping: an
       `hfta_nas.EarlyStopping` each slot follows (a stopped slot completes and is
-      refilled); both shared by an array. Per-slot gradient clipping is an
+      refilled); augmentation: an `hfta_nas.data.Augmentation` of each slot's
+      batches from its data seed; all three shared by an array. Per-slot gradient clipping is an
       optimizer hyper-parameter (`clip_norm`, `clip_value`).
     - data: the `Dataset` to train on (default: the one given to `optimize`).
     - loss: an `hfta_nas.Objective` (a built-in loss with its options and user
@@ -64,6 +65,7 @@ class Candidate:
     config: Any = None
     accumulate: int = 1
     early_stopping: EarlyStopping | None = None
+    augmentation: Augmentation | None = None
 
     def checked(self, default_data: Dataset | None) -> "Candidate":
         """This candidate with its data filled in; HftaNasError naming the first bad field."""
@@ -95,7 +97,7 @@ class Candidate:
                 raise HftaNasError(f"Candidate.metrics[{name!r}] must be a finite number, got {value!r}.")
         return Candidate(self.model, self.optimizer, dict(self.hparams), dict(self.schedule) if self.schedule else None,
                          self.epochs, self.batch_size, data, self.loss, dict(self.metrics), self.config, self.accumulate,
-                         self.early_stopping)
+                         self.early_stopping, self.augmentation)
 
     def flags(self) -> dict[str, bool]:
         """The optimizer options one array shares (nesterov, amsgrad, ...), defaults filled in."""
@@ -120,7 +122,7 @@ class Candidate:
             getattr(self.loss, "__qualname__", repr(self.loss)) if self.loss is not None else None)
         return (getattr(self.data, "name", None), self.batch_size, self.epochs, self.optimizer,
                 tuple(sorted(self.flags().items())), self.schedule is not None, loss, self.accumulate,
-                repr(self.early_stopping))
+                repr(self.early_stopping), repr(self.augmentation))
 
 
 def trial_seeds(base_seed: int, trial_number: int) -> dict[str, int]:
@@ -202,7 +204,12 @@ def check_outputs(candidate: Candidate, shell: nn.Module, x: torch.Tensor) -> No
         raise HftaNasError(f"the model must return one tensor of outputs per sample, but it returned a "
                            f"{type(out).__name__}.")
     classes = candidate.data.num_classes
-    if candidate.loss is None and (out.dim() < 2 or out.shape[0] != len(x) or out.shape[1] != classes):
+    built_in = candidate.loss.loss if isinstance(candidate.loss, Objective) else None
+    if (candidate.loss is None or built_in == "cross_entropy") and (
+            out.dim() < 2 or out.shape[0] != len(x) or out.shape[1] != classes):
         raise HftaNasError(f"the model returns outputs of shape {list(out.shape)} for a batch of {len(x)}, but the "
-                           f"default loss (cross-entropy) needs [{len(x)}, {classes}, ...]: one logit per class of "
-                           f"the data ({classes} classes) in dimension 1.")
+                           f"loss (cross-entropy) needs "
+                           f"[{len(x)}, {classes}, ...]: one logit per class of the data ({classes} classes) in dimension 1.")
+    if built_in in REGRESSION_LOSSES and (out.dim() < 1 or out.shape[0] != len(x) or out[0].numel() != classes):
+        raise HftaNasError(f"the model returns outputs of shape {list(out.shape)} for a batch of {len(x)}, but the "
+                           f"loss ({built_in}) needs [{len(x)}, {classes}]: one output per target of the data.")
