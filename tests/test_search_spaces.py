@@ -338,7 +338,7 @@ ERRORS = [
     ("multi-objective with a pruner",
      "study: {metrics: [val_acc, params], directions: [maximize, minimize]}\npruner: median\n", 2, "pruner.name",
      "Optuna prunes single-objective studies only"),
-    ("unknown metric", "study: {metrics: [accuracy]}\n", 1, "study.metrics[0]", "expected one of 'val_acc'"),
+    ("unknown metric", "study: {metrics: [accuracy]}\n", 1, "study.metrics[0]", "metric 'accuracy' is not measured here; measured: train_loss, train_acc, val_loss, val_acc"),
     ("grid with a continuous param",
      "sampler: grid\nparams:\n  training.optimizer.lr: {distribution: log_uniform, min: 0.001, max: 0.1}\n", 3,
      "params.training.optimizer.lr", "grid sampler needs a finite set of values"),
