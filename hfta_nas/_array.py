@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.func import functional_call, vmap
 
@@ -468,35 +469,47 @@ class ModelArray:
         return self.flat.grad
 
     # ------------------------------------------------------------------- forward
-    def __call__(self, *inputs: torch.Tensor, shared_input: bool = False) -> Any:
+    def __call__(self, *inputs: Any, shared_input: bool = False, **keyword_inputs: Any) -> Any:
         """Run every slot on its own batch ([B, N, ...] inputs) or, with
-        `shared_input=True`, all slots on the same batch ([N, ...] inputs)."""
+        `shared_input=True`, all slots on the same batch ([N, ...] inputs).
+
+        Inputs may be several, tuples or dicts of tensors, and keyword arguments
+        (`arr(tokens, pad_mask=mask)`): every tensor in them is split by slot the
+        same way; other values (flags, None) reach each slot's forward as given."""
+        batched = (*inputs, *keyword_inputs.values())
         if not shared_input:
-            for position, x in enumerate(inputs):
+            for position, x in enumerate(pytree.tree_leaves(batched)):
                 if isinstance(x, torch.Tensor) and (x.dim() == 0 or x.shape[0] != len(self)):
                     raise HftaNasError(
                         f"input {position} has shape {list(x.shape)}; an array of {len(self)} slots expects "
                         f"[{len(self)}, N, ...] (one batch per slot), or pass shared_input=True for one batch [N, ...] shared by all slots."
                     )
+        if keyword_inputs and self._envelope is not None:
+            raise HftaNasError("keyword inputs are not supported by an array of models of different sizes; "
+                               "give them positionally (the model's forward(x, mask))")
         if self._envelope is not None and self._unverified:
             self._verify_pending(inputs, shared_input)
-        if self._native is not None and not shared_input and len(inputs) == 1:
+        if self._native is not None and not shared_input and len(inputs) == 1 and not keyword_inputs:
             out = self._native_call(inputs[0])
             if out is not None:
                 return out
         state = {**self._leaves, **self.buffers, **self._slot_random, **self._constants()}
+        names, count = list(keyword_inputs), len(inputs)
 
         def one_slot(slot_state, *slot_inputs):
-            return functional_call(self._template, slot_state, slot_inputs, tie_weights=True)
+            return functional_call(self._template, slot_state, slot_inputs[:count],
+                                   dict(zip(names, slot_inputs[count:])), tie_weights=True)
 
-        in_dims = (0,) + ((None if shared_input else 0),) * len(inputs)
+        # a tensor is split by slot (dim 0) unless shared; anything else is passed as it is
+        dim = None if shared_input else 0
+        in_dims = (0, *(pytree.tree_map(lambda v: dim if isinstance(v, torch.Tensor) else None, x) for x in batched))
         fused = vmap(one_slot, in_dims=in_dims, randomness="error")
         mode = (self.training, shared_input)
         with no_attention_fast_path():
             if mode in self._checked_modes:
-                return fused(state, *inputs)
+                return fused(state, *batched)
             self._checked_modes.add(mode)
-            return self._first_call(fused, state, inputs)
+            return self._first_call(fused, state, batched)
 
     def _native_call(self, x: Any) -> torch.Tensor | None:
         """The template's output computed without vmap, or None where this call needs vmap
