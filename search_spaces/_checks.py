@@ -14,6 +14,7 @@ import difflib
 import inspect
 import json
 import re
+from pathlib import Path
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -328,14 +329,14 @@ def dataset_problem(name: str) -> str | None:
     text = name.strip()
     if text.lower() in DATASETS:
         return None
-    if text.lower().endswith((".npz", ".csv")):
+    if text.lower().endswith((".npz", ".csv")) or Path(text).expanduser().is_dir():
         return None
     if _FUNCTION_SOURCE.match(text):
         return None
     close = difflib.get_close_matches(text.lower(), DATASETS, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return (f"unknown dataset {short(name)}{hint}; expected one of the built-in datasets {', '.join(DATASETS)}, "
-            "a path to a .npz or .csv file, or 'module:function'")
+            "a path to a .npz or .csv file, a folder of .npy files, or 'module:function'")
 
 
 def _is_mnist1d(file: SpaceFile) -> bool:

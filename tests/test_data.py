@@ -51,7 +51,7 @@ def all_rows(data: Dataset) -> np.ndarray:
 
 
 def test_builtin_names():
-    assert DATASETS == ("mnist1d", "digits")
+    assert DATASETS == ("mnist1d", "digits", "diabetes")
 
 
 def test_mnist1d_is_generated_offline_and_deterministic(offline, monkeypatch):

@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from hfta_nas._files import atomic_write_bytes
+from hfta_nas.data._streamed import StreamedSource, npy_folder, streamed_parts
+from hfta_nas.data._streams import is_map_dataset
 from hfta_nas.errors import HftaNasError
 
 DATASETS: tuple[str, ...] = ("mnist1d", "digits", "diabetes")
@@ -41,8 +43,9 @@ _LABEL_COLUMNS = ("label", "y", "target")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MNIST1D_SAMPLES = 5000
 _ACCEPTED_FORMS = (
-    f"one of the built-in datasets {DATASETS}, a path to a '.npz' or '.csv' file, "
-    "or 'module:function' naming a function that returns (x, y) or a dict of arrays"
+    f"one of the built-in datasets {DATASETS}, a path to a '.npz' or '.csv' file, a folder of .npy files "
+    "(x.npy and y.npy, memory-mapped), or 'module:function' naming a function that returns (x, y), a dict of "
+    "arrays, or a map-style torch Dataset of (x, y) items (streamed)"
 )
 
 
@@ -153,6 +156,12 @@ def load_dataset(
     if task not in ("classification", "regression"):
         raise HftaNasError(f"task must be 'classification' or 'regression', got {task!r}")
     name, splits = _read_source(source, val_fraction, test_fraction, split_seed, num_samples, task)
+    if isinstance(splits, StreamedSource):  # read batch by batch (hfta_nas.data._streamed)
+        parts, num_classes = streamed_parts(
+            splits, val_fraction=val_fraction, test_fraction=test_fraction, split_seed=split_seed,
+            device=resolved_device, dtype=dtype, task=task,
+            check_labels=_labels if task == "classification" else _targets, permuted_parts=_permuted_parts)
+        return Dataset(name=name, num_classes=num_classes, task=task, **parts)
     if task == "regression":
         num_classes = 1 if splits["y_train"].ndim == 1 else int(splits["y_train"].shape[1])
     else:
@@ -208,6 +217,8 @@ def _read_source(
         return "digits", _split(arrays, val_fraction, test_fraction, split_seed)
 
     suffix = text.lower().rsplit(".", 1)[-1] if "." in text else ""
+    if Path(text).expanduser().is_dir():
+        return text, npy_folder(Path(text).expanduser(), f"data folder {text!r}")
     if suffix in ("npz", "csv"):
         path = Path(text).expanduser()
         if not path.is_file():
@@ -219,6 +230,8 @@ def _read_source(
         arrays = _read_npz(path, where) if suffix == "npz" else _read_csv(path, where, task)
     elif _FACTORY.match(text):
         arrays, where = _call_factory(text)
+        if isinstance(arrays, StreamedSource):
+            return text, arrays
     else:
         close = difflib.get_close_matches(builtin, DATASETS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -431,9 +444,11 @@ def check_source(source: str | os.PathLike[str]) -> None:
     if not isinstance(source, (str, os.PathLike)):
         raise HftaNasError(f"data source must be a string, got {type(source).__name__}; expected {_ACCEPTED_FORMS}")
     text = os.fspath(source)
-    if text.strip().lower() in DATASETS:
+    if text.strip().lower() in DATASETS or Path(text).expanduser().is_dir():
         return
     suffix = text.lower().rsplit(".", 1)[-1] if "." in text else ""
+    if Path(text).expanduser().is_dir():
+        return text, npy_folder(Path(text).expanduser(), f"data folder {text!r}")
     if suffix in ("npz", "csv"):
         path = Path(text).expanduser()
         if not path.is_file():
@@ -462,6 +477,9 @@ def _call_factory(source: str) -> tuple[dict[str, Any], str]:
                 f"{where}: {module_name}.{function_name}() raised {type(exc).__name__}: {exc}"
             ) from exc
     where = f"{where} ({module_name}.{function_name}() result)"
+    if is_map_dataset(result) or (isinstance(result, Mapping) and set(result) == {"train", "val", "test"}
+                                  and all(is_map_dataset(v) for v in result.values())):
+        return StreamedSource(result, where), where  # type: ignore[return-value]
     if isinstance(result, (tuple, list)) and len(result) == 2:
         return {"x": result[0], "y": result[1]}, where
     if isinstance(result, Mapping):
