@@ -65,9 +65,10 @@ def analyse(result: StabilityResult, *, confidence: float = 0.95, bootstrap_seed
 
 
 def _metrics(seeds: pd.DataFrame) -> list[str]:
-    """The metrics this study recorded: the standard ones first, then any other *_acc / *_loss column.
-    A metric no completed seed has a value for (val_* without a validation split) is left out."""
-    extra = [c for c in seeds.columns if c.endswith(("_acc", "_loss")) and c not in METRICS]
+    """The metrics this study recorded: the standard ones first, then any other train_* / val_* / test_*
+    column (user metrics). A metric no completed seed has a value for (val_* without a validation
+    split, *_acc of a regression) is left out."""
+    extra = [c for c in seeds.columns if c.startswith(("train_", "val_", "test_")) and c not in METRICS]
     completed = seeds[seeds["status"] == "completed"]
     return [m for m in (*METRICS, *extra) if m in seeds.columns
             and np.isfinite(pd.to_numeric(completed[m], errors="coerce").to_numpy(dtype=np.float64)).any()]
@@ -86,7 +87,8 @@ def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
 
 
 def _higher_is_better(metric: str) -> bool:
-    return not metric.endswith(("_loss", "_rmse", "_mae"))
+    """Losses and errors are better lower; accuracy, R^2 and other (user) metrics higher."""
+    return not metric.endswith(("_loss", "_rmse", "_mae", "_error", "_err"))
 
 
 def _grid(rows: pd.DataFrame, metric: str, confidence: float) -> list[dict[str, Any]]:

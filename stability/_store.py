@@ -159,9 +159,17 @@ def load_stability_study(storage: Any, study_name: str) -> optuna.Study:
     return study
 
 
+def _recorded_metrics(outcomes: dict[str, list[SeedOutcome]]) -> list[str]:
+    """The standard metrics, then any other a seed recorded (a user metric such as val_top2)."""
+    extra = {key for group in outcomes.values() for o in group for row in o.history for key in row
+             if key.startswith(("train_", "val_", "test_")) and key not in METRICS}
+    return [*METRICS, *sorted(extra)]
+
+
 def frames(outcomes: dict[str, list[SeedOutcome]]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """seeds.csv and curves.csv rows (columns as documented in stability/_result.py)."""
     seed_rows, curve_rows = [], []
+    metrics = _recorded_metrics(outcomes)
     for label, group in outcomes.items():
         for o in group:
             final = o.final if o.status == "completed" else {}
@@ -169,12 +177,12 @@ def frames(outcomes: dict[str, list[SeedOutcome]]) -> tuple[pd.DataFrame, pd.Dat
                 "config": label, "seed_index": o.plan.seed_index, "design": o.plan.design,
                 **{f"seed_{s}": o.plan.seeds.get(s) for s in SOURCES},
                 "status": o.status, "reason": o.reason, "epochs": o.epochs,
-                **{m: final.get(m, float("nan")) for m in METRICS},
+                **{m: final.get(m, float("nan")) for m in metrics},
             })
             for row in o.history:
                 curve_rows += [{"config": label, "design": o.plan.design, "seed_index": o.plan.seed_index,
-                                "epoch": int(row["epoch"]), "metric": m, "value": row[m]} for m in METRICS if m in row]
-    seeds = pd.DataFrame(seed_rows, columns=[*SEED_COLUMNS, *METRICS])
+                                "epoch": int(row["epoch"]), "metric": m, "value": row[m]} for m in metrics if m in row]
+    seeds = pd.DataFrame(seed_rows, columns=[*SEED_COLUMNS, *metrics])
     seeds["seed_split"] = seeds["seed_split"].astype("Int64")  # empty where the data's own split was used
     curves = pd.DataFrame(curve_rows, columns=list(CURVE_COLUMNS))
     return seeds, curves

@@ -40,14 +40,16 @@ class StudyReport:
 MAX_SEEDS = 100_000
 
 
-def check_run_options(seeds: Any, metric: str) -> None:
-    """HftaNasError for a seed count or metric that would fail only after training."""
+def check_run_options(seeds: Any, metric: str, measured: Sequence[str] = ()) -> None:
+    """HftaNasError for a seed count or metric that would fail only after training (`measured`: the
+    configs' own metrics besides the standard ones, such as a user metric's val_top2)."""
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
         raise HftaNasError(f"--seeds must be an integer from 1 to {MAX_SEEDS:,}, got {seeds!r}.")
-    if metric not in METRICS:  # what every seed's training records
-        close = difflib.get_close_matches(metric, METRICS, n=1)
+    known = [*METRICS, *(m for m in measured if m not in METRICS)]
+    if metric not in known:  # what every seed's training records
+        close = difflib.get_close_matches(metric, known, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise HftaNasError(f"--metric: unknown metric '{metric}'{hint}; expected one of {', '.join(METRICS)}.")
+        raise HftaNasError(f"--metric: unknown metric '{metric}'{hint}; expected one of {', '.join(known)}.")
 
 
 def metric_for(configs: Sequence[LabelledConfig], metric: str) -> str:
@@ -89,8 +91,10 @@ def run_study(
     from hfta_nas.search import open_storage
     from stability._runner import run_stability
 
-    check_run_options(seeds, metric)
     labelled = _labelled(configs)
+    measured = [name for item in labelled for split in ("train", "val", "test")
+                for name in item.config.objective().metric_names(split)]
+    check_run_options(seeds, metric, measured)
     metric = metric_for(labelled, metric)
     vary = parse_vary(vary)
     _check_sources(labelled, vary)

@@ -227,3 +227,25 @@ def test_a_regression_metric_of_a_classification_space_is_refused_with_a_hint():
         parse_space(space_text(study={"metrics": ["val_rmse"]}), "s.yaml")
     space = parse_space(space_text(study={"metrics": ["val_top2"]}, training={"epochs": 1, "metrics": {"top2": "m:top2"}}))
     assert space.directions == ["minimize"]  # a user metric: give directions to maximise it
+
+
+def test_a_user_metric_is_a_stability_metric(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "my_metrics.py").write_text(
+        "def top2(logits, y):\n"
+        "    return (logits.topk(2, dim=-1).indices == y.unsqueeze(-1)).any(-1).double()\n")
+    (tmp_path / "c.yaml").write_text("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\nepochs: 1\n"
+                                     "metrics: {top2: 'my_metrics:top2'}\n")
+    result = CliRunner().invoke(main, ["stability", "c.yaml", "--seeds", "3", "--metric", "test_top2", "--json",
+                                       "--storage", "s.journal", "--format", "csv", "--plot-format", "png"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["metric"] == "test_top2" and summary["configs"][0]["n"] == 3
+    assert summary["configs"][0]["mean"] >= 0  # top-2 accuracy of 10 classes after one epoch
+    bad = CliRunner().invoke(main, ["stability", "c.yaml", "--seeds", "3", "--metric", "test_top3", "--storage", "s.journal"])
+    assert bad.exit_code == 2 and "unknown metric 'test_top3' (did you mean 'test_top2'?)" in bad.output
