@@ -20,8 +20,9 @@ CLASSES, SIZE, SHIFT = 10, 32, 4
 
 
 def class_patterns(rng: np.random.Generator) -> np.ndarray:
-    """[10, 3, 32 + 2 SHIFT, 32 + 2 SHIFT]: each class a coarse random colour grid, smoothly upsampled."""
-    coarse = rng.uniform(0, 1, size=(CLASSES, 3, 6, 6))
+    """[10, 3, 32 + 2 SHIFT, 32 + 2 SHIFT]: a colour grid shared by all classes plus a fainter one of
+    each class's own, smoothly upsampled (classes differ by a fraction of the image: not trivial)."""
+    coarse = 0.5 + 0.25 * rng.uniform(-1, 1, size=(1, 3, 6, 6)) + 0.25 * rng.uniform(-1, 1, size=(CLASSES, 3, 6, 6))
     side = SIZE + 2 * SHIFT
     grid = np.linspace(0, 5, side)
     low, frac = np.floor(grid).astype(int).clip(0, 4), grid - np.floor(grid).clip(0, 4)
@@ -39,7 +40,7 @@ def make(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         image = patterns[label, :, dy:dy + SIZE, dx:dx + SIZE]
         if rng.random() < 0.5:
             image = image[:, :, ::-1]
-        image = image * rng.uniform(0.7, 1.3, size=(3, 1, 1)) + rng.normal(0, 0.25, size=image.shape)
+        image = image * rng.uniform(0.6, 1.4, size=(3, 1, 1)) + rng.normal(0, 0.35, size=image.shape)
         x[i] = image.clip(0, 1)
     return x, y
 
