@@ -42,12 +42,15 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch._C import _functorch
 from torch._functorch.pyfunctorch import TransformType, coerce_cinterpreter, temporarily_pop_interpreter_stack
+
+from hfta_nas.errors import HftaNasError
 
 # Per-slot multiply-adds (one forward) from which a convolution runs as one
 # call per slot rather than one grouped call. Each slot's call costs ~0.1 ms
@@ -57,6 +60,36 @@ from torch._functorch.pyfunctorch import TransformType, coerce_cinterpreter, tem
 # looped than with 2e6 as the bound, bn_cnn (1e6, 1.5e7) the same within
 # noise; at ~1e5 (an 8x8 image, batch 10) the grouped call is 3x faster.
 _LOOP_MIN_MACS = 500_000
+LOWERINGS = ("auto", "loop", "grouped")
+
+
+def lowering() -> str:
+    """`HFTA_NAS_LOWERING`: auto (the default), loop (every convolution and BatchNorm one call per
+    slot) or grouped (one call over the array: a grouped convolution, vmap's BatchNorm over B*C
+    channels). Forcing one is for tests of each path and for measuring them against each other."""
+    value = os.environ.get("HFTA_NAS_LOWERING", "auto").strip().lower() or "auto"
+    if value not in LOWERINGS:
+        raise HftaNasError(f"HFTA_NAS_LOWERING must be one of {', '.join(LOWERINGS)}, got {value!r}.")
+    return value
+
+
+def conv_per_slot(device: torch.device, per_slot_macs: int) -> bool:
+    """Whether a convolution runs as one call per slot. auto: on the CPU from `_LOOP_MIN_MACS` up
+    (measured, see above); on a GPU never: B small launches per layer are what fusion removes, and
+    one grouped convolution is the HFTA lowering."""
+    mode = lowering()
+    if mode != "auto":
+        return mode == "loop"
+    return device.type == "cpu" and per_slot_macs >= _LOOP_MIN_MACS
+
+
+def batch_norm_per_slot(device: torch.device) -> bool:
+    """Whether a BatchNorm runs as one call per slot (`_BatchNormLoop`: the ops of a model alone) or,
+    on a GPU by default, as vmap's one batch norm over the array's B*C channels (one launch)."""
+    mode = lowering()
+    if mode != "auto":
+        return mode == "loop"
+    return device.type == "cpu"
 
 
 def _slot_first(tensor: torch.Tensor | None, dim: int | None, batch_size: int) -> torch.Tensor | None:
@@ -371,7 +404,7 @@ class _SlotConvMixin:
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - torch's name: callers may pass input=
         out = None
-        if _per_slot_macs(self, input.shape) >= _LOOP_MIN_MACS:
+        if conv_per_slot(input.device, _per_slot_macs(self, input.shape)):
             out = physical_call(self._loop_kernel, input, self.weight, self.bias)
         return super().forward(input) if out is None else out  # small: vmap's grouped convolution
 
@@ -515,7 +548,7 @@ def _native_layer(module: nn.Module, prefix: str, aliases: dict[str, str], relu:
             return linear
 
         def conv(leaves, x):
-            if x.dim() != len(module.kernel_size) + 3 or _per_slot_macs(module, x.shape[1:]) < _LOOP_MIN_MACS:
+            if x.dim() != len(module.kernel_size) + 3 or not conv_per_slot(x.device, _per_slot_macs(module, x.shape[1:])):
                 raise NeedsVmap  # unbatched per-slot input, or small: vmap's grouped convolution
             return module._loop_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None, relu)[0]
         return conv
@@ -556,6 +589,8 @@ def _native_batch_norm(module: nn.modules.batchnorm._BatchNorm, prefix: str, ali
     def batch_norm(leaves, x):
         if x.dim() - 1 not in slot_dims or (module.training and x.shape[1] * math.prod(x.shape[3:]) == 1):
             raise NeedsVmap  # a shape torch refuses: the vmap path raises torch's own error
+        if not batch_norm_per_slot(x.device):
+            raise NeedsVmap  # one batch norm over the array's channels, by vmap's rule
         tracked = leaves.get(prefix + "num_batches_tracked")
         if module.training and module.track_running_stats and tracked is not None:
             tracked.add_(1)
