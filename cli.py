@@ -112,11 +112,13 @@ def main() -> None:
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]))
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="torch CPU threads [default: torch's choice].")
+@click.option("--precision", default="float32", show_default=True, type=click.Choice(["float32", "bf16", "fp16"]), help="Mixed precision: bf16 or fp16 autocast (fp16 with per-slot loss scaling); float32 weights either way.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Set a training setting (repeatable), keys as in a config file or search space: epochs, data.batch_size, hparams.clip_norm (or training.clip_norm), model_config.width, accumulate, early_stopping.patience, augment.flip, schedule.t_max, ...; YAML values; after the options above.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-slot results as JSON (for machines).")
 @_friendly_errors
 def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared_order, optimizer, lr, weight_decay,
-          momentum, schedule, schedule_arg, epochs, batch_size, device, dtype, threads, overrides, as_json) -> None:
+          momentum, schedule, schedule_arg, epochs, batch_size, device, dtype, threads, precision, overrides,
+          as_json) -> None:
     """Train one array of models (one per seed) and print every slot's accuracy."""
     import torch
 
@@ -139,7 +141,8 @@ def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared
         run = hfta_nas.train(
             seeds=init_seeds, data_seeds=_seeds(data_seeds, "--data-seeds") if data_seeds else None,
             dropout_seeds=_seeds(dropout_seeds, "--dropout-seeds") if dropout_seeds else None,
-            shared_order=shared_order, device=device, dtype=dtype, on_epoch=progress.update, **settings,
+            shared_order=shared_order, device=device, dtype=dtype, on_epoch=progress.update, precision=precision,
+            **settings,
         )
     rows = [
         {"slot": slot, "init_seed": run.seeds["init"][slot], "data_seed": run.seeds["data"][slot],

@@ -82,6 +82,7 @@ def train(
     early_stopping: EarlyStopping | None = None,
     loss: Objective | str | Callable[..., torch.Tensor] | None = None,
     augmentation: Augmentation | None = None,
+    precision: str = "float32",
 ) -> TrainRun:
     """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
 
@@ -96,7 +97,8 @@ def train(
     `loss`: an Objective, a loss name (cross_entropy, mse, mae, huber) or a
     function (default cross-entropy); a regression loss loads a dataset given by
     name as regression targets; `augmentation`: each slot's training batches
-    augmented on the device from its data seed; `schedule` holds `kind` plus LRSchedule's
+    augmented on the device from its data seed; `precision`: float32, bf16 or fp16
+    (autocast; fp16 with per-slot loss scaling); `schedule` holds `kind` plus LRSchedule's
     arguments. Data order and dropout seeds default to the init seeds; pass
     them separately to vary one source of randomness at a time. `split_seeds`
     (one per slot; None keeps the data's split) re-draws each slot's train /
@@ -163,13 +165,14 @@ def train(
             data_seeds=None if shared_order else data_seeds,
             shared_order_seed=data_seeds[0] if shared_order else None, splits=splits,
             accumulate=accumulate, early_stopping=early_stopping, loss_fn=objective, augmentation=augmentation,
+            precision=precision,
         )
 
     fingerprint = repr((getattr(model, "__module__", ""), getattr(model, "__qualname__", model), model_config,
                         slot_model_configs,
                         getattr(data, "name", None), tuple(data.x_train.shape), seeds, data_seeds, dropout_seeds, split_seeds,
                         shared_order, optimizer, hparams, schedule, epochs, batch_size, device.type, str(torch_dtype),
-                        accumulate, early_stopping, objective.describe(), augmentation))
+                        accumulate, early_stopping, objective.describe(), augmentation, precision))
     saver = (Checkpointer(Path(checkpoint), extra={"fingerprint": fingerprint})
              if checkpoint is not None and checkpoints_enabled() else None)
     trainer = saver.resume(make_trainer) if saver is not None else make_trainer()

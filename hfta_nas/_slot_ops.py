@@ -208,10 +208,23 @@ class _BatchedLinear(torch.autograd.Function):
         return None, None, grad_x, grad_weight, grad_bias
 
 
+def _autocast(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """Under autocast, the inputs of a matmul or convolution in autocast's dtype, as torch's own
+    linear and conv would take them: the fused kernels write into buffers (`out=`), which autocast
+    does not reach. The casts are ordinary autograd ops, so gradients reach the float32 weights."""
+    first = tensors[0]
+    device = first.device.type
+    if not torch.is_autocast_enabled(device) or not first.is_floating_point():
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if t is not None else None for t in tensors)
+
+
 def _linear_kernel(owner: nn.Module, batch_size: int, in_dims, x, weight, bias, relu: bool = False):
     x_dim, weight_dim, bias_dim = in_dims
     if weight_dim is None:
         return None  # one weight for all slots: not an array's layer; torch's own forward
+    x, weight, bias = _autocast(x, weight, bias)
     weight = _slot_first(weight, weight_dim, batch_size)
     bias = _slot_first(bias, bias_dim, batch_size)
     x = _slot_first(x, x_dim, batch_size)  # a shared input is expanded, as vmap would
@@ -411,6 +424,7 @@ class _SlotConvMixin:
     def _loop_kernel(self, batch_size: int, in_dims, x, weight, bias, relu: bool = False):
         if in_dims[1] is None:
             return None  # one weight for all slots: not an array's layer; torch's own forward
+        x, weight, bias = _autocast(x, weight, bias)
         x = _slot_first(x, in_dims[0], batch_size)
         weight = _slot_first(weight, in_dims[1], batch_size)
         bias = _slot_first(bias, in_dims[2], batch_size)

@@ -13,6 +13,7 @@ when a slot is refilled), so results survive drops and replacements.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +28,9 @@ from hfta_nas._array import ModelArray
 from hfta_nas._objectives import Objective, as_objective
 from hfta_nas.data import Augmentation, Dataset, EpochOrder, SlotAugmenter, SlotSplits, gather
 from hfta_nas.errors import HftaNasError
-from hfta_nas.optim import ArrayOptimizer, LRSchedule
+from hfta_nas.optim import ArrayOptimizer, LRSchedule, SlotGradScaler
+
+PRECISIONS = ("float32", "bf16", "fp16")
 
 
 @dataclass
@@ -106,6 +109,8 @@ class ArrayTrainer:
     `early_stopping`: stop each slot on its own when its metric stalls (a stopped
     slot completes; a search refills it). `augmentation`: each slot's training
     batches augmented on the device from its own data seed (`hfta_nas.data.Augmentation`).
+    `precision`: "float32", "bf16" (autocast; float32 weights and optimizer) or "fp16"
+    (autocast with per-slot loss scaling: a slot whose gradient overflows skips only its step).
 
     `data_seeds`: one per slot (each slot its own shuffling, as a DataLoader
     with `generator=torch.Generator().manual_seed(seed)` would) or None with
@@ -137,6 +142,7 @@ class ArrayTrainer:
         accumulate: int = 1,
         early_stopping: EarlyStopping | None = None,
         augmentation: Augmentation | None = None,
+        precision: str = "float32",
     ) -> None:
         if optimizer.array is not array:
             raise HftaNasError("the optimizer was built for a different ModelArray.")
@@ -151,6 +157,11 @@ class ArrayTrainer:
         if early_stopping is not None and not isinstance(early_stopping, EarlyStopping):
             raise HftaNasError(f"early_stopping must be an EarlyStopping, got {type(early_stopping).__name__}.")
         self.accumulate, self.early_stopping = accumulate, early_stopping
+        if precision not in PRECISIONS:
+            raise HftaNasError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
+        self.precision = precision
+        # float16 overflows where float32 does not: each slot its own loss scale (SlotGradScaler)
+        self.scaler = SlotGradScaler(optimizer) if precision == "fp16" else None
         if data_seeds is not None and shared_order_seed is not None:
             raise HftaNasError("give either data_seeds (one order per slot) or shared_order_seed, not both.")
         if data_seeds is None and shared_order_seed is None:
@@ -232,21 +243,27 @@ class ArrayTrainer:
             mixed = self.augmenter(x, y, shared=self.shared_order) if self.augmenter is not None else None
             if mixed is not None:
                 x = mixed.x
-            logits = self.array(x, shared_input=self.shared_order)
-            if self.shared_order:
-                y = y.expand(len(self.array), *y.shape)
-            total, count = self.objective.slot_losses(logits, y)
-            if mixed is not None and mixed.y_partner is not None:  # mixup / cutmix: the loss mixed as the inputs
-                partner = mixed.y_partner.expand_as(y) if self.shared_order else mixed.y_partner
-                total_partner, _ = self.objective.slot_losses(logits, partner)
-                strength = mixed.strength.to(total.dtype)
-                total = strength * total + (1 - strength) * total_partner
+            with self._autocast():
+                logits = self.array(x, shared_input=self.shared_order)
+                if self.shared_order:
+                    y = y.expand(len(self.array), *y.shape)
+                total, count = self.objective.slot_losses(logits, y)
+                if mixed is not None and mixed.y_partner is not None:  # mixup / cutmix: the loss mixed as the inputs
+                    partner = mixed.y_partner.expand_as(y) if self.shared_order else mixed.y_partner
+                    total_partner, _ = self.objective.slot_losses(logits, partner)
+                    strength = mixed.strength.to(total.dtype)
+                    total = strength * total + (1 - strength) * total_partner
             losses = total / count
             if number % self.accumulate == 0:
                 self.optimizer.zero_grad()
-            (losses.sum() / self.accumulate if self.accumulate > 1 else losses.sum()).backward()
+            scaled = self.scaler.scale(losses) if self.scaler is not None else losses
+            (scaled.sum() / self.accumulate if self.accumulate > 1 else scaled.sum()).backward()
             if (number + 1) % self.accumulate == 0 or number + 1 == len(batches):
-                self.optimizer.step()
+                if self.scaler is not None:
+                    self.scaler.step()
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
                 if self.schedule is not None and self.schedule_interval == "step":
                     self.schedule.step()
             loss_sum += total.detach().to(torch.float64)
@@ -280,14 +297,15 @@ class ArrayTrainer:
             loss_count = torch.zeros_like(loss_sum)
             sums: dict[str, torch.Tensor] = {}
             for start in range(0, count, self.eval_batch_size):
-                if rows is None:  # the same samples for every slot
-                    x, y = x_all[start : start + self.eval_batch_size], y_all[start : start + self.eval_batch_size]
-                    logits = self.array(x, shared_input=True)
-                    y = y.expand(len(self.array), *y.shape)
-                else:
-                    index = rows[:, start : start + self.eval_batch_size]
-                    x, y = gather(x_all, index), gather(y_all, index)
-                    logits = self.array(x)
+                with self._autocast():
+                    if rows is None:  # the same samples for every slot
+                        x, y = x_all[start : start + self.eval_batch_size], y_all[start : start + self.eval_batch_size]
+                        logits = self.array(x, shared_input=True)
+                        y = y.expand(len(self.array), *y.shape)
+                    else:
+                        index = rows[:, start : start + self.eval_batch_size]
+                        x, y = gather(x_all, index), gather(y_all, index)
+                        logits = self.array(x)
                 total, counted = self.objective.slot_losses(logits, y)
                 loss_sum += total.to(torch.float64)
                 loss_count += counted.to(torch.float64)
@@ -323,6 +341,13 @@ class ArrayTrainer:
                 result.reason = (f"early stopped: {self.early_stopping.metric} did not improve for "
                                  f"{self.early_stopping.patience} epochs")
         return EpochReport(self.epoch, per_slot, failed, seconds)
+
+    def _autocast(self) -> Any:
+        """Mixed precision's autocast on the data's device (nothing for float32)."""
+        if self.precision == "float32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=self.data.x_train.device.type, dtype=dtype)
 
     def _stalled(self, result: SlotResult, row: dict[str, float]) -> bool:
         stopping = self.early_stopping
@@ -417,6 +442,7 @@ class ArrayTrainer:
             state["schedule"] = self.schedule.state_dict() if self.schedule is not None else None
             state["order"] = self.order.state_dict()
             state["augmenter"] = self.augmenter.state_dict() if self.augmenter is not None else None
+            state["scaler"] = self.scaler.state_dict() if self.scaler is not None else None
         return state
 
     def restore(self, state: dict[str, Any],
@@ -447,5 +473,7 @@ class ArrayTrainer:
             self.order.load_state_dict(state["order"])
             if self.augmenter is not None and state.get("augmenter") is not None:
                 self.augmenter.load_state_dict(state["augmenter"])
+            if self.scaler is not None and state.get("scaler") is not None:
+                self.scaler.load_state_dict(state["scaler"])
         self.results = {sid: SlotResult(**r) for sid, r in state["results"].items()}
         self.epoch = state["epoch"]

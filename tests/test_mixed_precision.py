@@ -1,0 +1,85 @@
+"""Mixed precision through the array: bf16 autocast reaches every fused layer, and per-slot loss
+scaling follows torch.amp.GradScaler on each model alone (one slot's overflow skips only its step)."""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import hfta_nas
+from hfta_nas import ArrayTrainer, ModelArray
+from hfta_nas.optim import SlotGradScaler
+from tests.test_trainer import BATCH, DATA_SEEDS, INIT_SEEDS, conv_bn_model
+
+# float32 with scales near its limit and the loss times 100: scaled gradients overflow in some
+# slots and steps and not in others (as float16's do at 2^16), so slots skip steps and back off
+# at different times, and the comparison with torch is exact to float32 rounding.
+INIT_SCALE, GROWTH_INTERVAL, EPOCHS, LOUD = 2.0 ** 120, 2, 3, 100.0
+LR = [0.1, 0.05, 0.2, 0.02]
+
+
+def test_per_slot_loss_scaling_equals_a_grad_scaler_per_model(tiny_data):
+    arr = ModelArray.from_factory(conv_bn_model, seeds=INIT_SEEDS, dtype=torch.float32)
+    opt = hfta_nas.optim.SGD(arr, lr=LR, momentum=0.9)
+    scaler = SlotGradScaler(opt, init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
+    trainer = ArrayTrainer(arr, opt, tiny_data.to(dtype=torch.float32), batch_size=BATCH, data_seeds=DATA_SEEDS)
+    skipped = torch.zeros(4, dtype=torch.long)
+    for index in [step for _ in range(EPOCHS) for step in trainer.order.next_epoch()]:
+        x, y = tiny_data.x_train.float()[index], tiny_data.y_train[index]
+        losses = trainer.slot_losses(arr(x), y) * LOUD
+        opt.zero_grad()
+        scaler.scale(losses).sum().backward()
+        scaler.step()
+        skipped += scaler.found_inf.long()
+        scaler.update()
+    assert 0 < skipped.min() and len(set(skipped.tolist())) > 1, f"slots should skip different steps: {skipped}"
+
+    for slot in range(4):
+        torch.manual_seed(INIT_SEEDS[slot])
+        model = conv_bn_model()
+        alone = torch.optim.SGD(model.parameters(), lr=LR[slot], momentum=0.9)
+        reference = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
+        loader = DataLoader(TensorDataset(tiny_data.x_train.float(), tiny_data.y_train), batch_size=BATCH, shuffle=True,
+                            generator=torch.Generator().manual_seed(DATA_SEEDS[slot]))
+        for _ in range(EPOCHS):
+            for x, y in loader:
+                alone.zero_grad()
+                reference.scale(F.cross_entropy(model(x), y) * LOUD).backward()
+                reference.step(alone)
+                reference.update()
+        assert scaler.scales[slot].item() == reference.get_scale()
+        state = arr.slot_state_dict(slot)
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5, msg=lambda m: f"slot {slot} {key}: {m}")
+
+
+def test_bf16_autocast_reaches_the_fused_layers():
+    models = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        models.append(nn.Sequential(nn.Conv1d(1, 64, 3, padding=1), nn.BatchNorm1d(64), nn.ReLU(), nn.Flatten(),
+                                    nn.Linear(64 * 64, 5)))
+    arr = ModelArray(models)
+    x = torch.randn(3, 20, 1, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = arr(x)
+        alone = [model(x[b]) for b, model in enumerate(models)]
+    assert out.dtype == torch.bfloat16  # the array's output in autocast's dtype, as each model's
+    for b in range(3):  # bf16 has 8 bits of mantissa: equal to its rounding (the fused kernels sum in another order)
+        torch.testing.assert_close(out[b].float(), alone[b].float(), rtol=2e-2, atol=2e-2)
+    out.float().sum().backward()
+    assert arr.flat.grad.dtype == torch.float32 and torch.isfinite(arr.flat.grad).all()  # float32 master weights
+
+
+def test_the_trainer_trains_in_bf16_and_fp16(tiny_data):
+    runs = {precision: hfta_nas.train(conv_bn_model, dataset=tiny_data, seeds=[0, 1, 2], epochs=3, batch_size=16,
+                                      dtype="float32", precision=precision) for precision in ("float32", "bf16", "fp16")}
+    for precision in ("bf16", "fp16"):
+        for slot in range(3):
+            low, full = runs[precision].results[slot].final, runs["float32"].results[slot].final
+            assert abs(low["val_loss"] - full["val_loss"]) < 0.05, (precision, slot, low, full)
+    assert runs["float32"].array.flat.dtype == runs["bf16"].array.flat.dtype == torch.float32  # float32 master weights
+    import pytest
+
+    with pytest.raises(hfta_nas.HftaNasError, match="precision must be one of float32, bf16, fp16"):
+        hfta_nas.train(conv_bn_model, dataset=tiny_data, seeds=[0], epochs=1, precision="fp8")
