@@ -135,7 +135,7 @@ def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared
     settings = _with_overrides({
         "model": model, "model_config": _key_values(model_config, "--config"), "dataset": dataset,
         "optimizer": optimizer, "hparams": hparams, "schedule": schedule_config, "epochs": epochs,
-        "batch_size": batch_size, "accumulate": 1, "early_stopping": None, "augmentation": None,
+        "batch_size": batch_size, "accumulate": 1, "early_stopping": None, "augmentation": None, "loss": None,
     }, overrides)
     with EpochProgress(settings["epochs"], enabled=not as_json) as progress:
         run = hfta_nas.train(
@@ -164,7 +164,7 @@ def _with_overrides(settings: dict[str, Any], overrides: tuple[str, ...]) -> dic
     from hfta_nas import EarlyStopping
     from search_spaces import parse_config_overrides
 
-    nested = {"hparams", "model_config", "schedule", "early_stopping", "augmentation"}
+    nested = {"hparams", "model_config", "schedule", "early_stopping", "augmentation", "loss"}
     for override in parse_config_overrides(overrides):
         loc = override.loc[1:] if override.loc[:2] == ("data", "batch_size") else override.loc
         loc = ("augmentation", *loc[1:]) if loc[:1] == ("augment",) else loc
@@ -172,12 +172,28 @@ def _with_overrides(settings: dict[str, Any], overrides: tuple[str, ...]) -> dic
         if len(loc) == 1 and head in settings:
             settings[head] = override.value
         elif len(loc) == 2 and head in nested:
-            settings[head] = {**(settings[head] or {}), loc[1]: override.value}
+            current = settings[head]
+            if isinstance(current, str) and head == "loss":  # loss=huber, then loss.delta=0.5
+                current = {"name": current}
+            if current is not None and not isinstance(current, dict):
+                raise click.BadParameter(f"{head} is {current!r}, not a mapping of settings",
+                                         param_hint=f"--set {override.text}")
+            settings[head] = {**(current or {}), loc[1]: override.value}
         else:
             raise click.BadParameter(f"unknown setting {'.'.join(map(str, override.loc)) or override.text!r}; "
                                      "expected one of model, model_config.KEY, dataset, optimizer, hparams.NAME, "
-                                     "schedule.KEY, epochs, batch_size, accumulate, early_stopping.KEY, augment.KEY",
+                                     "schedule.KEY, epochs, batch_size, accumulate, early_stopping.KEY, augment.KEY, "
+                                     "loss (a name) or loss.KEY",
                                      param_hint=f"--set {override.text}")
+    if isinstance(settings["loss"], (str, dict)):  # loss=mse, loss.label_smoothing=0.1 (cross_entropy's)
+        from hfta_nas import Objective
+
+        spec = {"name": settings["loss"]} if isinstance(settings["loss"], str) else dict(settings["loss"])
+        try:
+            settings["loss"] = Objective(loss=spec.pop("name", "cross_entropy"), **spec)
+        except TypeError as error:
+            raise click.BadParameter(f"loss takes name, label_smoothing, class_weights, delta, masked ({error})",
+                                     param_hint="--set") from None
     if settings["augmentation"] is not None:
         from hfta_nas.data import Augmentation
 
@@ -200,14 +216,16 @@ def _print_train_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> N
     from rich.table import Table
 
     table = Table(title="per-slot results (final epoch)")
-    for column in ("slot", "init/data/dropout seed", "status", "train loss", "val acc", "test acc"):
+    # the metrics the loss records: accuracy for classification, RMSE and R^2 for regression
+    shown = ["val_acc", "test_acc"] if any("val_acc" in row or "test_acc" in row for row in rows) else \
+        ["val_rmse", "val_r2", "test_rmse", "test_r2"]
+    for column in ("slot", "init/data/dropout seed", "status", "train loss", *(m.replace("_", " ") for m in shown)):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             str(row["slot"]), f"{row['init_seed']}/{row['data_seed']}/{row['dropout_seed']}",
             row["status"] + (f" ({row['reason']})" if row["reason"] else ""),
-            f"{row.get('train_loss', float('nan')):.4f}", f"{row.get('val_acc', float('nan')):.4f}",
-            f"{row.get('test_acc', float('nan')):.4f}",
+            f"{row.get('train_loss', float('nan')):.4f}", *(f"{row.get(m, float('nan')):.4f}" for m in shown),
         )
     console = command_console()
     console.print(table)

@@ -109,3 +109,14 @@ def test_train_set_is_the_same_run_as_the_python_api():
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)["slots"]
     assert [row["val_acc"] for row in rows] == [r.final["val_acc"] for r in run.results.values()]
+
+
+def test_train_set_takes_a_loss_and_shows_regression_metrics():
+    result = CliRunner().invoke(main, ["train", "--dataset", "diabetes", "--model", "mlp", "--seeds", "2", "--epochs", "1",
+                                       "--set", "loss=huber", "--set", "loss.delta=0.5"])
+    assert result.exit_code == 0, result.output
+    assert "val rmse" in result.output and "val acc" not in result.output
+    bad = CliRunner().invoke(main, ["train", "--set", "loss=msee", "--epochs", "1"])
+    assert bad.exit_code == 2 and "unknown loss 'msee'" in bad.output
+    bad = CliRunner().invoke(main, ["train", "--set", "model_config=3", "--set", "model_config.width=3"])
+    assert bad.exit_code == 2 and "model_config is 3, not a mapping" in bad.output and "Traceback" not in bad.output
