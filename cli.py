@@ -185,30 +185,28 @@ def _with_overrides(settings: dict[str, Any], overrides: tuple[str, ...]) -> dic
                                      "schedule.KEY, epochs, batch_size, accumulate, early_stopping.KEY, augment.KEY, "
                                      "loss (a name) or loss.KEY",
                                      param_hint=f"--set {override.text}")
+    from hfta_nas import Objective
+    from hfta_nas.data import Augmentation
+
     if isinstance(settings["loss"], (str, dict)):  # loss=mse, loss.label_smoothing=0.1 (cross_entropy's)
-        from hfta_nas import Objective
-
         spec = {"name": settings["loss"]} if isinstance(settings["loss"], str) else dict(settings["loss"])
-        try:
-            settings["loss"] = Objective(loss=spec.pop("name", "cross_entropy"), **spec)
-        except TypeError as error:
-            raise click.BadParameter(f"loss takes name, label_smoothing, class_weights, delta, masked ({error})",
-                                     param_hint="--set") from None
+        spec["loss"] = spec.pop("name", "cross_entropy")
+        settings["loss"] = _built("loss", Objective, spec, "name, label_smoothing, class_weights, delta, masked")
     if settings["augmentation"] is not None:
-        from hfta_nas.data import Augmentation
-
-        try:
-            settings["augmentation"] = Augmentation(**settings["augmentation"])
-        except TypeError as error:
-            raise click.BadParameter(f"augment takes shift, flip, noise, mixup, cutmix ({error})",
-                                     param_hint="--set") from None
+        settings["augmentation"] = _built("augment", Augmentation, settings["augmentation"],
+                                          "shift, flip, noise, mixup, cutmix")
     if settings["early_stopping"] is not None:
-        try:
-            settings["early_stopping"] = EarlyStopping(**settings["early_stopping"])
-        except TypeError as error:
-            raise click.BadParameter(f"early_stopping takes metric, patience, min_delta, mode ({error})",
-                                     param_hint="--set") from None
+        settings["early_stopping"] = _built("early_stopping", EarlyStopping, settings["early_stopping"],
+                                            "metric, patience, min_delta, mode")
     return settings
+
+
+def _built(name: str, build: Callable[..., Any], arguments: dict[str, Any], takes: str) -> Any:
+    """`build(**arguments)` for a `--set` group; an unknown key is one clear line."""
+    try:
+        return build(**arguments)
+    except TypeError as error:
+        raise click.BadParameter(f"{name} takes {takes} ({error})", param_hint="--set") from None
 
 
 def _print_train_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import hfta_nas
 from hfta_nas import ArrayTrainer, HftaNasError, ModelArray, Objective
 from hfta_nas.data import Dataset
-from tests.test_trainer import BATCH, DATA_SEEDS, INIT_SEEDS, assert_equivalent, conv_bn_model
+from tests.test_trainer import BATCH, DATA_SEEDS, INIT_SEEDS, assert_equivalent, conv_bn_model, slot_model
 
 LR = [1e-2, 3e-3, 3e-2, 1e-3]
 
@@ -149,11 +149,8 @@ def test_a_user_loss_and_metric(tiny_data):
                            loss_fn=objective)
     results = trainer.fit(1)
     for slot in range(4):
-        model = conv_bn_model().double()
-        model.load_state_dict(arr.slot_state_dict(slot))
-        model.eval()
         with torch.no_grad():
-            logits = model(tiny_data.x_val)
+            logits = slot_model(arr, slot)(tiny_data.x_val)
         final = results[slot].final
         assert final["val_loss"] == pytest.approx(focal(logits, tiny_data.y_val).mean().item(), rel=1e-10)
         assert final["val_top2"] == pytest.approx(top2(logits, tiny_data.y_val).mean().item(), rel=1e-12)

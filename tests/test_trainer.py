@@ -103,14 +103,18 @@ def test_array_training_equals_plain_pytorch(opt_name, dtype, rtol):
     assert all(r.status == "completed" and r.epochs == EPOCHS for r in results.values())
 
 
+def slot_model(arr, slot, factory=conv_bn_model):
+    """Slot `slot` of `arr` as its own float64 model, in eval mode."""
+    model = factory().double()
+    model.load_state_dict(arr.slot_state_dict(slot))
+    return model.eval()
+
+
 def test_reported_metrics_equal_plain_evaluation(tiny_data):
     arr, results = train_array(tiny_data, "Adam", OPTIMIZERS["Adam"], torch.float64)
     for slot in range(len(arr)):
-        model = conv_bn_model().double()
-        model.load_state_dict(arr.slot_state_dict(slot))
-        model.eval()
         with torch.no_grad():
-            logits = model(tiny_data.x_val)
+            logits = slot_model(arr, slot)(tiny_data.x_val)
         final = results[slot].final
         assert final["val_loss"] == pytest.approx(F.cross_entropy(logits, tiny_data.y_val).item(), rel=1e-12)
         assert final["val_acc"] == pytest.approx((logits.argmax(1) == tiny_data.y_val).double().mean().item(), rel=1e-12)
