@@ -137,3 +137,9 @@ def test_bad_streamed_sources_are_clear_errors(tmp_path):
     np.save(folder / "y.npy", np.full(10, 0.5))
     with pytest.raises(HftaNasError, match="non-integer values"):
         load_dataset(str(folder))
+
+
+def test_per_slot_splits_of_streamed_data_are_refused_in_one_line(module):
+    data = load_dataset("my_data:items", dtype=torch.float64)
+    with pytest.raises(HftaNasError, match=r"--vary split\) need the data held in memory"):
+        hfta_nas.train("cnn1d", dataset=data, seeds=[0, 1], split_seeds=[1, 2], epochs=1, dtype="float64")

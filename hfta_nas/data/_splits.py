@@ -39,6 +39,9 @@ class SlotSplits:
 def pooled(data: Dataset) -> Dataset:
     """The data with its train and validation rows as one pool (`x_train`), `x_val` empty: slots
     index their own rows of the pool with `SlotSplits`."""
+    if not all(isinstance(t, torch.Tensor) for t in (data.x_train, data.y_train, data.x_val, data.y_val)):
+        raise HftaNasError("per-slot train/validation splits (--vary split) need the data held in memory; a "
+                           "streamed source (a .npy folder, a map-style dataset) keeps its one split")
     return replace(data, x_train=torch.cat([data.x_train, data.x_val]), y_train=torch.cat([data.y_train, data.y_val]),
                    x_val=data.x_val[:0], y_val=data.y_val[:0])
 
