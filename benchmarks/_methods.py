@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 import statistics
 import time
 import warnings
@@ -45,6 +46,15 @@ def slot_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     batch, n = y.shape
     flat = F.cross_entropy(logits.reshape(batch * n, logits.shape[-1]), y.reshape(batch * n), reduction="none")
     return flat.view(batch, n).mean(dim=1)
+
+
+def mixed(device: torch.device) -> Any:
+    """Autocast in $HFTA_NAS_BENCH_PRECISION (bf16 or fp16; unset: float32, nothing) on `device`, for
+    every method alike (the processes' workers inherit the variable)."""
+    precision = os.environ.get("HFTA_NAS_BENCH_PRECISION", "float32")
+    if precision == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision])
 
 
 def _no_phase(name: str) -> contextlib.nullcontext:
@@ -87,9 +97,9 @@ class SerialRunner(Runner):
                 with phase("gather"):
                     index = indices[t % len(indices)]
                     x, y = self.x[index], self.y[index]
-                with phase("forward"):
+                with phase("forward"), mixed(self.x.device):
                     logits = model(x)
-                with phase("loss"):
+                with phase("loss"), mixed(self.x.device):
                     loss = F.cross_entropy(logits, y)
                 with phase("backward"):
                     optimizer.zero_grad(set_to_none=True)
@@ -124,9 +134,9 @@ class VmapRunner(Runner):
             with phase("gather"):
                 index = self.indices[t % len(self.indices)]
                 x, y = self.x[index], self.y[index]
-            with phase("forward"):
+            with phase("forward"), mixed(self.x.device):
                 logits = self.ensemble(self.params, self.buffers, x)
-            with phase("loss"):
+            with phase("loss"), mixed(self.x.device):
                 losses = slot_losses(logits, y)
                 total = losses.sum()
             with phase("backward"):
@@ -154,9 +164,9 @@ class ArrayRunner(Runner):
             with phase("gather"):
                 index = self.indices[t % len(self.indices)]
                 x, y = gather(self.x, index), gather(self.y, index)
-            with phase("forward"):
+            with phase("forward"), mixed(self.x.device):
                 logits = self.array(x)
-            with phase("loss"):
+            with phase("loss"), mixed(self.x.device):
                 losses = slot_losses(logits, y)
                 total = losses.sum()
             with phase("backward"):
@@ -184,9 +194,9 @@ class LimitRunner(Runner):
             with phase("gather"):
                 index = self.indices[t % len(self.indices)]
                 x, y = self.x[index], self.y[index]
-            with phase("forward"):
+            with phase("forward"), mixed(self.x.device):
                 logits = self.model(x)
-            with phase("loss"):
+            with phase("loss"), mixed(self.x.device):
                 loss = F.cross_entropy(logits, y)
             with phase("backward"):
                 self.optimizer.zero_grad(set_to_none=True)

@@ -23,7 +23,7 @@ import torch
 from torch.nn import functional as F
 
 from benchmarks._memory import PeakMemory, current_rss_mb
-from benchmarks._methods import LR, Timing, steps_for, synchronizer
+from benchmarks._methods import LR, Timing, mixed, steps_for, synchronizer
 from benchmarks._workloads import BATCH_SIZE, Prepared, Workload
 from hfta_nas._allocator import keep_freed_memory
 
@@ -35,7 +35,9 @@ def _prime(prep: Prepared, device: torch.device) -> None:
     x, y = prep.x_train[:BATCH_SIZE], prep.y_train[:BATCH_SIZE]
     model = prep.build(0, device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    F.cross_entropy(model(x), y).backward()
+    with mixed(x.device):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
     optimizer.step()
 
 
@@ -72,7 +74,8 @@ def _child(
             nonlocal first_loss
             for t in steps:
                 index = indices[t % len(indices)]
-                loss = F.cross_entropy(model(x[index]), y[index])
+                with mixed(x.device):
+                    loss = F.cross_entropy(model(x[index]), y[index])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

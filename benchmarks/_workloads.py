@@ -10,12 +10,14 @@ only gather rows from the device-resident training tensors.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from benchmarks._paper_models import BUILDERS
 from hfta_nas.data import EpochOrder, load_dataset
 from hfta_nas.models import build_model, count_parameters
 
@@ -41,8 +43,17 @@ WORKLOADS: dict[str, Workload] = {
         Workload("cnn2d", "cnn2d", "digits", note="Conv2d(16, k=3) + Conv2d(32, k=3), ReLU -> Linear"),
         Workload("bn_cnn", "bn_cnn", "digits", note="2 x [Conv2d(32, k=3) -> BatchNorm2d -> ReLU] -> Linear"),
         Workload("gru", "gru", "mnist1d", note="GRU(hidden 64) over 40 steps of 1 feature -> Linear"),
+        # the HFTA paper's families at small input size (benchmarks/_paper_models.py), on synthetic data
+        Workload("resnet18", "paper:resnet18", "synthetic:images32", note="ResNet-18 (CIFAR variant) on 3x32x32"),
+        Workload("pointnet", "paper:pointnet", "synthetic:points", note="PointNet classifier on 256 points"),
+        Workload("dcgan", "paper:dcgan", "synthetic:images32", note="DCGAN discriminator on 3x32x32, 10 classes"),
+        Workload("transformer", "paper:transformer", "synthetic:tokens",
+                 note="Embedding + 2 TransformerEncoderLayers (128 wide, 4 heads) on 64 tokens"),
     )
 }
+CPU_WORKLOADS = ("mlp", "cnn1d", "cnn2d", "bn_cnn", "gru")  # the default table (the paper's are GPU-sized)
+PAPER_WORKLOADS = ("resnet18", "pointnet", "dcgan", "transformer")
+SYNTHETIC_SAMPLES = 2000
 
 
 @dataclass
@@ -59,14 +70,11 @@ class Prepared:
     def build(self, seed: int, device: torch.device | str) -> nn.Module:
         """Slot `seed`'s model, initialised as `ModelArray.from_factory` would."""
         torch.manual_seed(seed)
-        return build_model(
-            self.workload.family, self.workload.config, input_shape=self.input_shape, num_classes=self.num_classes
-        ).to(device)
+        return self.factory()().to(device)
 
     def factory(self):
         """Zero-argument factory for `ModelArray.from_factory`."""
-        workload, shape, classes = self.workload, self.input_shape, self.num_classes
-        return lambda: build_model(workload.family, workload.config, input_shape=shape, num_classes=classes)
+        return functools.partial(_build, self.workload, self.input_shape, self.num_classes)
 
     def index_table(self, slots: int, device: torch.device | str) -> torch.Tensor:
         """[slots, T, BATCH_SIZE] int64: slot b's sample indices for step t (one epoch, cycled)."""
@@ -77,12 +85,35 @@ class Prepared:
 _DATA_CACHE: dict[tuple[str, str], Any] = {}
 
 
+def _build(workload: Workload, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if workload.family.startswith("paper:"):
+        return BUILDERS[workload.family.removeprefix("paper:")](input_shape=input_shape, num_classes=num_classes,
+                                                                **workload.config)
+    return build_model(workload.family, workload.config, input_shape=input_shape, num_classes=num_classes)
+
+
+def _synthetic(name: str, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inputs of a paper workload's shape and 10 random classes (throughput does not need
+    learnable data): images [N, 3, 32, 32], point clouds [N, 3, 256], token ids [N, 64]."""
+    g = torch.Generator().manual_seed(0)
+    n = SYNTHETIC_SAMPLES
+    if name == "synthetic:tokens":
+        x = torch.randint(0, 1000, (n, 64), generator=g)
+    else:
+        x = torch.randn(n, *((3, 32, 32) if name == "synthetic:images32" else (3, 256)), generator=g)
+    return x.to(device), torch.randint(0, 10, (n,), generator=g).to(device)
+
+
 def prepare(workload: Workload, device: torch.device | str) -> Prepared:
     """Load (once per process) the workload's dataset onto `device`, float32."""
     key = (workload.dataset, str(device))
     if key not in _DATA_CACHE:
-        _DATA_CACHE[key] = load_dataset(workload.dataset, device=device, dtype=torch.float32)
-    data = _DATA_CACHE[key]
-    shape = tuple(data.input_shape)
-    model = build_model(workload.family, workload.config, input_shape=shape, num_classes=data.num_classes)
-    return Prepared(workload, data.x_train, data.y_train, shape, data.num_classes, count_parameters(model))
+        if workload.dataset.startswith("synthetic:"):
+            _DATA_CACHE[key] = _synthetic(workload.dataset, device)
+        else:
+            data = load_dataset(workload.dataset, device=device, dtype=torch.float32)
+            _DATA_CACHE[key] = (data.x_train, data.y_train)
+    x_train, y_train = _DATA_CACHE[key]
+    shape, classes = tuple(x_train.shape[1:]), int(y_train.max()) + 1
+    model = _build(workload, shape, classes)
+    return Prepared(workload, x_train, y_train, shape, classes, count_parameters(model))

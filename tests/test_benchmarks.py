@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+import hfta_nas
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is not an installed package; import it from the checkout
@@ -340,3 +343,27 @@ def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
             assert 0.0 <= row[key] <= 1.0
     assert abs(result["rows"][0]["true_p_better"] - 0.71) < 0.01  # normal data, a shift of 0.78 sd
     assert coverage.worst_headline(result).startswith("coverage: headline intervals at n >= 5")
+
+
+def test_the_gpu_driver_runs_its_phases_and_writes_one_json(tmp_path):
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--quick", "--budget", "240",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert [p["phase"] for p in record["phases"]] == ["throughput float32", "lowering grouped", "stability"]
+    assert all(p["how"] == "finished" and p["figures"] for p in record["phases"]), record["phases"]
+    assert record["phases"][1]["environment"] == {"HFTA_NAS_LOWERING": "grouped"}
+
+
+@pytest.mark.parametrize("name", ["resnet18", "pointnet", "dcgan", "transformer"])
+def test_the_paper_workloads_fuse_exactly(name):
+    from benchmarks._workloads import WORKLOADS, prepare
+
+    prep = prepare(WORKLOADS[name], "cpu")
+    x = prep.x_train[:4]
+    array = hfta_nas.ModelArray.from_factory(prep.factory(), seeds=[0, 1]).eval()
+    with torch.no_grad():
+        out = array(x, shared_input=True)
+        for slot in range(2):
+            torch.testing.assert_close(out[slot], prep.build(slot, "cpu").eval()(x), rtol=1e-4, atol=1e-5)
