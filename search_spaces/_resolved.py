@@ -29,7 +29,7 @@ from search_spaces._schema import SpaceFile, short, unknown_key_message
 from search_spaces._yaml import Loc, Where, dump_yaml, parse_yaml
 
 FILE_KEYS = ("model", "model_config", "dataset", "data", "optimizer", "hparams", "schedule", "epochs", "accumulate",
-             "early_stopping", "loss", "metrics", "augment", "origin")
+             "early_stopping", "loss", "metrics", "augment", "precision", "origin")
 DATA_KEYS = ("batch_size", "val_fraction", "test_fraction", "split_seed", "num_samples")
 _SCHEDULE_DEFAULTS = {
     name: p.default for name, p in inspect.signature(LRSchedule.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
@@ -54,6 +54,7 @@ class ResolvedConfig:
     - loss: None (cross-entropy), or the loss's name and options (see `hfta_nas.Objective`)
     - metrics: user metrics, name -> 'module:function'
     - augment: None, or `hfta_nas.data.Augmentation`'s arguments (shift, flip, noise, mixup, cutmix)
+    - precision: float32, bf16 or fp16 (autocast; fp16 with per-slot loss scaling)
     - origin: where the config came from (study, trial, values, seeds, ...); informational,
       not compared by `==`
     """
@@ -71,6 +72,7 @@ class ResolvedConfig:
     loss: dict[str, Any] | None = None
     metrics: dict[str, str] = field(default_factory=dict)
     augment: dict[str, Any] | None = None
+    precision: str = "float32"
     origin: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # ------------------------------------------------------------ for the engine
@@ -92,6 +94,7 @@ class ResolvedConfig:
             "early_stopping": EarlyStopping(**self.early_stopping) if self.early_stopping is not None else None,
             "loss": self.objective(),
             "augmentation": Augmentation(**self.augment) if self.augment else None,
+            "precision": self.precision,
         }
 
     def objective(self) -> Objective:
@@ -135,6 +138,7 @@ class ResolvedConfig:
             repr(self.loss),
             repr(sorted(self.metrics.items())),
             repr(self.augment),
+            self.precision,
         )
 
     # --------------------------------------------------------------- as a file
@@ -148,6 +152,8 @@ class ResolvedConfig:
         for key in ("early_stopping", "loss", "metrics", "augment"):
             if not data[key]:
                 del data[key]
+        if data["precision"] == "float32":
+            del data["precision"]
         return data
 
     def to_yaml(self, header: str | None = None, **origin: Any) -> str:
@@ -251,7 +257,8 @@ def _to_file_loc(loc: Loc) -> Loc:
     if loc[:1] == ("training",):
         if head in (("training", "epochs"), ("training", "accumulate")):
             return (head[1],)
-        if head in (("training", "early_stopping"), ("training", "loss"), ("training", "metrics"), ("training", "augment")):
+        if head in (("training", "early_stopping"), ("training", "loss"), ("training", "metrics"), ("training", "augment"),
+                    ("training", "precision")):
             return (head[1], *rest)
         if head in (("training", "clip_norm"), ("training", "clip_value")):
             return ("hparams", head[1])
@@ -293,7 +300,7 @@ def _as_space(data: Any, where: Where) -> dict[str, Any]:
     if "dataset" in data:
         space["data"]["dataset"] = data["dataset"]
     training: dict[str, Any] = {}
-    for key in ("epochs", "accumulate", "early_stopping", "loss", "metrics", "augment"):
+    for key in ("epochs", "accumulate", "early_stopping", "loss", "metrics", "augment", "precision"):
         if key in data:
             training[key] = data[key]
     optimizer = dict(data.get("hparams") or {})
@@ -337,6 +344,7 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
             "loss": training.loss.model_dump() if training.loss is not None else None,
             "metrics": dict(training.metrics),
             "augment": training.augment.model_dump() if training.augment is not None else None,
+            "precision": training.precision,
         },
     }
     for path, value in values.items():
@@ -377,5 +385,6 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
         loss=tree["training"]["loss"],
         metrics=tree["training"]["metrics"],
         augment=tree["training"]["augment"],
+        precision=tree["training"]["precision"],
     )
 

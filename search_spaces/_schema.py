@@ -226,7 +226,8 @@ class TrainingSpec(_Strict):
     early_stopping: EarlyStoppingSpec | None = None
     loss: LossSpec | None = None
     metrics: dict[str, str] = {}
-    augment: AugmentSpec | None = None  # user metrics: name -> 'module:function' (per-sample values), as <split>_<name>
+    augment: AugmentSpec | None = None
+    precision: Literal["float32", "bf16", "fp16"] = "float32"  # bf16 / fp16: autocast (fp16 with per-slot loss scaling)  # user metrics: name -> 'module:function' (per-sample values), as <split>_<name>
 
 
 class ModelSpec(_Strict):

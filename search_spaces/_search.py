@@ -63,7 +63,8 @@ def candidate_builder(space: SearchSpace, *, device: str = "cpu", dtype: str = "
         return Candidate(model=factory, optimizer=config.optimizer, hparams=config.hparams, schedule=config.schedule,
                          epochs=config.epochs, batch_size=config.data["batch_size"], data=data, config=config,
                          accumulate=config.accumulate, early_stopping=config.train_kwargs()["early_stopping"],
-                         loss=config.objective(), augmentation=config.train_kwargs()["augmentation"])
+                         loss=config.objective(), augmentation=config.train_kwargs()["augmentation"],
+                         precision=config.precision)
 
     return build
 

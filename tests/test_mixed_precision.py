@@ -83,3 +83,16 @@ def test_the_trainer_trains_in_bf16_and_fp16(tiny_data):
 
     with pytest.raises(hfta_nas.HftaNasError, match="precision must be one of float32, bf16, fp16"):
         hfta_nas.train(conv_bn_model, dataset=tiny_data, seeds=[0], epochs=1, precision="fp8")
+
+
+def test_precision_is_a_setting_of_spaces_and_configs(tmp_path):
+    from search_spaces import ResolvedConfig
+    from tests.test_search import search, space_text
+
+    summary = search(tmp_path, space_text(budget={"n_trials": 2}, training={"epochs": 1, "precision": "bf16",
+                                                                             "optimizer": {"name": "adam", "lr": 1e-3}}))
+    assert summary.trials == {"COMPLETE": 2}
+    exported = ResolvedConfig.from_file(tmp_path / "out" / "best_config.yaml")
+    assert exported.precision == "bf16" and exported.train_kwargs()["precision"] == "bf16"
+    plain = ResolvedConfig.from_yaml("model: mlp\ndataset: digits\n")
+    assert plain.precision == "float32" and "precision" not in plain.to_yaml()  # written only where set

@@ -132,7 +132,7 @@ class ArrayJob:
                             data_seeds=[p.seeds["data"] for p in proposals],
                             slot_ids=slot_ids or [p.number for p in proposals], loss_fn=self.first.loss or F.cross_entropy,
                             accumulate=self.first.accumulate, early_stopping=self.first.early_stopping,
-                            augmentation=self.first.augmentation)
+                            augmentation=self.first.augmentation, precision=self.first.precision)
 
     def _start_slot(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         trial = proposal.trial

@@ -41,7 +41,8 @@ class Candidate:
     - accumulate: micro-batches per optimizer step; early_stopping: an
       `hfta_nas.EarlyStopping` each slot follows (a stopped slot completes and is
       refilled); augmentation: an `hfta_nas.data.Augmentation` of each slot's
-      batches from its data seed; all three shared by an array. Per-slot gradient clipping is an
+      batches from its data seed; precision: float32, bf16 or fp16 (autocast; fp16
+      with per-slot loss scaling); all four shared by an array. Per-slot gradient clipping is an
       optimizer hyper-parameter (`clip_norm`, `clip_value`).
     - data: the `Dataset` to train on (default: the one given to `optimize`).
     - loss: an `hfta_nas.Objective` (a built-in loss with its options and user
@@ -66,6 +67,7 @@ class Candidate:
     accumulate: int = 1
     early_stopping: EarlyStopping | None = None
     augmentation: Augmentation | None = None
+    precision: str = "float32"
 
     def checked(self, default_data: Dataset | None) -> "Candidate":
         """This candidate with its data filled in; HftaNasError naming the first bad field."""
@@ -97,7 +99,7 @@ class Candidate:
                 raise HftaNasError(f"Candidate.metrics[{name!r}] must be a finite number, got {value!r}.")
         return Candidate(self.model, self.optimizer, dict(self.hparams), dict(self.schedule) if self.schedule else None,
                          self.epochs, self.batch_size, data, self.loss, dict(self.metrics), self.config, self.accumulate,
-                         self.early_stopping, self.augmentation)
+                         self.early_stopping, self.augmentation, self.precision)
 
     def flags(self) -> dict[str, bool]:
         """The optimizer options one array shares (nesterov, amsgrad, ...), defaults filled in."""
@@ -122,7 +124,7 @@ class Candidate:
             getattr(self.loss, "__qualname__", repr(self.loss)) if self.loss is not None else None)
         return (getattr(self.data, "name", None), self.batch_size, self.epochs, self.optimizer,
                 tuple(sorted(self.flags().items())), self.schedule is not None, loss, self.accumulate,
-                repr(self.early_stopping), repr(self.augmentation))
+                repr(self.early_stopping), repr(self.augmentation), self.precision)
 
 
 def trial_seeds(base_seed: int, trial_number: int) -> dict[str, int]:
