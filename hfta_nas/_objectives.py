@@ -34,6 +34,27 @@ LOSSES = CLASSIFICATION_LOSSES + REGRESSION_LOSSES
 IGNORE_INDEX = -100
 
 
+def loss_kind(loss: str | Callable[..., torch.Tensor], task: str | None = None) -> str:
+    """classification or regression: what a loss (a name, or a function of the given `task`) trains."""
+    if isinstance(loss, str) and loss in REGRESSION_LOSSES:
+        return "regression"
+    if isinstance(loss, str) and loss in CLASSIFICATION_LOSSES:
+        return "classification"
+    return task or "classification"
+
+
+def trained_metric_names(kind: str, user: Sequence[str], split: str) -> list[str]:
+    """The metrics training records for a split: its loss, accuracy (classification) or RMSE, MAE
+    and R^2 (regression), and the user metrics."""
+    built_in = ["acc"] if kind == "classification" else ["rmse", "mae", "r2"]
+    return [f"{split}_{name}" for name in ("loss", *built_in, *user)]
+
+
+def higher_is_better(metric: str) -> bool:
+    """Accuracy and R^2 are better higher; losses, errors, sizes and latencies lower."""
+    return metric.endswith(("_acc", "_r2"))
+
+
 @dataclass(frozen=True)
 class Objective:
     """The loss (a name in LOSSES or a callable) with its options, and user metrics by name."""
@@ -69,13 +90,10 @@ class Objective:
 
     @property
     def kind(self) -> str:
-        if isinstance(self.loss, str):
-            return "classification" if self.loss in CLASSIFICATION_LOSSES else "regression"
-        return self.task or "classification"
+        return loss_kind(self.loss, self.task)
 
     def metric_names(self, split: str) -> list[str]:
-        built_in = ["acc"] if self.kind == "classification" else ["rmse", "mae", "r2"]
-        return [f"{split}_{name}" for name in ("loss", *built_in, *self.metrics)]
+        return trained_metric_names(self.kind, list(self.metrics), split)
 
     # ----------------------------------------------------------------- the loss
     def slot_losses(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hfta_nas._array import ModelArray
-from hfta_nas._objectives import Objective, as_objective
+from hfta_nas._objectives import Objective, as_objective, higher_is_better
 from hfta_nas.data import Augmentation, Dataset, EpochOrder, SlotAugmenter, SlotSplits, gather
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import ArrayOptimizer, LRSchedule, SlotGradScaler
@@ -54,13 +54,13 @@ class SlotResult:
 class EarlyStopping:
     """Stop a slot (it completes, its epoch count short) when `metric` has not improved by
     more than `min_delta` for `patience` epochs; `mode` "min" or "max" (default: "max" for
-    metrics ending in _acc, else "min"). Each slot on its own, as a Keras or Lightning
+    accuracy and R^2, else "min"). Each slot on its own, as a Keras or Lightning
     EarlyStopping callback on that model alone would."""
 
     metric: str = "val_loss"
     patience: int = 3
     min_delta: float = 0.0
-    mode: str | None = None
+    mode: str | None = None  # default: max for accuracy and R^2 (`hfta_nas.higher_is_better`), else min
 
     def __post_init__(self) -> None:
         if not isinstance(self.patience, int) or isinstance(self.patience, bool) or self.patience < 1:
@@ -72,7 +72,7 @@ class EarlyStopping:
 
     @property
     def maximize(self) -> bool:
-        return self.mode == "max" if self.mode is not None else self.metric.endswith("_acc")
+        return self.mode == "max" if self.mode is not None else higher_is_better(self.metric)
 
     def update(self, result: SlotResult, value: float) -> bool:
         """Record this epoch's value in `result`; True when the slot should stop."""

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from hfta_nas import CLASSIFICATION_LOSSES, LOSSES, REGRESSION_LOSSES
+from hfta_nas import LOSSES, loss_kind, trained_metric_names
 from hfta_nas.data import DATASETS
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import FAMILIES, family_defaults, model_factory
@@ -226,26 +226,20 @@ def validate(data: Any, where: Where) -> Validated:
 
 
 # ----------------------------------------------------------------------- study
-def loss_kind(file: SpaceFile) -> str:
+def space_loss_kind(file: SpaceFile) -> str:
     """classification or regression: what the space's loss trains (and so which metrics exist)."""
     loss = file.training.loss
-    if loss is None or loss.name in CLASSIFICATION_LOSSES:
-        return "classification"
-    if loss.name in REGRESSION_LOSSES:
-        return "regression"
-    return loss.task or "classification"
+    return loss_kind(loss.name, loss.task) if loss is not None else "classification"
 
 
 def measured_metrics(file: SpaceFile) -> list[str]:
-    """The metrics training records for this space: per split its loss, accuracy (classification)
-    or RMSE, MAE and R^2 (regression), and the user metrics."""
-    names = ["loss", *(["acc"] if loss_kind(file) == "classification" else ["rmse", "mae", "r2"]),
-             *file.training.metrics]
-    return [f"{split}_{name}" for split in ("train", "val", "test") for name in names]
+    """The metrics training records for this space, every split (without importing a user loss)."""
+    kind = space_loss_kind(file)
+    return [name for split in ("train", "val", "test") for name in trained_metric_names(kind, list(file.training.metrics), split)]
 
 
 def _check_loss(run: _Run, file: SpaceFile) -> None:
-    loss, kind = file.training.loss, loss_kind(file)
+    loss, kind = file.training.loss, space_loss_kind(file)
     if loss is not None:
         if loss.name not in LOSSES and not (":" in loss.name and _IDENTIFIER_PATH.match(loss.name.rpartition(":")[2])):
             close = difflib.get_close_matches(loss.name, LOSSES, n=1)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hfta_nas import higher_is_better
 from search_spaces._yaml import Loc, Where
 
 # ------------------------------------------------------------------ value types
@@ -34,16 +35,9 @@ PrunerName = Literal["none", "median", "successive_halving", "hyperband"]
 METRICS: tuple[str, ...] = get_args(Metric)
 SAMPLERS: tuple[str, ...] = get_args(SamplerName)
 PRUNERS: tuple[str, ...] = get_args(PrunerName)
-REGRESSION_METRICS = tuple(m for m in METRICS if m.endswith(("_rmse", "_mae", "_r2")))
-CLASSIFICATION_METRICS = tuple(m for m in METRICS if m.endswith("_acc"))
-
-
 def default_direction(metric: str) -> str:
     """Accuracy and R^2 are maximised; losses, errors, sizes and latencies minimised."""
-    return "maximize" if metric.endswith(("_acc", "_r2")) else "minimize"
-
-
-DEFAULT_DIRECTION = {m: default_direction(m) for m in METRICS}
+    return "maximize" if higher_is_better(metric) else "minimize"
 
 
 class _Strict(BaseModel):

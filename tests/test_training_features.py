@@ -151,3 +151,9 @@ def test_a_row_clip_equals_torch_clip_on_one_model():
 
     clip_slot_gradients(grads, None, torch.tensor([0.1], dtype=torch.float64))
     torch.testing.assert_close(grads[0], torch.cat([p.grad.flatten() for p in model.parameters()]), rtol=1e-14, atol=0)
+
+
+def test_early_stopping_maximises_accuracy_and_r2_by_default():
+    assert EarlyStopping("val_acc").maximize and EarlyStopping("val_r2").maximize
+    assert not EarlyStopping("val_rmse").maximize and not EarlyStopping("val_loss").maximize
+    assert not EarlyStopping("val_r2", mode="min").maximize
