@@ -14,6 +14,7 @@ when a slot is refilled), so results survive drops and replacements.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -432,9 +433,7 @@ class ArrayTrainer:
         state: dict[str, Any] = {
             "epoch": self.epoch, "initial_ids": list(self.initial_ids), "slot_ids": list(self.slot_ids),
             "origins": list(self.origins),
-            "results": {sid: {"slot_id": r.slot_id, "status": r.status, "reason": r.reason, "epochs": r.epochs,
-                              "history": [dict(row) for row in r.history], "best": r.best,
-                              "since_best": r.since_best} for sid, r in self.results.items()},
+            "results": {sid: dataclasses.asdict(r) for sid, r in self.results.items()},  # copies the history
         }
         if self.slot_ids:
             state["array"] = self.array.numeric_state()

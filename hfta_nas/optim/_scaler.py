@@ -72,10 +72,8 @@ class SlotGradScaler:
             return
         grown = self.growth_tracker + 1
         grow = ~self.found_inf & (grown >= self.growth_interval)
-        factor = torch.where(self.found_inf, torch.tensor(self.backoff_factor, device=self.scales.device),
-                             torch.where(grow, torch.tensor(self.growth_factor, device=self.scales.device),
-                                         torch.tensor(1.0, device=self.scales.device)))
-        self.scales = self.scales * factor.to(self.scales.dtype)
+        self.scales = torch.where(self.found_inf, self.scales * self.backoff_factor,
+                                  torch.where(grow, self.scales * self.growth_factor, self.scales))
         self.growth_tracker = torch.where(self.found_inf | grow, torch.zeros_like(grown), grown)
         self.found_inf = None
 
