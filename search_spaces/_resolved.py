@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfta_nas import LOSSES, EarlyStopping, Objective
+from hfta_nas import LOSSES, EarlyStopping, Objective, loss_kind
 from hfta_nas.data import Augmentation
 from hfta_nas.models import FAMILIES, family_defaults, load_factory
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
@@ -97,6 +97,11 @@ class ResolvedConfig:
             "precision": self.precision,
         }
 
+    @property
+    def kind(self) -> str:
+        """classification or regression: what the loss trains (read from its name; nothing imported)."""
+        return loss_kind(self.loss["name"], self.loss.get("task")) if self.loss else "classification"
+
     def objective(self) -> Objective:
         """The loss and metrics as the engine takes them (user functions imported)."""
         spec = dict(self.loss or {})
@@ -107,7 +112,7 @@ class ResolvedConfig:
     def dataset_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `hfta_nas.data.load_dataset` after `source`."""
         kwargs = {k: self.data[k] for k in ("val_fraction", "test_fraction", "split_seed", "num_samples")}
-        if self.objective().kind == "regression":  # written only then: a classification config reads as before
+        if self.kind == "regression":  # written only then: a classification config reads as before
             kwargs["task"] = "regression"
         return kwargs
 

@@ -60,11 +60,11 @@ def candidate_builder(space: SearchSpace, *, device: str = "cpu", dtype: str = "
         data = datasets[key]
         factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape,
                                 num_classes=data.num_classes)
+        training = config.train_kwargs()  # the loss, early stopping and augmentation as the engine takes them
         return Candidate(model=factory, optimizer=config.optimizer, hparams=config.hparams, schedule=config.schedule,
                          epochs=config.epochs, batch_size=config.data["batch_size"], data=data, config=config,
-                         accumulate=config.accumulate, early_stopping=config.train_kwargs()["early_stopping"],
-                         loss=config.objective(), augmentation=config.train_kwargs()["augmentation"],
-                         precision=config.precision)
+                         accumulate=config.accumulate, early_stopping=training["early_stopping"],
+                         loss=training["loss"], augmentation=training["augmentation"], precision=config.precision)
 
     return build
 

@@ -67,7 +67,7 @@ class SeedStore:
         self.study = optuna.create_study(storage=storage, study_name=study_name, direction="maximize", load_if_exists=True)
         with warnings.catch_warnings():  # "experimental" in Optuna, stable in use
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            self.study.set_metric_names(["test_r2" if config.objective().kind == "regression" else "test_acc"])
+            self.study.set_metric_names(["test_r2" if config.kind == "regression" else "test_acc"])
         self.study.set_user_attr("kind", "hfta-nas stability")
         set_study_text(self.study, "config", config.to_yaml())
 

@@ -54,7 +54,7 @@ def check_run_options(seeds: Any, metric: str, measured: Sequence[str] = ()) -> 
 
 def metric_for(configs: Sequence[LabelledConfig], metric: str) -> str:
     """`metric`, except that the default test_acc is test_rmse when every config is a regression."""
-    if metric == "test_acc" and configs and all(item.config.objective().kind == "regression" for item in configs):
+    if metric == "test_acc" and configs and all(item.config.kind == "regression" for item in configs):
         return "test_rmse"  # test_acc is not measured for regression
     return metric
 
