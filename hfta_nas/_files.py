@@ -46,3 +46,18 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
     _atomic(Path(path), lambda stream: torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, stream))
+
+
+def cache_dir() -> Path | None:
+    """Where results worth keeping between runs go (generated data, measured step costs):
+    `$HFTA_NAS_CACHE_DIR` (empty or "off": no file cache), else `$XDG_CACHE_HOME/hfta-nas`,
+    else `~/.cache/hfta-nas`; None when the cache is off or there is no home directory."""
+    setting = os.environ.get("HFTA_NAS_CACHE_DIR")
+    if setting is not None and setting.strip().lower() in ("", "0", "off", "none"):
+        return None
+    if setting:
+        return Path(setting)
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfta-nas"
+    except RuntimeError:  # no home directory
+        return None

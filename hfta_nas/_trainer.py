@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from hfta_nas._array import ModelArray
 from hfta_nas._objectives import Objective, as_objective, higher_is_better
 from hfta_nas.data import Augmentation, Dataset, EpochOrder, SlotAugmenter, SlotSplits, gather
+from hfta_nas._time_account import NoAccount, TimeAccount
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import ArrayOptimizer, LRSchedule, SlotGradScaler
 
@@ -197,7 +198,8 @@ class ArrayTrainer:
 
     # ---------------------------------------------------------------- the loop
     def fit(self, epochs: int, on_epoch: Callable[[EpochReport, "ArrayTrainer"], Any] | None = None,
-            checkpoint: Callable[["ArrayTrainer"], Any] | None = None) -> dict[Any, SlotResult]:
+            checkpoint: Callable[["ArrayTrainer"], Any] | None = None,
+            account: TimeAccount | NoAccount | None = None) -> dict[Any, SlotResult]:
         """Train every slot for `epochs` epochs of its own.
 
         After each epoch, `on_epoch(report, trainer)` may stop slots
@@ -207,14 +209,19 @@ class ArrayTrainer:
         slots stay frozen in place so the others' numbers do not change.
         `checkpoint(trainer)` is called at the end of every epoch, when
         `state_dict()` holds everything a re-run needs to `restore` from.
-        A restored trainer continues from its epoch.
+        A restored trainer continues from its epoch. `account` (a TimeAccount) is
+        charged the epochs' training steps and evaluation.
         """
         if not isinstance(epochs, int) or epochs < 0:
             raise HftaNasError(f"epochs must be a non-negative integer, got {epochs!r}.")
+        account = account or NoAccount()
         while epochs > 0 and self._running():
             started = time.perf_counter()
-            metrics = {**self._train_one_epoch(), **self.evaluate()}
-            report = self._record_epoch(metrics, time.perf_counter() - started)
+            with account.phase("training"):
+                metrics = self._train_one_epoch()
+            with account.phase("evaluation"):
+                metrics.update(self.evaluate())
+                report = self._record_epoch(metrics, time.perf_counter() - started)
             for sid in self._running():
                 if self.results[sid].epochs >= epochs:
                     self.results[sid].status = "completed"

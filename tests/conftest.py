@@ -19,3 +19,19 @@ def synthetic_dataset(n_train=60, n_eval=20, shape=(2, 12), classes=3, dtype=tor
 @pytest.fixture
 def tiny_data():
     return synthetic_dataset()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache_dir(tmp_path_factory):
+    """Step costs and generated data cached for this session only, not in the user's ~/.cache
+    (subprocesses inherit the variable)."""
+    import os
+
+    folder = tmp_path_factory.mktemp("hfta-nas-cache")
+    previous = os.environ.get("HFTA_NAS_CACHE_DIR")
+    os.environ["HFTA_NAS_CACHE_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("HFTA_NAS_CACHE_DIR", None)
+    else:
+        os.environ["HFTA_NAS_CACHE_DIR"] = previous

@@ -9,8 +9,8 @@ from hfta_nas import Candidate
 from hfta_nas._probe import model_macs
 from hfta_nas.models import model_factory
 from hfta_nas.search import StepCost
-from hfta_nas.search._candidate import Proposal, meta_shell, trial_seeds
-from hfta_nas.search._packing import example_input, pack, shape_key, structure_groups
+from hfta_nas.search._candidate import Proposal, example_input, meta_shell, trial_seeds
+from hfta_nas.search._packing import pack, shape_key, structure_groups
 from tests.conftest import synthetic_dataset
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

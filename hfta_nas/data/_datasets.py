@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hfta_nas._files import atomic_write_bytes
+from hfta_nas._files import atomic_write_bytes, cache_dir
 from hfta_nas.data._streamed import StreamedSource, npy_folder, streamed_parts
 from hfta_nas.data._streams import is_map_dataset
 from hfta_nas.errors import HftaNasError
@@ -291,13 +291,12 @@ def _mnist1d_cache_file(num_samples: int) -> Path | None:
     mnist1d version and the sample count: with the package's default seed
     they determine the data.
     """
-    setting = os.environ.get("HFTA_NAS_CACHE_DIR")
-    if setting is not None and setting.strip().lower() in ("", "0", "off", "none"):
+    base = cache_dir()
+    if base is None:
         return None
     try:
         version = importlib.metadata.version("mnist1d")
-        base = Path(setting) if setting else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfta-nas"
-    except (importlib.metadata.PackageNotFoundError, RuntimeError):  # no package metadata / no home directory
+    except importlib.metadata.PackageNotFoundError:  # no package metadata
         return None
     return base / f"mnist1d-{version}-n{num_samples}.npz"
 

@@ -34,20 +34,22 @@ from hfta_nas._checkpoint import remove as remove_checkpoint
 from hfta_nas._checkpoint import save as save_checkpoint
 from hfta_nas._oom import ArrayOutOfMemory, check_budget, is_out_of_memory
 from hfta_nas._probe import envelope_macs
+from hfta_nas._time_account import TimeAccount
 from hfta_nas._trainer import ArrayTrainer, EpochReport
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import count_parameters
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
-from hfta_nas.search._candidate import Proposal
+from hfta_nas.search._candidate import Proposal, example_input
 from hfta_nas.search._events import (ArrayFailed, ArrayResumed, ArraySplit, ArrayStarted, EpochEnded, SlotRefilled,
                                      TrialEnded)
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
-from hfta_nas.search._packing import Pack, example_input, shape_key
+from hfta_nas.search._packing import Pack, shape_key
 from hfta_nas.search._resume import Claim, slot_record
 
 log = logging.getLogger(__name__)
 STATIC_METRICS = ("params", "latency_ms")
+CHECKPOINT_SHARE = 0.02  # the most of an array's time its checkpoints may take
 
 
 @dataclass
@@ -66,6 +68,7 @@ class JobContext:
     occupancy: list[float] = field(default_factory=list)  # running slots / array size, per epoch of every array
     samples: int = 0  # training samples processed this run, summed over slots
     checkpoints: Path | None = None  # where arrays save themselves every epoch (None: they do not)
+    account: TimeAccount = field(default_factory=TimeAccount)  # where the search's wall time goes
 
 
 def _now() -> str:
@@ -97,6 +100,8 @@ class ArrayJob:
         self.records: dict[int, dict[str, Any]] = {}
         self.resume, self.rebuild = resume, rebuild
         self.previous = resume.path if resume is not None else None
+        self.saved_at: float | None = None  # when the last checkpoint was written (monotonic), and what it took
+        self.save_seconds = 0.0
         self.ended: dict[int, int] = dict(resume.ended) if resume is not None else {}  # slot id -> its last epoch
 
     # ------------------------------------------------------------------ build
@@ -132,9 +137,21 @@ class ArrayJob:
                             data_seeds=[p.seeds["data"] for p in proposals],
                             slot_ids=slot_ids or [p.number for p in proposals], loss_fn=self.first.loss or F.cross_entropy,
                             accumulate=self.first.accumulate, early_stopping=self.first.early_stopping,
-                            augmentation=self.first.augmentation, precision=self.first.precision)
+                            augmentation=self.first.augmentation, precision=self.first.precision,
+                            evaluate_test=self._needs_test())
+
+    def _needs_test(self) -> bool:
+        """Whether any objective (or the early-stopping rule) reads the test split: else a search's
+        epochs skip evaluating it (the search reports only its objectives)."""
+        stopping = self.first.early_stopping
+        names = [*self.ctx.metrics, *([stopping.metric] if stopping is not None else [])]
+        return any(name.startswith("test_") for name in names)
 
     def _start_slot(self, proposal: Proposal, slot: int, **extra: Any) -> None:
+        with self.ctx.account.phase("storage"):
+            self._tell_start(proposal, slot, **extra)
+
+    def _tell_start(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         trial = proposal.trial
         for key, value in dict(array_id=self.array_id, slot=slot, architecture=shape_key(proposal), worker=self.ctx.worker,
                                train_start=_now(),
@@ -147,18 +164,22 @@ class ArrayJob:
 
     # -------------------------------------------------------------------- run
     def run(self) -> None:
-        trainer = self._resumed() if self.resume is not None else None
-        trainer = trainer or self._started()
+        account = self.ctx.account
+        with account.phase("build"):
+            trainer = self._resumed() if self.resume is not None else None
+            trainer = trainer or self._started()
         if trainer is None:
             return
         try:
             trainer.fit(self.first.epochs, on_epoch=self._on_epoch,
-                        checkpoint=self._save if self.path is not None else None)
+                        checkpoint=self._save if self.path is not None else None, account=account)
         except HftaNasError:
             raise
         except (RuntimeError, torch.OutOfMemoryError, MemoryError) as error:
-            self._failed(trainer, error)
-        self._forget()  # the array ended: its trials are told (a kill or Ctrl-C never gets here)
+            with account.phase("storage"):
+                self._failed(trainer, error)
+        with account.phase("checkpoints"):
+            self._forget()  # the array ended: its trials are told (a kill or Ctrl-C never gets here)
 
     def _started(self) -> ArrayTrainer | None:
         """A fresh array of the pack's proposals (those that fit in memory)."""
@@ -185,6 +206,18 @@ class ArrayJob:
 
     # ------------------------------------------------------------ checkpoints
     def _save(self, trainer: ArrayTrainer) -> None:
+        """A checkpoint after the first epoch, then whenever the time since the last one is at least
+        1 / CHECKPOINT_SHARE times what the last one took: checkpoints cost at most ~2% of the array's
+        time, and a kill loses at most ~50 checkpoint-writes' worth of training (redone bit-identically)."""
+        with self.ctx.account.phase("checkpoints"):
+            started = time.monotonic()
+            if self.saved_at is not None and (started - self.saved_at) * CHECKPOINT_SHARE < self.save_seconds:
+                return
+            self._save_now(trainer)
+            self.saved_at = time.monotonic()
+            self.save_seconds = self.saved_at - started
+
+    def _save_now(self, trainer: ArrayTrainer) -> None:
         state = {"trainer": trainer.state_dict(), "slots": self.records, "device": self.ctx.device.type,
                  "dtype": str(self.ctx.dtype)}
         if save_checkpoint(self.path, state) and self.previous not in (None, self.path):
@@ -243,6 +276,10 @@ class ArrayJob:
 
     # ------------------------------------------------------------- per epoch
     def _on_epoch(self, report: EpochReport, trainer: ArrayTrainer) -> None:
+        with self.ctx.account.phase("storage"):  # a refill's ask and build are charged to theirs
+            self._tell_epoch(report, trainer)
+
+    def _tell_epoch(self, report: EpochReport, trainer: ArrayTrainer) -> None:
         ctx = self.ctx
         for number, metrics in report.metrics.items():
             if number in self.ended:  # its trial ended after the checkpoint: it trains on untold, then leaves
@@ -325,7 +362,8 @@ class ArrayJob:
             trainer.stop([ended.number], reason=why)
             return
         slot = trainer.position_of(ended.number)
-        trainer.replace(ended.number, new.number, new.build(), **slot_options(new, trainer))
+        with self.ctx.account.phase("build"):
+            trainer.replace(ended.number, new.number, new.build(), **slot_options(new, trainer))
         self.by_number[new.number] = new
         self._start_slot(new, slot, refilled_after=ended.number)
         self.ctx.emit(SlotRefilled(self.number, slot, ended.number, new.number, why))

@@ -193,6 +193,11 @@ def meta_shell(candidate: Candidate) -> nn.Module:
     return model.to("meta")
 
 
+def example_input(candidate: Candidate) -> torch.Tensor:
+    """One sample of the candidate's data, on the meta device (shapes only)."""
+    return torch.empty(1, *candidate.data.input_shape, device="meta")
+
+
 def check_outputs(candidate: Candidate, shell: nn.Module, x: torch.Tensor) -> None:
     """The model returns one tensor of per-sample outputs, and with the default loss
     (cross-entropy) one logit per class of the data: else HftaNasError, before anything trains.

@@ -14,6 +14,8 @@ this device measured.
 
 from __future__ import annotations
 
+import json
+import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from hfta_nas._autosize import step_seconds
+from hfta_nas._files import atomic_write_text, cache_dir
 
 # Timed seconds per array size (a median of at least 5 steps): two points fit a line, and
 # each search of a new structure pays this twice before its first array trains.
@@ -69,3 +72,56 @@ def measure_step_cost(factory: Callable[[], nn.Module], macs_per_sample: int, *,
                                    optimizer=optimizer, device=device, min_steps=5, min_seconds=MIN_SECONDS)
             points.append((float(size * macs_per_sample * batch_size), seconds))
     return fit_step_cost(points)
+
+
+CACHE_FILE = "step_costs.json"
+
+
+def device_name(device: torch.device) -> str:
+    """What a step cost depends on besides the model: the device's name, and on a CPU the
+    processor and the thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device).replace(" ", "_")
+    return f"cpu{torch.get_num_threads()}:{platform.machine()}:{platform.processor() or 'unknown'}"
+
+
+class StepCostCache:
+    """Measured step costs kept on disk between searches (`hfta_nas._files.cache_dir()`), one
+    entry per structure, array size, device, thread count, dtype and version of torch and
+    hfta-nas: a second search of the same structure on the same machine measures nothing.
+    A missing, unreadable or foreign file is an empty cache; writes replace the file whole."""
+
+    def __init__(self) -> None:
+        folder = cache_dir()
+        self.path = folder / CACHE_FILE if folder is not None else None
+
+    @staticmethod
+    def key(structure: str, slots: int, device: torch.device, dtype: torch.dtype) -> str:
+        from hfta_nas import __version__  # noqa: PLC0415 - the package imports this module
+
+        return f"{structure}|{slots}|{device_name(device)}|{dtype}|torch-{torch.__version__}|hfta-nas-{__version__}"
+
+    def _entries(self) -> dict[str, dict[str, float]]:
+        if self.path is None:
+            return {}
+        try:
+            entries = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return entries if isinstance(entries, dict) else {}
+
+    def get(self, key: str) -> StepCost | None:
+        entry = self._entries().get(key)
+        try:
+            return StepCost(float(entry["fixed_s"]), float(entry["per_gmac_s"])) if entry else None
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def put(self, key: str, cost: StepCost) -> None:
+        if self.path is None:
+            return
+        entries = {**self._entries(), key: cost.as_dict()}  # another process's entries are kept
+        try:
+            atomic_write_text(self.path, json.dumps(entries, indent=1, sort_keys=True))
+        except OSError:  # a read-only home: the search goes on, it measures again next time
+            pass

@@ -36,19 +36,21 @@ from optuna.trial import TrialState
 
 from hfta_nas._autosize import auto_array_size
 from hfta_nas._checkpoint import enabled as checkpoints_enabled
-from hfta_nas._probe import model_macs, padding_fraction
+from hfta_nas._probe import padding_fraction
+from hfta_nas._time_account import TimeAccount
 from hfta_nas._run import DTYPES, _checked_device
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas._objectives import as_objective
 from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, JobContext
-from hfta_nas.search._candidate import Candidate, Proposal, check_outputs, meta_shell, trial_seeds
-from hfta_nas.search._cost import StepCost, measure_step_cost
+from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
+from hfta_nas.search._cost import StepCost, StepCostCache, measure_step_cost
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome, counts
-from hfta_nas.search._packing import Pack, example_input, pack, shape_key, structure_key
+from hfta_nas.search._packing import Pack, architecture_key, pack, shape_key, structure_key
+from hfta_nas.search._shape_checks import ShapeChecks
 from hfta_nas.search._recovery import (interrupt_held, retry_stale_trials, told_despite_interrupts,
                                       wait_for_other_workers)
 from hfta_nas.search._resume import Claim, claim, prune
@@ -76,6 +78,8 @@ class SearchSummary:
     seconds: float
     samples_per_s: float  # training samples this run / its wall time, summed over slots
     exported: dict[str, str] = field(default_factory=dict)  # what -> path
+    # phase -> {"seconds", "share"} of this run's wall time (hfta_nas._time_account.PHASES, "other", "overhead")
+    time_account: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def waste(self) -> float:
@@ -149,39 +153,50 @@ class _Search:
         self.costs: dict[str, StepCost] = {}
         self.sizes: dict[str, int] = {}  # structure -> array size (auto, or halved after out of memory)
         self.arrays: list[dict[str, Any]] = []
+        self.account = TimeAccount()  # where this run's wall time goes (the summary's time_account)
+        self.shape_checks = ShapeChecks()  # per-architecture checks and multiply-adds, done once each
+        self.cost_cache = StepCostCache()  # measured step costs kept on disk between searches
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> SearchSummary:
         self.started = time.monotonic()
+        self.account = TimeAccount()
         self.ctx = JobContext(self.study.study_name, self.ledger, self.metrics, self.worker, self.device, self.dtype,
                               BestExport(self.study, self.out_dir, self.metrics, self.directions, self.ledger.lock), self.emit,
-                              self.started, checkpoints=self._checkpoint_folder())
+                              self.started, checkpoints=self._checkpoint_folder(), account=self.account)
         with Heartbeat(self.study, lambda: list(self.asked), self.worker) as heartbeat:
             try:
-                self.ctx.export.repair()  # a kill of an earlier run may have left the pair unfinished
-                self._announce()
+                with self.account.phase("storage"):
+                    self.ctx.export.repair()  # a kill of an earlier run may have left the pair unfinished
+                    self._announce()
                 while self._time_left():
                     with self.ledger.lock:
-                        retry_stale_trials(self.ledger, list(self.asked), self.worker, self.emit)
+                        with self.account.phase("storage"):
+                            retry_stale_trials(self.ledger, list(self.asked), self.worker, self.emit)
                         pool = self.next_pool()
                     if not pool:
-                        if wait_for_other_workers(self.ledger, self.worker, self.emit, self._time_left, heartbeat.interval):
+                        with self.account.phase("waiting"):
+                            waited = wait_for_other_workers(self.ledger, self.worker, self.emit, self._time_left,
+                                                            heartbeat.interval)
+                        if waited:
                             continue
                         break
                     # arrays a stopped run left mid-training
-                    claims, pool = claim(self.ctx.checkpoints, pool, self.device.type, str(self.dtype),
-                                         self._ended_trials)
+                    with self.account.phase("storage"):
+                        claims, pool = claim(self.ctx.checkpoints, pool, self.device.type, str(self.dtype),
+                                             self._ended_trials)
                     for resumed in claims:
                         self._train(Pack(list(resumed.proposals.values()), 0, 0, 0.0), resume=resumed)
                     for planned in self.pack(pool):
                         self._train(planned)
             except BaseException as error:
                 raise self._tell_held_on(error)
-        self._release("not trained: the search's timeout ran out before its array started")
-        self.ledger.discard_surplus()
-        with self.ledger.lock:  # not between another worker's fail and its enqueue of the retry
-            prune(self.ctx.checkpoints, self.study)  # checkpoints no retry will claim
-        self.ctx.export.repair()  # another worker may have published a better trial meanwhile
+        with self.account.phase("storage"):
+            self._release("not trained: the search's timeout ran out before its array started")
+            self.ledger.discard_surplus()
+            with self.ledger.lock:  # not between another worker's fail and its enqueue of the retry
+                prune(self.ctx.checkpoints, self.study)  # checkpoints no retry will claim
+            self.ctx.export.repair()  # another worker may have published a better trial meanwhile
         return self._summary()
 
     def _tell_held_on(self, error: BaseException) -> BaseException:
@@ -247,30 +262,38 @@ class _Search:
 
     # --------------------------------------------------------------- asking
     def _ask(self, fixed: dict[str, Any] | None = None) -> Proposal:
-        if fixed:
-            self.study.enqueue_trial(fixed, skip_if_exists=False)
-        trial = self.study.ask()
-        # whose it is, from the ask on: a worker killed before its first heartbeat leaves
-        # trials that the next run on this machine retries at once
-        trial.set_user_attr(WORKER_ATTR, self.worker)
-        trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
+        with self.account.phase("ask"):
+            if fixed:
+                self.study.enqueue_trial(fixed, skip_if_exists=False)
+            trial = self.study.ask()
+        with self.account.phase("storage"):
+            # whose it is, from the ask on: a worker killed before its first heartbeat leaves
+            # trials that the next run on this machine retries at once
+            trial.set_user_attr(WORKER_ATTR, self.worker)
+            trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
         self.asked[trial._trial_id] = trial  # held (and failed on an error) from here on
+        with self.account.phase("ask"):
+            candidate = self._built(trial)
+        with self.account.phase("checks"):
+            candidate = _as_candidate(candidate).checked(self.data)
+            self._check_metrics(candidate)
+            shell = meta_shell(candidate)
+            architecture = architecture_key(shell)
+            macs = self.shape_checks.checked_macs(candidate, shell)
+        seeds = trial_seeds(self.seed, trial.user_attrs.get(RETRY_OF, trial.number))
+        self.proposed.add(architecture)
+        return Proposal(trial, candidate, seeds, shell, macs)
+
+    def _built(self, trial: optuna.Trial) -> Any:
+        """`build(trial)`, its errors as one HftaNasError line."""
         try:
-            candidate = self.build(trial)
+            return self.build(trial)
         except HftaNasError:
             raise
         except SystemExit as exit_:  # user code must not end the process without the trials told
             raise HftaNasError(f"build(trial) called sys.exit({exit_.code!r})") from None
         except Exception as error:  # noqa: BLE001 - the user's build function
             raise HftaNasError(f"build(trial) raised {type(error).__name__}: {error}") from error
-        candidate = _as_candidate(candidate).checked(self.data)
-        self._check_metrics(candidate)
-        shell, x = meta_shell(candidate), example_input(candidate)
-        check_outputs(candidate, shell, x.expand(2, *candidate.data.input_shape))
-        seeds = trial_seeds(self.seed, trial.user_attrs.get(RETRY_OF, trial.number))
-        proposal = Proposal(trial, candidate, seeds, shell, model_macs(shell, x))
-        self.proposed.add(shape_key(proposal))
-        return proposal
 
     def _ended_trials(self) -> dict[int, int]:
         """Trials told how they ended for good (not failed as interrupted) -> the epochs they trained."""
@@ -348,24 +371,30 @@ class _Search:
     # -------------------------------------------------------------- packing
     def pack(self, pool: list[Proposal]) -> list[Pack]:
         cost = self._step_cost if not self.replicate else (lambda group: StepCost(1.0, 0.0))
-        return pack(pool, max_slots=self.max_slots, step_cost=cost,
-                    max_waste=self.max_waste if not self.replicate else 0.0)
+        with self.account.phase("packing"):
+            return pack(pool, max_slots=self.max_slots, step_cost=cost,
+                        max_waste=self.max_waste if not self.replicate else 0.0, shapes=self.shape_checks)
 
     def max_slots(self, group: list[Proposal]) -> int:
         key = structure_key(group[0])
         if self.array_size == "auto" and key not in self.sizes:
-            largest = max(group, key=lambda p: p.useful_macs).candidate
-            with torch.random.fork_rng(devices=[]):  # the probe must not move the global RNG
-                chosen = auto_array_size(largest.model, largest.data.input_shape, largest.data.num_classes,
-                                         batch_size=largest.batch_size, dtype=self.dtype, optimizer=largest.optimizer,
-                                         device=self.device, cap=AUTO_CAP)
-            self.sizes[key] = chosen.size
-            self.emit(ArraySizeChosen(key, chosen.size, chosen.reason))
+            with self.account.phase("cost"):
+                self._auto_size(group, key)
         return self.sizes.get(key, self.array_size if isinstance(self.array_size, int) else AUTO_CAP)
 
+    def _auto_size(self, group: list[Proposal], key: str) -> None:
+        largest = max(group, key=lambda p: p.useful_macs).candidate
+        with torch.random.fork_rng(devices=[]):  # the probe must not move the global RNG
+            chosen = auto_array_size(largest.model, largest.data.input_shape, largest.data.num_classes,
+                                     batch_size=largest.batch_size, dtype=self.dtype, optimizer=largest.optimizer,
+                                     device=self.device, cap=AUTO_CAP)
+        self.sizes[key] = chosen.size
+        self.emit(ArraySizeChosen(key, chosen.size, chosen.reason))
+
     def _step_cost(self, group: list[Proposal]) -> StepCost:
-        """This device's measured step cost for the group's structure, kept in the study so a
-        resumed run (or another worker on the same kind of device) packs alike."""
+        """This device's measured step cost for the group's structure: kept in the study so a
+        resumed run (or another worker on the same kind of device) packs alike, and on disk
+        (`StepCostCache`) so that the next search on this machine does not measure it again."""
         if self.fixed_cost is not None:
             return self.fixed_cost
         key = f"step_cost:{_device_name(self.device)}:{structure_key(group[0])}"
@@ -374,14 +403,27 @@ class _Search:
             if stored:
                 self.costs[key] = StepCost(**stored)
             else:
-                largest = max(group, key=lambda p: p.useful_macs)
-                candidate = largest.candidate
-                self.costs[key] = measure_step_cost(
+                self.costs[key] = self._measured_cost(group)
+                with self.account.phase("storage"):
+                    self.study.set_user_attr(key, self.costs[key].as_dict())
+        return self.costs[key]
+
+    def _measured_cost(self, group: list[Proposal]) -> StepCost:
+        """The disk cache's cost for the group's structure, else a measurement (then cached)."""
+        largest = max(group, key=lambda p: p.useful_macs)
+        candidate = largest.candidate
+        slots = self.max_slots(group)
+        with self.account.phase("cost"):
+            cache_key = StepCostCache.key(f"{structure_key(largest)}:{largest.useful_macs}", slots, self.device,
+                                          self.dtype)
+            cost = self.cost_cache.get(cache_key)
+            if cost is None:
+                cost = measure_step_cost(
                     candidate.model, largest.useful_macs, input_shape=candidate.data.input_shape,
                     num_classes=candidate.data.num_classes, batch_size=candidate.batch_size, dtype=self.dtype,
-                    optimizer=candidate.optimizer, device=self.device, slots=self.max_slots(group))
-                self.study.set_user_attr(key, self.costs[key].as_dict())
-        return self.costs[key]
+                    optimizer=candidate.optimizer, device=self.device, slots=slots)
+                self.cost_cache.put(cache_key, cost)
+        return cost
 
     # -------------------------------------------------------------- reporting
     def _states(self) -> dict[str, int]:
@@ -402,14 +444,18 @@ class _Search:
         return float(np.mean(self.ctx.occupancy)) if self.ctx.occupancy else 0.0
 
     def _summary(self) -> SearchSummary:
+        with self.account.phase("storage"):
+            best_trials = self._best_trials()
         best = [{"number": t.number, "values": dict(zip(self.metrics, t.values)), "params": t.params,
                  "seeds": {s: t.user_attrs.get(f"seed_{s}") for s in ("init", "data", "dropout")}}
-                for t in self._best_trials()]
+                for t in best_trials]
+        with self.account.phase("storage"):
+            states = self._states()
         seconds = time.monotonic() - self.started
         return SearchSummary(self.study.study_name, self.location, dashboard_command(self.location), self.metrics,
-                             self.directions, self._states(), best, self.arrays, self._mean_occupancy(),
+                             self.directions, states, best, self.arrays, self._mean_occupancy(),
                              len(self.proposed), len(self.proposed & self.trained), seconds, self.ctx.samples / max(seconds, 1e-9),
-                             dict(self.ctx.export.files))
+                             dict(self.ctx.export.files), self.account.report())
 
 
 def _as_candidate(candidate: Any) -> Candidate:

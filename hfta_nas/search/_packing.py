@@ -25,10 +25,11 @@ from dataclasses import dataclass
 import torch
 
 from hfta_nas._array import check_fusable
-from hfta_nas._probe import envelope_macs, padding_fraction
+from hfta_nas._probe import padding_fraction
 from hfta_nas.errors import FusionError
-from hfta_nas.search._candidate import Candidate, Proposal, tensor_shapes
+from hfta_nas.search._candidate import Proposal, tensor_shapes
 from hfta_nas.search._cost import StepCost
+from hfta_nas.search._shape_checks import ShapeChecks
 
 
 @dataclass
@@ -53,7 +54,12 @@ class Pack:
 
 def shape_key(proposal: Proposal) -> str:
     """Equal for proposals whose models have equal structure and tensor shapes (one architecture)."""
-    text = repr(proposal.shell) + repr(tensor_shapes(proposal.shell))
+    return architecture_key(proposal.shell)
+
+
+def architecture_key(shell: torch.nn.Module) -> str:
+    """`shape_key` of a model (on any device)."""
+    text = repr(shell) + repr(tensor_shapes(shell))
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
@@ -82,39 +88,29 @@ def structure_groups(proposals: Sequence[Proposal]) -> list[list[Proposal]]:
     return groups
 
 
-def example_input(candidate: Candidate) -> torch.Tensor:
-    """One sample of the candidate's data, on the meta device (shapes only)."""
-    return torch.empty(1, *candidate.data.input_shape, device="meta")
-
-
 def pack(proposals: Sequence[Proposal], *, max_slots: int | Callable[[list[Proposal]], int],
-         step_cost: Callable[[list[Proposal]], StepCost], max_waste: float | None = None) -> list[Pack]:
+         step_cost: Callable[[list[Proposal]], StepCost], max_waste: float | None = None,
+         shapes: ShapeChecks | None = None) -> list[Pack]:
     """The arrays for `proposals`, each proposal in exactly one, in the order they train
-    (by their earliest trial). `max_slots` and `step_cost` may depend on the group."""
+    (by their earliest trial). `max_slots` and `step_cost` may depend on the group; `shapes`
+    keeps envelopes' multiply-adds from one call to the next."""
     packs: list[Pack] = []
+    shapes = shapes or ShapeChecks()
     for group in structure_groups(proposals):
         limit = max_slots(group) if callable(max_slots) else max_slots
-        packs.extend(_cheapest_cut(group, limit, step_cost(group), max_waste))
+        packs.extend(_cheapest_cut(group, limit, step_cost(group), max_waste, shapes))
     return sorted(packs, key=lambda p: min(q.number for q in p.proposals))
 
 
-def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost, max_waste: float | None) -> list[Pack]:
+def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost, max_waste: float | None,
+                  shapes: ShapeChecks) -> list[Pack]:
     """Step 2 of the module docstring: the cheapest cut of the sorted group into runs."""
     ordered = sorted(group, key=lambda p: (p.useful_macs, p.number))
-    x = example_input(ordered[0].candidate)
+    input_shape = ordered[0].candidate.data.input_shape
     batch, steps = ordered[0].candidate.batch_size, ordered[0].steps
-    shapes = {p.number: shape_key(p) for p in ordered}
-    envelopes: dict[tuple[str, ...], int | None] = {}  # an envelope depends only on the distinct shapes it pads
 
     def per_slot_macs(run: list[Proposal]) -> int | None:
-        distinct = {shapes[p.number]: p.shell for p in run}
-        key = tuple(distinct)
-        if key not in envelopes:
-            try:
-                envelopes[key] = envelope_macs(list(distinct.values()), x)
-            except FusionError:  # a subset that cannot share an envelope (rare: the whole group could)
-                envelopes[key] = None
-        return envelopes[key]
+        return shapes.envelope_macs([p.shell for p in run], input_shape)
 
     def priced(run: list[Proposal]) -> Pack | None:
         per_slot = per_slot_macs(run)

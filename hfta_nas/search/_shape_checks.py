@@ -1,0 +1,81 @@
+"""Work that depends only on an architecture, done once per architecture.
+
+Asking a trial checks its model's outputs against the data and counts its
+multiply-adds, both with a forward on the meta device; packing counts the
+multiply-adds of envelopes over sets of architectures. A search meets the
+same computations again and again (TPE revisits what works), so each result
+is kept under the model's `compute_key` (module structure and settings, and
+tensor shapes, without dropout rates: a rate changes neither output shapes nor
+multiply-adds) together with what else it depends on: the input shape, the
+number of classes and the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import hashlib
+
+import torch
+from torch import nn
+from torch.nn.modules.dropout import _DropoutNd
+
+from hfta_nas._objectives import Objective
+from hfta_nas._probe import envelope_macs, model_macs
+from hfta_nas.errors import FusionError
+from hfta_nas.search._candidate import Candidate, check_outputs, example_input, tensor_shapes
+
+
+def compute_key(shell: nn.Module) -> str:
+    """Equal for models that compute the same shapes with the same multiply-adds: module types
+    and settings in order, and tensor shapes; dropout rates left out."""
+    parts = [f"{name}:{type(m).__name__}({'' if isinstance(m, _DropoutNd) else m.extra_repr()})"
+             for name, m in shell.named_modules()]
+    text = repr(parts) + repr(tensor_shapes(shell))
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _loss_name(candidate: Candidate) -> object:
+    if isinstance(candidate.loss, Objective):
+        return candidate.loss.loss
+    return getattr(candidate.loss, "__qualname__", repr(candidate.loss)) if candidate.loss is not None else None
+
+
+class ShapeChecks:
+    """Per-architecture output checks and multiply-adds, each computed once per search."""
+
+    def __init__(self) -> None:
+        self._macs: dict[tuple, int] = {}
+        self._envelopes: dict[tuple, int | None] = {}
+        self._keys: dict[int, tuple[nn.Module, str]] = {}  # id(shell) -> (shell, its compute_key)
+
+    def key(self, shell: nn.Module) -> str:
+        """`compute_key(shell)`, once per model object (the shell is held, so its id stays its own)."""
+        known = self._keys.get(id(shell))
+        if known is None:
+            known = self._keys[id(shell)] = (shell, compute_key(shell))
+        return known[1]
+
+    def checked_macs(self, candidate: Candidate, shell: nn.Module) -> int:
+        """`check_outputs` (HftaNasError for outputs the loss cannot take), then the model's
+        multiply-adds per sample; both once per computation, data shape and loss."""
+        data = candidate.data
+        key = (self.key(shell), tuple(data.input_shape), data.num_classes, _loss_name(candidate))
+        if key not in self._macs:
+            x = example_input(candidate)
+            check_outputs(candidate, shell, x.expand(2, *data.input_shape))
+            self._macs[key] = model_macs(shell, x)
+        return self._macs[key]
+
+    def envelope_macs(self, shells: Sequence[nn.Module], input_shape: Sequence[int]) -> int | None:
+        """Multiply-adds per sample of one slot of an envelope over `shells` (meta models); None
+        when they cannot share an envelope. Once per set of computations and input shape."""
+        distinct = {self.key(shell): shell for shell in shells}
+        key = (frozenset(distinct), tuple(input_shape))
+        if key not in self._envelopes:
+            x = torch.empty(1, *input_shape, device="meta")
+            try:
+                self._envelopes[key] = envelope_macs(list(distinct.values()), x)
+            except FusionError:  # a subset that cannot share an envelope (rare: the whole group could)
+                self._envelopes[key] = None
+        return self._envelopes[key]
