@@ -35,3 +35,10 @@ def _session_cache_dir(tmp_path_factory):
         os.environ.pop("HFTA_NAS_CACHE_DIR", None)
     else:
         os.environ["HFTA_NAS_CACHE_DIR"] = previous
+
+
+@pytest.fixture
+def every_epoch_checkpoints(monkeypatch):
+    """Search arrays checkpoint at every epoch's end (not by their time budget), so a test can
+    stop a search at a chosen epoch and know which checkpoint the re-run continues."""
+    monkeypatch.setattr("hfta_nas.search._array_job.CHECKPOINT_SHARE", None)

@@ -103,7 +103,7 @@ class PruneTrialOneAtItsFirstEpoch(optuna.pruners.BasePruner):
         return trial.number == 1 and trial.last_step == 1
 
 
-def test_a_stopped_array_whose_slot_was_refilled_continues_with_its_envelope_rebuilt(tmp_path):
+def test_a_stopped_array_whose_slot_was_refilled_continues_with_its_envelope_rebuilt(tmp_path, every_epoch_checkpoints):
     """Trial 1 is pruned after epoch 1 and its slot refilled; Ctrl-C in epoch 3; the re-run
     rebuilds the array from its first occupants (trial 1's model from its stored parameters, for
     the envelope of widths 16/24/32), refills it as it was and continues to the values of a

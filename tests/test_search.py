@@ -204,7 +204,7 @@ def test_cli_search_bad_yaml_names_the_line(tmp_path):
 
 
 @pytest.mark.parametrize("pruner", ["none", "median"])
-def test_a_search_stopped_mid_array_continues_it_from_its_checkpoint_bit_identically(tmp_path, pruner):
+def test_a_search_stopped_mid_array_continues_it_from_its_checkpoint_bit_identically(tmp_path, every_epoch_checkpoints, pruner):
     """Ctrl-C in epoch 3 of the second array, then the same search again: the retried trials
     take their slots from the epoch-2 checkpoint and end with the values (every epoch's, to the
     bit) that the same trials have in a search that was never stopped."""
@@ -240,7 +240,7 @@ def test_a_search_stopped_mid_array_continues_it_from_its_checkpoint_bit_identic
     assert reference.trials == {"COMPLETE": 6} or pruner == "median"
 
 
-def test_a_stop_between_the_tells_of_an_arrays_last_epoch_still_continues_from_the_checkpoint(tmp_path):
+def test_a_stop_between_the_tells_of_an_arrays_last_epoch_still_continues_from_the_checkpoint(tmp_path, every_epoch_checkpoints):
     """Ctrl-C right after the first slot of array 1 is told COMPLETE in its last epoch: the others are
     retried, and the re-run continues the epoch-3 checkpoint with the told slot training on untold
     beside them (as it did), so the retries end with the values of a search never stopped."""

@@ -49,7 +49,8 @@ from hfta_nas.search._resume import Claim, slot_record
 
 log = logging.getLogger(__name__)
 STATIC_METRICS = ("params", "latency_ms")
-CHECKPOINT_SHARE = 0.02  # the most of an array's time its checkpoints may take
+# The most of an array's time its checkpoints may take; None: a checkpoint at every epoch's end.
+CHECKPOINT_SHARE: float | None = 0.02
 
 
 @dataclass
@@ -211,7 +212,8 @@ class ArrayJob:
         time, and a kill loses at most ~50 checkpoint-writes' worth of training (redone bit-identically)."""
         with self.ctx.account.phase("checkpoints"):
             started = time.monotonic()
-            if self.saved_at is not None and (started - self.saved_at) * CHECKPOINT_SHARE < self.save_seconds:
+            share = CHECKPOINT_SHARE
+            if share is not None and self.saved_at is not None and (started - self.saved_at) * share < self.save_seconds:
                 return
             self._save_now(trainer)
             self.saved_at = time.monotonic()
