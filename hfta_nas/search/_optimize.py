@@ -58,6 +58,9 @@ from hfta_nas.search._storage import checkpoint_folder, dashboard_command, stora
 
 AUTO_CAP = 64  # the most models array_size="auto" puts in one array
 AUTO_POOL = 16  # trials asked per round when the array size is "auto"
+TARGET_OCCUPANCY = 0.7  # an array starts when this share of its slots is filled (or nothing more can be asked)
+POOL_ARRAYS = 2  # at most this many array sizes of trials asked and not yet training
+MAX_DEFERRALS = 2  # rounds a proposal may wait for its array to fill
 
 
 @dataclass
@@ -147,6 +150,7 @@ class _Search:
         self.pool_size = array_size if isinstance(array_size, int) else AUTO_POOL
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.waiting: list[Proposal] = []  # asked, RUNNING, waiting for an array (first in line first)
+        self.deferred: dict[int, int] = {}  # trial number -> rounds it waited for a fuller array
         self.asked: dict[int, optuna.Trial] = {}  # trial id -> every trial this run asked (held until told)
         self.proposed: set[str] = set()  # shape keys of the candidates asked this run
         self.trained: set[str] = set()  # ... and of those that trained
@@ -187,7 +191,7 @@ class _Search:
                                              self._ended_trials)
                     for resumed in claims:
                         self._train(Pack(list(resumed.proposals.values()), 0, 0, 0.0), resume=resumed)
-                    for planned in self.pack(pool):
+                    for planned in self.next_arrays(pool):
                         self._train(planned)
             except BaseException as error:
                 raise self._tell_held_on(error)
@@ -345,21 +349,22 @@ class _Search:
         return {k: v for k, v in proposal.trial.params.items() if k in self.replicate}
 
     def _refill(self, ended: Proposal, fits: Callable[[Proposal], bool]) -> Proposal | None:
-        """A proposal for the slot `ended` freed: a waiting one that fits, else a new ask
-        that fits; one that does not fit waits for the next round."""
+        """A proposal for the slot `ended` freed: a waiting one that fits, else new asks until one
+        fits, while fewer than a pool of trials wait; those that do not fit wait for the next round."""
         with self.ledger.lock:
             for i, proposal in enumerate(self.waiting):
                 if fits(proposal):
                     self.trained.add(shape_key(proposal))
                     return self.waiting.pop(i)
-            if self.ledger.remaining() <= 0 or not self._time_left():
-                return None
-            proposal = self._ask(self._replicated(ended) if self.replicate else None)
-        if fits(proposal):
-            self.trained.add(shape_key(proposal))
-            return proposal
-        self.waiting.append(proposal)
-        self.emit(TrialWaits(proposal.number, len(self.arrays) + 1))
+            while len(self.waiting) < self.pool_size and self.ledger.remaining() > 0 and self._time_left():
+                proposal = self._ask(self._replicated(ended) if self.replicate else None)
+                if fits(proposal):
+                    self.trained.add(shape_key(proposal))
+                    return proposal
+                self.waiting.append(proposal)
+                self.emit(TrialWaits(proposal.number, len(self.arrays) + 1))
+                if self.replicate:  # a replicate ask copies the ended trial's architecture: no second try
+                    break
         return None
 
     def _requeue(self, proposals: list[Proposal], limit: int) -> None:
@@ -369,6 +374,38 @@ class _Search:
         self.waiting[:0] = proposals
 
     # -------------------------------------------------------------- packing
+    def next_arrays(self, pool: list[Proposal]) -> list[Pack]:
+        """The arrays to train now for `pool` (the real run and `plan` both call this).
+
+        An array that would start below TARGET_OCCUPANCY of its size waits, its proposals first in
+        line for the next round and for freed slots, while more trials can be asked: the pool grows,
+        one ask at a time, up to POOL_ARRAYS array sizes, until some array is full enough. A proposal
+        waits at most MAX_DEFERRALS rounds; with nothing left to ask, everything trains."""
+        packs = self.pack(pool)
+        if self.replicate:
+            return packs
+        while not any(self._full(p) for p in packs):
+            with self.ledger.lock:
+                if not self._may_grow(pool):
+                    return packs
+                pool.append(self._ask())
+            packs = self.pack(pool)
+        now = [p for p in packs if self._full(p) or any(self.deferred.get(q.number, 0) >= MAX_DEFERRALS
+                                                         for q in p.proposals)]
+        later = [q for p in packs if p not in now for q in p.proposals]
+        for proposal in later:
+            self.deferred[proposal.number] = self.deferred.get(proposal.number, 0) + 1
+        self.waiting[:0] = later
+        return now
+
+    def _full(self, planned: Pack) -> bool:
+        return len(planned.proposals) >= TARGET_OCCUPANCY * self.max_slots(planned.proposals)
+
+    def _may_grow(self, pool: list[Proposal]) -> bool:
+        """Whether a round may ask one more trial to fill its arrays."""
+        return (len(pool) + len(self.waiting) < POOL_ARRAYS * self.pool_size and self.ledger.remaining() > 0
+                and self._time_left())
+
     def pack(self, pool: list[Proposal]) -> list[Pack]:
         cost = self._step_cost if not self.replicate else (lambda group: StepCost(1.0, 0.0))
         with self.account.phase("packing"):

@@ -22,14 +22,11 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
 
-from hfta_nas._array import check_fusable
 from hfta_nas._probe import padding_fraction
-from hfta_nas.errors import FusionError
-from hfta_nas.search._candidate import Proposal, tensor_shapes
+from hfta_nas.search._candidate import Proposal
 from hfta_nas.search._cost import StepCost
-from hfta_nas.search._shape_checks import ShapeChecks
+from hfta_nas.search._shape_checks import ShapeChecks, architecture_key
 
 
 @dataclass
@@ -57,12 +54,6 @@ def shape_key(proposal: Proposal) -> str:
     return architecture_key(proposal.shell)
 
 
-def architecture_key(shell: torch.nn.Module) -> str:
-    """`shape_key` of a model (on any device)."""
-    text = repr(shell) + repr(tensor_shapes(shell))
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
 def structure_key(proposal: Proposal) -> str:
     """Layer types in order and the shared settings: what one step-cost measurement covers
     (stable across runs, so a resumed run finds the cost it measured)."""
@@ -70,16 +61,15 @@ def structure_key(proposal: Proposal) -> str:
     return hashlib.sha1(repr((kinds, proposal.candidate.stable_settings())).encode()).hexdigest()[:12]
 
 
-def structure_groups(proposals: Sequence[Proposal]) -> list[list[Proposal]]:
+def structure_groups(proposals: Sequence[Proposal], shapes: ShapeChecks | None = None) -> list[list[Proposal]]:
     """Proposals split into groups that may share arrays (step 1 of the module docstring)."""
+    shapes = shapes or ShapeChecks()
     groups: list[list[Proposal]] = []
     for proposal in proposals:
         for group in groups:
             if group[0].candidate.shared_settings() != proposal.candidate.shared_settings():
                 continue
-            try:
-                check_fusable([p.shell for p in group] + [proposal.shell])
-            except FusionError:
+            if not shapes.fusable([p.shell for p in group] + [proposal.shell]):
                 continue
             group.append(proposal)
             break
@@ -96,7 +86,7 @@ def pack(proposals: Sequence[Proposal], *, max_slots: int | Callable[[list[Propo
     keeps envelopes' multiply-adds from one call to the next."""
     packs: list[Pack] = []
     shapes = shapes or ShapeChecks()
-    for group in structure_groups(proposals):
+    for group in structure_groups(proposals, shapes):
         limit = max_slots(group) if callable(max_slots) else max_slots
         packs.extend(_cheapest_cut(group, limit, step_cost(group), max_waste, shapes))
     return sorted(packs, key=lambda p: min(q.number for q in p.proposals))

@@ -89,7 +89,7 @@ def plan(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: 
         pool = search.next_pool()
         if not pool:
             break
-        for planned in search.pack(pool):
+        for planned in search.next_arrays(pool):
             result.arrays.append(PlannedArray(
                 len(result.arrays) + 1, search.max_slots(planned.proposals),
                 [{"number": p.number, "params": dict(p.trial.params), "seeds": dict(p.seeds), "useful_macs": p.useful_macs}

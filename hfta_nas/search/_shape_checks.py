@@ -20,10 +20,17 @@ import torch
 from torch import nn
 from torch.nn.modules.dropout import _DropoutNd
 
+from hfta_nas._array import check_fusable
 from hfta_nas._objectives import Objective
 from hfta_nas._probe import envelope_macs, model_macs
 from hfta_nas.errors import FusionError
 from hfta_nas.search._candidate import Candidate, check_outputs, example_input, tensor_shapes
+
+
+def architecture_key(shell: nn.Module) -> str:
+    """Equal for models of equal structure, settings and tensor shapes: one architecture."""
+    text = repr(shell) + repr(tensor_shapes(shell))
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def compute_key(shell: nn.Module) -> str:
@@ -48,6 +55,26 @@ class ShapeChecks:
         self._macs: dict[tuple, int] = {}
         self._envelopes: dict[tuple, int | None] = {}
         self._keys: dict[int, tuple[nn.Module, str]] = {}  # id(shell) -> (shell, its compute_key)
+        self._architectures: dict[int, tuple[nn.Module, str]] = {}  # id(shell) -> (shell, its shape key)
+        self._fusable: dict[frozenset[str], bool] = {}
+
+    def fusable(self, shells: Sequence[nn.Module]) -> bool:
+        """Whether the models can share one array (`hfta_nas.check_fusable`), once per set of
+        architectures (shape keys: dropout rates included, as the array's layers see them)."""
+        distinct: dict[str, nn.Module] = {}
+        for shell in shells:
+            known = self._architectures.get(id(shell))
+            if known is None:
+                known = self._architectures[id(shell)] = (shell, architecture_key(shell))
+            distinct[known[1]] = shell
+        key = frozenset(distinct)
+        if key not in self._fusable:
+            try:
+                check_fusable(list(distinct.values()))
+                self._fusable[key] = True
+            except FusionError:
+                self._fusable[key] = False
+        return self._fusable[key]
 
     def key(self, shell: nn.Module) -> str:
         """`compute_key(shell)`, once per model object (the shell is held, so its id stays its own)."""
