@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from hfta_nas.search._optuna_private import storage_of, trial_id
+
 HEARTBEAT_ATTR = "heartbeat"
 WORKER_ATTR = "worker"  # "host:pid"
 WORKER_HOST_ATTR = "worker_host"  # host name and process namespace: where a pid means something
@@ -139,16 +141,16 @@ class Heartbeat:
             return 0
         if not held:
             return 0
-        storage, now, stamped = self.study._storage, time.time(), 0
+        storage, now, stamped = storage_of(self.study), time.time(), 0
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if trial._trial_id not in held:
+            if trial_id(trial) not in held:
                 continue
             try:  # the driver may tell the trial meanwhile: then the write is refused, harmlessly
-                if trial._trial_id not in self._labelled:
-                    storage.set_trial_user_attr(trial._trial_id, WORKER_ATTR, self.worker)
-                    storage.set_trial_user_attr(trial._trial_id, WORKER_HOST_ATTR, self.host)
-                    self._labelled.add(trial._trial_id)
-                storage.set_trial_user_attr(trial._trial_id, HEARTBEAT_ATTR, now)
+                if trial_id(trial) not in self._labelled:
+                    storage.set_trial_user_attr(trial_id(trial), WORKER_ATTR, self.worker)
+                    storage.set_trial_user_attr(trial_id(trial), WORKER_HOST_ATTR, self.host)
+                    self._labelled.add(trial_id(trial))
+                storage.set_trial_user_attr(trial_id(trial), HEARTBEAT_ATTR, now)
                 stamped += 1
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue

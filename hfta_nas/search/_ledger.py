@@ -19,6 +19,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from hfta_nas.search._optuna_private import storage_of, trial_id
+
 OUTCOME_ATTR = "outcome"
 RETRY_OF = "retry_of"  # user attribute of a retried trial: the number of the trial whose seeds it takes
 _ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -74,7 +76,7 @@ class Ledger:
         return self.n_trials - self.counted()
 
     def is_running(self, trial: optuna.Trial) -> bool:
-        return self.study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING
+        return storage_of(self.study).get_trial(trial_id(trial)).state == TrialState.RUNNING
 
     def complete(self, trial: optuna.Trial, values: list[float]) -> None:
         trial.set_user_attr(OUTCOME_ATTR, Outcome.COMPLETE.value)
@@ -86,11 +88,11 @@ class Ledger:
 
     def fail(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> bool:
         """Tell FAIL with `outcome` and `reason`; False when the trial had ended meanwhile."""
-        storage = self.study._storage
+        storage = storage_of(self.study)
         try:
-            storage.set_trial_user_attr(trial._trial_id, OUTCOME_ATTR, outcome.value)
-            storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            storage.set_trial_user_attr(trial_id(trial), OUTCOME_ATTR, outcome.value)
+            storage.set_trial_user_attr(trial_id(trial), "fail_reason", reason)
+            storage.set_trial_state_values(trial_id(trial), TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
         return True

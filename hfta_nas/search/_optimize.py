@@ -50,6 +50,7 @@ from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome, counts
 from hfta_nas.search._packing import Pack, architecture_key, pack, shape_key, structure_key
+from hfta_nas.search._optuna_private import storage_of, trial_id
 from hfta_nas.search._shape_checks import ShapeChecks
 from hfta_nas.search._recovery import (interrupt_held, retry_stale_trials, told_despite_interrupts,
                                       wait_for_other_workers)
@@ -144,8 +145,8 @@ class _Search:
         self.seed, self.device, self.dtype = seed, _checked_device(device), DTYPES[dtype]
         self.max_waste, self.replicate, self.fixed_cost = max_waste, list(replicate or []), step_cost
         self.emit = on_event or (lambda event: None)
-        self.location = storage_location(study._storage)
-        self.ledger = Ledger(study, n_trials, study_lock(study._storage, self.location, study.study_name))
+        self.location = storage_location(storage_of(study))
+        self.ledger = Ledger(study, n_trials, study_lock(storage_of(study), self.location, study.study_name))
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.pool_size = array_size if isinstance(array_size, int) else AUTO_POOL
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -258,9 +259,9 @@ class _Search:
 
     def _release(self, reason: str) -> None:
         """Every trial this run asked that is still RUNNING is told FAIL (not counted: it never trained)."""
-        running = {t._trial_id for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-        for trial_id, trial in self.asked.items():
-            if trial_id in running:
+        running = {trial_id(t) for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        for held_id, trial in self.asked.items():
+            if held_id in running:
                 self.ledger.fail(trial, Outcome.NOT_TRAINED, reason)
         self.waiting = []
 
@@ -275,7 +276,7 @@ class _Search:
             # trials that the next run on this machine retries at once
             trial.set_user_attr(WORKER_ATTR, self.worker)
             trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
-        self.asked[trial._trial_id] = trial  # held (and failed on an error) from here on
+        self.asked[trial_id(trial)] = trial  # held (and failed on an error) from here on
         with self.account.phase("ask"):
             candidate = self._built(trial)
         with self.account.phase("checks"):

@@ -35,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hfta_nas.search._events import TrialRetried
 from hfta_nas.search._heartbeat import stale_reason
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome
+from hfta_nas.search._optuna_private import storage_of, trial_id
 
 INTERRUPTED = "interrupted: its worker stopped (killed, crashed or lost) while it ran; failed and retried"
 
@@ -43,7 +44,7 @@ def retry_stale_trials(ledger: Ledger, held: Collection[int], worker: str, emit:
     """Fail and re-enqueue every stale RUNNING trial not in `held` (trial ids); how many."""
     study, now, retried = ledger.study, time.time(), 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        why = None if trial._trial_id in held else stale_reason(trial, now=now, me=worker)
+        why = None if trial_id(trial) in held else stale_reason(trial, now=now, me=worker)
         if why is None:
             continue
         retried += fail_and_retry(ledger, trial, why, emit)
@@ -54,14 +55,14 @@ def fail_and_retry(ledger: Ledger, trial: FrozenTrial | optuna.Trial, why: str, 
     """Tell a RUNNING trial FAIL as interrupted (not counted) and enqueue its parameters again,
     to train with its seeds; False when it had been told meanwhile (by its worker, or another
     worker that retried it first)."""
-    study, trial_id = ledger.study, trial._trial_id
+    study, held_id = ledger.study, trial_id(trial)
     try:
-        study._storage.set_trial_user_attr(trial_id, "interrupted_because", why)
+        storage_of(study).set_trial_user_attr(held_id, "interrupted_because", why)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
     if not ledger.fail(trial, Outcome.INTERRUPTED, INTERRUPTED):
         return False
-    frozen = study._storage.get_trial(trial_id)
+    frozen = storage_of(study).get_trial(held_id)
     original = frozen.user_attrs.get(RETRY_OF, frozen.number)  # a retry of a retry keeps the first seeds
     study.enqueue_trial(frozen.params or frozen.system_attrs.get("fixed_params", {}),
                         user_attrs={RETRY_OF: original}, skip_if_exists=False)

@@ -18,6 +18,8 @@ from typing import Any
 
 import optuna
 
+from hfta_nas.search._optuna_private import storage_of, study_id
+
 _PREFIX = "hfta_nas:"
 
 
@@ -25,12 +27,12 @@ def set_study_text(study: optuna.Study, key: str, value: Any) -> None:
     """Keep `value` (JSON-able) with `study` under `key`, out of its user attributes."""
     # The storage API, not Study.set_system_attr (deprecated): system attributes are the
     # storage's own, and optuna-dashboard reads studies through the same calls.
-    study._storage.set_study_system_attr(study._study_id, _PREFIX + key, value)
+    storage_of(study).set_study_system_attr(study_id(study), _PREFIX + key, value)
 
 
 def study_text(study: optuna.Study, key: str, default: Any = None) -> Any:
     """What `set_study_text` kept under `key`; studies stored by earlier versions kept it in the user attributes."""
-    stored = study._storage.get_study_system_attrs(study._study_id)
+    stored = storage_of(study).get_study_system_attrs(study_id(study))
     if _PREFIX + key in stored:
         return stored[_PREFIX + key]
     return study.user_attrs.get(key, default)
@@ -45,7 +47,7 @@ def attach_study_file(study: optuna.Study, file_name: str, text: str, folder: Pa
 
     digest = hashlib.sha256(text.encode()).hexdigest()
     marker = f"{_PREFIX}artifact:{file_name}"
-    if study._storage.get_study_system_attrs(study._study_id).get(marker) == digest:
+    if storage_of(study).get_study_system_attrs(study_id(study)).get(marker) == digest:
         return True
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
@@ -54,5 +56,5 @@ def attach_study_file(study: optuna.Study, file_name: str, text: str, folder: Pa
         with warnings.catch_warnings():  # the artifact API is "experimental" in Optuna, stable in use
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             upload_artifact(artifact_store=FileSystemArtifactStore(str(folder)), file_path=str(path), study_or_trial=study)
-    study._storage.set_study_system_attr(study._study_id, marker, digest)
+    storage_of(study).set_study_system_attr(study_id(study), marker, digest)
     return True

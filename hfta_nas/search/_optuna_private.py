@@ -1,0 +1,28 @@
+"""The one place that reads Optuna's private attributes.
+
+The search writes trial attributes, states and heartbeats through the study's
+storage directly (a trial held by another worker, a study's system
+attributes), which Optuna's public API does not offer. Every such access goes
+through these functions, so that an Optuna upgrade that renames them breaks
+this file and nothing else.
+"""
+
+from __future__ import annotations
+
+import optuna
+from optuna.storages import BaseStorage
+
+
+def storage_of(study: optuna.Study) -> BaseStorage:
+    """The storage a study reads and writes."""
+    return study._storage
+
+
+def study_id(study: optuna.Study) -> int:
+    """The study's id in its storage."""
+    return study._study_id
+
+
+def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
+    """A trial's id in its storage (unique across the storage's studies, unlike its number)."""
+    return trial._trial_id
