@@ -514,6 +514,7 @@ class _SearchProgress:
 def _print_search_plan(plan: Any) -> None:
     """The --dry-run plan: one table row per array (slots, architectures, padding, estimated time, trials)."""
     from hfta_nas.runtime import command_console
+    from hfta_nas.search import cost_from_dict
     from rich.table import Table
 
     console = command_console()
@@ -530,7 +531,7 @@ def _print_search_plan(plan: Any) -> None:
                       " ".join(str(t["number"]) for t in array.trials))
     console.print(table)
     for key, cost in plan.step_costs.items():
-        console.print(f"measured {key}: {cost['fixed_s'] * 1e3:.2f} ms + {cost['per_gmac_s']:.3f} s per GMAC per step")
+        console.print(f"measured {key}: {cost_from_dict(cost).describe()}")
     console.print(f"{len(plan.arrays)} arrays, planned occupancy {plan.mean_occupancy:.0%}, "
                   f"estimated {plan.estimated_s:.1f} s of training (before pruning and refills)")
     if plan.note:

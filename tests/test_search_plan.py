@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from cli import _SearchProgress, main
-from hfta_nas.search import ArrayEnded, ArrayStarted, EpochEnded, SearchStarted, StepCost, TrialEnded, open_storage, optimize
+from hfta_nas.search import (ArrayEnded, ArrayStarted, EpochEnded, SearchStarted, TrialEnded, cost_from_dict,
+                             open_storage, optimize)
 from search_spaces import candidate_builder, open_space_study, parse_space, plan_search, run_search
 from tests.test_search import space_text as tiny_space_text
 
@@ -77,7 +78,7 @@ def test_dry_run_writes_nothing_and_its_first_round_is_the_real_one(tmp_path):
     assert plan.done == 0 and plan.arrays and plan.n_trials == 8
     # the same policy with the same step cost: the real run's arrays are the planned ones
     study = open_space_study(sp, storage(tmp_path))
-    cost = StepCost(**next(iter(plan.step_costs.values())))
+    cost = cost_from_dict(next(iter(plan.step_costs.values())))
     build = candidate_builder(sp)
     optimize(study, build, n_trials=8, array_size=4, seed=3, step_cost=cost)
     trials = load(tmp_path).trials

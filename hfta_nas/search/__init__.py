@@ -9,7 +9,7 @@
 """
 
 from hfta_nas.search._candidate import Candidate, trial_seeds
-from hfta_nas.search._cost import StepCost
+from hfta_nas.search._cost import StepCost, StepCurve, cost_from_dict
 from hfta_nas.search._events import (
     ArrayEnded,
     ArrayFailed,
@@ -58,6 +58,8 @@ __all__ = [
     "SearchSummary",
     "SlotRefilled",
     "StepCost",
+    "StepCurve",
+    "cost_from_dict",
     "TrialEnded",
     "TrialRetried",
     "TrialWaits",

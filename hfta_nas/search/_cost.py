@@ -1,23 +1,32 @@
-"""How long an array's training step takes on this device: measured, then extrapolated.
+"""How long an array trains on this device: measured once per structure, then interpolated.
 
-A step costs a fixed part (kernel launches, Python, the optimizer's loop
-over tensors) plus a part that grows with the arithmetic (multiply-adds per
-sample x slots x batch). The search times real training steps of arrays of
-1 and of B copies of a candidate (the same timing `--array-size auto` uses)
-and fits both parts. On a GPU, small models are launch-bound: the fixed part
-dominates, padding a small model into a bigger envelope is nearly free and
-one full array beats several small ones. On a CPU the arithmetic dominates:
-padding costs what it computes, and models of very different sizes are
-cheaper in separate arrays. The packing policy (`_packing`) follows whichever
-this device measured.
+`StepCurve` is what a search measures: real training steps (the timing
+`--array-size auto` uses) of arrays of 1, 2, 4, ... copies of a group's
+largest model, so the cost of a step against the array's size is a measured
+curve, not a line (per-slot cost falls while fixed costs are shared, and can
+rise again once the array outgrows a cache); one array of the group's smallest
+model says how much of a step scales with the envelope's multiply-adds; and
+building and verifying one array is a fixed cost per array. On a GPU, small
+models are launch-bound: most of a step is fixed, padding a small model into a
+bigger envelope is nearly free and one full array beats several small ones. On
+a CPU the arithmetic dominates: padding costs what it computes. The packing
+policy (`_packing`) follows whichever this device measured. The curve's knee
+(where doubling the array stops raising throughput by 10%) is the array size
+`auto` chooses.
+
+`StepCost` is a fixed line (`fixed_s + per_gmac_s x multiply-adds`) a user can
+pin to repeat a packing exactly.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import platform
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,9 +34,12 @@ from torch import nn
 from hfta_nas._autosize import step_seconds
 from hfta_nas._files import atomic_write_text, cache_dir
 
-# Timed seconds per array size (a median of at least 5 steps): two points fit a line, and
-# each search of a new structure pays this twice before its first array trains.
+log = logging.getLogger(__name__)
+
+# Timed seconds per array size (a median of at least 5 steps); a structure's curve is measured
+# once per machine (`StepCostCache`), before its first array trains.
 MIN_SECONDS = 0.15
+KNEE_GAIN = 1.1  # doubling the array past the knee raises throughput by less than this factor
 
 
 @dataclass(frozen=True)
@@ -38,40 +50,126 @@ class StepCost:
     fixed_s: float
     per_gmac_s: float
 
-    def seconds(self, macs_per_sample: float, batch_size: int) -> float:
+    array_s = 0.0  # no fixed cost per array
+
+    def seconds(self, macs_per_sample: float, batch_size: int, slots: int | None = None) -> float:
+        """One step of an array executing `macs_per_sample` (over all its slots) per sample."""
         return self.fixed_s + self.per_gmac_s * macs_per_sample * batch_size / 1e9
 
     def as_dict(self) -> dict[str, float]:
         return {"fixed_s": self.fixed_s, "per_gmac_s": self.per_gmac_s}
 
+    def describe(self) -> str:
+        return f"{self.fixed_s * 1e3:.2f} ms + {self.per_gmac_s:.3f} s per GMAC per step"
 
-def fit_step_cost(points: Sequence[tuple[float, float]]) -> StepCost:
-    """The least-squares line through (multiply-adds of a step, seconds) points, both
-    parts kept >= 0 (timings on a shared machine are noisy)."""
-    if len(points) == 1 or len({w for w, _ in points}) == 1:
-        work = max(points[0][0], 1.0)
-        return StepCost(0.0, min(s for _, s in points) / work * 1e9)
-    n = len(points)
-    mean_w = sum(w for w, _ in points) / n
-    mean_s = sum(s for _, s in points) / n
-    slope = sum((w - mean_w) * (s - mean_s) for w, s in points) / sum((w - mean_w) ** 2 for w, _ in points)
-    slope = max(slope, 0.0)
-    fixed = max(mean_s - slope * mean_w, 0.0)
-    return StepCost(fixed, slope * 1e9)
+
+@dataclass(frozen=True)
+class StepCurve:
+    """A structure's measured step seconds against array size (see the module docstring).
+
+    - macs: multiply-adds per sample of the model the curve was measured with (the envelope);
+    - sizes, step_s: array sizes and the median seconds of one training step at each;
+    - fixed_share: the share of a step that does not shrink with a smaller envelope;
+    - array_s: seconds to build and verify one array (paid once per array).
+    """
+
+    macs: int
+    sizes: tuple[int, ...]
+    step_s: tuple[float, ...]
+    fixed_share: float
+    array_s: float
+
+    def step_seconds(self, slots: int, envelope_macs: float) -> float:
+        """One step of an array of `slots` slots whose envelope executes `envelope_macs` per sample and slot."""
+        at_size = _interpolated(self.sizes, self.step_s, slots)
+        scale = envelope_macs / max(self.macs, 1)
+        return at_size * (self.fixed_share + (1.0 - self.fixed_share) * scale)
+
+    def seconds(self, macs_per_sample: float, batch_size: int, slots: int | None = None) -> float:
+        """`StepCost.seconds`: one step of an array executing `macs_per_sample` over its `slots` slots."""
+        slots = slots or 1
+        return self.step_seconds(slots, macs_per_sample / slots)
+
+    @property
+    def knee(self) -> int:
+        """The largest measured size up to which every doubling raised throughput by KNEE_GAIN."""
+        for i in range(1, len(self.sizes)):
+            if _gain(self.sizes, self.step_s, i) < KNEE_GAIN:
+                return self.sizes[i - 1]
+        return self.sizes[-1]
+
+    def describe(self) -> str:
+        steps = ", ".join(f"{size}: {s * 1e3:.2f}" for size, s in zip(self.sizes, self.step_s))
+        return (f"ms per step by array size {{{steps}}}, {self.fixed_share:.0%} of a step fixed, "
+                f"{self.array_s * 1e3:.0f} ms per array; knee {self.knee}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"macs": self.macs, "sizes": list(self.sizes), "step_s": list(self.step_s),
+                "fixed_share": self.fixed_share, "array_s": self.array_s}
+
+
+def cost_from_dict(stored: dict[str, Any]) -> StepCost | StepCurve:
+    """A StepCost or StepCurve from its `as_dict()`."""
+    if "sizes" in stored:
+        return StepCurve(int(stored["macs"]), tuple(int(s) for s in stored["sizes"]),
+                         tuple(float(s) for s in stored["step_s"]), float(stored["fixed_share"]),
+                         float(stored["array_s"]))
+    return StepCost(float(stored["fixed_s"]), float(stored["per_gmac_s"]))
+
+
+def _interpolated(sizes: Sequence[int], seconds: Sequence[float], slots: int) -> float:
+    """Seconds at `slots`, piecewise linear between measured sizes (and along the last segment beyond)."""
+    if len(sizes) == 1:
+        return seconds[0] * slots / sizes[0]
+    index = next((i for i in range(1, len(sizes)) if sizes[i] >= slots), len(sizes) - 1)
+    (s0, t0), (s1, t1) = (sizes[index - 1], seconds[index - 1]), (sizes[index], seconds[index])
+    return max(t0 + (t1 - t0) * (slots - s0) / (s1 - s0), 1e-9)
 
 
 def measure_step_cost(factory: Callable[[], nn.Module], macs_per_sample: int, *, input_shape: Sequence[int],
                       num_classes: int, batch_size: int, dtype: torch.dtype, optimizer: str, device: torch.device,
-                      slots: int) -> StepCost:
-    """Time training steps of arrays of 1 and `slots` (at least 2) models from `factory`
-    and fit the step cost; the global random state is left as it was."""
-    points = []
+                      slots: int, smallest: tuple[Callable[[], nn.Module], int] | None = None) -> StepCurve:
+    """The StepCurve of arrays of `factory`'s models (`macs_per_sample` each) at sizes 1, 2, 4, ... up to
+    `slots` (at least 2; the doubling stops two doublings past the knee: the curve is flat there);
+    `smallest` (a factory and its multiply-adds) gives the share of a step that does not scale with
+    the envelope. The global random state is left as it was."""
+    def timed(size: int, make: Callable[[], nn.Module]) -> float:
+        return step_seconds(make, input_shape, num_classes, slots=size, batch_size=batch_size, dtype=dtype,
+                            optimizer=optimizer, device=device, min_steps=5, min_seconds=MIN_SECONDS)
+
+    limit = max(2, slots)
+    candidates = sorted({*(2**k for k in range(limit.bit_length()) if 2**k <= limit), limit})
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for size in sorted({1, max(2, slots)}):
-            seconds = step_seconds(factory, input_shape, num_classes, slots=size, batch_size=batch_size, dtype=dtype,
-                                   optimizer=optimizer, device=device, min_steps=5, min_seconds=MIN_SECONDS)
-            points.append((float(size * macs_per_sample * batch_size), seconds))
-    return fit_step_cost(points)
+        started = time.perf_counter()
+        sizes, step_s = [], []
+        for size in candidates:
+            sizes.append(size)
+            step_s.append(timed(size, factory))
+            if len(sizes) >= 3 and all(_gain(sizes, step_s, i) < KNEE_GAIN for i in (-1, -2)):
+                break
+        array_s = _array_seconds(factory, device, dtype)
+        if smallest is not None and smallest[1] < macs_per_sample:
+            ratio = smallest[1] / macs_per_sample
+            small = timed(sizes[-1], smallest[0])
+            fixed_share = (small / step_s[-1] - ratio) / (1.0 - ratio)
+        else:  # one size of model: the intercept of the first two points, as a share of one slot's step
+            fixed_share = (2 * step_s[0] - step_s[1]) / step_s[0]
+    log.info("measured the step curve in %.2f s: sizes %s, seconds %s", time.perf_counter() - started, sizes, step_s)
+    return StepCurve(macs_per_sample, tuple(sizes), tuple(step_s), min(max(fixed_share, 0.0), 1.0), array_s)
+
+
+def _gain(sizes: Sequence[int], step_s: Sequence[float], i: int) -> float:
+    """Throughput at sizes[i] over throughput at sizes[i - 1]."""
+    return (sizes[i] / step_s[i]) / (sizes[i - 1] / step_s[i - 1])
+
+
+def _array_seconds(factory: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype) -> float:
+    """Seconds to build one array of two of the models and verify it: what each array pays once."""
+    from hfta_nas._array import ModelArray  # noqa: PLC0415 - the array imports the optimizers, which import this
+
+    started = time.perf_counter()
+    ModelArray.from_factory(factory, [0, 1], device=device, dtype=dtype)
+    return time.perf_counter() - started
 
 
 CACHE_FILE = "step_costs.json"
@@ -110,14 +208,14 @@ class StepCostCache:
             return {}
         return entries if isinstance(entries, dict) else {}
 
-    def get(self, key: str) -> StepCost | None:
+    def get(self, key: str) -> StepCost | StepCurve | None:
         entry = self._entries().get(key)
         try:
-            return StepCost(float(entry["fixed_s"]), float(entry["per_gmac_s"])) if entry else None
+            return cost_from_dict(entry) if entry else None
         except (KeyError, TypeError, ValueError):
             return None
 
-    def put(self, key: str, cost: StepCost) -> None:
+    def put(self, key: str, cost: StepCost | StepCurve) -> None:
         if self.path is None:
             return
         entries = {**self._entries(), key: cost.as_dict()}  # another process's entries are kept

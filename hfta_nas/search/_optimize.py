@@ -34,7 +34,7 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
-from hfta_nas._autosize import auto_array_size
+from hfta_nas._autosize import free_memory, memory_limit
 from hfta_nas._checkpoint import enabled as checkpoints_enabled
 from hfta_nas._probe import padding_fraction
 from hfta_nas._time_account import TimeAccount
@@ -44,7 +44,7 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas._objectives import as_objective
 from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, JobContext
 from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
-from hfta_nas.search._cost import StepCost, StepCostCache, measure_step_cost
+from hfta_nas.search._cost import StepCost, StepCostCache, StepCurve, cost_from_dict, measure_step_cost
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
@@ -96,7 +96,7 @@ def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], da
              metrics: Sequence[str] | None = None, seed: int = 0, device: str = "cpu", dtype: str = "float32",
              out_dir: str | Path | None = None, on_event: Callable[[Any], None] | None = None,
              max_waste: float | None = None, replicate: Sequence[str] | None = None,
-             step_cost: StepCost | None = None) -> SearchSummary:
+             step_cost: StepCost | StepCurve | None = None) -> SearchSummary:
     """Search with `study`'s sampler and pruner, training `build(trial)`'s candidates as arrays.
 
     - n_trials / timeout: the budget (trials in the study, across workers; seconds of this run).
@@ -107,7 +107,8 @@ def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], da
     - max_waste: at most this fraction of an array's multiply-adds may be padding
       [default: no bound, the measured cost decides]; 0 packs only equal shapes.
     - replicate: fill each array with copies of its first trial's values of these params.
-    - step_cost: a fixed cost model instead of measuring one (to repeat a packing exactly).
+    - step_cost: a fixed cost model (a StepCost line, or a StepCurve a search measured: `plan().step_costs`
+      through `cost_from_dict`) instead of measuring one, to repeat a packing exactly.
     """
     return _Search(study, build, data, n_trials=n_trials, timeout=timeout, array_size=array_size, metrics=metrics,
                    seed=seed, device=device, dtype=dtype, out_dir=out_dir, on_event=on_event, max_waste=max_waste,
@@ -155,8 +156,9 @@ class _Search:
         self.asked: dict[int, optuna.Trial] = {}  # trial id -> every trial this run asked (held until told)
         self.proposed: set[str] = set()  # shape keys of the candidates asked this run
         self.trained: set[str] = set()  # ... and of those that trained
-        self.costs: dict[str, StepCost] = {}
+        self.costs: dict[str, StepCost | StepCurve] = {}
         self.sizes: dict[str, int] = {}  # structure -> array size (auto, or halved after out of memory)
+        self.curves: dict[str, StepCurve] = {}  # structure -> its measured step curve
         self.arrays: list[dict[str, Any]] = []
         self.account = TimeAccount()  # where this run's wall time goes (the summary's time_account)
         self.shape_checks = ShapeChecks()  # per-architecture checks and multiply-adds, done once each
@@ -416,20 +418,40 @@ class _Search:
     def max_slots(self, group: list[Proposal]) -> int:
         key = structure_key(group[0])
         if self.array_size == "auto" and key not in self.sizes:
-            with self.account.phase("cost"):
-                self._auto_size(group, key)
+            self._auto_size(group, key)
         return self.sizes.get(key, self.array_size if isinstance(self.array_size, int) else AUTO_CAP)
 
     def _auto_size(self, group: list[Proposal], key: str) -> None:
-        largest = max(group, key=lambda p: p.useful_macs).candidate
-        with torch.random.fork_rng(devices=[]):  # the probe must not move the global RNG
-            chosen = auto_array_size(largest.model, largest.data.input_shape, largest.data.num_classes,
-                                     batch_size=largest.batch_size, dtype=self.dtype, optimizer=largest.optimizer,
-                                     device=self.device, cap=AUTO_CAP)
-        self.sizes[key] = chosen.size
-        self.emit(ArraySizeChosen(key, chosen.size, chosen.reason))
+        """The knee of the structure's measured step curve, bounded by memory and by a third of the
+        budget (so that the sampler sees results from at least three rounds)."""
+        fits = self._memory_limit(group)
+        curve = self._curve(group)
+        size, reason = min(curve.knee, fits), f"throughput knee of the measured step curve {dict(zip(curve.sizes, curve.step_s))}"
+        if fits < curve.knee:
+            reason = f"memory: {fits} models fit"
+        if self.n_trials is not None and size > max(2, math.ceil(self.n_trials / 3)):
+            size, reason = max(2, math.ceil(self.n_trials / 3)), f"a third of the budget of {self.n_trials} trials"
+        self.sizes[key] = size
+        self.pool_size = max(self.pool_size, size)  # a round asks at least one array of the largest size
+        self.emit(ArraySizeChosen(key, size, reason))
 
-    def _step_cost(self, group: list[Proposal]) -> StepCost:
+    def _memory_limit(self, group: list[Proposal]) -> int:
+        """How many of the group's largest models fit in this device's memory budget (at most AUTO_CAP)."""
+        largest = max(group, key=lambda p: p.useful_macs).candidate
+        with self.account.phase("cost"):
+            return memory_limit(largest.model, largest.data.input_shape, batch_size=largest.batch_size,
+                                dtype=self.dtype, optimizer=largest.optimizer, available=free_memory(self.device),
+                                cap=AUTO_CAP)
+
+    def _curve(self, group: list[Proposal]) -> StepCurve:
+        """The group's structure's step curve: measured once per run, and per machine (on disk)."""
+        key = structure_key(group[0])
+        if key not in self.curves:
+            limit = self._memory_limit(group) if self.array_size == "auto" else self.array_size
+            self.curves[key] = self._measured_cost(group, limit)
+        return self.curves[key]
+
+    def _step_cost(self, group: list[Proposal]) -> StepCost | StepCurve:
         """This device's measured step cost for the group's structure: kept in the study so a
         resumed run (or another worker on the same kind of device) packs alike, and on disk
         (`StepCostCache`) so that the next search on this machine does not measure it again."""
@@ -439,27 +461,28 @@ class _Search:
         if key not in self.costs:
             stored = self.study.user_attrs.get(key)
             if stored:
-                self.costs[key] = StepCost(**stored)
+                self.costs[key] = cost_from_dict(stored)
             else:
-                self.costs[key] = self._measured_cost(group)
+                self.costs[key] = self._curve(group)
                 with self.account.phase("storage"):
                     self.study.set_user_attr(key, self.costs[key].as_dict())
         return self.costs[key]
 
-    def _measured_cost(self, group: list[Proposal]) -> StepCost:
-        """The disk cache's cost for the group's structure, else a measurement (then cached)."""
+    def _measured_cost(self, group: list[Proposal], slots: int) -> StepCurve:
+        """The disk cache's step curve for the group's structure up to `slots`, else a measurement (then cached)."""
         largest = max(group, key=lambda p: p.useful_macs)
+        smallest = min(group, key=lambda p: p.useful_macs)
         candidate = largest.candidate
-        slots = self.max_slots(group)
         with self.account.phase("cost"):
-            cache_key = StepCostCache.key(f"{structure_key(largest)}:{largest.useful_macs}", slots, self.device,
-                                          self.dtype)
+            cache_key = StepCostCache.key(f"{structure_key(largest)}:{largest.useful_macs}:{smallest.useful_macs}",
+                                          slots, self.device, self.dtype)
             cost = self.cost_cache.get(cache_key)
-            if cost is None:
+            if not isinstance(cost, StepCurve):
                 cost = measure_step_cost(
                     candidate.model, largest.useful_macs, input_shape=candidate.data.input_shape,
                     num_classes=candidate.data.num_classes, batch_size=candidate.batch_size, dtype=self.dtype,
-                    optimizer=candidate.optimizer, device=self.device, slots=slots)
+                    optimizer=candidate.optimizer, device=self.device, slots=slots,
+                    smallest=(smallest.candidate.model, smallest.useful_macs))
                 self.cost_cache.put(cache_key, cost)
         return cost
 

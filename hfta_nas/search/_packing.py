@@ -8,9 +8,10 @@
 2. Within a group, the packing that minimises the estimated time of the
    round wins. Candidates are sorted by their own multiply-adds, and arrays
    are runs of neighbours in that order (small with small, big with big);
-   dynamic programming picks the cut points. An array of slots s costs
-   steps x step_cost.seconds(envelope multiply-adds x |s|): on a device whose
-   steps are launch-bound one full array wins; where arithmetic dominates,
+   dynamic programming picks the cut points. An array of slots s costs its
+   fixed `array_s` plus steps x the step seconds of |s| slots of its envelope
+   (`_cost.StepCurve`, measured): on a device whose steps are launch-bound
+   one full array wins; where arithmetic dominates,
    padding a small model into a big envelope costs what it computes and the
    policy cuts. Arrays hold at most `max_slots`, and none pads more than
    `max_waste` (the executed multiply-adds not needed by the slots' own models).
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from hfta_nas._probe import padding_fraction
 from hfta_nas.search._candidate import Proposal
-from hfta_nas.search._cost import StepCost
+from hfta_nas.search._cost import StepCost, StepCurve
 from hfta_nas.search._shape_checks import ShapeChecks, architecture_key
 
 
@@ -79,7 +80,7 @@ def structure_groups(proposals: Sequence[Proposal], shapes: ShapeChecks | None =
 
 
 def pack(proposals: Sequence[Proposal], *, max_slots: int | Callable[[list[Proposal]], int],
-         step_cost: Callable[[list[Proposal]], StepCost], max_waste: float | None = None,
+         step_cost: Callable[[list[Proposal]], StepCost | StepCurve], max_waste: float | None = None,
          shapes: ShapeChecks | None = None) -> list[Pack]:
     """The arrays for `proposals`, each proposal in exactly one, in the order they train
     (by their earliest trial). `max_slots` and `step_cost` may depend on the group; `shapes`
@@ -92,7 +93,7 @@ def pack(proposals: Sequence[Proposal], *, max_slots: int | Callable[[list[Propo
     return sorted(packs, key=lambda p: min(q.number for q in p.proposals))
 
 
-def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost, max_waste: float | None,
+def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost | StepCurve, max_waste: float | None,
                   shapes: ShapeChecks) -> list[Pack]:
     """Step 2 of the module docstring: the cheapest cut of the sorted group into runs."""
     ordered = sorted(group, key=lambda p: (p.useful_macs, p.number))
@@ -108,7 +109,8 @@ def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost, max_was
             return None
         useful = sum(p.useful_macs for p in run)
         executed = per_slot * len(run)
-        result = Pack(list(run), useful, executed, steps * cost.seconds(executed, batch))
+        seconds = cost.array_s + steps * cost.seconds(executed, batch, len(run))
+        result = Pack(list(run), useful, executed, seconds)
         if max_waste is not None and len(run) > 1 and result.waste > max_waste + 1e-12:
             return None
         return result
