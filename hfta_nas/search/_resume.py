@@ -1,8 +1,9 @@
 """Arrays a stopped run left mid-training, continued from their last epoch.
 
-Every array of a search saves a checkpoint at each epoch's end (the trainer's
-state, and per slot the trial it trains: the trial whose seeds it uses, its
-`origin`, and its parameters). When the worker is killed or stopped, the
+Every array of a search saves a checkpoint at the end of its first epoch and
+then at epoch ends as its time budget for checkpoints allows (`_array_job`:
+at most ~2% of its time), holding the trainer's state, and per slot the trial
+it trains: the trial whose seeds it uses, its `origin`, and its parameters. When the worker is killed or stopped, the
 trials it held are failed as interrupted and queued again with the same
 parameters and seeds (`_recovery`). A run whose pool holds the retries of every
 slot still training in a checkpoint `claim`s it: the array is rebuilt, every

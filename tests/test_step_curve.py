@@ -1,0 +1,51 @@
+"""The packing's cost model: a measured curve of step seconds against array size."""
+
+import pytest
+import torch
+
+from hfta_nas.models import model_factory
+from hfta_nas.search import StepCost, StepCurve, cost_from_dict
+from hfta_nas.search._cost import KNEE_GAIN, measure_step_cost
+
+# per-step seconds of arrays of 1..16 slots: per-slot cost falls to 8 slots, then rises (a cache outgrown)
+CURVE = StepCurve(macs=1000, sizes=(1, 2, 4, 8, 16), step_s=(1.0, 1.2, 1.6, 2.4, 6.0), fixed_share=0.25, array_s=0.5)
+
+
+def test_the_curve_interpolates_between_measured_sizes_and_extends_its_last_segment():
+    assert CURVE.step_seconds(4, 1000) == pytest.approx(1.6)
+    assert CURVE.step_seconds(3, 1000) == pytest.approx(1.4)  # halfway between 2 and 4
+    assert CURVE.step_seconds(12, 1000) == pytest.approx(4.2)
+    assert CURVE.step_seconds(32, 1000) == pytest.approx(6.0 + (6.0 - 2.4) * 2)
+
+
+def test_a_smaller_envelope_saves_only_the_share_that_scales_with_arithmetic():
+    full = CURVE.step_seconds(8, 1000)
+    assert CURVE.step_seconds(8, 0) == pytest.approx(0.25 * full)  # the fixed share stays
+    assert CURVE.step_seconds(8, 500) == pytest.approx((0.25 + 0.75 * 0.5) * full)
+    # the packing's form: multiply-adds over all slots, the slot count
+    assert CURVE.seconds(8 * 500, batch_size=100, slots=8) == pytest.approx(CURVE.step_seconds(8, 500))
+
+
+def test_the_knee_is_the_last_size_whose_doubling_still_paid():
+    assert CURVE.knee == 8  # 8 -> 16 raises throughput 16/6.0 vs 8/2.4: less than KNEE_GAIN
+    flat = StepCurve(1000, (1, 2, 4), (1.0, 2.0 / KNEE_GAIN * 1.01, 4.0), 0.0, 0.0)
+    assert flat.knee == 1
+    rising = StepCurve(1000, (1, 2, 4), (1.0, 1.0, 1.0), 0.0, 0.0)
+    assert rising.knee == 4
+
+
+def test_costs_round_trip_through_their_dicts():
+    assert cost_from_dict(CURVE.as_dict()) == CURVE
+    line = StepCost(0.001, 0.2)
+    assert cost_from_dict(line.as_dict()) == line
+    assert line.array_s == 0.0 and line.seconds(1e9, 1, slots=4) == pytest.approx(0.201)
+
+
+def test_a_measured_curve_stops_doubling_past_its_knee_and_keeps_the_global_random_state():
+    factory = model_factory("mlp", {"depth": 1, "width": 8}, input_shape=(4,), num_classes=3)
+    before = torch.random.get_rng_state()
+    curve = measure_step_cost(factory, 100, input_shape=(4,), num_classes=3, batch_size=8, dtype=torch.float32,
+                              optimizer="sgd", device=torch.device("cpu"), slots=4)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert curve.sizes[0] == 1 and list(curve.sizes) == sorted(curve.sizes) and curve.sizes[-1] <= 4
+    assert all(s > 0 for s in curve.step_s) and 0.0 <= curve.fixed_share <= 1.0 and curve.array_s > 0
