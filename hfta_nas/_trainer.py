@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +212,17 @@ class ArrayTrainer:
         A restored trainer continues from its epoch. `account` (a TimeAccount) is
         charged the epochs' training steps and evaluation.
         """
+        for report in self.epochs(epochs, account):
+            if on_epoch is not None:
+                on_epoch(report, self)
+            self.leave_finished()
+            if checkpoint is not None:
+                checkpoint(self)
+        return self.results
+
+    def epochs(self, epochs: int, account: TimeAccount | NoAccount | None = None) -> Iterator[EpochReport]:
+        """`fit` as a loop the caller drives: each epoch's report is yielded, and until the caller
+        asks for the next one it may stop, refill and checkpoint slots (`leave_finished` first)."""
         if not isinstance(epochs, int) or epochs < 0:
             raise HftaNasError(f"epochs must be a non-negative integer, got {epochs!r}.")
         account = account or NoAccount()
@@ -225,14 +236,14 @@ class ArrayTrainer:
             for sid in self._running():
                 if self.results[sid].epochs >= epochs:
                     self.results[sid].status = "completed"
-            if on_epoch is not None:
-                on_epoch(report, self)
-            finished = [sid for sid in self.slot_ids if self.results[sid].status in ("completed", "stopped")]
-            if finished and self._running():
-                self.stop(finished)
-            if checkpoint is not None:
-                checkpoint(self)
-        return self.results
+            yield report
+            self.leave_finished()
+
+    def leave_finished(self) -> None:
+        """Slots that completed or were stopped (and not refilled) leave the array while others run."""
+        finished = [sid for sid in self.slot_ids if self.results[sid].status in ("completed", "stopped")]
+        if finished and self._running():
+            self.stop(finished)
 
     def _running(self) -> list[Any]:
         return [sid for sid in self.slot_ids if self.results[sid].status == "running"]

@@ -126,14 +126,14 @@ def test_a_search_array_out_of_memory_while_training_is_retried_in_halves(tmp_pa
     from hfta_nas._trainer import ArrayTrainer
     from tests.test_search import load_study, search
 
-    fit = ArrayTrainer.fit
+    epochs = ArrayTrainer.epochs  # the loop a search's array job drives
 
-    def fit_like_a_small_gpu(self, *args, **kwargs):  # what CUDA raises for an array of more than one model
+    def epochs_like_a_small_gpu(self, *args, **kwargs):  # what CUDA raises for an array of more than one model
         if len(self.array) > 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return fit(self, *args, **kwargs)
+        yield from epochs(self, *args, **kwargs)
 
-    monkeypatch.setattr(ArrayTrainer, "fit", fit_like_a_small_gpu)
+    monkeypatch.setattr(ArrayTrainer, "epochs", epochs_like_a_small_gpu)
     events = []
     search(tmp_path, on_event=events.append)
     trials = load_study(tmp_path).trials

@@ -4,8 +4,11 @@ Each epoch every slot reports its metrics to its trial (single objective:
 `trial.report`, so pruners work; several objectives: the user attribute
 `learning_curve`, which the dashboard shows, because Optuna forbids
 `report` there). A slot that is pruned or fails while other slots train on
-is refilled (`refill`: a trial whose model fits this array's envelope), else
-the array shrinks. A slot that finishes its epochs is told COMPLETE. The
+is refilled with a trial whose model fits this array's envelope, else the
+array shrinks. The job does not call back into the search for that: `run()`
+is a generator that yields requests (`FreedSlot`: a slot to refill; `Requeue`:
+proposals that must wait for smaller arrays) and the search's loop answers
+each one, a proposal or None. A slot that finishes its epochs is told COMPLETE. The
 user attributes `train_start` / `train_end` say when a trial's slot trained:
 a trial's Optuna duration also counts the time it waited for its array.
 """
@@ -18,7 +21,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -76,17 +79,34 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+@dataclass(frozen=True)
+class FreedSlot:
+    """A slot whose trial ended while others train on: answer with a proposal that `fits`, or None
+    (the slot leaves the array)."""
+
+    ended: Proposal
+    fits: Callable[[Proposal], bool]
+    why: str  # pruned, failed, early stopped
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Proposals that must wait, first in line, for arrays of at most `limit` slots (out of memory);
+    answered with None."""
+
+    proposals: list[Proposal]
+    limit: int
+
+
+Request = FreedSlot | Requeue
+
+
 class ArrayJob:
-    """Trains one pack; see the module docstring. `refill(ended, fits)` returns a
-    proposal for the slot `ended` freed whose model fits (or None); `requeue(proposals, limit)` takes back proposals
-    that must wait for smaller arrays after an out-of-memory split."""
+    """Trains one pack; see the module docstring."""
 
     def __init__(self, ctx: JobContext, pack: Pack, number: int, array_size: int, *,
-                 refill: Callable[[Proposal, Callable[[Proposal], bool]], Proposal | None],
-                 requeue: Callable[[list[Proposal], int], None],
                  resume: Claim | None = None, rebuild: Callable[[dict[str, Any]], Proposal] | None = None) -> None:
         self.ctx, self.number, self.array_size = ctx, number, array_size
-        self.refill, self.requeue = refill, requeue
         self.pack = pack
         self.first = pack.proposals[0].candidate
         self.array_id = f"{ctx.worker}/{number}"
@@ -106,8 +126,8 @@ class ArrayJob:
         self.ended: dict[int, int] = dict(resume.ended) if resume is not None else {}  # slot id -> its last epoch
 
     # ------------------------------------------------------------------ build
-    def _within_memory(self, proposals: list[Proposal]) -> list[Proposal]:
-        """The leading part that fits the memory budget (halving); the rest waits. A
+    def _within_memory(self, proposals: list[Proposal]) -> Generator[Request, Proposal | None, list[Proposal]]:
+        """The leading part that fits the memory budget (halving); the rest waits (a Requeue). A
         proposal too big even alone is told FAIL."""
         largest = max(proposals, key=lambda p: p.useful_macs)
         while True:
@@ -124,7 +144,7 @@ class ArrayJob:
                 log.warning("array of %d models out of memory (%s); training %d now, the rest in later arrays",
                             len(proposals), error, half)
                 self.ctx.emit(ArraySplit(len(proposals), half, str(error)))
-                self.requeue(proposals[half:], half)
+                yield Requeue(proposals[half:], half)
                 proposals = proposals[:half]
 
     def _trainer(self, proposals: list[Proposal], slot_ids: list[int] | None = None) -> ArrayTrainer:
@@ -164,27 +184,35 @@ class ArrayJob:
         self.records[proposal.number] = slot_record(proposal)
 
     # -------------------------------------------------------------------- run
-    def run(self) -> None:
+    def run(self) -> Generator[Request, Proposal | None, None]:
+        """Train the array to its end; yields each request the search must answer (module docstring)."""
         account = self.ctx.account
         with account.phase("build"):
             trainer = self._resumed() if self.resume is not None else None
-            trainer = trainer or self._started()
+        if trainer is None:
+            trainer = yield from self._started()
         if trainer is None:
             return
         try:
-            trainer.fit(self.first.epochs, on_epoch=self._on_epoch,
-                        checkpoint=self._save if self.path is not None else None, account=account)
+            for report in trainer.epochs(self.first.epochs, account):
+                yield from self._on_epoch(report, trainer)
+                trainer.leave_finished()
+                if self.path is not None:
+                    self._save(trainer)
         except HftaNasError:
             raise
         except (RuntimeError, torch.OutOfMemoryError, MemoryError) as error:
-            with account.phase("storage"):
-                self._failed(trainer, error)
+            yield from self._failed(trainer, error)
         with account.phase("checkpoints"):
             self._forget()  # the array ended: its trials are told (a kill or Ctrl-C never gets here)
 
-    def _started(self) -> ArrayTrainer | None:
+    def _started(self) -> Generator[Request, Proposal | None, ArrayTrainer | None]:
         """A fresh array of the pack's proposals (those that fit in memory)."""
-        proposals = self._within_memory(list(self.pack.proposals))
+        proposals = yield from self._within_memory(list(self.pack.proposals))
+        with self.ctx.account.phase("build"):
+            return self._trainer_of(proposals)
+
+    def _trainer_of(self, proposals: list[Proposal]) -> ArrayTrainer | None:
         self.by_number = {p.number: p for p in proposals}
         if not proposals:
             return None
@@ -195,15 +223,16 @@ class ArrayJob:
                                    self.pack.useful_macs, self.pack.executed_macs, self.pack.seconds))
         return trainer
 
-    def _failed(self, trainer: ArrayTrainer, error: BaseException) -> None:
-        running = [self.by_number[n] for n in trainer.slot_ids
-                   if n in self.by_number and self.ctx.ledger.is_running(self.by_number[n].trial)]
-        if is_out_of_memory(error) and len(running) > 1:
-            self._retry_smaller(running, error)
-            return
-        for proposal in running:
-            self._fail(proposal, f"array {self.array_id} failed: {type(error).__name__}: {error}")
-        self.ctx.emit(ArrayFailed(self.number, str(error)))
+    def _failed(self, trainer: ArrayTrainer, error: BaseException) -> Generator[Request, Proposal | None, None]:
+        with self.ctx.account.phase("storage"):
+            running = [self.by_number[n] for n in trainer.slot_ids
+                       if n in self.by_number and self.ctx.ledger.is_running(self.by_number[n].trial)]
+            if is_out_of_memory(error) and len(running) > 1:
+                yield self._retry_smaller(running, error)
+                return
+            for proposal in running:
+                self._fail(proposal, f"array {self.array_id} failed: {type(error).__name__}: {error}")
+            self.ctx.emit(ArrayFailed(self.number, str(error)))
 
     # ------------------------------------------------------------ checkpoints
     def _save(self, trainer: ArrayTrainer) -> None:
@@ -265,7 +294,7 @@ class ArrayJob:
         self.ctx.emit(ArrayResumed(self.number, list(claimed), claim.epoch))
         return trainer
 
-    def _retry_smaller(self, running: list[Proposal], error: BaseException) -> None:
+    def _retry_smaller(self, running: list[Proposal], error: BaseException) -> Requeue:
         """Out of memory while training (CUDA): the running trials wait again, first in
         line, for arrays of half the size; epochs they report again repeat the same values."""
         half = max(1, (len(running) + 1) // 2)
@@ -274,14 +303,14 @@ class ArrayJob:
         self.ctx.emit(ArraySplit(len(running), half, str(error)))
         for proposal in running:
             proposal.trial.set_user_attr("out_of_memory", f"{type(error).__name__}: {error}")
-        self.requeue(running, half)
+        return Requeue(running, half)
 
     # ------------------------------------------------------------- per epoch
-    def _on_epoch(self, report: EpochReport, trainer: ArrayTrainer) -> None:
+    def _on_epoch(self, report: EpochReport, trainer: ArrayTrainer) -> Generator[Request, Proposal | None, None]:
         with self.ctx.account.phase("storage"):  # a refill's ask and build are charged to theirs
-            self._tell_epoch(report, trainer)
+            yield from self._tell_epoch(report, trainer)
 
-    def _tell_epoch(self, report: EpochReport, trainer: ArrayTrainer) -> None:
+    def _tell_epoch(self, report: EpochReport, trainer: ArrayTrainer) -> Generator[Request, Proposal | None, None]:
         ctx = self.ctx
         for number, metrics in report.metrics.items():
             if number in self.ended:  # its trial ended after the checkpoint: it trains on untold, then leaves
@@ -289,7 +318,7 @@ class ArrayJob:
                     trainer.stop([number], reason="its trial ended before the stop")
                 continue
             try:
-                self._end_epoch_of(number, metrics, report, trainer)
+                yield from self._end_epoch_of(number, metrics, report, trainer)
             except optuna.exceptions.UpdateFinishedTrialError:
                 # This worker was paused (SIGSTOP, a suspended laptop) past the heartbeat grace: another
                 # worker failed the trial as stale and retries it. The slot stops; nothing is told twice.
@@ -304,7 +333,8 @@ class ArrayJob:
         ctx.emit(EpochEnded(self.number, report.epoch, running, self.array_size, ctx.occupancy[-1],
                             float(np.mean(ctx.occupancy)), ctx.samples / elapsed))
 
-    def _end_epoch_of(self, number: int, metrics: dict[str, float], report: EpochReport, trainer: ArrayTrainer) -> None:
+    def _end_epoch_of(self, number: int, metrics: dict[str, float], report: EpochReport,
+                      trainer: ArrayTrainer) -> Generator[Request, Proposal | None, None]:
         """Record one slot's epoch; tell its trial how it ended when it did (pruned, failed, completed)."""
         ctx, proposal, result = self.ctx, self.by_number[number], trainer.results[number]
         wall = time.monotonic() - self.started[number]
@@ -312,19 +342,19 @@ class ArrayJob:
         proposal.trial.set_user_attr("train_seconds", round(wall, 3))
         if number in report.failed:
             self._fail(proposal, report.failed[number])
-            self._refill_or_stop(trainer, proposal, "failed")
+            yield from self._refill_or_stop(trainer, proposal, "failed")
             return
         values = [metrics[m] if m in metrics else self.static[number][m] for m in ctx.metrics]
         self._report(proposal, result.epochs, values)
         if result.status == "completed":
             self._complete(proposal, values, trainer)
             if result.epochs < proposal.candidate.epochs:  # stopped early: its slot is free for another trial
-                self._refill_or_stop(trainer, proposal, "early stopped")
+                yield from self._refill_or_stop(trainer, proposal, "early stopped")
         elif len(ctx.metrics) == 1 and proposal.trial.should_prune():
             proposal.trial.set_user_attr("train_end", _now())
             ctx.ledger.prune(proposal.trial)
             ctx.emit(TrialEnded(number, "PRUNED"))
-            self._refill_or_stop(trainer, proposal, "pruned")
+            yield from self._refill_or_stop(trainer, proposal, "pruned")
 
     def _report(self, proposal: Proposal, epoch: int, values: list[float]) -> None:
         if epoch in proposal.reported:
@@ -354,12 +384,12 @@ class ArrayJob:
         if self.ctx.ledger.fail(proposal.trial, Outcome.FAILED, reason):
             self.ctx.emit(TrialEnded(proposal.number, "FAIL", reason=reason))
 
-    def _refill_or_stop(self, trainer: ArrayTrainer, ended: Proposal, why: str) -> None:
+    def _refill_or_stop(self, trainer: ArrayTrainer, ended: Proposal, why: str) -> Generator[Request, Proposal | None, None]:
         """Refill the slot of a pruned or failed trial while other slots train on, else drop it."""
         others = any(trainer.results[s].status == "running" for s in trainer.slot_ids if s != ended.number)
         key = ended.candidate.shared_settings()
         fits = lambda p: p.candidate.shared_settings() == key and trainer.array.fits(p.shell)  # noqa: E731
-        new = self.refill(ended, fits) if others else None
+        new = (yield FreedSlot(ended, fits, why)) if others else None
         if new is None:
             trainer.stop([ended.number], reason=why)
             return

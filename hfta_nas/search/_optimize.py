@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from hfta_nas._run import DTYPES, _checked_device
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas._objectives import as_objective
-from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, JobContext
+from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, FreedSlot, JobContext, Request
 from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
 from hfta_nas.search._cost import StepCost, StepCostCache, StepCurve, cost_from_dict, measure_step_cost
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
@@ -248,16 +248,32 @@ class _Search:
         started = time.monotonic()
         number = len(self.arrays) + 1
         size = self.max_slots(planned.proposals)
-        job = ArrayJob(self.ctx, planned, number, size, refill=self._refill, requeue=self._requeue, resume=resume,
-                       rebuild=self._rebuilt)
+        job = ArrayJob(self.ctx, planned, number, size, resume=resume, rebuild=self._rebuilt)
         self.trained.update(shape_key(p) for p in planned.proposals)
-        job.run()
+        self._answer_requests(job.run())
         self.arrays.append({"array": number, "trials": [p.number for p in planned.proposals], "array_size": size,
                             "slots": len(planned.proposals), "architectures": planned.architectures,
                             "useful_macs": planned.useful_macs, "executed_macs": planned.executed_macs,
                             "waste": round(planned.waste, 4), "estimated_s": round(planned.seconds, 3),
                             "seconds": round(time.monotonic() - started, 3)})
         self.emit(ArrayEnded(number, self._mean_occupancy()))
+
+    def _answer_requests(self, requests: Generator[Request, Proposal | None, None]) -> None:
+        """Run an array job to its end, answering what it asks of the search: a trial for a freed
+        slot (`_refill`), or taking back proposals that must wait for smaller arrays (`_requeue`)."""
+        answer: Proposal | None = None
+        try:
+            while True:
+                request = requests.send(answer)
+                if isinstance(request, FreedSlot):
+                    answer = self._refill(request.ended, request.fits)
+                else:
+                    self._requeue(request.proposals, request.limit)
+                    answer = None
+        except StopIteration:
+            return
+        finally:
+            requests.close()  # on an error here: the job's open phases end now, in order
 
     def _release(self, reason: str) -> None:
         """Every trial this run asked that is still RUNNING is told FAIL (not counted: it never trained)."""
