@@ -183,3 +183,5 @@ def test_a_search_with_array_size_auto_sizes_each_shape(tmp_path, monkeypatch):
     arrays = [e for e in events if isinstance(e, ArrayStarted)]
     assert chosen and all(len(e.trials) <= e.array_size and e.array_size in chosen.values() for e in arrays)
     assert all(size <= 4 for size in chosen.values())
+    stored = load_study(tmp_path).user_attrs  # each choice and its reason kept in the study
+    assert {key: stored[f"array_size:{key}"]["size"] for key in chosen} == chosen

@@ -449,6 +449,8 @@ class _Search:
             size, reason = max(2, math.ceil(self.n_trials / 3)), f"a third of the budget of {self.n_trials} trials"
         self.sizes[key] = size
         self.pool_size = max(self.pool_size, size)  # a round asks at least one array of the largest size
+        with self.account.phase("storage"):
+            self.study.set_user_attr(f"array_size:{key}", {"size": size, "reason": reason})
         self.emit(ArraySizeChosen(key, size, reason))
 
     def _memory_limit(self, group: list[Proposal]) -> int:
