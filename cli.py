@@ -558,13 +558,31 @@ def _print_search_summary(summary: Any) -> None:
                       "of earlier runs count), and it is reached; --n-more N trains N more")
     else:
         console.print(f"trials: {states}; {plural(len(summary.arrays), 'array')} this run, mean occupancy "
-                      f"{summary.mean_occupancy:.0%}, {summary.seconds:.1f} s, {summary.samples_per_s:,.0f} samples/s "
-                      "summed over slots")
+                      f"{summary.mean_occupancy:.0%}{_occupancy_reason(summary)}, {summary.seconds:.1f} s, "
+                      f"{summary.samples_per_s:,.0f} samples/s summed over slots")
     console.print(f"architectures: {summary.architectures_trained} trained of {summary.architectures_proposed} "
                   f"proposed; padding {summary.waste:.0%} of executed multiply-adds")
+    if summary.time_account:
+        console.print(f"time: {_time_shares(summary.time_account)}")
     for what, path in summary.exported.items():
         console.print(f"best {what}: {path}")
     console.print(f"dashboard: {summary.dashboard}")
+
+
+def _occupancy_reason(summary: Any) -> str:
+    """Why the mean occupancy is low, when it is (below 70%), from the arrays this run trained."""
+    if summary.mean_occupancy >= 0.7 or not summary.arrays:
+        return ""
+    started = sum(a["slots"] for a in summary.arrays) / sum(a["array_size"] for a in summary.arrays)
+    return (f" (arrays started {started:.0%} full: this device's step curve keeps models of very different "
+            "sizes apart, see --dry-run; slots freed by pruning stay empty when no trial that fits is left)")
+
+
+def _time_shares(account: dict[str, dict[str, float]]) -> str:
+    """The time account's phases of at least 1%, largest first, and the overhead (all but training and evaluation)."""
+    phases = sorted(((name, row["share"]) for name, row in account.items() if name != "overhead" and row["share"] >= 0.01),
+                    key=lambda item: -item[1])
+    return ", ".join(f"{name} {share:.0%}" for name, share in phases) + f"; overhead {account['overhead']['share']:.0%}"
 
 
 @main.command()
