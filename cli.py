@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -244,7 +245,7 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             return command(**kwargs)
         from hfta_nas.runtime import checked_out_dir as _checked_out_dir
         from hfta_nas.search import open_storage
-        from hfta_nas.search import run_workers, study_report, worker_arguments
+        from hfta_nas.search import run_workers, study_report
         from search_spaces import load_space, study_name_of
 
         loaded = load_space(kwargs["space"], kwargs["overrides"])  # a bad space fails once, here, not K times
@@ -256,7 +257,7 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         arguments = worker_arguments(ctx, drop=("workers", "n_more", "n_trials"))
         if kwargs["n_trials"] is not None:  # --n-more resolved here: every worker gets the same total
             arguments += ["--n-trials", str(kwargs["n_trials"])]
-        exits = run_workers(arguments, workers, device=kwargs.get("device") or "cpu")
+        exits = run_workers(worker_commands(arguments, workers, device=kwargs.get("device") or "cpu"))
         try:
             report = study_report(kwargs.get("storage"), study_name, exits)
         except KeyError:  # no worker got as far as creating the study
@@ -275,6 +276,77 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return wrapper
+
+
+def worker_arguments(ctx: Any, drop: Sequence[str] = ("workers",)) -> list[str]:
+    """The command line of a click command as invoked (`ctx`), less the options in
+    `drop`: what each worker runs. Only values given on the command line or by the
+    environment are repeated; defaults stay defaults."""
+    from click.core import ParameterSource
+
+    arguments: list[str] = []
+    options: list[str] = []
+    for param in ctx.command.params:
+        name = param.name
+        if name in drop or ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT):
+            continue
+        value = ctx.params.get(name)
+        if isinstance(param, click.Argument):
+            arguments.extend(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+            continue
+        opt = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if getattr(param, "count", False):
+            options.extend([opt] * int(value or 0))
+        elif param.is_flag:
+            if value:
+                options.append(opt)
+            elif param.secondary_opts:
+                options.append(param.secondary_opts[0])
+        elif param.multiple:
+            for item in value or ():
+                options.extend([opt, str(item)])
+        elif value is not None:
+            options.extend([opt, str(value)])
+    return [*options, *arguments]
+
+
+def _set_option(args: list[str], opt: str, value: str) -> list[str]:
+    """`args` with `opt` set to `value` (replaced where present, else added)."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        if arg == opt and i + 1 < len(args):
+            args[i + 1] = value
+            return args
+        if arg.startswith(opt + "="):
+            args[i] = f"{opt}={value}"
+            return args
+    return [opt, value, *args]
+
+
+def _has_option(args: list[str], opt: str) -> bool:
+    return any(a == opt or a.startswith(opt + "=") for a in args)
+
+
+def worker_commands(args: list[str], workers: int, *, device: str) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, environment) for each worker: `hfta-nas search ARGS` with per-worker settings: with
+    several GPUs visible and a CUDA device asked for, worker i sees only GPU i mod count
+    (`CUDA_VISIBLE_DEVICES`); on CPU the cores are shared out with `--threads` unless given."""
+    from hfta_nas.search import visible_gpus
+
+    script = shutil.which("hfta-nas", path=os.path.dirname(sys.executable)) or shutil.which("hfta-nas")
+    base = [script] if script else [sys.executable, "-m", "cli"]
+    gpus = visible_gpus() if device.startswith("cuda") else []
+    commands = []
+    for worker in range(workers):
+        env = dict(os.environ, HFTA_NAS_WORKER=str(worker), PYTHONUNBUFFERED="1")
+        worker_args = list(args)
+        if len(gpus) > 1:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[worker % len(gpus)]
+            worker_args = _set_option(worker_args, "--device", "cuda")
+        elif not device.startswith("cuda") and not _has_option(worker_args, "--threads"):
+            worker_args = _set_option(worker_args, "--threads", str(max(1, (os.cpu_count() or 1) // workers)))
+        commands.append(([*base, "search", *worker_args], env))
+    return commands
 
 
 def _print_sweep_notes(space: Any) -> None:

@@ -39,7 +39,7 @@ from hfta_nas.search._storage import (
     open_storage,
 )
 from hfta_nas.search._study_texts import attach_study_file, set_study_text, study_text
-from hfta_nas.search._workers import run_workers, study_report, worker_arguments
+from hfta_nas.search._workers import run_workers, study_report, visible_gpus
 
 __all__ = [
     "DEFAULT_STORAGE",
@@ -82,5 +82,5 @@ __all__ = [
     "study_report",
     "study_text",
     "trial_seeds",
-    "worker_arguments",
+    "visible_gpus",
 ]

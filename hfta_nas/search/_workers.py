@@ -1,7 +1,8 @@
-"""`hfta-nas search ... --workers K`: K local worker processes on one study.
+"""`hfta-nas search ... --workers K`: running K local worker processes on one study.
 
-Each worker is the same `hfta-nas search` command without `--workers`, on the
-same storage; they cooperate through it as workers on several machines do
+The command line decides what each worker runs (`cli.worker_commands`: the same
+`hfta-nas search` command without `--workers`); this module starts them,
+relays their output and stops them. The workers share one storage; they cooperate through it as workers on several machines do
 (the budget is counted in the storage under a study lock, dead workers' trials
 are retried; see `_driver` and `_heartbeat`). With several GPUs visible and a
 CUDA device asked for, worker i sees only GPU i mod count
@@ -15,7 +16,6 @@ run on the study.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -48,57 +48,7 @@ class WorkerExit:
         return f"exited with status {self.returncode}"
 
 
-def worker_arguments(ctx: Any, drop: Sequence[str] = ("workers",)) -> list[str]:
-    """The command line of a click command as invoked (`ctx`), less the options in
-    `drop`: what each worker runs. Only values given on the command line or by the
-    environment are repeated; defaults stay defaults."""
-    import click
-    from click.core import ParameterSource
-
-    arguments: list[str] = []
-    options: list[str] = []
-    for param in ctx.command.params:
-        name = param.name
-        if name in drop or ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT):
-            continue
-        value = ctx.params.get(name)
-        if isinstance(param, click.Argument):
-            arguments.extend(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
-            continue
-        opt = next((o for o in param.opts if o.startswith("--")), param.opts[0])
-        if getattr(param, "count", False):
-            options.extend([opt] * int(value or 0))
-        elif param.is_flag:
-            if value:
-                options.append(opt)
-            elif param.secondary_opts:
-                options.append(param.secondary_opts[0])
-        elif param.multiple:
-            for item in value or ():
-                options.extend([opt, str(item)])
-        elif value is not None:
-            options.extend([opt, str(value)])
-    return [*options, *arguments]
-
-
-def _set_option(args: list[str], opt: str, value: str) -> list[str]:
-    """`args` with `opt` set to `value` (replaced where present, else added)."""
-    args = list(args)
-    for i, arg in enumerate(args):
-        if arg == opt and i + 1 < len(args):
-            args[i + 1] = value
-            return args
-        if arg.startswith(opt + "="):
-            args[i] = f"{opt}={value}"
-            return args
-    return [opt, value, *args]
-
-
-def _has_option(args: list[str], opt: str) -> bool:
-    return any(a == opt or a.startswith(opt + "=") for a in args)
-
-
-def _gpus() -> list[str]:
+def visible_gpus() -> list[str]:
     """The GPUs this process sees, as CUDA_VISIBLE_DEVICES entries."""
     try:
         import torch
@@ -113,37 +63,19 @@ def _gpus() -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def worker_commands(args: list[str], workers: int, *, device: str) -> list[tuple[list[str], dict[str, str]]]:
-    """(argv, environment) for each worker: `hfta-nas search ARGS` with per-worker
-    GPU or thread settings (see the module docstring)."""
-    script = shutil.which("hfta-nas", path=os.path.dirname(sys.executable)) or shutil.which("hfta-nas")
-    base = [script] if script else [sys.executable, "-m", "cli"]
-    gpus = _gpus() if device.startswith("cuda") else []
-    commands = []
-    for worker in range(workers):
-        env = dict(os.environ, HFTA_NAS_WORKER=str(worker), PYTHONUNBUFFERED="1")
-        worker_args = list(args)
-        if len(gpus) > 1:
-            env["CUDA_VISIBLE_DEVICES"] = gpus[worker % len(gpus)]
-            worker_args = _set_option(worker_args, "--device", "cuda")
-        elif not device.startswith("cuda") and not _has_option(worker_args, "--threads"):
-            worker_args = _set_option(worker_args, "--threads", str(max(1, (os.cpu_count() or 1) // workers)))
-        commands.append(([*base, "search", *worker_args], env))
-    return commands
-
-
-def run_workers(args: list[str], workers: int, *, device: str = "cpu",
-                echo: Callable[[str], None] | None = None, grace_s: float = 10.0) -> list[WorkerExit]:
-    """Start `workers` worker processes of `hfta-nas search ARGS`, relay their output
-    through `echo`, wait for all, and return how each ended. KeyboardInterrupt stops
-    them all (SIGINT, then SIGTERM, then SIGKILL) and is raised again."""
+def run_workers(commands: Sequence[tuple[list[str], dict[str, str]]], *, echo: Callable[[str], None] | None = None,
+                grace_s: float = 10.0) -> list[WorkerExit]:
+    """Start one worker process per (argv, environment) of `commands` (the command line builds
+    them: `cli.worker_commands`), relay their output through `echo`, wait for all, and return how
+    each ended. KeyboardInterrupt stops them all (SIGINT, then SIGTERM, then SIGKILL) and is
+    raised again."""
     echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
     started = time.monotonic()
     processes: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []
     envs: list[dict[str, str]] = []
     try:
-        for worker, (argv, env) in enumerate(worker_commands(args, workers, device=device)):
+        for worker, (argv, env) in enumerate(commands):
             process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        errors="replace", bufsize=1, preexec_fn=_stop_when_parent_dies(os.getpid()))
             processes.append(process)
@@ -160,7 +92,7 @@ def run_workers(args: list[str], workers: int, *, device: str = "cpu",
         for relay in relays:
             relay.join(timeout=5)
     seconds = time.monotonic() - started
-    return [WorkerExit(i, p.pid, p.returncode, seconds, envs[i].get("CUDA_VISIBLE_DEVICES") if len(_gpus()) > 1 else None)
+    return [WorkerExit(i, p.pid, p.returncode, seconds, envs[i].get("CUDA_VISIBLE_DEVICES") if len(visible_gpus()) > 1 else None)
             for i, p in enumerate(processes)]
 
 
