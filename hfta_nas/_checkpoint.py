@@ -27,7 +27,8 @@ from hfta_nas._files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 SWITCH = "HFTA_NAS_CHECKPOINT"
-FORMAT = 1  # bumped when the saved state changes shape; other formats are not resumed
+FORMAT = 2  # bumped when the saved state changes shape or meaning; other formats are not resumed
+# (2: dropout masks hashed by coordinates, one stream per layer path)
 
 
 def enabled() -> bool:

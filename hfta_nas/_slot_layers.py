@@ -23,6 +23,7 @@ exactly, naming the layer.
 from __future__ import annotations
 
 import contextlib
+import zlib
 
 import torch
 from torch import nn
@@ -60,7 +61,7 @@ class SlotDropout(nn.Module):
             keep = physical_call(self._keep_kernel, x, self.slot_key, self.calls, self.rate)
             if keep is None:
                 keep = keep_mask(self._mask_shape(x.shape), self.slot_key, self.calls, self.rate, x.dtype, x.device)
-            return x * keep * _inverse_keep(self.rate).to(x.dtype)
+            return x * torch.where(keep, _inverse_keep(self.rate).to(x.dtype), 0.0)
         if self.p == 1.0:
             return x * 0.0
         # Under vmap the masks of all slots are made at once on the physical
@@ -68,7 +69,7 @@ class SlotDropout(nn.Module):
         keep = physical_call(self._keep_kernel, x, self.slot_key, self.calls)
         if keep is None:
             keep = keep_mask(self._mask_shape(x.shape), self.slot_key, self.calls, self.p, x.dtype, x.device)
-        return x * keep * (1.0 / (1.0 - self.p))
+        return x * _scaled(keep, 1.0 / (1.0 - self.p), x.dtype)
 
     def native_step(self, prefix: str):
         """This layer on [B, ...] tensors, for the vmap-free path (`_slot_ops.native_forward`)."""
@@ -84,11 +85,11 @@ class SlotDropout(nn.Module):
         calls.add_(1)
         if rate is not None:
             keep, _ = self._keep_kernel(x.shape[0], (0, 0, 0, 0), x, slot_key, calls, rate)
-            return x * keep * _inverse_keep(rate).to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
+            return x * torch.where(keep, _inverse_keep(rate).to(x.dtype).view(-1, *([1] * (x.dim() - 1))), 0.0)
         if self.p == 1.0:
             return x * 0.0
         keep, _ = self._keep_kernel(x.shape[0], (0, 0, 0), x, slot_key, calls)
-        return x * keep * (1.0 / (1.0 - self.p))
+        return x * _scaled(keep, 1.0 / (1.0 - self.p), x.dtype)
 
     def _mask_shape(self, shape: torch.Size) -> torch.Size:
         """One slot's mask shape for an input of one slot's `shape`. Channel dropout keeps one
@@ -106,11 +107,17 @@ class SlotDropout(nn.Module):
         key = _slot_first(slot_key, dims[1], batch_size).reshape(lead)
         counter = _slot_first(calls, dims[2], batch_size).reshape(lead)
         p = self.p if rate is None else _slot_first(rate, dims[3], batch_size).reshape(lead)
-        return keep_mask(torch.Size((1, *mask_shape)), key, counter, p, x.dtype, x.device), 0
+        return keep_mask(mask_shape, key, counter, p, x.dtype, x.device), 0
 
     def extra_repr(self) -> str:
         rate = ", per-slot rate" if self.per_slot_rate else ""
         return f"p={self.p}, channel_dims={self.channel_dims}{rate}"
+
+
+def _scaled(keep: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """The dropout multiplier: 1 / (1 - p) where kept, 0 where dropped, in one pass (one multiply
+    of the activation forward and one backward, as torch's dropout)."""
+    return torch.where(keep, torch.tensor(scale, dtype=dtype, device=keep.device), 0.0)
 
 
 def _inverse_keep(rate: torch.Tensor) -> torch.Tensor:
@@ -138,7 +145,10 @@ class _FusableRecurrent(nn.Module):
         # copies only fix names, shapes and dtypes.
         for name, param in source.named_parameters(recurse=False):
             self.register_parameter(name, nn.Parameter(param.detach().clone()))
-        self.inter_layer_dropout = SlotDropout(source.dropout) if source.dropout > 0 and source.num_layers > 1 else None
+        # one dropout layer per boundary between layers (its own stream and counter): a slot with fewer
+        # layers than its envelope draws at its boundaries what it draws alone
+        self.inter_layer_dropouts = nn.ModuleList(
+            [SlotDropout(source.dropout) for _ in range(source.num_layers - 1)] if source.dropout > 0 else [])
 
     def _weights(self, layer: int, direction: int) -> tuple[torch.Tensor, ...]:
         suffix = f"_l{layer}" + ("_reverse" if direction == 1 else "")
@@ -193,8 +203,8 @@ class _FusableRecurrent(nn.Module):
                     if c0 is not None:
                         finals_c[-d] = torch.where(present, finals_c[-d], finals_c[below])
             layer_input = below_output = layer_output
-            if self.inter_layer_dropout is not None and layer < self.num_layers - 1:
-                layer_input = self.inter_layer_dropout(layer_input)
+            if layer < len(self.inter_layer_dropouts):
+                layer_input = self.inter_layer_dropouts[layer](layer_input)
         output = layer_input if self.batch_first else layer_input.transpose(0, 1)
         h_n = torch.stack(finals_h)
         c_n = torch.stack(finals_c) if c0 is not None else None
@@ -416,10 +426,14 @@ def make_fusable(template: nn.Module) -> nn.Module:
 
 
 def init_slot_randomness(template: nn.Module, dropout_seeds: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Stacked `slot_key` / `calls` buffers for every SlotDropout of the template."""
+    """Stacked `slot_key` / `calls` buffers for every SlotDropout of the template. A layer's stream is
+    its path in the model (hashed), not its position among the dropout layers: the same layer draws
+    the same masks in the slot's model alone and in an envelope that adds layers the slot skips."""
     buffers: dict[str, torch.Tensor] = {}
-    for stream, (path, module) in enumerate(m for m in template.named_modules() if isinstance(m[1], SlotDropout)):
+    for path, module in template.named_modules():
+        if not isinstance(module, SlotDropout):
+            continue
         prefix = f"{path}." if path else ""
-        buffers[prefix + "slot_key"] = slot_keys(dropout_seeds, stream)
+        buffers[prefix + "slot_key"] = slot_keys(dropout_seeds, zlib.crc32(path.encode()))
         buffers[prefix + "calls"] = torch.zeros_like(dropout_seeds)
     return buffers

@@ -4,8 +4,10 @@ Inside `vmap` every slot must draw its own dropout masks from its own seed, so
 that a slot's masks do not depend on the array size or on its neighbours (slot
 independence) and can be reproduced from the slot's dropout seed alone.
 torch's generators are global state that vmap cannot split per slot, so masks
-are made from a stateless integer hash of (slot key, call counter, element
-index) instead: plain tensor ops that vmap batches like any other.
+are made from a stateless integer hash of (slot key, call counter, the entry's
+coordinates) instead: plain tensor ops over all slots at once. Hashing
+coordinates rather than a flat index makes a slot padded into an envelope draw
+at its own entries what it draws alone.
 
 All arithmetic stays in int64 with values below 2**32 and multipliers below
 2**31, so no product ever overflows (signed overflow is undefined in C++).
@@ -14,6 +16,7 @@ All arithmetic stays in int64 with values below 2**32 and multipliers below
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -43,15 +46,37 @@ def slot_keys(seeds: torch.Tensor, stream: int) -> torch.Tensor:
     return key
 
 
-def uniform_like(x: torch.Tensor, key: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
-    """Uniform [0, 1) values shaped like `x`, a pure function of (key, counter, position).
+def coordinate_bits(shape: Sequence[int], key: torch.Tensor, counter: torch.Tensor,
+                    device: torch.device | str | None = None) -> torch.Tensor:
+    """32-bit hashes (int64 values in [0, 2**32)) of (key, counter, coordinates) for every entry of
+    one slot's `shape`: a pure function of the entry's coordinates, not of the extents.
 
-    `key` and `counter` are scalar int64 tensors (one slot's, under vmap);
-    the 24 high bits of the hash give floats exactly representable in float32.
+    The coordinates are hashed one dim at a time (h = mix32(h ^ index), broadcast), so an
+    entry's bits do not depend on how long any dim is: a slot padded into a wider envelope
+    (features, channels, hidden units placed first in each dim) draws at its own entries exactly
+    what it draws alone. Only the last dim's mix runs over the whole tensor (in place); the
+    others run over the smaller leading blocks. `key` and `counter` are scalar int64 tensors, or
+    [B, 1, ..., 1] (1 + len(shape) dims) for B slots at once: the result is then [B, *shape].
     """
     state = mix32(key ^ mix32(counter & _MASK32))
-    position = torch.arange(x.numel(), device=x.device, dtype=torch.int64).view(x.shape)
-    bits = mix32(mix32((position & _MASK32) ^ state) ^ ((position >> 32) + state & _MASK32))
+    batched = state.dim() == len(shape) + 1
+    bits = state
+    for dim, size in enumerate(shape):
+        index = torch.arange(size, device=device or state.device, dtype=torch.int64)
+        view = [1] * (len(shape) + batched)
+        view[dim + batched] = size
+        if dim < len(shape) - 1:
+            bits = mix32(bits ^ index.view(view))
+        else:  # the full-size mix: in place, shifting into one scratch buffer
+            bits = bits ^ index.view(view)
+            _mix32_(bits, torch.empty_like(bits))
+    return bits
+
+
+def uniform_like(x: torch.Tensor, key: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """Uniform [0, 1) values shaped like `x` (one slot's), a pure function of (key, counter,
+    coordinates); the 24 high bits of the hash give floats exactly representable in float32."""
+    bits = coordinate_bits(x.shape, key, counter, x.device)
     return (bits >> 8).to(x.dtype if x.is_floating_point() else torch.float32) * (1.0 / (1 << 24))
 
 
@@ -65,31 +90,18 @@ def _mix32_(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def keep_mask(shape: torch.Size, key: torch.Tensor, counter: torch.Tensor, p: float | torch.Tensor, dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor:
-    """`uniform_like(torch.empty(shape, dtype=dtype), key, counter) >= p` as a bool tensor, computed
-    with about a third of the passes over memory and two int64 buffers instead of ~30.
-
-    The hash of a dropout mask is most of a dropout layer's cost (int64 ops
-    over the whole activation; ~60% of the stability default's step). For
-    fewer than 2**32 elements the high-word terms of `uniform_like` are
-    constants, the mixes can run in place, and `u >= p` is an integer
-    comparison: u = (bits >> 8) / 2**24 exactly in float32 and float64, so
-    u >= p (p rounded to `dtype`, as torch compares) holds exactly when
-    bits >= ceil(p * 2**24) << 8. Other cases take `uniform_like` itself.
-    Runs on physical tensors (not under vmap): `key` and `counter` (and `p`,
-    where each slot has its own rate) are scalars, or [B, 1, ...] tensors that
-    broadcast against `shape` ([1, ...]).
+def keep_mask(shape: Sequence[int], key: torch.Tensor, counter: torch.Tensor, p: float | torch.Tensor,
+              dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
+    """Keep (True) where the entry's uniform u = (bits >> 8) / 2**24 is >= p, with p rounded to
+    `dtype` (as torch rounds a float rate): [*shape], or [B, *shape] for per-slot `key` / `counter`
+    (and `p`) of shape [B, 1, ..., 1]. In float32 and float64 this is exactly
+    `uniform_like(torch.empty(shape, dtype=dtype), key, counter) >= p`; u >= p holds exactly when
+    bits >= ceil(p * 2**24) << 8, an integer comparison with no float tensor. Runs on physical
+    tensors (not under vmap).
     """
-    numel = math.prod(shape)
-    if dtype not in (torch.float32, torch.float64) or numel >= 2**32:
-        return uniform_like(torch.empty(shape, dtype=dtype, device=device), key, counter) >= p
-    state = mix32(key ^ mix32(counter & _MASK32))
-    bits = torch.arange(numel, device=device, dtype=torch.int64).view(shape) ^ state
-    scratch = torch.empty_like(bits)
-    _mix32_(bits, scratch).bitwise_xor_(state)
+    bits = coordinate_bits(shape, key, counter, device)
     if isinstance(p, torch.Tensor):  # one rate per slot ([B, 1, ...]); 2**24 * p is exact in float64
         threshold = torch.ceil(p.to(dtype).to(torch.float64) * (1 << 24)).to(torch.int64)
     else:
         threshold = math.ceil(torch.tensor(p, dtype=dtype).item() * (1 << 24))
-    return _mix32_(bits, scratch) >= (threshold << 8)
+    return bits >= (threshold << 8)

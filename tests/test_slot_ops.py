@@ -309,14 +309,21 @@ def test_max_pooling_with_indices_takes_the_vmap_path():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 @pytest.mark.parametrize("p", [0.1, 0.5, 1 / 3, 1e-7, 0.999999])
 def test_keep_mask_equals_thresholding_the_slot_uniforms(dtype, p):
-    # keep_mask's shortcuts (in-place mixes, integer threshold) draw exactly the masks of uniform_like >= p
+    # keep_mask's shortcuts (in-place mixes, integer threshold) draw exactly the masks of the slot's own
+    # 24-bit uniforms >= p (p rounded to the dtype, as torch rounds a rate); in float32 and float64 those
+    # uniforms are uniform_like's exactly
     from hfta_nas._slot_random import keep_mask, slot_keys, uniform_like
 
     keys = slot_keys(torch.arange(4), stream=3)
     counters = torch.tensor([1, 2, 7, 1000])
-    expected = torch.stack([uniform_like(torch.empty(3, 50, 7, dtype=dtype), k, c) >= p for k, c in zip(keys, counters)])
-    got = keep_mask(torch.Size((1, 3, 50, 7)), keys.view(4, 1, 1, 1), counters.view(4, 1, 1, 1), p, dtype, torch.device("cpu"))
-    assert torch.equal(got, expected)
+    rounded = torch.tensor(p, dtype=dtype).item()
+    uniforms = [uniform_like(torch.empty(3, 50, 7, dtype=torch.float64), k, c) for k, c in zip(keys, counters)]
+    expected = torch.stack([u >= rounded for u in uniforms])
+    got = keep_mask((3, 50, 7), keys.view(4, 1, 1, 1), counters.view(4, 1, 1, 1), p, dtype, torch.device("cpu"))
+    assert got.shape == (4, 3, 50, 7) and torch.equal(got, expected)
+    if dtype != torch.float16:
+        in_dtype = [uniform_like(torch.empty(3, 50, 7, dtype=dtype), k, c) >= p for k, c in zip(keys, counters)]
+        assert torch.equal(got, torch.stack(in_dtype))
 
 
 def test_a_refusal_midway_leaves_no_trace_of_the_layers_that_ran(monkeypatch):
