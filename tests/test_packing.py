@@ -38,7 +38,7 @@ THREE_LAYER = [{"channels": [16, 32, 32], "kernel_size": 5, "pool": "max"}]
 
 def test_structures_never_mix_and_each_proposal_is_packed_once():
     asked = proposals(TWO_LAYER + THREE_LAYER + TWO_LAYER[:2])
-    packs = pack(asked, max_slots=4, step_cost=lambda group: ARITHMETIC_BOUND)
+    packs = pack(asked, max_slots=4, step_cost=ARITHMETIC_BOUND)
     numbers = sorted(p.number for planned in packs for p in planned.proposals)
     assert numbers == [p.number for p in asked]
     for planned in packs:
@@ -50,9 +50,9 @@ def test_structures_never_mix_and_each_proposal_is_packed_once():
 
 def test_a_launch_bound_device_packs_full_arrays_and_an_arithmetic_bound_one_cuts_by_size():
     asked = proposals(TWO_LAYER)
-    launch = pack(asked, max_slots=6, step_cost=lambda group: LAUNCH_BOUND)
+    launch = pack(asked, max_slots=6, step_cost=LAUNCH_BOUND)
     assert [len(p.proposals) for p in launch] == [6]  # padding is free there: one array
-    arithmetic = pack(asked, max_slots=6, step_cost=lambda group: ARITHMETIC_BOUND)
+    arithmetic = pack(asked, max_slots=6, step_cost=ARITHMETIC_BOUND)
     assert len(arithmetic) > 1  # padding costs what it computes there: cheaper cut than one full array
     assert sum(p.seconds for p in arithmetic) < launch_total(asked)
     # each array of the cut holds neighbours in size: the small models are not padded to the big ones
@@ -61,14 +61,14 @@ def test_a_launch_bound_device_packs_full_arrays_and_an_arithmetic_bound_one_cut
 
 def launch_total(asked):
     """The arithmetic-bound time of the one full array the launch-bound device would train."""
-    [one] = pack(asked, max_slots=len(asked), step_cost=lambda group: StepCost(1.0, 0.0))
+    [one] = pack(asked, max_slots=len(asked), step_cost=StepCost(1.0, 0.0))
     return asked[0].steps * ARITHMETIC_BOUND.seconds(one.executed_macs, asked[0].candidate.batch_size)
 
 
 @pytest.mark.parametrize("bound", [0.0, 0.2, 0.5])
 def test_the_waste_bound_holds_and_zero_packs_equal_shapes_only(bound):
     asked = proposals(TWO_LAYER + TWO_LAYER)
-    packs = pack(asked, max_slots=8, step_cost=lambda group: LAUNCH_BOUND, max_waste=bound)
+    packs = pack(asked, max_slots=8, step_cost=LAUNCH_BOUND, max_waste=bound)
     assert all(p.waste <= bound + 1e-12 for p in packs)
     if bound == 0.0:
         assert all(len({shape_key(q) for q in p.proposals}) == 1 for p in packs)
@@ -78,5 +78,5 @@ def test_the_waste_bound_holds_and_zero_packs_equal_shapes_only(bound):
 def test_settings_an_array_shares_keep_candidates_apart():
     asked = proposals(TWO_LAYER[:2])
     asked[1].candidate = Candidate(asked[1].candidate.model, data=DATA, batch_size=25).checked(None)
-    packs = pack(asked, max_slots=4, step_cost=lambda group: LAUNCH_BOUND)
+    packs = pack(asked, max_slots=4, step_cost=LAUNCH_BOUND)
     assert len(packs) == 2  # one batch size per array

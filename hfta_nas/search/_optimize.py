@@ -49,7 +49,8 @@ from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, 
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome, counts
-from hfta_nas.search._packing import Pack, architecture_key, pack, shape_key, structure_key
+from hfta_nas.search._packing import (Group, Pack, architecture_key, pack_groups, shape_key, structure_groups,
+                                      structure_key)
 from hfta_nas.search._optuna_private import storage_of, trial_id
 from hfta_nas.search._shape_checks import ShapeChecks
 from hfta_nas.search._recovery import (interrupt_held, retry_stale_trials, told_despite_interrupts,
@@ -426,10 +427,15 @@ class _Search:
                 and self._time_left())
 
     def pack(self, pool: list[Proposal]) -> list[Pack]:
-        cost = self._step_cost if not self.replicate else (lambda group: StepCost(1.0, 0.0))
+        """The packing policy's arrays for `pool`: the groups' array sizes and step costs are looked up
+        (or measured) here, then `pack_groups` decides from those numbers alone."""
         with self.account.phase("packing"):
-            return pack(pool, max_slots=self.max_slots, step_cost=cost,
-                        max_waste=self.max_waste if not self.replicate else 0.0, shapes=self.shape_checks)
+            groups = structure_groups(pool, self.shape_checks)
+        sized = [Group(g, self.max_slots(g), self._step_cost(g) if not self.replicate else StepCost(1.0, 0.0))
+                 for g in groups]
+        with self.account.phase("packing"):
+            return pack_groups(sized, max_waste=self.max_waste if not self.replicate else 0.0,
+                               shapes=self.shape_checks)
 
     def max_slots(self, group: list[Proposal]) -> int:
         key = structure_key(group[0])

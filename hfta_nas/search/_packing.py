@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -79,17 +79,33 @@ def structure_groups(proposals: Sequence[Proposal], shapes: ShapeChecks | None =
     return groups
 
 
-def pack(proposals: Sequence[Proposal], *, max_slots: int | Callable[[list[Proposal]], int],
-         step_cost: Callable[[list[Proposal]], StepCost | StepCurve], max_waste: float | None = None,
-         shapes: ShapeChecks | None = None) -> list[Pack]:
-    """The arrays for `proposals`, each proposal in exactly one, in the order they train
-    (by their earliest trial). `max_slots` and `step_cost` may depend on the group; `shapes`
-    keeps envelopes' multiply-adds from one call to the next."""
-    packs: list[Pack] = []
+@dataclass(frozen=True)
+class Group:
+    """Proposals that may share arrays (`structure_groups`), with the numbers the policy needs:
+    the most slots one of their arrays may have, and their structure's step cost on this device."""
+
+    proposals: list[Proposal]
+    max_slots: int
+    cost: StepCost | StepCurve
+
+
+def pack(proposals: Sequence[Proposal], *, max_slots: int, step_cost: StepCost | StepCurve,
+         max_waste: float | None = None, shapes: ShapeChecks | None = None) -> list[Pack]:
+    """`pack_groups` with the same array size and step cost for every group."""
     shapes = shapes or ShapeChecks()
-    for group in structure_groups(proposals, shapes):
-        limit = max_slots(group) if callable(max_slots) else max_slots
-        packs.extend(_cheapest_cut(group, limit, step_cost(group), max_waste, shapes))
+    groups = [Group(g, max_slots, step_cost) for g in structure_groups(proposals, shapes)]
+    return pack_groups(groups, max_waste=max_waste, shapes=shapes)
+
+
+def pack_groups(groups: Sequence[Group], *, max_waste: float | None = None,
+                shapes: ShapeChecks | None = None) -> list[Pack]:
+    """The arrays for the groups' proposals, each proposal in exactly one, in the order they train
+    (by their earliest trial). Numbers in, arrays out: nothing is measured or written here; `shapes`
+    keeps envelopes' multiply-adds from one call to the next."""
+    shapes = shapes or ShapeChecks()
+    packs: list[Pack] = []
+    for group in groups:
+        packs.extend(_cheapest_cut(group.proposals, group.max_slots, group.cost, max_waste, shapes))
     return sorted(packs, key=lambda p: min(q.number for q in p.proposals))
 
 
