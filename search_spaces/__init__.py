@@ -31,7 +31,7 @@ from search_spaces._schema import (
 )
 from search_spaces._sources import check_sources
 from search_spaces._search import (architecture_params, candidate_builder, open_space_study, plan_search, run_search,
-                                   study_name_of)
+                                   sampler_seed, study_name_of)
 from search_spaces._space import SearchSpace, load_space, parse_space
 
 SHIPPED_SPACES: dict[str, Path] = {path.stem: path for path in sorted(Path(__file__).parent.glob("*.yaml"))}
@@ -60,6 +60,7 @@ __all__ = [
     "open_space_study",
     "parse_config_overrides",
     "parse_space",
+    "sampler_seed",
     "plan_search",
     "read_text",
     "run_search",
