@@ -120,11 +120,15 @@ class Candidate:
 
     def stable_settings(self) -> tuple:
         """`shared_settings` by name instead of object identity (the same in every run)."""
-        loss = self.loss.describe() if isinstance(self.loss, Objective) else (
-            getattr(self.loss, "__qualname__", repr(self.loss)) if self.loss is not None else None)
         return (getattr(self.data, "name", None), self.batch_size, self.epochs, self.optimizer,
-                tuple(sorted(self.flags().items())), self.schedule is not None, loss, self.accumulate,
+                tuple(sorted(self.flags().items())), self.schedule is not None, self.loss_name(), self.accumulate,
                 repr(self.early_stopping), repr(self.augmentation), self.precision)
+
+    def loss_name(self) -> Any:
+        """The loss by name (an Objective's description, a function's qualified name; None: the default)."""
+        if isinstance(self.loss, Objective):
+            return self.loss.describe()
+        return getattr(self.loss, "__qualname__", repr(self.loss)) if self.loss is not None else None
 
 
 def trial_seeds(base_seed: int, trial_number: int) -> dict[str, int]:

@@ -49,8 +49,8 @@ from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, 
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome, counts
-from hfta_nas.search._packing import (Group, Pack, architecture_key, pack_groups, shape_key, structure_groups,
-                                      structure_key)
+from hfta_nas.search._packing import (Group, Pack, architecture_key, cost_key, pack_groups, shape_key,
+                                      structure_groups, structure_key)
 from hfta_nas.search._optuna_private import storage_of, trial_id
 from hfta_nas.search._shape_checks import ShapeChecks
 from hfta_nas.search._recovery import (interrupt_held, retry_stale_trials, told_despite_interrupts,
@@ -498,7 +498,7 @@ class _Search:
         smallest = min(group, key=lambda p: p.useful_macs)
         candidate = largest.candidate
         with self.account.phase("cost"):
-            cache_key = StepCostCache.key(f"{structure_key(largest)}:{largest.useful_macs}:{smallest.useful_macs}",
+            cache_key = StepCostCache.key(f"{cost_key(largest)}:{largest.useful_macs}:{smallest.useful_macs}",
                                           slots, self.device, self.dtype)
             cost = self.cost_cache.get(cache_key)
             if not isinstance(cost, StepCurve):

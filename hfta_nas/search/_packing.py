@@ -62,6 +62,18 @@ def structure_key(proposal: Proposal) -> str:
     return hashlib.sha1(repr((kinds, proposal.candidate.stable_settings())).encode()).hexdigest()[:12]
 
 
+def cost_key(proposal: Proposal) -> str:
+    """What a step's cost depends on: layer types in order, the data's shape, batch size,
+    optimizer, loss, accumulation, augmentation and precision (not epochs or early stopping:
+    a step costs the same however many there are). Stable across runs and searches."""
+    candidate = proposal.candidate
+    kinds = [type(m).__name__ for m in proposal.shell.modules()]
+    settings = (tuple(candidate.data.input_shape), candidate.data.num_classes, candidate.batch_size,
+                candidate.optimizer, tuple(sorted(candidate.flags().items())), candidate.loss_name(), candidate.accumulate,
+                repr(candidate.augmentation), candidate.precision)
+    return hashlib.sha1(repr((kinds, settings)).encode()).hexdigest()[:12]
+
+
 def structure_groups(proposals: Sequence[Proposal], shapes: ShapeChecks | None = None) -> list[list[Proposal]]:
     """Proposals split into groups that may share arrays (step 1 of the module docstring)."""
     shapes = shapes or ShapeChecks()

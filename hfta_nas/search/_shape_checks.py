@@ -21,7 +21,6 @@ from torch import nn
 from torch.nn.modules.dropout import _DropoutNd
 
 from hfta_nas._array import check_fusable
-from hfta_nas._objectives import Objective
 from hfta_nas._probe import envelope_macs, model_macs
 from hfta_nas.errors import FusionError
 from hfta_nas.search._candidate import Candidate, check_outputs, example_input, tensor_shapes
@@ -40,12 +39,6 @@ def compute_key(shell: nn.Module) -> str:
              for name, m in shell.named_modules()]
     text = repr(parts) + repr(tensor_shapes(shell))
     return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def _loss_name(candidate: Candidate) -> object:
-    if isinstance(candidate.loss, Objective):
-        return candidate.loss.loss
-    return getattr(candidate.loss, "__qualname__", repr(candidate.loss)) if candidate.loss is not None else None
 
 
 class ShapeChecks:
@@ -87,7 +80,7 @@ class ShapeChecks:
         """`check_outputs` (HftaNasError for outputs the loss cannot take), then the model's
         multiply-adds per sample; both once per computation, data shape and loss."""
         data = candidate.data
-        key = (self.key(shell), tuple(data.input_shape), data.num_classes, _loss_name(candidate))
+        key = (self.key(shell), tuple(data.input_shape), data.num_classes, candidate.loss_name())
         if key not in self._macs:
             x = example_input(candidate)
             check_outputs(candidate, shell, x.expand(2, *data.input_shape))
