@@ -248,7 +248,7 @@ class _Search:
             return
         started = time.monotonic()
         number = len(self.arrays) + 1
-        size = self.max_slots(planned.proposals)
+        size = planned.array_size or self.max_slots(planned.proposals)
         job = ArrayJob(self.ctx, planned, number, size, resume=resume, rebuild=self._rebuilt)
         self.trained.update(shape_key(p) for p in planned.proposals)
         self._answer_requests(job.run())
@@ -419,7 +419,7 @@ class _Search:
         return now
 
     def _full(self, planned: Pack) -> bool:
-        return len(planned.proposals) >= TARGET_OCCUPANCY * self.max_slots(planned.proposals)
+        return len(planned.proposals) >= TARGET_OCCUPANCY * planned.array_size
 
     def _may_grow(self, pool: list[Proposal]) -> bool:
         """Whether a round may ask one more trial to fill its arrays."""

@@ -38,6 +38,7 @@ class Pack:
     useful_macs: int  # per sample, summed over slots: their own models
     executed_macs: int  # per sample, summed over slots: the envelope, once per slot
     seconds: float  # estimated training time
+    array_size: int = 0  # the most slots the array may hold (its group's); 0: as many as it starts with
 
     @property
     def waste(self) -> float:
@@ -138,7 +139,7 @@ def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost | StepCu
         useful = sum(p.useful_macs for p in run)
         executed = per_slot * len(run)
         seconds = cost.array_s + steps * cost.seconds(executed, batch, len(run))
-        result = Pack(list(run), useful, executed, seconds)
+        result = Pack(list(run), useful, executed, seconds, max_slots)
         if max_waste is not None and len(run) > 1 and result.waste > max_waste + 1e-12:
             return None
         return result

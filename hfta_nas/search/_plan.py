@@ -91,7 +91,7 @@ def plan(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: 
             break
         for planned in search.next_arrays(pool):
             result.arrays.append(PlannedArray(
-                len(result.arrays) + 1, search.max_slots(planned.proposals),
+                len(result.arrays) + 1, planned.array_size or search.max_slots(planned.proposals),
                 [{"number": p.number, "params": dict(p.trial.params), "seeds": dict(p.seeds), "useful_macs": p.useful_macs}
                  for p in planned.proposals],
                 planned.architectures, planned.useful_macs, planned.executed_macs, planned.seconds))
