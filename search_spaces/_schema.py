@@ -97,7 +97,8 @@ class StepCostSpec(_Strict):
 class ArraySpec(_Strict):
     """How candidates are put into arrays.
 
-    size: slots per array ("auto": as many as fit, up to the throughput knee).
+    size: slots per array ("auto", the default: the knee of the structure's measured step curve,
+    bounded by memory and a third of the trial budget).
     fill: "pack" (every trial as the sampler proposed it, packed by measured
     cost) or "replicate" (each array's other slots copy its first trial's
     architecture: HPO over fixed architectures).
@@ -106,7 +107,7 @@ class ArraySpec(_Strict):
     step_cost: pin the packing's cost model instead of measuring it (see StepCostSpec).
     """
 
-    size: int | str = 8
+    size: int | str = "auto"
     fill: Literal["pack", "replicate"] = "pack"
     max_waste: Annotated[float, Field(ge=0, le=1)] | None = None
     step_cost: StepCostSpec | None = None

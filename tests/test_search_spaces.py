@@ -442,7 +442,7 @@ def test_defaults():
     space = parse_space("params:\n")
     assert space.model.family == "cnn1d" and space.data.dataset == "mnist1d"
     assert space.sampler.name == "tpe" and space.pruner.name == "median"
-    assert space.budget.n_trials == 32 and space.array.size == 8 and space.seed == 0
+    assert space.budget.n_trials == 32 and space.array.size == "auto" and space.seed == 0
     assert space.directions == ["maximize"]
     assert parse_space("study: {metrics: [val_loss]}").directions == ["minimize"]
     config = space.default_config()

@@ -93,7 +93,7 @@ class SearchSummary:
 
 
 def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None = None, *,
-             n_trials: int | None = None, timeout: float | None = None, array_size: int | str = 8,
+             n_trials: int | None = None, timeout: float | None = None, array_size: int | str = "auto",
              metrics: Sequence[str] | None = None, seed: int = 0, device: str = "cpu", dtype: str = "float32",
              out_dir: str | Path | None = None, on_event: Callable[[Any], None] | None = None,
              max_waste: float | None = None, replicate: Sequence[str] | None = None,
@@ -101,7 +101,8 @@ def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], da
     """Search with `study`'s sampler and pruner, training `build(trial)`'s candidates as arrays.
 
     - n_trials / timeout: the budget (trials in the study, across workers; seconds of this run).
-    - array_size: slots per array, or "auto" (per structure: memory and the throughput knee, measured).
+    - array_size: slots per array, or "auto" [default] (per structure: the knee of its measured step curve,
+      bounded by memory and a third of n_trials).
     - metrics: what each objective is: val_acc, val_loss, train_loss, test_acc, test_loss, params,
       latency_ms or a name in Candidate.metrics [default: val_acc; the study's metric names if set].
     - seed: the trials' init / data / dropout seeds derive from (seed, trial number).
