@@ -231,7 +231,8 @@ class ArrayJob:
                 yield self._retry_smaller(running, error)
                 return
             for proposal in running:
-                self._fail(proposal, f"array {self.array_id} failed: {type(error).__name__}: {error}")
+                self._fail(proposal, f"array {self.array_id} failed: {type(error).__name__}: {error}",
+                           trainer.results[proposal.number].epochs)
             self.ctx.emit(ArrayFailed(self.number, str(error)))
 
     # ------------------------------------------------------------ checkpoints
@@ -337,21 +338,18 @@ class ArrayJob:
                       trainer: ArrayTrainer) -> Generator[Request, Proposal | None, None]:
         """Record one slot's epoch; tell its trial how it ended when it did (pruned, failed, completed)."""
         ctx, proposal, result = self.ctx, self.by_number[number], trainer.results[number]
-        wall = time.monotonic() - self.started[number]
-        proposal.trial.set_user_attr("epochs_run", result.epochs)
-        proposal.trial.set_user_attr("train_seconds", round(wall, 3))
         if number in report.failed:
-            self._fail(proposal, report.failed[number])
+            self._fail(proposal, report.failed[number], result.epochs)
             yield from self._refill_or_stop(trainer, proposal, "failed")
             return
         values = [metrics[m] if m in metrics else self.static[number][m] for m in ctx.metrics]
         self._report(proposal, result.epochs, values)
         if result.status == "completed":
-            self._complete(proposal, values, trainer)
+            self._complete(proposal, values, trainer, result.epochs)
             if result.epochs < proposal.candidate.epochs:  # stopped early: its slot is free for another trial
                 yield from self._refill_or_stop(trainer, proposal, "early stopped")
         elif len(ctx.metrics) == 1 and proposal.trial.should_prune():
-            proposal.trial.set_user_attr("train_end", _now())
+            self._ended(proposal, result.epochs)
             ctx.ledger.prune(proposal.trial)
             ctx.emit(TrialEnded(number, "PRUNED"))
             yield from self._refill_or_stop(trainer, proposal, "pruned")
@@ -369,18 +367,27 @@ class ArrayJob:
             curve[metric].append(value)
         proposal.trial.set_user_attr("learning_curve", curve)
 
-    def _complete(self, proposal: Proposal, values: list[float], trainer: ArrayTrainer) -> None:
-        proposal.trial.set_user_attr("train_end", _now())
+    def _ended(self, proposal: Proposal, epochs: int | None) -> None:
+        """The attributes a trial gets when its slot stops training (once, not every epoch: each is a storage write)."""
+        trial = proposal.trial
+        if epochs is not None:
+            trial.set_user_attr("epochs_run", epochs)
+        if proposal.number in self.started:
+            trial.set_user_attr("train_seconds", round(time.monotonic() - self.started[proposal.number], 3))
+        trial.set_user_attr("train_end", _now())
+
+    def _complete(self, proposal: Proposal, values: list[float], trainer: ArrayTrainer, epochs: int) -> None:
         if not all(math.isfinite(v) for v in values):
-            self._fail(proposal, f"non-finite metric values {values}")
+            self._fail(proposal, f"non-finite metric values {values}", epochs)
             return
+        self._ended(proposal, epochs)
         self.ctx.ledger.complete(proposal.trial, values)
         self.ctx.emit(TrialEnded(proposal.number, "COMPLETE", list(values)))
         slot = trainer.position_of(proposal.number)
         self.ctx.export.offer(proposal, values, trainer.array.slot_state_dict(slot), self.ctx.study_name)
 
-    def _fail(self, proposal: Proposal, reason: str) -> None:
-        proposal.trial.set_user_attr("train_end", _now())
+    def _fail(self, proposal: Proposal, reason: str, epochs: int | None = None) -> None:
+        self._ended(proposal, epochs)
         if self.ctx.ledger.fail(proposal.trial, Outcome.FAILED, reason):
             self.ctx.emit(TrialEnded(proposal.number, "FAIL", reason=reason))
 
