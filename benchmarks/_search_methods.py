@@ -1,24 +1,28 @@
-"""The five ways benchmarks/search.py runs one search: each returns a `SearchRun`.
+"""The six ways benchmarks/search.py runs one search: each returns a `SearchRun`.
 
 - plain: Optuna's `study.optimize`, one trial at a time, each trial the plain
   PyTorch loop of benchmarks/stability.py (`plain_run`) reporting the study's
   metric every epoch for the pruner;
-- processes: the co-location baseline. P spawned processes share one Optuna
-  journal file, each runs the same objective under `study.optimize` (P jobs on
-  one device: CUDA MPS, or several jobs on one machine). They are pinned to the
-  cores the other methods' torch threads may use, so every method gets the same
-  hardware. Trials are split between them exactly (the budget is not
-  overshot); each has its own sampler seed (the same seed would make them
-  propose the same values). Start-up and imports are not timed: the clock
-  starts when all P have passed a barrier;
+- processes: the co-location baseline, as a user runs it: P spawned processes
+  (default: one per core available) share one Optuna journal file, each runs
+  the same objective under `study.optimize` with the same torch thread count
+  (P jobs on one device: CUDA MPS, or one job per core), on all the cores this
+  process may use (not pinned further). Trials are split between them exactly
+  (the budget is not overshot); each has its own sampler seed (the same seed
+  would make them propose the same values). Start-up, imports and a one-epoch
+  warm-up trial are not timed (`extra["startup_s"]`): the clock starts when all
+  P have passed a barrier;
+- ray: Ray Tune, `OptunaSearch` (the space's sampler, seeded) + `ASHAScheduler`,
+  P concurrent trials, each the plain objective (benchmarks/_ray_search.py);
 - hfta: HFTA-style search, random sampler and equal shapes fused only
   (`run_search` with `sampler: random` and `array.max_waste: 0`);
 - replicate: `run_search` with `array.fill: replicate` (each array's other
   slots copy its first trial's architecture);
 - pack: `run_search` as shipped (the sampler's trials packed by measured cost).
 
-Every method gets the same space, pruner, budget (trials and epochs), per-trial
-seeds (`trial_seeds(space seed, trial number)`) and torch thread count.
+Every method gets the same space, budget (trials and epochs), per-trial seeds
+(`trial_seeds(space seed, trial number)`) and torch thread count per trial; all
+but `ray` the space's pruner (Ray prunes with ASHA, see its module).
 """
 
 from __future__ import annotations
@@ -46,9 +50,11 @@ from hfta_nas.data import load_dataset
 from hfta_nas.runtime import DTYPES
 from hfta_nas.search import open_storage, trial_seeds
 from search_spaces import SearchSpace, run_search
+from benchmarks._ray_search import run_ray
 from benchmarks.stability import _accuracy, plain_run
 
-METHODS = ("plain", "processes", "hfta", "replicate", "pack")
+METHODS = ("plain", "processes", "ray", "hfta", "replicate", "pack")
+DEFAULT_METHODS = ("plain", "processes", "ray", "pack")
 PLAIN_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss")  # what the plain loop evaluates per epoch
 PROCESS_TIMEOUT_S = 1800.0
 
@@ -131,11 +137,15 @@ def run_plain(space: SearchSpace, n_trials: int, device: str, dtype: str, folder
     return SearchRun(time.perf_counter() - wall, time.process_time() - cpu, study.get_trials(), start)
 
 
+def available_cores() -> list[int]:
+    """The cores this process may run on (its CPU affinity): what a user's processes would share."""
+    return sorted(os.sched_getaffinity(0))
+
+
 def _worker(index: int, space: SearchSpace, share: int, storage_path: str, study_name: str, device: str, dtype: str,
-            cores: list[int], barrier: Any, results: Any) -> None:
+            threads: int, barrier: Any, results: Any) -> None:
     try:
-        os.sched_setaffinity(0, cores)
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = JournalStorage(JournalFileBackend(storage_path))
         study = optuna.load_study(study_name=study_name, storage=storage, pruner=space.make_pruner(),
@@ -154,20 +164,21 @@ def _worker(index: int, space: SearchSpace, share: int, storage_path: str, study
 
 
 def run_processes(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> SearchRun:
+    started = time.perf_counter()
     storage_path, name = str(folder / "processes.journal"), "bench-processes"
     storage = JournalStorage(JournalFileBackend(storage_path))
     optuna.create_study(study_name=name, storage=storage, directions=space.directions)
-    cores = sorted(os.sched_getaffinity(0))[:torch.get_num_threads()]
     shares = [n_trials // processes + (i < n_trials % processes) for i in range(processes)]
     context = mp.get_context("spawn")
     barrier, results = context.Barrier(processes + 1), context.Queue()
-    children = [context.Process(target=_worker, args=(i, space, share, storage_path, name, device, dtype, cores,
-                                                      barrier, results), daemon=True)
+    children = [context.Process(target=_worker, args=(i, space, share, storage_path, name, device, dtype,
+                                                      torch.get_num_threads(), barrier, results), daemon=True)
                 for i, share in enumerate(shares) if share]
     for child in children:
         child.start()
     barrier_wait(barrier, children)
     start, wall = datetime.now(), time.perf_counter()
+    startup = wall - started  # spawning, imports, the data and each worker's warm-up trial: not the search's
     cpu, end, errors = 0.0, wall, []
     for _ in children:
         try:
@@ -184,7 +195,8 @@ def run_processes(space: SearchSpace, n_trials: int, device: str, dtype: str, fo
     if errors:
         raise RuntimeError("a worker process failed:\n" + "\n".join(errors))
     trials = optuna.load_study(study_name=name, storage=storage).get_trials()
-    return SearchRun(seconds, cpu, trials, start, {"processes": len(children), "cores": cores})
+    return SearchRun(seconds, cpu, trials, start,
+                     {"processes": len(children), "cores": available_cores(), "startup_s": startup})
 
 
 def barrier_wait(barrier: Any, children: list[Any]) -> None:
@@ -216,12 +228,18 @@ def run_arrays(method: str) -> Callable[..., SearchRun]:
         seconds, cpu = time.perf_counter() - wall, time.process_time() - cpu
         trials = optuna.load_study(study_name=summary.study_name, storage=open_storage(storage)[0]).get_trials()
         extra = {"arrays": len(summary.arrays), "mean_occupancy": summary.mean_occupancy, "waste": summary.waste}
+        # ---- hook: the search's time account (SearchSummary.time_account: phase -> seconds, or phase ->
+        # {"seconds", "share"}), kept as phase -> seconds; benchmarks/search.py prints it as shares of wall time.
+        account = getattr(summary, "time_account", None)
+        if account:
+            extra["time_account"] = {phase: float(value["seconds"] if isinstance(value, dict) else value)
+                                     for phase, value in account.items()}
         return SearchRun(seconds, cpu, trials, start, extra)
 
     return run
 
 
 RUNNERS: dict[str, Callable[..., SearchRun]] = {
-    "plain": run_plain, "processes": run_processes,
+    "plain": run_plain, "processes": run_processes, "ray": run_ray,
     "hfta": run_arrays("hfta"), "replicate": run_arrays("replicate"), "pack": run_arrays("pack"),
 }

@@ -1,15 +1,18 @@
-"""Anytime quality of five ways to run one search: best value against wall time, over several search seeds.
+"""Anytime quality of six ways to run one search: best value against wall time, over several search seeds.
 
-    python -m benchmarks.search                     # search_spaces/mnist1d_cnn.yaml, its budget, 5 seeds, all methods
+    python -m benchmarks.search                     # search_spaces/mnist1d_cnn.yaml, its budget, 5 seeds, default methods
     python -m benchmarks.search --quick             # 4 trials, 2 epochs, 1000 samples, 2 seeds: checks the script
     python -m benchmarks.search --seeds 3 --methods plain,pack --out search.json --plot search.png
 
 Methods (benchmarks/_search_methods.py): `plain` (Optuna `study.optimize`, one
 trial at a time, a plain PyTorch loop), `processes` (P Optuna processes on one
-journal file, pinned to the same cores: the co-location baseline), `hfta`
-(random sampler, arrays of equal shapes only), `replicate` (`array.fill:
-replicate`) and `pack` (the shipped policy). Same space, pruner, budget,
-per-trial seeds and torch threads for all; search seed s runs every method with
+journal file, P = the cores available by default: the co-location baseline as
+a user runs it), `ray` (Ray Tune: OptunaSearch + ASHA, P concurrent trials of
+the plain loop; needs `pip install 'hfta-nas[bench]'`), `hfta` (random
+sampler, arrays of equal shapes only), `replicate` (`array.fill: replicate`)
+and `pack` (the shipped policy); by default plain, processes, ray and pack.
+Same space, budget, per-trial seeds and torch threads per trial for all, the
+space's pruner for all but ray (ASHA); search seed s runs every method with
 the space's `seed` set to s (sampler and trial seeds), in an order rotated per
 seed so that no method always runs first on a warm or cold machine.
 
@@ -18,10 +21,15 @@ value, the best value at fractions of the reference method's median wall time,
 the time to reach the reference's median final best (the target; "-" where the
 median run never did), distinct architectures trained, and the wall-time
 ratio reference / method taken seed by seed (each pair measured in one run).
-The reference is `plain` when it runs. Trials with the same number and
-parameters in `plain` and `pack` on the first seed (usually trial 0: same
-sampler seed, no results yet, same trial seeds) are one training run done two
-ways; their per-epoch values are compared, a check of the plain loop.
+The reference is `plain` when it runs. Below the table, per method where it
+applies: start-up not in the wall time (processes: spawn, imports, warm-up;
+ray: `ray.init` and its workers; its clock starts when the tuner starts), the
+arrays' mean occupancy, and the search's time account as shares of wall
+time. Trials with the same number and parameters in `plain` and `pack` (or
+`ray`) on the first seed (usually trial 0: same sampler seed, no results yet,
+same trial seeds) are one training run done two ways; their per-epoch values
+are compared, a check of the plain loop (and of Ray's trials running it with
+the same seeds).
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ from hfta_nas.runtime import DTYPES
 from search_spaces import SearchSpace, load_space
 from benchmarks._anytime import best_so_far, plot, spread, time_to, value_at
 from benchmarks._cli import comma_list, write_result
-from benchmarks._search_methods import METHODS, PLAIN_METRICS, RUNNERS, SearchRun, one_epoch
+from benchmarks._ray_search import MISSING_RAY, ray_available
+from benchmarks._search_methods import (DEFAULT_METHODS, METHODS, PLAIN_METRICS, RUNNERS, SearchRun, available_cores,
+                                        one_epoch)
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn.yaml"
 QUICK = {"n_trials": 4, "epochs": 2, "num_samples": 1000, "seeds": 2, "processes": 2}
@@ -90,12 +100,12 @@ def run_figures(run: SearchRun, direction: str) -> dict[str, Any]:
     }
 
 
-def same_trials(plain: list[Any], pack: list[Any]) -> list[dict[str, Any]]:
+def same_trials(plain: list[Any], other: list[Any], name: str = "pack") -> list[dict[str, Any]]:
     """Trials of equal number and parameters in both (so equal seeds too): the same training
-    run done two ways, a check of the plain loop."""
-    by_number = {t.number: t for t in pack}
-    return [{"number": t.number, "plain": t.state.name, "pack": by_number[t.number].state.name,
-             "plain_values": dict(t.intermediate_values), "pack_values": dict(by_number[t.number].intermediate_values)}
+    run done two ways, a check of the plain loop; `name` is the other method's."""
+    by_number = {t.number: t for t in other}
+    return [{"number": t.number, "plain": t.state.name, name: by_number[t.number].state.name,
+             "plain_values": dict(t.intermediate_values), f"{name}_values": dict(by_number[t.number].intermediate_values)}
             for t in plain if t.number in by_number and by_number[t.number].params == t.params]
 
 
@@ -104,7 +114,8 @@ def run(space: SearchSpace, n_trials: int, seeds: list[int], methods: list[str],
         device: str, dtype: str) -> dict[str, Any]:
     metric, direction = check_space(space), space.directions[0]
     # Untimed: each in-process method once on 2 trials of 1 epoch, so the dataset's first build and
-    # this process's first-use costs fall on no timed run (the worker processes warm up on their own).
+    # this process's first-use costs (ray: the driver's) fall on no timed run (the worker processes
+    # warm up on their own).
     with tempfile.TemporaryDirectory(prefix="bench-search-warm-") as folder:
         for method in methods:
             if method != "processes":
@@ -112,6 +123,7 @@ def run(space: SearchSpace, n_trials: int, seeds: list[int], methods: list[str],
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {method: [] for method in methods}
     same: list[dict[str, Any]] = []
+    same_ray: list[dict[str, Any]] = []
     for turn, seed in enumerate(seeds):
         seeded = space.with_overrides(seed=seed)
         order = methods[turn % len(methods):] + methods[:turn % len(methods)]
@@ -125,6 +137,8 @@ def run(space: SearchSpace, n_trials: int, seeds: list[int], methods: list[str],
                       file=sys.stderr, flush=True)
             if turn == 0 and "plain" in trials and "pack" in trials:
                 same = same_trials(trials["plain"], trials["pack"])
+            if turn == 0 and "plain" in trials and "ray" in trials:
+                same_ray = same_trials(trials["plain"], trials["ray"], "ray")
     reference = "plain" if "plain" in methods else methods[0]
     return {
         "space": str(space.source), "metric": metric, "direction": direction, "n_trials": n_trials,
@@ -132,12 +146,28 @@ def run(space: SearchSpace, n_trials: int, seeds: list[int], methods: list[str],
         "pruner": space.pruner.name, "seeds": seeds, "processes": processes, "device": device, "dtype": dtype,
         "threads": torch.get_num_threads(), "reference": reference,
         "runs": runs, "summary": summarize(runs, reference, direction), "same_trials": same,
+        "same_trials_ray": same_ray,
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "optuna": optuna.__version__,
                      "numpy": np.__version__, "hfta_nas": hfta_nas.__version__},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor(),
                     "load_average_before": list(load_before), "load_average_after": list(os.getloadavg())},
     }
+
+
+def time_shares(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Median over runs of each time-account phase's share of the run's wall time ("overhead":
+    all but training and evaluation, as the search summary counts it when it does not say)."""
+    shares: dict[str, list[float]] = {}
+    for row in rows:
+        account = row.get("time_account") or {}
+        if not account:
+            continue
+        if "overhead" not in account:
+            account = {**account, "overhead": sum(v for k, v in account.items() if k not in ("training", "evaluation"))}
+        for phase, seconds in account.items():
+            shares.setdefault(phase, []).append(seconds / row["seconds"])
+    return {phase: statistics.median(values) for phase, values in shares.items()}
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], reference: str, direction: str) -> dict[str, Any]:
@@ -158,6 +188,11 @@ def summarize(runs: dict[str, list[dict[str, Any]]], reference: str, direction: 
             # reference / method wall time, seed by seed: both measured in the same run
             "speedup": spread([ref["seconds"] / r["seconds"] for ref, r in zip(runs[reference], rows)]),
         }
+        for key in ("startup_s", "first_trial_s", "first_result_s", "mean_occupancy"):  # the methods that have them
+            if any(r.get(key) is not None for r in rows):
+                summary["methods"][method][key] = spread([r.get(key) for r in rows])
+        if any(r.get("time_account") for r in rows):
+            summary["methods"][method]["time_account"] = time_shares(rows)
     return summary
 
 
@@ -178,7 +213,7 @@ def print_table(figures: dict[str, Any], quick: bool) -> None:
     value = lambda v: _number(v, metric)  # noqa: E731
     print(f"{Path(figures['space']).name}: {figures['n_trials']} trials x {figures['epochs']} epochs, "
           f"{figures['sampler']} + {figures['pruner']} pruner, seeds {figures['seeds']}, arrays of "
-          f"{figures['array_size']}, {figures['processes']} processes, on {figures['device']} "
+          f"{figures['array_size']}, {figures['processes']} processes / Ray trials at once, on {figures['device']} "
           f"({figures['threads']} torch threads, {figures['dtype']})"
           + (" [quick: checks the script, not timings]" if quick else ""))
     at = " / ".join(f"{f:g}T" for f in CHECKPOINTS)
@@ -191,17 +226,34 @@ def print_table(figures: dict[str, Any], quick: bool) -> None:
         speedup = _range(cell["speedup"], lambda v: "-" if v is None else f"{v:.2f}x")
         print(f"{method:>9}  {_range(cell['seconds'], seconds):>18}  {_range(cell['best_value'], value):>26}  "
               f"{best_at:>28}  {_range(cell['time_to_target'], seconds):>18}  {cell['architectures_trained']:>5g}  {speedup:>18}")
+    for method, cell in summary["methods"].items():
+        notes = []
+        if "startup_s" in cell:
+            notes.append(f"start-up {_range(cell['startup_s'], seconds)} s, not in wall s")
+        if "first_result_s" in cell:
+            notes.append(f"first trial began {_range(cell['first_trial_s'], seconds)} s and reported its first epoch "
+                         f"{_range(cell['first_result_s'], seconds)} s after the start")
+        if "mean_occupancy" in cell:
+            notes.append(f"mean occupancy {_range(cell['mean_occupancy'], lambda v: '-' if v is None else f'{v:.0%}')}")
+        if cell.get("time_account"):
+            phases = sorted(((k, v) for k, v in cell["time_account"].items() if k != "overhead" and v >= 0.01),
+                            key=lambda item: -item[1])
+            notes.append("time " + ", ".join(f"{k} {v:.0%}" for k, v in phases)
+                         + f"; overhead {cell['time_account']['overhead']:.0%} (median shares of wall s)")
+        if notes:
+            print(f"{method:>9}: " + "; ".join(notes))
     methods = summary["methods"]
     if "pack" in methods and "replicate" in methods:
         ratios = [p["seconds"] / r["seconds"] for p, r in zip(figures["runs"]["pack"], figures["runs"]["replicate"])]
         print(f"pack / replicate wall time, seed by seed: median {statistics.median(ratios):.2f} "
               f"[{min(ratios):.2f}-{max(ratios):.2f}]")
-    if figures["same_trials"]:
-        gaps = [abs(pair["plain_values"][step] - pair["pack_values"][step]) for pair in figures["same_trials"]
-                for step in pair["plain_values"] if step in pair["pack_values"]]
-        print(f"same number and parameters in plain and pack (same seeds): trials "
-              f"{[p['number'] for p in figures['same_trials']]}; per-epoch {metric} differ by at most "
-              f"{_number(max(gaps, default=0.0), metric)}")
+    for other, pairs in (("pack", figures["same_trials"]), ("ray", figures.get("same_trials_ray", []))):
+        if pairs:
+            gaps = [abs(pair["plain_values"][step] - pair[f"{other}_values"][step]) for pair in pairs
+                    for step in pair["plain_values"] if step in pair[f"{other}_values"]]
+            print(f"same number and parameters in plain and {other} (same seeds): trials "
+                  f"{[p['number'] for p in pairs]}; per-epoch {metric} differ by at most "
+                  f"{_number(max(gaps, default=0.0), metric)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,14 +262,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--space", type=Path, default=DEFAULT_SPACE, help="search space file")
     parser.add_argument("--n-trials", type=int, default=None, help="trials per search; None: the space's budget")
     parser.add_argument("--seeds", type=int, default=5, help="search seeds 0..N-1 (each method runs once per seed)")
-    parser.add_argument("--methods", type=comma_list(str, METHODS), default=list(METHODS), help="which methods, comma-separated")
-    parser.add_argument("--processes", type=int, default=None, help="worker processes of `processes`; None: the array size")
+    parser.add_argument("--methods", type=comma_list(str, METHODS), default=list(DEFAULT_METHODS),
+                        help=f"which methods, comma-separated, of {','.join(METHODS)}")
+    parser.add_argument("--processes", type=int, default=None,
+                        help="worker processes of `processes` and concurrent trials of `ray`; None: the cores available")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for a fair comparison)")
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK['n_trials']} trials, {QUICK['epochs']} epochs, {QUICK['num_samples']} samples, "
-                             f"{QUICK['seeds']} seeds, {QUICK['processes']} processes: checks the script")
+                             f"{QUICK['seeds']} seeds, at most {QUICK['processes']} processes: checks the script")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="draw the anytime curves to this image (.png, .svg)")
     return parser
@@ -231,11 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.device == "cpu" or args.device.startswith("cuda")):
         print(f"error: --device must be cpu or cuda, got {args.device!r}", file=sys.stderr)
         return 2
+    if "ray" in args.methods and not ray_available():
+        print(f"error: {MISSING_RAY}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(args.space)
     n_trials = args.n_trials or space.budget.n_trials
-    seeds, processes = args.seeds, args.processes or (space.array.size if isinstance(space.array.size, int) else 8)
+    seeds, processes = args.seeds, args.processes or len(available_cores())
     if args.quick:
         space, n_trials = quick_space(space), min(n_trials or QUICK["n_trials"], QUICK["n_trials"])
         seeds, processes = min(seeds, QUICK["seeds"]), min(processes, QUICK["processes"])

@@ -367,3 +367,45 @@ def test_the_paper_workloads_fuse_exactly(name):
         out = array(x, shared_input=True)
         for slot in range(2):
             torch.testing.assert_close(out[slot], prep.build(slot, "cpu").eval()(x), rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- benchmarks/search.py: the ray method
+def test_search_ray_method_runs_the_plain_loop_with_the_same_seeds(tmp_path):
+    """`--quick --methods plain,ray`: Ray Tune (OptunaSearch + ASHA) on a local Ray, 2 seeds, about 30 s."""
+    pytest.importorskip("ray")
+    out = tmp_path / "search-ray.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.search", "--quick", "--methods", "plain,ray",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    n_trials, seeds = result["n_trials"], result["seeds"]
+    assert list(result["runs"]) == ["plain", "ray"] and seeds == [0, 1]
+    assert result["processes"] == min(len(os.sched_getaffinity(0)), 2)  # default: the cores, at most 2 when quick
+    for run in result["runs"]["ray"]:
+        states = run["trials"]
+        assert sum(states.values()) == n_trials, states
+        assert states["RUNNING"] == states["WAITING"] == states["FAIL"] == 0, states
+        assert states["COMPLETE"] >= 1
+        assert run["startup_s"] > 0  # not in the wall time, which starts with the tuner
+        assert 0 < run["first_trial_s"] < run["first_result_s"] <= run["seconds"]
+        assert run["reduction_factor"] == 2 and run["processes"] == result["processes"]
+        curve = run["curve"]
+        assert curve and 0 <= curve[0][0] and curve[-1][0] <= run["seconds"] + 1.0 and run["best_value"] == curve[-1][1]
+        assert 1 <= run["epochs_trained"] <= n_trials * result["epochs"]
+    # The same sampler seed proposes trial 0 alike in both; trained by the same loop with the same
+    # trial seeds, it must give the same values for every epoch Ray ran (ASHA may stop it early).
+    same = {pair["number"]: pair for pair in result["same_trials_ray"]}
+    assert 0 in same and same[0]["ray_values"]
+    for step, value in same[0]["ray_values"].items():
+        assert value == pytest.approx(same[0]["plain_values"][step], abs=1e-9)
+    assert "ray: start-up" in done.stdout and "same number and parameters in plain and ray" in done.stdout
+
+
+def test_search_ray_method_without_ray_fails_with_one_clear_line(monkeypatch, capsys):
+    from benchmarks import search
+
+    monkeypatch.setattr(search, "ray_available", lambda: False)
+    assert search.main(["--quick", "--methods", "plain,ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "hfta-nas[bench]" in err
