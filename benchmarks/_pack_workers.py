@@ -4,7 +4,8 @@
 
 Like `processes`, the workers warm up (imports, data, first kernels) before a barrier and the
 clock starts when all have passed it: start-up is not the search's. The wall time runs to the
-last worker's end. The workers' time accounts are summed phase by phase.
+last worker's end (a worker with nothing left to ask waits for the others' trials, as under
+`--workers`). The time account is the workers' mean, phase by phase.
 """
 
 from __future__ import annotations
@@ -87,10 +88,10 @@ def run_pack_workers(space: SearchSpace, n_trials: int, device: str, dtype: str,
     if errors:
         raise RuntimeError("a pack worker failed:\n" + "\n".join(errors))
     trials = optuna.load_study(study_name=name, storage=open_storage(storage)[0]).get_trials()
-    account: dict[str, float] = {}
+    account: dict[str, float] = {}  # the workers' mean: shares of the wall time, as for one process
     for extra in extras:
         for phase, seconds in extra["time_account"].items():
-            account[phase] = account.get(phase, 0.0) + seconds
+            account[phase] = account.get(phase, 0.0) + seconds / len(extras)
     occupancy = sum(e["mean_occupancy"] for e in extras) / len(extras)
     return SearchRun(end - wall, cpu, trials, start, {"workers": processes, "arrays": sum(e["arrays"] for e in extras),
                                                       "mean_occupancy": occupancy, "time_account": account})

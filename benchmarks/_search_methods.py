@@ -18,7 +18,9 @@
   (`run_search` with `sampler: random` and `array.max_waste: 0`);
 - replicate: `run_search` with `array.fill: replicate` (each array's other
   slots copy its first trial's architecture);
-- pack: `run_search` as shipped (the sampler's trials packed by measured cost).
+- pack: `run_search` as shipped (the sampler's trials packed by measured cost);
+- pack-workers: the same in P worker processes on one study, as `hfta-nas search
+  --workers P` runs it (benchmarks/_pack_workers.py): the 2-core answer to `processes`.
 
 Every method gets the same space, budget (trials and epochs), per-trial seeds
 (`trial_seeds(space seed, trial number)`) and torch thread count per trial; all
@@ -50,11 +52,12 @@ from hfta_nas.data import load_dataset
 from hfta_nas.runtime import DTYPES
 from hfta_nas.search import open_storage, trial_seeds
 from search_spaces import SearchSpace, run_search
+from benchmarks._pack_workers import run_pack_workers
 from benchmarks._ray_search import run_ray
 from benchmarks.stability import _accuracy, plain_run
 
-METHODS = ("plain", "processes", "ray", "hfta", "replicate", "pack")
-DEFAULT_METHODS = ("plain", "processes", "ray", "pack")
+METHODS = ("plain", "processes", "ray", "hfta", "replicate", "pack", "pack-workers")
+DEFAULT_METHODS = ("plain", "processes", "ray", "pack", "pack-workers")
 PLAIN_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss")  # what the plain loop evaluates per epoch
 PROCESS_TIMEOUT_S = 1800.0
 
@@ -242,4 +245,5 @@ def run_arrays(method: str) -> Callable[..., SearchRun]:
 RUNNERS: dict[str, Callable[..., SearchRun]] = {
     "plain": run_plain, "processes": run_processes, "ray": run_ray,
     "hfta": run_arrays("hfta"), "replicate": run_arrays("replicate"), "pack": run_arrays("pack"),
+    "pack-workers": run_pack_workers,
 }

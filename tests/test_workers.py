@@ -255,8 +255,8 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
             except KeyError:  # no worker created the study yet
                 continue
             for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                # mid-array: labelled by its worker and at least one epoch trained, not the last
-                if pid_of(trial) in pids and 1 <= trial.user_attrs.get("epochs_run", 0) < 7:
+                # mid-array: labelled by its worker and at least one epoch reported, not the last
+                if pid_of(trial) in pids and 1 <= len(trial.intermediate_values) < 7:
                     victim = pid_of(trial)
                     break
             if victim is not None:

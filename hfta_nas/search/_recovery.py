@@ -83,6 +83,9 @@ def interrupt_held(ledger: Ledger, held: Collection[optuna.Trial], emit: Callabl
             emit(event)
 
 
+WAIT_POLL_S = 0.25  # how often a worker with nothing to do looks whether the others are done (a storage read)
+
+
 def wait_for_other_workers(ledger: Ledger, worker: str, emit: Callable[[object], None],
                            time_left: Callable[[], bool], interval: float) -> bool:
     """This worker holds nothing and the budget is taken, but other workers' trials still
@@ -93,7 +96,7 @@ def wait_for_other_workers(ledger: Ledger, worker: str, emit: Callable[[object],
         with ledger.lock:
             if retry_stale_trials(ledger, (), worker, emit) or ledger.remaining() > 0:
                 return True
-        time.sleep(min(interval, 2.0))
+        time.sleep(min(interval, WAIT_POLL_S))
     return False
 
 
