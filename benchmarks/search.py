@@ -48,6 +48,7 @@ import optuna
 import torch
 
 import hfta_nas
+from hfta_nas.errors import HftaNasError
 from hfta_nas.runtime import DTYPES
 from search_spaces import SearchSpace, load_space
 from benchmarks._anytime import best_so_far, plot, spread, time_to, value_at
@@ -261,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--space", type=Path, default=DEFAULT_SPACE, help="search space file")
     parser.add_argument("--n-trials", type=int, default=None, help="trials per search; None: the space's budget")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a setting of the space (repeatable), as `hfta-nas search --set`: "
+                             "e.g. --set training.epochs=15")
     parser.add_argument("--seeds", type=int, default=5, help="search seeds 0..N-1 (each method runs once per seed)")
     parser.add_argument("--methods", type=comma_list(str, METHODS), default=list(DEFAULT_METHODS),
                         help=f"which methods, comma-separated, of {','.join(METHODS)}")
@@ -290,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = load_space(args.space)
+    try:
+        space = load_space(args.space, args.overrides)
+    except HftaNasError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     n_trials = args.n_trials or space.budget.n_trials
     seeds, processes = args.seeds, args.processes or len(available_cores())
     if args.quick:
