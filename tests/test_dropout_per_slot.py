@@ -146,3 +146,42 @@ def test_masks_keep_a_share_1_minus_p_without_correlation(p):
     assert abs(corr(masks[0][0], masks[1][0])) < bound  # consecutive steps
     assert abs(corr(masks[0][0][..., 1:], masks[0][0][..., :-1])) < bound  # neighbouring entries, last dim
     assert abs(corr(masks[0][0][1:], masks[0][0][:-1])) < bound  # neighbouring rows (samples)
+
+
+def _ops_of_one_dropout(slots):
+    """The aten operations one array dropout layer runs (forward) for `slots` slots."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hfta_nas._slot_layers import SlotDropout
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    layer = SlotDropout(0.3).train()
+    x = torch.randn(slots, 16, 8, 10)
+    keys, calls = slot_keys(torch.arange(slots), 0), torch.zeros(slots, dtype=torch.int64)
+    with Count() as counted:
+        layer.native_forward(x, keys, calls)
+    return counted.ops
+
+
+def test_a_dropout_layer_runs_as_many_operations_for_32_slots_as_for_1():
+    """All slots' masks in one pass of each operation (one kernel each on a GPU), never a loop over slots."""
+    assert _ops_of_one_dropout(1) == _ops_of_one_dropout(32)
+
+
+def test_the_dropout_benchmark_runs_and_reports_ratios(tmp_path):
+    from benchmarks.dropout import main
+
+    out = tmp_path / "dropout.json"
+    assert main(["--shapes", "mlp-64", "--slots", "1,2", "--repeats", "1", "--inner", "1", "--out", str(out)]) == 0
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["slots"] for r in rows] == [1, 2] and all(r["ratio"] > 0 for r in rows)
