@@ -4,6 +4,11 @@ Every command parses options, calls one function of `hfta_nas` (or of the
 search_spaces / stability packages) and prints the result. User errors
 (`HftaNasError`) print one clear line and exit with status 2, never a
 traceback.
+
+Start-up imports only click and yaml: each command imports what it needs when
+it runs, and the stability commands load on first use (`_LAZY_COMMANDS`), so
+`hfta-nas --help` and `hfta-nas search` import neither torch (for the help) nor
+the statistics and plots of `stability`.
 """
 
 from __future__ import annotations
@@ -28,18 +33,25 @@ def _friendly_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from hfta_nas.errors import HftaNasError
-
         try:
             return command(*args, **kwargs)
-        except HftaNasError as error:
-            click.echo(f"error: {error}", err=True)
-            sys.exit(EXIT_USER_ERROR)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except Exception as error:
+            if not _is_user_error(error):
+                raise
+            click.echo(f"error: {error}", err=True)
+            sys.exit(EXIT_USER_ERROR)
 
     return wrapper
+
+
+def _is_user_error(error: BaseException) -> bool:
+    """Whether `error` is an HftaNasError, found without importing hfta_nas (and torch with it) for
+    a command that never did: an HftaNasError exists only once hfta_nas.errors is imported."""
+    errors = sys.modules.get("hfta_nas.errors")
+    return errors is not None and isinstance(error, errors.HftaNasError)
 
 
 def _numbers(text: str | None, name: str) -> float | list[float] | None:
@@ -77,11 +89,60 @@ def _key_values(pairs: tuple[str, ...], name: str) -> dict[str, Any]:
     return result
 
 
+def _stability_command() -> click.Command:
+    from stability import stability_command
+
+    return stability_command
+
+
+def _report_command() -> click.Command:
+    from stability import report_command
+
+    return report_command
+
+
+# Commands defined outside this file, imported only when run or asked for their --help (click's
+# lazy subcommands): name -> (what `hfta-nas --help` lists for it, the function that imports it).
+# The listed line is the first sentence of the command's help (tests/test_startup.py checks it).
+_LAZY_COMMANDS: dict[str, tuple[str, Callable[[], click.Command]]] = {
+    "report": ("Regenerate a stability report from stored results, without retraining.", _report_command),
+    "stability": ("Seed studies: one configuration across many seeds in one array, with a statistical report.",
+                  _stability_command),
+}
+
+
 class _FriendlyGroup(click.Group):
-    """User errors from any subcommand (nested groups included) end as `error: ...`, exit 2."""
+    """User errors from any subcommand (nested groups included) end as `error: ...`, exit 2.
+
+    The commands in `_LAZY_COMMANDS` are imported the first time one is looked up to run (or
+    to print its own --help); the group's --help lists them from their stored line instead."""
+
+    _listing = False  # True while format_commands asks for every command only for its line of help
 
     def invoke(self, ctx: click.Context) -> Any:
         return _friendly_errors(super().invoke)(ctx)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *_LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _LAZY_COMMANDS and cmd_name not in self.commands:
+            summary, load = _LAZY_COMMANDS[cmd_name]
+            if self._listing:  # a stand-in carrying the line to list; never run
+                return click.Command(cmd_name, help=summary)
+            self.add_command(load(), cmd_name)
+        command = super().get_command(ctx, cmd_name)
+        if command is None and not self._listing:  # a typo: click's "Did you mean ...?" looks in self.commands
+            for name in _LAZY_COMMANDS.keys() - self.commands.keys():
+                self.add_command(_LAZY_COMMANDS[name][1](), name)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self._listing = False
 
 
 @click.group(cls=_FriendlyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -738,15 +799,6 @@ def bench(ctx: click.Context, which: str) -> None:
             raise click.BadParameter(f"expected one of {', '.join(_BENCHMARKS)}, got {which!r}", param_hint="WHICH")
     sys.exit(importlib.import_module(_BENCHMARKS[which]).main(args))
 
-
-def _add_stability_commands() -> None:
-    from stability import report_command, stability_command
-
-    main.add_command(stability_command)
-    main.add_command(report_command)
-
-
-_add_stability_commands()
 
 if __name__ == "__main__":
     main()

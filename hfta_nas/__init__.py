@@ -1,4 +1,14 @@
-"""hfta-nas: train many candidate models at once as one horizontally fused array."""
+"""hfta-nas: train many candidate models at once as one horizontally fused array.
+
+The search core (`hfta_nas.search`: `optimize`, `plan`, `Candidate`,
+`SearchSummary`) loads on first use (PEP 562), so engine-only use never imports
+Optuna; `from hfta_nas import optimize` works as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from hfta_nas import data, models, optim
 from hfta_nas._allocator import keep_freed_memory
@@ -16,7 +26,12 @@ from hfta_nas._objectives import (
 )
 from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
-from hfta_nas.search import Candidate, SearchSummary, optimize, plan
+
+if TYPE_CHECKING:  # loaded on first use, see __getattr__
+    from hfta_nas import search
+    from hfta_nas.search import Candidate, SearchSummary, optimize, plan
+
+_SEARCH_NAMES = ("Candidate", "SearchSummary", "optimize", "plan")
 
 __all__ = [
     "ArrayTrainer",
@@ -50,3 +65,18 @@ __all__ = [
     "trained_metric_names",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """`hfta_nas.search` and its names here, imported the first time one is asked for (it imports Optuna)."""
+    if name == "search":
+        return importlib.import_module("hfta_nas.search")
+    if name in _SEARCH_NAMES:
+        value = getattr(importlib.import_module("hfta_nas.search"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, "search"})

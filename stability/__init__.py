@@ -5,15 +5,44 @@ with a statistical report (`hfta-nas stability`, `hfta-nas report`).
 >>> done = stability.run_study("stability/configs/mnist1d_cnn.yaml", seeds=32)
 >>> done.files["html"]                       # the self-contained report
 >>> again = stability.report(stability.StabilityResult.load("runs/stability/mnist1d_cnn/result"), "out/")
+
+The public names load on first use (PEP 562): `import stability` alone costs
+nothing, and the click commands (`stability_command`, `report_command`) come
+without the engine, statistics or plots, so `hfta-nas stability --help` answers
+at once.
 """
 
-from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
-from stability._design import plan, source_seed
-from stability._result import Analysis, StabilityResult
-from stability._runner import run_stability
-from stability._cli import report as report_command
-from stability._cli import stability as stability_command
-from stability._study import StudyReport, default_artifact_dir, report, run_study
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names below are, for type checkers and editors
+    from stability._cli import report as report_command
+    from stability._cli import stability as stability_command
+    from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
+    from stability._design import plan, source_seed
+    from stability._result import Analysis, StabilityResult
+    from stability._runner import run_stability
+    from stability._study import StudyReport, default_artifact_dir, report, run_study
+
+# public name -> (module, its name there)
+_PUBLIC = {
+    "DEFAULT_CONFIG": ("stability._configs", "DEFAULT_CONFIG"),
+    "LabelledConfig": ("stability._configs", "LabelledConfig"),
+    "load_config": ("stability._configs", "load_config"),
+    "plan": ("stability._design", "plan"),
+    "source_seed": ("stability._design", "source_seed"),
+    "Analysis": ("stability._result", "Analysis"),
+    "StabilityResult": ("stability._result", "StabilityResult"),
+    "run_stability": ("stability._runner", "run_stability"),
+    "report_command": ("stability._cli", "report"),
+    "stability_command": ("stability._cli", "stability"),
+    "StudyReport": ("stability._study", "StudyReport"),
+    "default_artifact_dir": ("stability._study", "default_artifact_dir"),
+    "report": ("stability._study", "report"),
+    "run_study": ("stability._study", "run_study"),
+}
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -31,3 +60,17 @@ __all__ = [
     "source_seed",
     "stability_command",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module the first time the name is asked for (then it is a plain global)."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _PUBLIC[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -3,6 +3,11 @@
 They parse options, call `run_stability`, `analyse` and `write_report`, and
 print a short summary. User errors raise HftaNasError; the top-level group in
 cli.py turns them into one `error: ...` line and exit status 2.
+
+Importing this module is light (click and the standard library): `hfta-nas
+stability --help` and `hfta-nas report --help` need these click objects, so
+everything else (the engine, torch, Optuna, pandas, the plots) is imported
+inside the commands, when they run.
 """
 
 from __future__ import annotations
@@ -18,8 +23,7 @@ from typing import Any
 
 import click
 
-from hfta_nas.errors import HftaNasError
-from stability._export import FORMATS, PLOT_FORMATS
+from stability._formats import FORMATS, PLOT_FORMATS
 
 
 def _split(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
@@ -104,6 +108,7 @@ def run(config: str | None, params: tuple[str, ...], study_name: str | None, top
     [default: stability/configs/mnist1d_cnn.yaml]. With --study, the K best trials of
     a search are re-run across seeds and re-ranked with intervals.
     """
+    from hfta_nas.errors import HftaNasError
     from stability._configs import DEFAULT_CONFIG, LabelledConfig, label_for, load_config, parse_params, top_k_configs
 
     if study_name is not None:
@@ -124,6 +129,7 @@ def run(config: str | None, params: tuple[str, ...], study_name: str | None, top
 def compare(inputs: tuple[str, ...], overrides: tuple[str, ...], **options: Any) -> None:
     """Compare configurations: each INPUT is a config file (trained across the seeds)
     or the folder of an earlier stability report (reused without retraining)."""
+    from hfta_nas.errors import HftaNasError
     from stability._configs import LabelledConfig, label_for, load_config
 
     if len(inputs) < 2:
@@ -157,6 +163,7 @@ def report(folder: str | None, studies: tuple[str, ...], storage: str | None, ou
     FOLDER is an earlier report folder (it keeps the raw results in result/);
     or name the studies with --study (`hfta-nas stability` prints their names).
     """
+    from hfta_nas.errors import HftaNasError
     from stability._result import StabilityResult
     from stability._store import load_stability_study, result_of
     from stability._study import report as rebuild
@@ -334,6 +341,7 @@ def _open(storage: str | None) -> tuple[Any, str]:
 
 
 def _load_result(folder: Path) -> Any:
+    from hfta_nas.errors import HftaNasError
     from stability._result import StabilityResult
 
     for candidate in (folder / "result", folder):

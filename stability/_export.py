@@ -24,10 +24,8 @@ import pandas as pd
 from hfta_nas.runtime import atomic_write_text
 from hfta_nas.errors import HftaNasError
 from stability import _plots
+from stability._formats import FORMATS, PLOT_FORMATS
 from stability._result import Analysis, StabilityResult
-
-FORMATS = ("html", "md", "csv", "json", "tex")
-PLOT_FORMATS = ("png", "svg")
 
 
 def write_report(result: StabilityResult, analysis: Analysis, out: str | Path, *, formats: Sequence[str] = FORMATS,
