@@ -776,7 +776,7 @@ def _serving_port(host: str, first: int, last: int) -> int:
 
 
 _BENCHMARKS = {"throughput": "benchmarks.throughput", "stability": "benchmarks.stability", "search": "benchmarks.search",
-               "augment": "benchmarks.augment"}
+               "augment": "benchmarks.augment", "dropout": "benchmarks.dropout"}
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
@@ -786,7 +786,8 @@ def bench(ctx: click.Context, which: str) -> None:
     """Run a benchmark: `throughput` (default; serial, processes, vmap recipe, array and
     the fused limit), `stability` (a 32-seed array against 32 plain PyTorch runs) or
     `search` (anytime quality of one space and budget run five ways, plain Optuna to the packing search)
-    or `augment` (what each on-device augmentation costs an epoch, as ratios).
+    or `augment` (what each on-device augmentation costs an epoch, as ratios) or `dropout` (per-slot
+    dropout against torch's, forward and backward, as ratios).
     Arguments after it go to the benchmark: `hfta-nas bench throughput --quick`,
     `hfta-nas bench stability --help`, `hfta-nas bench search --quick`."""
     import importlib
