@@ -785,7 +785,7 @@ _BENCHMARKS = {"throughput": "benchmarks.throughput", "stability": "benchmarks.s
 def bench(ctx: click.Context, which: str) -> None:
     """Run a benchmark: `throughput` (default; serial, processes, vmap recipe, array and
     the fused limit), `stability` (a 32-seed array against 32 plain PyTorch runs) or
-    `search` (anytime quality of one space and budget run five ways, plain Optuna to the packing search)
+    `search` (anytime quality of one space and budget run several ways: plain Optuna, processes, Ray Tune, the packing)
     or `augment` (what each on-device augmentation costs an epoch, as ratios) or `dropout` (per-slot
     dropout against torch's, forward and backward, as ratios).
     Arguments after it go to the benchmark: `hfta-nas bench throughput --quick`,
