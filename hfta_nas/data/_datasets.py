@@ -217,6 +217,8 @@ def _read_source(
         return "digits", _split(arrays, val_fraction, test_fraction, split_seed)
 
     suffix = text.lower().rsplit(".", 1)[-1] if "." in text else ""
+    if Path(text).expanduser().is_dir():
+        return text, npy_folder(Path(text).expanduser(), f"data folder {text!r}")
     if suffix in ("npz", "csv"):
         path = Path(text).expanduser()
         if not path.is_file():
