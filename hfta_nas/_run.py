@@ -26,7 +26,7 @@ from hfta_nas._checkpoint import Checkpointer
 from hfta_nas._checkpoint import enabled as checkpoints_enabled
 from hfta_nas._oom import check_budget
 from hfta_nas._objectives import Objective, as_objective
-from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
+from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult, TrainingSettings
 from hfta_nas.data import Augmentation, Dataset, load_dataset, pooled, slot_splits
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
@@ -161,11 +161,10 @@ def train(
             array = ModelArray(models, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
         opt = OPTIMIZERS[optimizer](array, **dict(hparams or {}))
         return ArrayTrainer(
-            array, opt, data, batch_size=batch_size, schedule=LRSchedule(opt, **schedule) if schedule else None,
+            array, opt, data, schedule=LRSchedule(opt, **schedule) if schedule else None,
             data_seeds=None if shared_order else data_seeds,
             shared_order_seed=data_seeds[0] if shared_order else None, splits=splits,
-            accumulate=accumulate, early_stopping=early_stopping, loss_fn=objective, augmentation=augmentation,
-            precision=precision,
+            **TrainingSettings(batch_size, accumulate, early_stopping, objective, augmentation, precision).trainer_kwargs(),
         )
 
     fingerprint = repr((getattr(model, "__module__", ""), getattr(model, "__qualname__", model), model_config,

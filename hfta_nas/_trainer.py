@@ -102,6 +102,25 @@ def _add(sums: dict[str, torch.Tensor], more: dict[str, torch.Tensor]) -> None:
         sums[key] = sums[key] + value if key in sums else value
 
 
+@dataclass(frozen=True)
+class TrainingSettings:
+    """How every slot of one array trains, beyond its optimizer and schedule: what `hfta_nas.train`
+    and a search's candidates both hand to `ArrayTrainer` (one spelling of these options)."""
+
+    batch_size: int = 100
+    accumulate: int = 1
+    early_stopping: EarlyStopping | None = None
+    loss: Objective | Callable[..., torch.Tensor] | str | None = None  # None: cross-entropy
+    augmentation: Augmentation | None = None
+    precision: str = "float32"
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """These settings as `ArrayTrainer` keyword arguments."""
+        return {"batch_size": self.batch_size, "accumulate": self.accumulate, "early_stopping": self.early_stopping,
+                "loss_fn": self.loss if self.loss is not None else F.cross_entropy,
+                "augmentation": self.augmentation, "precision": self.precision}
+
+
 class ArrayTrainer:
     """Trains an array with its optimizer (and schedule) on a Dataset.
 

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import optuna
 import torch
-from torch.nn import functional as F
 
 from hfta_nas._array import ModelArray
 from hfta_nas._checkpoint import remove as remove_checkpoint
@@ -154,12 +153,10 @@ class ArrayJob:
         candidates = [p.candidate for p in proposals]
         optimizer = OPTIMIZERS[self.first.optimizer](array, **per_slot_hparams(candidates))
         return ArrayTrainer(array, optimizer, self.first.data.to(self.ctx.device, self.ctx.dtype),
-                            batch_size=self.first.batch_size, schedule=per_slot_schedule(optimizer, candidates),
+                            schedule=per_slot_schedule(optimizer, candidates),
                             data_seeds=[p.seeds["data"] for p in proposals],
-                            slot_ids=slot_ids or [p.number for p in proposals], loss_fn=self.first.loss or F.cross_entropy,
-                            accumulate=self.first.accumulate, early_stopping=self.first.early_stopping,
-                            augmentation=self.first.augmentation, precision=self.first.precision,
-                            evaluate_test=self._needs_test())
+                            slot_ids=slot_ids or [p.number for p in proposals], evaluate_test=self._needs_test(),
+                            **self.first.training_settings().trainer_kwargs())
 
     def _needs_test(self) -> bool:
         """Whether any objective (or the early-stopping rule) reads the test split: else a search's

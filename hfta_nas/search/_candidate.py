@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from hfta_nas._objectives import REGRESSION_LOSSES, Objective
-from hfta_nas._trainer import EarlyStopping
+from hfta_nas._trainer import EarlyStopping, TrainingSettings
 from hfta_nas.data import Augmentation, Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS
@@ -100,6 +100,11 @@ class Candidate:
         return Candidate(self.model, self.optimizer, dict(self.hparams), dict(self.schedule) if self.schedule else None,
                          self.epochs, self.batch_size, data, self.loss, dict(self.metrics), self.config, self.accumulate,
                          self.early_stopping, self.augmentation, self.precision)
+
+    def training_settings(self) -> TrainingSettings:
+        """The settings an array of this candidate trains with (shared by the array)."""
+        return TrainingSettings(self.batch_size, self.accumulate, self.early_stopping, self.loss, self.augmentation,
+                                self.precision)
 
     def flags(self) -> dict[str, bool]:
         """The optimizer options one array shares (nesterov, amsgrad, ...), defaults filled in."""
