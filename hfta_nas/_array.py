@@ -221,7 +221,8 @@ class ModelArray:
                 self.buffers[name] = value.to(dtype)
         seeds = _per_slot_ints(dropout_seeds, len(models), "dropout_seeds")
         self.dropout_seeds = torch.tensor(seeds, dtype=torch.int64, device=device)
-        self._slot_random = init_slot_randomness(self._template, self.dropout_seeds)
+        own_modules = None if self._envelope is None else [emb.modules for emb in self._embeddings]
+        self._slot_random = init_slot_randomness(self._template, self.dropout_seeds, own_modules)
 
     # ------------------------------------------------------------- envelopes
     def _init_envelope_slots(self, models: list[nn.Module], source: nn.Module) -> None:
@@ -713,7 +714,8 @@ class ModelArray:
             self._macs.pop(slot, None)
         seed = _per_slot_ints([slot if dropout_seed is None else dropout_seed], 1, "dropout_seed")[0]
         self.dropout_seeds[slot] = seed
-        fresh = init_slot_randomness(self._template, self.dropout_seeds[slot : slot + 1])
+        own_modules = None if self._envelope is None else [self._embeddings[slot].modules]
+        fresh = init_slot_randomness(self._template, self.dropout_seeds[slot : slot + 1], own_modules)
         for name, value in fresh.items():
             self._slot_random[name][slot] = value[0]
         for listener in self._listeners:

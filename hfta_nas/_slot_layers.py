@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -425,15 +426,41 @@ def make_fusable(template: nn.Module) -> nn.Module:
     return template
 
 
-def init_slot_randomness(template: nn.Module, dropout_seeds: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Stacked `slot_key` / `calls` buffers for every SlotDropout of the template. A layer's stream is
-    its path in the model (hashed), not its position among the dropout layers: the same layer draws
-    the same masks in the slot's model alone and in an envelope that adds layers the slot skips."""
+def init_slot_randomness(template: nn.Module, dropout_seeds: torch.Tensor,
+                         own_modules: Sequence[Mapping[str, str]] | None = None) -> dict[str, torch.Tensor]:
+    """Stacked `slot_key` / `calls` buffers for every SlotDropout of the template.
+
+    A layer's stream is its path in the slot's own model (hashed), not its position among the
+    dropout layers nor its path in an envelope: the same layer draws the same masks in the slot's
+    model alone and in an envelope whose extra layers shift it (a deeper slot's hidden blocks
+    before a shared final dropout). `own_modules` gives, per slot, the slot's own module paths
+    -> the envelope's (`SlotEmbedding.modules`); None: the template's paths are every slot's own.
+    """
+    envelope_to_own = None if own_modules is None else [{env: own for own, env in m.items()} for m in own_modules]
     buffers: dict[str, torch.Tensor] = {}
     for path, module in template.named_modules():
         if not isinstance(module, SlotDropout):
             continue
         prefix = f"{path}." if path else ""
-        buffers[prefix + "slot_key"] = slot_keys(dropout_seeds, zlib.crc32(path.encode()))
+        if envelope_to_own is None:
+            stream: int | torch.Tensor = zlib.crc32(path.encode())
+        else:
+            stream = torch.tensor([zlib.crc32(_own_path(path, own).encode()) for own in envelope_to_own],
+                                  dtype=torch.int64, device=dropout_seeds.device)
+        buffers[prefix + "slot_key"] = slot_keys(dropout_seeds, stream)
         buffers[prefix + "calls"] = torch.zeros_like(dropout_seeds)
     return buffers
+
+
+def _own_path(path: str, envelope_to_own: Mapping[str, str]) -> str:
+    """The slot's own path of the template's module `path`: its nearest mapped ancestor's own path
+    plus the rest (a recurrent layer's `inter_layer_dropouts.k` has no module in the user's model).
+    A module the slot skips gets a path this way too; its output reaches nothing of the slot's."""
+    parts = path.split(".") if path else []
+    for cut in range(len(parts), -1, -1):
+        head = ".".join(parts[:cut])
+        if head in envelope_to_own:
+            own = envelope_to_own[head]
+            rest = ".".join(parts[cut:])
+            return f"{own}.{rest}" if own and rest else own or rest
+    return path

@@ -34,15 +34,17 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def slot_keys(seeds: torch.Tensor, stream: int) -> torch.Tensor:
+def slot_keys(seeds: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:
     """Per-slot 32-bit keys for one random stream (e.g. one dropout module).
 
     `seeds` are int64 (any non-negative value below 2**63); `stream` separates
-    the modules of one model so that two dropout layers draw different masks.
+    the modules of one model so that two dropout layers draw different masks:
+    one int for all slots, or an int64 tensor shaped like `seeds` (one per slot).
     """
     low = seeds & _MASK32
     high = (seeds >> 32) & _MASK32
-    key = mix32(low ^ mix32(high ^ mix32(torch.full_like(seeds, stream & _MASK32))))
+    streams = stream & _MASK32 if isinstance(stream, torch.Tensor) else torch.full_like(seeds, stream & _MASK32)
+    key = mix32(low ^ mix32(high ^ mix32(streams)))
     return key
 
 

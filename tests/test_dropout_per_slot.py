@@ -28,6 +28,14 @@ def mlp(width, depth=1, p=0.3):
     return nn.Sequential(*layers, nn.Linear(width, CLASSES))
 
 
+def mlp_dropout_last(hidden_layers):
+    """Hidden layers, then one dropout before the head: a deeper envelope shifts the dropout's index."""
+    layers = [nn.Flatten(), nn.Linear(24, 16), nn.ReLU()]
+    for _ in range(hidden_layers):
+        layers += [nn.Linear(16, 16), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Dropout(0.3), nn.Linear(16, CLASSES))
+
+
 def issue_repro(width):  # Sequential(Linear(64,16), ReLU, Dropout(0.3), Linear(16,10)), padded to width 48
     return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, 10))
 
@@ -59,6 +67,7 @@ ENVELOPES = {
     "issue-width": (lambda: issue_repro(16), [lambda: issue_repro(48)], (64,)),
     "mlp-width": (lambda: mlp(8), [lambda: mlp(32), lambda: mlp(16)], (2, 12)),
     "mlp-depth": (lambda: mlp(16, depth=1), [lambda: mlp(16, depth=3)], (2, 12)),
+    "mlp-depth-shifts-the-dropout": (lambda: mlp_dropout_last(1), [lambda: mlp_dropout_last(3)], (2, 12)),
     "mlp-width-and-depth": (lambda: mlp(8, depth=2), [lambda: mlp(32, depth=3), lambda: mlp(8, depth=1)], (2, 12)),
     "per-slot-rate": (lambda: mlp(16, p=0.2), [lambda: mlp(16, p=0.5), lambda: mlp(24, p=0.0)], (2, 12)),
     "conv-channels-dropout1d": (lambda: cnn(4), [lambda: cnn(12)], (2, 12)),
@@ -124,6 +133,20 @@ def test_a_slot_trains_to_the_same_weights_alone_and_padded():
     assert alone.keys() == padded.keys()
     for key in alone:
         torch.testing.assert_close(alone[key], padded[key], rtol=1e-10, atol=1e-12, msg=key)
+
+
+def test_a_refilled_slot_draws_what_its_new_model_draws_alone():
+    """replace_slot restarts the slot's counters and streams: the new model (shallower than the
+    envelope, so its final dropout sits at another index) draws the masks it draws alone."""
+    models = [seeded(lambda: mlp_dropout_last(3), 1), seeded(lambda: mlp_dropout_last(1), 2)]
+    array = ModelArray(models, dropout_seeds=[5, 6], dtype=torch.float64)
+    x = torch.randn(N, 2, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    train_mode_outputs(array, x)  # the slots' counters move on
+    new = seeded(lambda: mlp_dropout_last(1), 4)  # into the deep slot: its dropout moves from '9' to '5'
+    array.replace_slot(0, copy.deepcopy(new), dropout_seed=7)
+    alone = ModelArray([copy.deepcopy(new)], dropout_seeds=[7], dtype=torch.float64)
+    for step, (padded, own_out) in enumerate(zip(train_mode_outputs(array, x), train_mode_outputs(alone, x))):
+        torch.testing.assert_close(padded[0], own_out[0], rtol=1e-10, atol=1e-12, msg=f"step {step}")
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
