@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hfta_nas._slot_ops import SLOT_OPS, _slot_first, physical_call
-from hfta_nas._slot_random import keep_mask, slot_keys
+from hfta_nas._slot_random import dropout_multiplier, slot_keys
 from hfta_nas.errors import FusionError
 
 
@@ -42,6 +42,9 @@ class SlotDropout(nn.Module):
     scalars; `calls` counts this module's training forwards per slot so that
     every step draws a fresh mask, and restarts when a slot is replaced.
     `channel_dims` > 0 drops whole channels (Dropout1d/2d/3d semantics).
+    The mask of all slots is made at once on the physical [B, ...] tensors
+    (`_slot_random.dropout_multiplier`), the same operations under vmap and
+    in the vmap-free path, so both draw the same masks.
     """
 
     def __init__(self, p: float, channel_dims: int = 0, per_slot_rate: bool = False) -> None:
@@ -58,19 +61,15 @@ class SlotDropout(nn.Module):
         if not self.training or self.p == 0.0:
             return x
         self.calls.add_(1)
-        if self.per_slot_rate:
-            keep = physical_call(self._keep_kernel, x, self.slot_key, self.calls, self.rate)
-            if keep is None:
-                keep = keep_mask(self._mask_shape(x.shape), self.slot_key, self.calls, self.rate, x.dtype, x.device)
-            return x * torch.where(keep, _inverse_keep(self.rate).to(x.dtype), 0.0)
-        if self.p == 1.0:
+        rate = self.rate if self.per_slot_rate else None
+        if rate is None and self.p == 1.0:
             return x * 0.0
-        # Under vmap the masks of all slots are made at once on the physical
-        # tensors (in place, no per-op batching); outside it from this module's scalars.
-        keep = physical_call(self._keep_kernel, x, self.slot_key, self.calls)
-        if keep is None:
-            keep = keep_mask(self._mask_shape(x.shape), self.slot_key, self.calls, self.p, x.dtype, x.device)
-        return x * _scaled(keep, 1.0 / (1.0 - self.p), x.dtype)
+        # Under vmap the multipliers of all slots are made at once on the physical
+        # tensors (no per-op batching); outside it from this module's scalars.
+        multiplier = physical_call(self._multiplier_kernel, x, self.slot_key, self.calls, rate)
+        if multiplier is None:
+            multiplier = self._multiplier(x.shape, self.slot_key, self.calls, rate, x)
+        return x * multiplier
 
     def native_step(self, prefix: str):
         """This layer on [B, ...] tensors, for the vmap-free path (`_slot_ops.native_forward`)."""
@@ -84,46 +83,33 @@ class SlotDropout(nn.Module):
                        rate: torch.Tensor | None = None) -> torch.Tensor:
         """`forward` for all slots at once on physical tensors: x [B, ...], slot_key, calls (and rate) [B]."""
         calls.add_(1)
-        if rate is not None:
-            keep, _ = self._keep_kernel(x.shape[0], (0, 0, 0, 0), x, slot_key, calls, rate)
-            return x * torch.where(keep, _inverse_keep(rate).to(x.dtype).view(-1, *([1] * (x.dim() - 1))), 0.0)
-        if self.p == 1.0:
+        if rate is None and self.p == 1.0:
             return x * 0.0
-        keep, _ = self._keep_kernel(x.shape[0], (0, 0, 0), x, slot_key, calls)
-        return x * _scaled(keep, 1.0 / (1.0 - self.p), x.dtype)
+        multiplier, _ = self._multiplier_kernel(x.shape[0], (0, 0, 0, 0), x, slot_key, calls, rate)
+        return x * multiplier
 
-    def _mask_shape(self, shape: torch.Size) -> torch.Size:
-        """One slot's mask shape for an input of one slot's `shape`. Channel dropout keeps one
-        draw per (sample, channel): the trailing spatial dims have size 1 and broadcast."""
-        if self.channel_dims == 0:
-            return shape
-        return shape[: len(shape) - self.channel_dims] + (1,) * self.channel_dims
-
-    def _keep_kernel(self, batch_size: int, dims, x, slot_key, calls, rate=None):
-        """[B, *mask_shape] keep masks of all slots (physical tensors; see `physical_call`)."""
+    def _multiplier_kernel(self, batch_size: int, dims, x, slot_key, calls, rate=None):
+        """[B, *mask shape] multipliers of all slots (physical tensors; see `physical_call`)."""
         x_dim = dims[0]
         per_slot = x.shape if x_dim is None else x.shape[:x_dim] + x.shape[x_dim + 1:]
-        mask_shape = self._mask_shape(per_slot)
-        lead = (batch_size,) + (1,) * len(mask_shape)  # each slot's scalars against its own mask
-        key = _slot_first(slot_key, dims[1], batch_size).reshape(lead)
-        counter = _slot_first(calls, dims[2], batch_size).reshape(lead)
-        p = self.p if rate is None else _slot_first(rate, dims[3], batch_size).reshape(lead)
-        return keep_mask(mask_shape, key, counter, p, x.dtype, x.device), 0
+        key = _slot_first(slot_key, dims[1], batch_size)
+        counter = _slot_first(calls, dims[2], batch_size)
+        rate = _slot_first(rate, dims[3], batch_size)
+        return self._multiplier(per_slot, key, counter, rate, x), 0
+
+    def _multiplier(self, shape: torch.Size, slot_key, calls, rate, x) -> torch.Tensor:
+        """The multipliers for one slot's input `shape`: slot_key / calls (and rate) are one slot's
+        scalars, or [B] for B slots (the result then [B, ...]). Channel dropout draws one value per
+        (sample, channel): only the leading dims are hashed, the trailing spatial dims broadcast."""
+        hashed = shape[: len(shape) - self.channel_dims] if self.channel_dims else shape
+        lead = (*slot_key.shape, *([1] * len(hashed)))  # each slot's scalars against its own mask
+        p = self.p if rate is None else rate.reshape(lead)
+        multiplier = dropout_multiplier(hashed, slot_key.reshape(lead), calls.reshape(lead), p, x.dtype, x.device)
+        return multiplier.view(*multiplier.shape, *([1] * (len(shape) - len(hashed))))
 
     def extra_repr(self) -> str:
         rate = ", per-slot rate" if self.per_slot_rate else ""
         return f"p={self.p}, channel_dims={self.channel_dims}{rate}"
-
-
-def _scaled(keep: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """The dropout multiplier: 1 / (1 - p) where kept, 0 where dropped, in one pass (one multiply
-    of the activation forward and one backward, as torch's dropout)."""
-    return torch.where(keep, torch.tensor(scale, dtype=dtype, device=keep.device), 0.0)
-
-
-def _inverse_keep(rate: torch.Tensor) -> torch.Tensor:
-    """1 / (1 - p) per slot, 0 where p = 1 (everything dropped, as torch returns zeros)."""
-    return torch.where(rate < 1.0, 1.0 / (1.0 - rate), torch.zeros_like(rate))
 
 
 class _FusableRecurrent(nn.Module):
