@@ -434,3 +434,4 @@ def test_the_dropout_benchmark_runs_and_reports_ratios(tmp_path):
 
     rows = json.loads(out.read_text())["rows"]
     assert [r["slots"] for r in rows] == [1, 2] and all(r["ratio"] > 0 for r in rows)
+    assert all(r["previous_ratio"] > 0 and r["flat_ratio"] > 0 for r in rows)
