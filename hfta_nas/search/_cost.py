@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hfta_nas._autosize import step_seconds
+from hfta_nas._autosize import choose_array_size, step_seconds
 from hfta_nas._files import atomic_write_text, cache_dir
 
 log = logging.getLogger(__name__)
@@ -92,11 +92,10 @@ class StepCurve:
 
     @property
     def knee(self) -> int:
-        """The largest measured size up to which every doubling raised throughput by KNEE_GAIN."""
-        for i in range(1, len(self.sizes)):
-            if _gain(self.sizes, self.step_s, i) < KNEE_GAIN:
-                return self.sizes[i - 1]
-        return self.sizes[-1]
+        """The array size `auto` takes from this curve: `hfta_nas._autosize.choose_array_size`'s rule
+        (double while throughput rises by KNEE_GAIN) over the measured sizes, up to the largest."""
+        measured = dict(zip(self.sizes, self.step_s))
+        return choose_array_size(self.sizes[-1], measured.__getitem__, batch_size=1, gain=KNEE_GAIN)[0]
 
     def describe(self) -> str:
         steps = ", ".join(f"{size}: {s * 1e3:.2f}" for size, s in zip(self.sizes, self.step_s))
@@ -176,11 +175,11 @@ CACHE_FILE = "step_costs.json"
 
 
 def device_name(device: torch.device) -> str:
-    """What a step cost depends on besides the model: the device's name, and on a CPU the
-    processor and the thread count."""
+    """The device a step cost was measured on: the GPU's name, or `cpu` and the thread count (the
+    key of a cost kept in a study, which workers on the same kind of device share)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device).replace(" ", "_")
-    return f"cpu{torch.get_num_threads()}:{platform.machine()}:{platform.processor() or 'unknown'}"
+    return f"cpu{torch.get_num_threads()}"
 
 
 class StepCostCache:
@@ -197,7 +196,8 @@ class StepCostCache:
     def key(structure: str, slots: int, device: torch.device, dtype: torch.dtype) -> str:
         from hfta_nas import __version__  # noqa: PLC0415 - the package imports this module
 
-        return f"{structure}|{slots}|{device_name(device)}|{dtype}|torch-{torch.__version__}|hfta-nas-{__version__}"
+        machine = f"{device_name(device)}:{platform.machine()}:{platform.processor() or 'unknown'}"  # this machine's
+        return f"{structure}|{slots}|{machine}|{dtype}|torch-{torch.__version__}|hfta-nas-{__version__}"
 
     def _entries(self) -> dict[str, dict[str, float]]:
         if self.path is None:

@@ -44,7 +44,8 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas._objectives import as_objective
 from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, FreedSlot, JobContext, Request
 from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
-from hfta_nas.search._cost import StepCost, StepCostCache, StepCurve, cost_from_dict, measure_step_cost
+from hfta_nas.search._cost import (StepCost, StepCostCache, StepCurve, cost_from_dict, device_name,
+                                   measure_step_cost)
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
@@ -482,7 +483,7 @@ class _Search:
         (`StepCostCache`) so that the next search on this machine does not measure it again."""
         if self.fixed_cost is not None:
             return self.fixed_cost
-        key = f"step_cost:{_device_name(self.device)}:{structure_key(group[0])}"
+        key = f"step_cost:{device_name(self.device)}:{structure_key(group[0])}"
         if key not in self.costs:
             stored = self.study.user_attrs.get(key)
             if stored:
@@ -552,9 +553,3 @@ def _as_candidate(candidate: Any) -> Candidate:
 
 def _same_array(a: Proposal, b: Proposal) -> bool:
     return shape_key(a) == shape_key(b) and a.candidate.shared_settings() == b.candidate.shared_settings()
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device).replace(" ", "_")
-    return f"cpu{torch.get_num_threads()}"
