@@ -10,7 +10,6 @@ the same suggests in the same order gets the same trials for the same seed.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -94,21 +93,15 @@ def default_out_dir(study_name: str) -> Path:
     return Path("runs") / study_name
 
 
-def sampler_seed(seed: int, worker: int, trials_before: int) -> int:
-    """The sampler seed of one worker's run: the space's seed for the first worker of a fresh study
-    (one worker stays reproducible), else a seed drawn from (seed, worker, trials already in the study),
-    so parallel workers and re-runs after a stop do not propose the same parameters again."""
-    if worker == 0 and trials_before == 0:
+def sampler_seed(seed: int, trials_before: int) -> int:
+    """The sampler seed of a run: the space's seed on a fresh study (reproducible), else a seed drawn
+    from (seed, trials already in the study), so a re-run after a stop does not propose the parameters
+    its first run proposed again. Workers started together on a fresh study share the space's seed
+    (issue 32: their own streams, once the chaos check no longer relies on trial 0 matching a
+    single-worker run)."""
+    if trials_before == 0:
         return seed
-    return int(np.random.SeedSequence([seed, worker, trials_before]).generate_state(1)[0])
-
-
-def _worker_index() -> int:
-    """This process's index among `--workers` (HFTA_NAS_WORKER, set by the command line), else 0."""
-    try:
-        return max(int(os.environ.get("HFTA_NAS_WORKER", "0")), 0)
-    except ValueError:
-        return 0
+    return int(np.random.SeedSequence([seed, trials_before]).generate_state(1)[0])
 
 
 def open_space_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None) -> optuna.Study:
@@ -123,7 +116,7 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
                                     pruner=pruner, load_if_exists=True)
     check_directions(study, space.directions)
     _check_distributions(study, space)
-    study.sampler = space.make_sampler(seed=sampler_seed(space.seed, _worker_index(), len(study.get_trials(deepcopy=False))))
+    study.sampler = space.make_sampler(seed=sampler_seed(space.seed, len(study.get_trials(deepcopy=False))))
     with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(space.study.metrics))
@@ -193,6 +186,6 @@ def plan_search(space: SearchSpace, *, storage: str | None = None, study_name: s
     study, location = copy_of_stored_study(storage, study_name_of(space, study_name), directions=space.directions,
                                            sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner())
     # the sampler the real run would get (its seed depends on the trials already stored)
-    study.sampler = space.make_sampler(seed=sampler_seed(space.seed, _worker_index(), len(study.get_trials(deepcopy=False))))
+    study.sampler = space.make_sampler(seed=sampler_seed(space.seed, len(study.get_trials(deepcopy=False))))
     return plan(study, candidate_builder(space, device=device, dtype=dtype), storage=location, max_arrays=max_arrays,
                 **_options(space, n_trials, timeout, array_size, device, dtype))
