@@ -1,6 +1,7 @@
 """`pack-workers`: the shipped packing in W worker processes on one study, as `hfta-nas search
---workers W` runs it (each worker a process with its own sampler seed, `HFTA_NAS_WORKER`, and
-1 torch thread; the budget is counted in the shared journal).
+--workers W` runs it (each worker a process with `HFTA_NAS_WORKER` set and 1 torch thread; the
+budget is counted in the shared journal). The workers share the space's sampler seed, as under
+`--workers` today; the figures in the README were measured when each worker had its own.
 
 Like `processes`, the workers warm up (imports, data, first kernels) before a barrier and the
 clock starts when all have passed it: start-up is not the search's. The wall time runs to the
@@ -33,7 +34,7 @@ PROCESS_TIMEOUT_S = 1800.0
 def _pack_worker(index: int, space: SearchSpace, n_trials: int, storage: str, study_name: str, device: str,
                  dtype: str, folder: str, barrier: Any, results: Any) -> None:
     try:
-        os.environ["HFTA_NAS_WORKER"] = str(index)  # its own sampler seed, as `--workers` gives each worker
+        os.environ["HFTA_NAS_WORKER"] = str(index)  # as `--workers` sets it for each worker
         torch.set_num_threads(1)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         from benchmarks._search_methods import one_epoch
