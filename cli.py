@@ -61,7 +61,9 @@ def _numbers(text: str | None, name: str) -> float | list[float] | None:
     try:
         values = [float(v) for v in text.split(",")]
     except ValueError:
-        raise click.BadParameter(f"expected a number or comma-separated numbers (one per slot), got {text!r}", param_hint=name) from None
+        raise click.BadParameter(
+            f"expected a number or comma-separated numbers (one per slot), got {text!r}", param_hint=name
+        ) from None
     return values[0] if len(values) == 1 else values
 
 
@@ -70,7 +72,9 @@ def _seeds(text: str, name: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
-        raise click.BadParameter(f"expected a count or comma-separated integers, got {text!r}", param_hint=name) from None
+        raise click.BadParameter(
+            f"expected a count or comma-separated integers, got {text!r}", param_hint=name
+        ) from None
     if len(values) == 1 and "," not in text:
         if values[0] < 1:
             raise click.BadParameter(f"the number of slots must be >= 1, got {values[0]}", param_hint=name)
@@ -106,8 +110,10 @@ def _report_command() -> click.Command:
 # The listed line is the first sentence of the command's help (tests/test_startup.py checks it).
 _LAZY_COMMANDS: dict[str, tuple[str, Callable[[], click.Command]]] = {
     "report": ("Regenerate a stability report from stored results, without retraining.", _report_command),
-    "stability": ("Seed studies: one configuration across many seeds in one array, with a statistical report.",
-                  _stability_command),
+    "stability": (
+        "Seed studies: one configuration across many seeds in one array, with a statistical report.",
+        _stability_command,
+    ),
 }
 
 
@@ -156,31 +162,105 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--model", default="cnn1d", show_default=True, help="Built-in family (mlp, cnn1d, cnn2d, bn_cnn, gru) or a user factory 'module:function'.")
-@click.option("--config", "model_config", multiple=True, metavar="KEY=VALUE", help="Model config entry (repeatable); values are YAML, e.g. channels=[16,32].")
-@click.option("--dataset", default="mnist1d", show_default=True, help="mnist1d, digits, a .npz/.csv file, or 'module:function'.")
-@click.option("--seeds", default="8", show_default=True, help="Number of slots (seeds 0..N-1) or comma-separated init seeds, one per slot.")
-@click.option("--data-seeds", default=None, help="Comma-separated data-order seeds, one per slot [default: the init seeds].")
-@click.option("--dropout-seeds", default=None, help="Comma-separated dropout seeds, one per slot [default: the init seeds].")
-@click.option("--shared-order", is_flag=True, help="All slots see the same data order (cheaper; data seed = first data seed).")
-@click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["sgd", "adam", "adamw", "rmsprop", "adagrad"]))
-@click.option("--lr", default="3e-3", show_default=True, help="Learning rate: one value, or one per slot (comma-separated).")
-@click.option("--weight-decay", default=None, help="Weight decay: one value or one per slot [default: the optimizer's].")
+@click.option(
+    "--model",
+    default="cnn1d",
+    show_default=True,
+    help="Built-in family (mlp, cnn1d, cnn2d, bn_cnn, gru) or a user factory 'module:function'.",
+)
+@click.option(
+    "--config",
+    "model_config",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Model config entry (repeatable); values are YAML, e.g. channels=[16,32].",
+)
+@click.option(
+    "--dataset", default="mnist1d", show_default=True, help="mnist1d, digits, a .npz/.csv file, or 'module:function'."
+)
+@click.option(
+    "--seeds",
+    default="8",
+    show_default=True,
+    help="Number of slots (seeds 0..N-1) or comma-separated init seeds, one per slot.",
+)
+@click.option(
+    "--data-seeds", default=None, help="Comma-separated data-order seeds, one per slot [default: the init seeds]."
+)
+@click.option(
+    "--dropout-seeds", default=None, help="Comma-separated dropout seeds, one per slot [default: the init seeds]."
+)
+@click.option(
+    "--shared-order", is_flag=True, help="All slots see the same data order (cheaper; data seed = first data seed)."
+)
+@click.option(
+    "--optimizer", default="adam", show_default=True, type=click.Choice(["sgd", "adam", "adamw", "rmsprop", "adagrad"])
+)
+@click.option(
+    "--lr", default="3e-3", show_default=True, help="Learning rate: one value, or one per slot (comma-separated)."
+)
+@click.option(
+    "--weight-decay", default=None, help="Weight decay: one value or one per slot [default: the optimizer's]."
+)
 @click.option("--momentum", default=None, help="Momentum (sgd, rmsprop): one value or one per slot.")
-@click.option("--schedule", default=None, type=click.Choice(["constant", "step", "exponential", "cosine"]), help="LR schedule, stepped once per epoch [default: none].")
-@click.option("--schedule-arg", multiple=True, metavar="KEY=VALUE", help="Schedule argument (repeatable): step_size, gamma, t_max, eta_min, warmup_steps, warmup_start_factor.")
+@click.option(
+    "--schedule",
+    default=None,
+    type=click.Choice(["constant", "step", "exponential", "cosine"]),
+    help="LR schedule, stepped once per epoch [default: none].",
+)
+@click.option(
+    "--schedule-arg",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Schedule argument (repeatable): step_size, gamma, t_max, eta_min, warmup_steps, warmup_start_factor.",
+)
 @click.option("--epochs", default=5, show_default=True, type=int)
 @click.option("--batch-size", default=100, show_default=True, type=int, help="Samples per step, per slot.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]))
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="torch CPU threads [default: torch's choice].")
-@click.option("--precision", default="float32", show_default=True, type=click.Choice(["float32", "bf16", "fp16"]), help="Mixed precision: bf16 or fp16 autocast (fp16 with per-slot loss scaling); float32 weights either way.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Set a training setting (repeatable), keys as in a config file or search space: epochs, data.batch_size, hparams.clip_norm (or training.clip_norm), model_config.width, accumulate, early_stopping.patience, augment.flip, schedule.t_max, ...; YAML values; after the options above.")
+@click.option(
+    "--threads", default=None, type=click.IntRange(min=1), help="torch CPU threads [default: torch's choice]."
+)
+@click.option(
+    "--precision",
+    default="float32",
+    show_default=True,
+    type=click.Choice(["float32", "bf16", "fp16"]),
+    help="Mixed precision: bf16 or fp16 autocast (fp16 with per-slot loss scaling); float32 weights either way.",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a training setting (repeatable), keys as in a config file or search space: epochs, data.batch_size, hparams.clip_norm (or training.clip_norm), model_config.width, accumulate, early_stopping.patience, augment.flip, schedule.t_max, ...; YAML values; after the options above.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the per-slot results as JSON (for machines).")
 @_friendly_errors
-def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared_order, optimizer, lr, weight_decay,
-          momentum, schedule, schedule_arg, epochs, batch_size, device, dtype, threads, precision, overrides,
-          as_json) -> None:
+def train(
+    model,
+    model_config,
+    dataset,
+    seeds,
+    data_seeds,
+    dropout_seeds,
+    shared_order,
+    optimizer,
+    lr,
+    weight_decay,
+    momentum,
+    schedule,
+    schedule_arg,
+    epochs,
+    batch_size,
+    device,
+    dtype,
+    threads,
+    precision,
+    overrides,
+    as_json,
+) -> None:
     """Train one array of models (one per seed) and print every slot's accuracy."""
     import torch
 
@@ -194,26 +274,55 @@ def train(model, model_config, dataset, seeds, data_seeds, dropout_seeds, shared
             hparams[name] = _numbers(value, f"--{name.replace('_', '-')}")
     init_seeds = _seeds(seeds, "--seeds")
     schedule_config = {"kind": schedule, **_key_values(schedule_arg, "--schedule-arg")} if schedule else None
-    settings = _with_overrides({
-        "model": model, "model_config": _key_values(model_config, "--config"), "dataset": dataset,
-        "optimizer": optimizer, "hparams": hparams, "schedule": schedule_config, "epochs": epochs,
-        "batch_size": batch_size, "accumulate": 1, "early_stopping": None, "augmentation": None, "loss": None,
-    }, overrides)
+    settings = _with_overrides(
+        {
+            "model": model,
+            "model_config": _key_values(model_config, "--config"),
+            "dataset": dataset,
+            "optimizer": optimizer,
+            "hparams": hparams,
+            "schedule": schedule_config,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "accumulate": 1,
+            "early_stopping": None,
+            "augmentation": None,
+            "loss": None,
+        },
+        overrides,
+    )
     with EpochProgress(settings["epochs"], enabled=not as_json) as progress:
         run = hfta_nas.train(
-            seeds=init_seeds, data_seeds=_seeds(data_seeds, "--data-seeds") if data_seeds else None,
+            seeds=init_seeds,
+            data_seeds=_seeds(data_seeds, "--data-seeds") if data_seeds else None,
             dropout_seeds=_seeds(dropout_seeds, "--dropout-seeds") if dropout_seeds else None,
-            shared_order=shared_order, device=device, dtype=dtype, on_epoch=progress.update, precision=precision,
+            shared_order=shared_order,
+            device=device,
+            dtype=dtype,
+            on_epoch=progress.update,
+            precision=precision,
             **settings,
         )
     rows = [
-        {"slot": slot, "init_seed": run.seeds["init"][slot], "data_seed": run.seeds["data"][slot],
-         "dropout_seed": run.seeds["dropout"][slot], "status": result.status, "reason": result.reason,
-         "epochs": result.epochs, **result.final}
+        {
+            "slot": slot,
+            "init_seed": run.seeds["init"][slot],
+            "data_seed": run.seeds["data"][slot],
+            "dropout_seed": run.seeds["dropout"][slot],
+            "status": result.status,
+            "reason": result.reason,
+            "epochs": result.epochs,
+            **result.final,
+        }
         for slot, result in run.results.items()
     ]
-    summary = {"slots": rows, "seconds": run.seconds, "samples_per_second": run.samples_per_second,
-               "threads": torch.get_num_threads(), "device": str(run.array.device)}
+    summary = {
+        "slots": rows,
+        "seconds": run.seconds,
+        "samples_per_second": run.samples_per_second,
+        "threads": torch.get_num_threads(),
+        "device": str(run.array.device),
+    }
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -238,15 +347,18 @@ def _with_overrides(settings: dict[str, Any], overrides: tuple[str, ...]) -> dic
             if isinstance(current, str) and head == "loss":  # loss=huber, then loss.delta=0.5
                 current = {"name": current}
             if current is not None and not isinstance(current, dict):
-                raise click.BadParameter(f"{head} is {current!r}, not a mapping of settings",
-                                         param_hint=f"--set {override.text}")
+                raise click.BadParameter(
+                    f"{head} is {current!r}, not a mapping of settings", param_hint=f"--set {override.text}"
+                )
             settings[head] = {**(current or {}), loc[1]: override.value}
         else:
-            raise click.BadParameter(f"unknown setting {'.'.join(map(str, override.loc)) or override.text!r}; "
-                                     "expected one of model, model_config.KEY, dataset, optimizer, hparams.NAME, "
-                                     "schedule.KEY, epochs, batch_size, accumulate, early_stopping.KEY, augment.KEY, "
-                                     "loss (a name) or loss.KEY",
-                                     param_hint=f"--set {override.text}")
+            raise click.BadParameter(
+                f"unknown setting {'.'.join(map(str, override.loc)) or override.text!r}; "
+                "expected one of model, model_config.KEY, dataset, optimizer, hparams.NAME, "
+                "schedule.KEY, epochs, batch_size, accumulate, early_stopping.KEY, augment.KEY, "
+                "loss (a name) or loss.KEY",
+                param_hint=f"--set {override.text}",
+            )
     from hfta_nas import Objective
     from hfta_nas.data import Augmentation
 
@@ -255,11 +367,13 @@ def _with_overrides(settings: dict[str, Any], overrides: tuple[str, ...]) -> dic
         spec["loss"] = spec.pop("name", "cross_entropy")
         settings["loss"] = _built("loss", Objective, spec, "name, label_smoothing, class_weights, delta, masked")
     if settings["augmentation"] is not None:
-        settings["augmentation"] = _built("augment", Augmentation, settings["augmentation"],
-                                          "shift, flip, noise, mixup, cutmix")
+        settings["augmentation"] = _built(
+            "augment", Augmentation, settings["augmentation"], "shift, flip, noise, mixup, cutmix"
+        )
     if settings["early_stopping"] is not None:
-        settings["early_stopping"] = _built("early_stopping", EarlyStopping, settings["early_stopping"],
-                                            "metric, patience, min_delta, mode")
+        settings["early_stopping"] = _built(
+            "early_stopping", EarlyStopping, settings["early_stopping"], "metric, patience, min_delta, mode"
+        )
     return settings
 
 
@@ -272,25 +386,33 @@ def _built(name: str, build: Callable[..., Any], arguments: dict[str, Any], take
 
 
 def _print_train_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    from hfta_nas.runtime import command_console
     from rich.table import Table
+
+    from hfta_nas.runtime import command_console
 
     table = Table(title="per-slot results (final epoch)")
     # the metrics the loss records: accuracy for classification, RMSE and R^2 for regression
-    shown = ["val_acc", "test_acc"] if any("val_acc" in row or "test_acc" in row for row in rows) else \
-        ["val_rmse", "val_r2", "test_rmse", "test_r2"]
+    shown = (
+        ["val_acc", "test_acc"]
+        if any("val_acc" in row or "test_acc" in row for row in rows)
+        else ["val_rmse", "val_r2", "test_rmse", "test_r2"]
+    )
     for column in ("slot", "init/data/dropout seed", "status", "train loss", *(m.replace("_", " ") for m in shown)):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
-            str(row["slot"]), f"{row['init_seed']}/{row['data_seed']}/{row['dropout_seed']}",
+            str(row["slot"]),
+            f"{row['init_seed']}/{row['data_seed']}/{row['dropout_seed']}",
             row["status"] + (f" ({row['reason']})" if row["reason"] else ""),
-            f"{row.get('train_loss', float('nan')):.4f}", *(f"{row.get(m, float('nan')):.4f}" for m in shown),
+            f"{row.get('train_loss', float('nan')):.4f}",
+            *(f"{row.get(m, float('nan')):.4f}" for m in shown),
         )
     console = command_console()
     console.print(table)
-    console.print(f"{len(rows)} models in {summary['seconds']:.1f} s: {summary['samples_per_second']:,.0f} samples/s "
-                  f"summed over slots ({summary['threads']} torch threads, {summary['device']})")
+    console.print(
+        f"{len(rows)} models in {summary['seconds']:.1f} s: {summary['samples_per_second']:,.0f} samples/s "
+        f"summed over slots ({summary['threads']} torch threads, {summary['device']})"
+    )
 
 
 def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -305,8 +427,7 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         if workers <= 1 or kwargs.get("dry_run"):
             return command(**kwargs)
         from hfta_nas.runtime import checked_out_dir as _checked_out_dir
-        from hfta_nas.search import open_storage
-        from hfta_nas.search import run_workers, study_report
+        from hfta_nas.search import open_storage, run_workers, study_report
         from search_spaces import load_space, study_name_of
 
         loaded = load_space(kwargs["space"], kwargs["overrides"])  # a bad space fails once, here, not K times
@@ -327,8 +448,10 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             click.echo(json.dumps(report, indent=2, default=str))
         else:
             trials = ", ".join(f"{n} {s.lower()}" for s, n in sorted(report.get("trials", {}).items()))
-            click.echo(f"study {study_name}: {trials or 'no trials'}; {report.get('counted', 0)} count against the budget "
-                       f"({report.get('interrupted_and_retried', 0)} interrupted and retried, {report.get('surplus', 0)} surplus)")
+            click.echo(
+                f"study {study_name}: {trials or 'no trials'}; {report.get('counted', 0)} count against the budget "
+                f"({report.get('interrupted_and_retried', 0)} interrupted and retried, {report.get('surplus', 0)} surplus)"
+            )
             for best in report.get("best") or []:
                 click.echo(f"best: trial {best['number']} {best['values']}")
             for worker in report["workers"]:
@@ -433,30 +556,111 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
 
 @main.command()
 @click.argument("space", type=click.Path(dir_okay=False))
-@click.option("--n-trials", type=int, default=None, help="Trials in the study when done [default: the space's budget.n_trials]; finished trials of an earlier run count.")
-@click.option("--n-more", type=click.IntRange(min=1), default=None, help="Train this many trials more than the study already counts (what Optuna's optimize(n_trials=N) means); instead of --n-trials.")
-@click.option("--timeout", type=float, default=None, help="Stop starting new arrays after this many seconds [default: the space's budget.timeout].")
-@click.option("--array-size", default=None, help="Slots per array: an integer, or 'auto' (per shape: as many as fit in memory, up to where throughput stops rising by 10% per doubling; measured) [default: the space's array.size].")
-@click.option("--storage", default=None, help="Optuna storage URL (sqlite:///f.db, postgresql://...) or a journal file path [default: runs/hfta-nas.journal].")
+@click.option(
+    "--n-trials",
+    type=int,
+    default=None,
+    help="Trials in the study when done [default: the space's budget.n_trials]; finished trials of an earlier run count.",
+)
+@click.option(
+    "--n-more",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Train this many trials more than the study already counts (what Optuna's optimize(n_trials=N) means); instead of --n-trials.",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Stop starting new arrays after this many seconds [default: the space's budget.timeout].",
+)
+@click.option(
+    "--array-size",
+    default=None,
+    help="Slots per array: an integer, or 'auto' (per shape: as many as fit in memory, up to where throughput stops rising by 10% per doubling; measured) [default: the space's array.size].",
+)
+@click.option(
+    "--storage",
+    default=None,
+    help="Optuna storage URL (sqlite:///f.db, postgresql://...) or a journal file path [default: runs/hfta-nas.journal].",
+)
 @click.option("--study-name", default=None, help="[default: the space's study.name, else the file name].")
-@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Where the best config and weights go [default: runs/<study>].")
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where the best config and weights go [default: runs/<study>].",
+)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]))
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="torch CPU threads [default: torch's choice].")
-@click.option("--sampler", default=None, metavar="NAME", help="Override the space's sampler: tpe, random, cmaes, gp, grid, nsga2 (its defaults; the file's kwargs go with the file's sampler).")
-@click.option("--pruner", default=None, metavar="NAME", help="Override the space's pruner: none, median, successive_halving, hyperband (its defaults).")
-@click.option("--seed", type=int, default=None, help="Override the space's seed (sampler and every trial's init/data/dropout seeds).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Set a setting of SPACE (repeatable): a dotted key, a YAML value, validated with the file, e.g. --set training.epochs=2 --set array.size=4 --set params.training.optimizer.lr=1e-3.")
-@click.option("--dry-run", is_flag=True, help="Print the packing plan (which trials go into which array, their padding and estimated time, by the policy the run uses) without training; nothing is written to the storage.")
+@click.option(
+    "--threads", default=None, type=click.IntRange(min=1), help="torch CPU threads [default: torch's choice]."
+)
+@click.option(
+    "--sampler",
+    default=None,
+    metavar="NAME",
+    help="Override the space's sampler: tpe, random, cmaes, gp, grid, nsga2 (its defaults; the file's kwargs go with the file's sampler).",
+)
+@click.option(
+    "--pruner",
+    default=None,
+    metavar="NAME",
+    help="Override the space's pruner: none, median, successive_halving, hyperband (its defaults).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Override the space's seed (sampler and every trial's init/data/dropout seeds).",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a setting of SPACE (repeatable): a dotted key, a YAML value, validated with the file, e.g. --set training.epochs=2 --set array.size=4 --set params.training.optimizer.lr=1e-3.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the packing plan (which trials go into which array, their padding and estimated time, by the policy the run uses) without training; nothing is written to the storage.",
+)
 @click.option("--quiet", is_flag=True, help="No live progress display (the summary is still printed).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary (or the --dry-run plan) as JSON (for machines).")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, expose_value=False,
-              callback=lambda ctx, param, value: ctx.meta.__setitem__("hfta_nas.workers", value),
-              help="Start this many local worker processes on the same storage and study (one per GPU when several are visible); see README 'Running many workers'.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the summary (or the --dry-run plan) as JSON (for machines)."
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    expose_value=False,
+    callback=lambda ctx, param, value: ctx.meta.__setitem__("hfta_nas.workers", value),
+    help="Start this many local worker processes on the same storage and study (one per GPU when several are visible); see README 'Running many workers'.",
+)
 @_friendly_errors
 @_search_workers
-def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, device, dtype, threads, sampler, pruner,
-           seed, overrides, dry_run, quiet, as_json) -> None:
+def search(
+    space,
+    n_trials,
+    timeout,
+    array_size,
+    storage,
+    study_name,
+    out_dir,
+    device,
+    dtype,
+    threads,
+    sampler,
+    pruner,
+    seed,
+    overrides,
+    dry_run,
+    quiet,
+    as_json,
+) -> None:
     """Search SPACE (a YAML file, see search_spaces/README.md) with Optuna: every proposed
     candidate trains as proposed, packed into arrays by measured cost. Re-running resumes the study."""
     import dataclasses
@@ -473,7 +677,9 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
         try:
             array_size = int(array_size)
         except ValueError:
-            raise click.BadParameter(f"expected an integer or 'auto', got {array_size!r}", param_hint="--array-size") from None
+            raise click.BadParameter(
+                f"expected an integer or 'auto', got {array_size!r}", param_hint="--array-size"
+            ) from None
     _checked_device(device)
     if out_dir is not None:  # before any trial is asked, not when the best trial is exported
         _checked_out_dir(out_dir, "--out")
@@ -482,17 +688,44 @@ def search(space, n_trials, timeout, array_size, storage, study_name, out_dir, d
     if "HFTA_NAS_WORKER" not in os.environ:  # a worker's parent said it once
         _print_sweep_notes(loaded)
     if dry_run:
-        plan = plan_search(loaded, storage=storage, study_name=study_name, n_trials=n_trials, timeout=timeout,
-                           array_size=array_size, device=device, dtype=dtype)
+        plan = plan_search(
+            loaded,
+            storage=storage,
+            study_name=study_name,
+            n_trials=n_trials,
+            timeout=timeout,
+            array_size=array_size,
+            device=device,
+            dtype=dtype,
+        )
         if as_json:
-            click.echo(json.dumps({**dataclasses.asdict(plan), "mean_occupancy": plan.mean_occupancy,
-                                   "estimated_s": plan.estimated_s}, indent=2, default=str))
+            click.echo(
+                json.dumps(
+                    {
+                        **dataclasses.asdict(plan),
+                        "mean_occupancy": plan.mean_occupancy,
+                        "estimated_s": plan.estimated_s,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
         else:
             _print_search_plan(plan)
         return
     with _SearchProgress(enabled=not (as_json or quiet)) as progress:
-        summary = run_search(loaded, storage=storage, study_name=study_name, n_trials=n_trials, timeout=timeout,
-                             array_size=array_size, device=device, dtype=dtype, out_dir=out_dir, on_event=progress.event)
+        summary = run_search(
+            loaded,
+            storage=storage,
+            study_name=study_name,
+            n_trials=n_trials,
+            timeout=timeout,
+            array_size=array_size,
+            device=device,
+            dtype=dtype,
+            out_dir=out_dir,
+            on_event=progress.event,
+        )
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str))
         return
@@ -506,9 +739,10 @@ class _SearchProgress:
     the array running and its slots, the mean occupancy and the throughput."""
 
     def __init__(self, enabled: bool) -> None:
-        from hfta_nas.runtime import command_console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.text import Text
+
+        from hfta_nas.runtime import command_console
 
         class StatusProgress(Progress):  # the bar, and the status on its own line below (it is long)
             status = ""
@@ -521,8 +755,14 @@ class _SearchProgress:
         self.enabled = enabled
         self.console = command_console(stderr=True)
         self.live = enabled and self.console.is_terminal  # else (a log file, a pipe): plain lines, status per array
-        self.progress = StatusProgress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                       console=self.console, disable=not self.live)
+        self.progress = StatusProgress(
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not self.live,
+        )
         self.task = None
         self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
         self.metrics: list[str] = []
@@ -536,7 +776,7 @@ class _SearchProgress:
         self.samples_per_s: float | None = None
         self.started, self.total, self.ended_this_run = time.monotonic(), None, 0  # for the ETA
 
-    def __enter__(self) -> "_SearchProgress":
+    def __enter__(self) -> _SearchProgress:
         self.progress.start()
         return self
 
@@ -569,7 +809,9 @@ class _SearchProgress:
 
     def _dominates(self, a: list[float], b: list[float]) -> bool:
         signs = [1 if d == "maximize" else -1 for d in self.directions]
-        return all(s * x >= s * y for s, x, y in zip(signs, a, b)) and any(s * x > s * y for s, x, y in zip(signs, a, b))
+        return all(s * x >= s * y for s, x, y in zip(signs, a, b)) and any(
+            s * x > s * y for s, x, y in zip(signs, a, b)
+        )
 
     def _add_to_front(self, values: list[float]) -> None:
         if any(self._dominates(other, values) or other == values for other in self.front):
@@ -617,12 +859,16 @@ class _SearchProgress:
 
     def _on_ArrayStarted(self, event: Any) -> str:
         self.array, self.running = event, len(event.trials)
-        return (f"array {event.array}: {len(event.trials)}/{event.array_size} slots, {event.architectures} "
-                f"architecture(s), {event.waste:.0%} padding, trials {event.trials}")
+        return (
+            f"array {event.array}: {len(event.trials)}/{event.array_size} slots, {event.architectures} "
+            f"architecture(s), {event.waste:.0%} padding, trials {event.trials}"
+        )
 
     def _on_ArrayResumed(self, event: Any) -> str:
-        return (f"array {event.array}: continues from epoch {event.epoch} (the checkpoint of a stopped run); "
-                f"trials {event.trials} retry its slots' trials")
+        return (
+            f"array {event.array}: continues from epoch {event.epoch} (the checkpoint of a stopped run); "
+            f"trials {event.trials} retry its slots' trials"
+        )
 
     def _on_EpochEnded(self, event: Any) -> None:
         self.running, self.mean_occupancy, self.samples_per_s = event.running, event.mean_occupancy, event.samples_per_s
@@ -638,7 +884,9 @@ class _SearchProgress:
         return f"array size auto for structure {event.structure}: {event.size} ({event.reason})"
 
     def _on_ArraySplit(self, event: Any) -> str:
-        return f"[yellow]out of memory[/] with {event.slots} models ({event.reason}): arrays of {event.half} from now on"
+        return (
+            f"[yellow]out of memory[/] with {event.slots} models ({event.reason}): arrays of {event.half} from now on"
+        )
 
     def _on_ArrayFailed(self, event: Any) -> str:
         return f"[red]array {event.array} failed[/]: {event.error}"
@@ -646,34 +894,54 @@ class _SearchProgress:
 
 def _print_search_plan(plan: Any) -> None:
     """The --dry-run plan: one table row per array (slots, architectures, padding, estimated time, trials)."""
+    from rich.table import Table
+
     from hfta_nas.runtime import command_console
     from hfta_nas.search import cost_from_dict
-    from rich.table import Table
 
     console = command_console()
     done = f", {plan.done} already done" if plan.done else ""
     budget = f"{plan.n_trials} trials" if plan.n_trials is not None else "a timeout"
-    console.print(f"dry run of study [bold]{plan.study_name}[/] in {plan.storage} ({budget}{done}; "
-                  f"arrays of up to {plan.array_size}, rounds of {plan.pool_size} asks); nothing was written")
+    console.print(
+        f"dry run of study [bold]{plan.study_name}[/] in {plan.storage} ({budget}{done}; "
+        f"arrays of up to {plan.array_size}, rounds of {plan.pool_size} asks); nothing was written"
+    )
     table = Table(title="packing plan (the first round is exact; later ones change as results come in)")
-    for column in ("array", "slots", "architectures", "useful / executed MACs per sample", "padding", "est. s", "trials"):
+    for column in (
+        "array",
+        "slots",
+        "architectures",
+        "useful / executed MACs per sample",
+        "padding",
+        "est. s",
+        "trials",
+    ):
         table.add_column(column, justify="left" if column == "trials" else "right")
     for array in plan.arrays:
-        table.add_row(str(array.array), f"{len(array.trials)}/{array.array_size}", str(array.architectures),
-                      f"{array.useful_macs:,} / {array.executed_macs:,}", f"{array.waste:.0%}", f"{array.estimated_s:.1f}",
-                      " ".join(str(t["number"]) for t in array.trials))
+        table.add_row(
+            str(array.array),
+            f"{len(array.trials)}/{array.array_size}",
+            str(array.architectures),
+            f"{array.useful_macs:,} / {array.executed_macs:,}",
+            f"{array.waste:.0%}",
+            f"{array.estimated_s:.1f}",
+            " ".join(str(t["number"]) for t in array.trials),
+        )
     console.print(table)
     for key, cost in plan.step_costs.items():
         console.print(f"measured {key}: {cost_from_dict(cost).describe()}")
-    console.print(f"{len(plan.arrays)} arrays, planned occupancy {plan.mean_occupancy:.0%}, "
-                  f"estimated {plan.estimated_s:.1f} s of training (before pruning and refills)")
+    console.print(
+        f"{len(plan.arrays)} arrays, planned occupancy {plan.mean_occupancy:.0%}, "
+        f"estimated {plan.estimated_s:.1f} s of training (before pruning and refills)"
+    )
     if plan.note:
         console.print(plan.note)
 
 
 def _print_search_summary(summary: Any) -> None:
-    from hfta_nas.runtime import command_console, plural
     from rich.table import Table
+
+    from hfta_nas.runtime import command_console, plural
 
     console = command_console()
     table = Table(title=f"study {summary.study_name}: best trial(s)")
@@ -687,14 +955,20 @@ def _print_search_summary(summary: Any) -> None:
     console.print(table)
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(summary.trials.items()))
     if not summary.arrays:
-        console.print(f"trials: {states}; nothing to train this run: n_trials is the study's total (finished trials "
-                      "of earlier runs count), and it is reached; --n-more N trains N more")
+        console.print(
+            f"trials: {states}; nothing to train this run: n_trials is the study's total (finished trials "
+            "of earlier runs count), and it is reached; --n-more N trains N more"
+        )
     else:
-        console.print(f"trials: {states}; {plural(len(summary.arrays), 'array')} this run, mean occupancy "
-                      f"{summary.mean_occupancy:.0%}{_occupancy_reason(summary)}, {summary.seconds:.1f} s, "
-                      f"{summary.samples_per_s:,.0f} samples/s summed over slots")
-    console.print(f"architectures: {summary.architectures_trained} trained of {summary.architectures_proposed} "
-                  f"proposed; padding {summary.waste:.0%} of executed multiply-adds")
+        console.print(
+            f"trials: {states}; {plural(len(summary.arrays), 'array')} this run, mean occupancy "
+            f"{summary.mean_occupancy:.0%}{_occupancy_reason(summary)}, {summary.seconds:.1f} s, "
+            f"{summary.samples_per_s:,.0f} samples/s summed over slots"
+        )
+    console.print(
+        f"architectures: {summary.architectures_trained} trained of {summary.architectures_proposed} "
+        f"proposed; padding {summary.waste:.0%} of executed multiply-adds"
+    )
     if summary.time_account:
         console.print(f"time: {_time_shares(summary.time_account)}")
     for what, path in summary.exported.items():
@@ -707,23 +981,37 @@ def _occupancy_reason(summary: Any) -> str:
     if summary.mean_occupancy >= 0.7 or not summary.arrays:
         return ""
     started = sum(a["slots"] for a in summary.arrays) / sum(a["array_size"] for a in summary.arrays)
-    return (f" (arrays started {started:.0%} full: this device's step curve keeps models of very different "
-            "sizes apart, see --dry-run; slots freed by pruning stay empty when no trial that fits is left)")
+    return (
+        f" (arrays started {started:.0%} full: this device's step curve keeps models of very different "
+        "sizes apart, see --dry-run; slots freed by pruning stay empty when no trial that fits is left)"
+    )
 
 
 def _time_shares(account: dict[str, dict[str, float]]) -> str:
     """The time account's phases of at least 1%, largest first, and the overhead (all but training and evaluation)."""
-    phases = sorted(((name, row["share"]) for name, row in account.items() if name != "overhead" and row["share"] >= 0.01),
-                    key=lambda item: -item[1])
+    phases = sorted(
+        ((name, row["share"]) for name, row in account.items() if name != "overhead" and row["share"] >= 0.01),
+        key=lambda item: -item[1],
+    )
     return ", ".join(f"{name} {share:.0%}" for name, share in phases) + f"; overhead {account['overhead']['share']:.0%}"
 
 
 @main.command()
 @click.option("--storage", default=None, help="Optuna storage URL or journal file [default: runs/hfta-nas.journal].")
-@click.option("--artifact-dir", default=None, type=click.Path(file_okay=False), help="Where stability reports are stored as artifacts [default: artifacts/ beside the journal file, else runs/artifacts].")
+@click.option(
+    "--artifact-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where stability reports are stored as artifacts [default: artifacts/ beside the journal file, else runs/artifacts].",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535),
-              help="Port to serve on; when the default is taken, the next free one up to 8099 is used.")
+@click.option(
+    "--port",
+    default=8080,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port to serve on; when the default is taken, the next free one up to 8099 is used.",
+)
 @_friendly_errors
 @click.pass_context
 def dashboard(ctx: click.Context, storage, artifact_dir, host, port) -> None:
@@ -739,8 +1027,10 @@ def dashboard(ctx: click.Context, storage, artifact_dir, host, port) -> None:
 
     missing = missing_storage_file(storage or DEFAULT_STORAGE)  # opening would create an empty one
     if missing is not None:
-        raise HftaNasError(f"no storage at '{missing}': nothing has been searched or studied there yet; run "
-                           "`hfta-nas search` or `hfta-nas stability` first, or give --storage")
+        raise HftaNasError(
+            f"no storage at '{missing}': nothing has been searched or studied there yet; run "
+            "`hfta-nas search` or `hfta-nas stability` first, or give --storage"
+        )
     default_port = ctx.get_parameter_source("port") == click.core.ParameterSource.DEFAULT
     port = _serving_port(host, port, last=8099 if default_port else port)  # before the artifact folder is made
     opened, location = open_storage(storage)
@@ -748,9 +1038,13 @@ def dashboard(ctx: click.Context, storage, artifact_dir, host, port) -> None:
     artifacts.mkdir(parents=True, exist_ok=True)
     click.echo(f"optuna-dashboard on {location} (artifacts in {artifacts}): http://{host}:{port}/")
     try:
-        optuna_dashboard.run_server(opened, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts)))
+        optuna_dashboard.run_server(
+            opened, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts))
+        )
     except OSError as error:  # taken between the check and the start
-        raise HftaNasError(f"cannot serve the dashboard on {host}:{port}: {error.strerror or error}; give another --port") from None
+        raise HftaNasError(
+            f"cannot serve the dashboard on {host}:{port}: {error.strerror or error}; give another --port"
+        ) from None
 
 
 def _serving_port(host: str, first: int, last: int) -> int:
@@ -771,12 +1065,18 @@ def _serving_port(host: str, first: int, last: int) -> int:
         if port != first:
             click.echo(f"port {first} is taken; serving on {port} instead")
         return port
-    raise HftaNasError(f"cannot serve the dashboard on {host}:{first}: {refused.strerror or refused}; "
-                       "give another --port (or --host)")
+    raise HftaNasError(
+        f"cannot serve the dashboard on {host}:{first}: {refused.strerror or refused}; give another --port (or --host)"
+    )
 
 
-_BENCHMARKS = {"throughput": "benchmarks.throughput", "stability": "benchmarks.stability", "search": "benchmarks.search",
-               "augment": "benchmarks.augment", "dropout": "benchmarks.dropout"}
+_BENCHMARKS = {
+    "throughput": "benchmarks.throughput",
+    "stability": "benchmarks.stability",
+    "search": "benchmarks.search",
+    "augment": "benchmarks.augment",
+    "dropout": "benchmarks.dropout",
+}
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})

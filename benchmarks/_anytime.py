@@ -57,10 +57,14 @@ def spread(values: Sequence[float | None], direction: str | None = None) -> dict
     return {key: (None if math.isinf(v) else v) for key, v in (("median", median), ("min", low), ("max", high))}
 
 
-def grid_curves(curves: Sequence[Sequence[tuple[float, float]]], direction: str, grid: np.ndarray) -> dict[str, np.ndarray]:
+def grid_curves(
+    curves: Sequence[Sequence[tuple[float, float]]], direction: str, grid: np.ndarray
+) -> dict[str, np.ndarray]:
     """Median and interquartile range (25th, 75th percentile) of the runs' curves on `grid`;
     a run with no value yet counts as the worst, and a statistic that falls on one is NaN."""
-    rows = np.array([[np.nan if (v := value_at(curve, t)) is None else v for t in grid] for curve in curves], dtype=float)
+    rows = np.array(
+        [[np.nan if (v := value_at(curve, t)) is None else v for t in grid] for curve in curves], dtype=float
+    )
     filled = np.where(np.isnan(rows), -np.inf if direction == "maximize" else np.inf, rows)
     stats = {"median": np.median(filled, axis=0)}
     for name, q in (("q25", 25), ("q75", 75)):  # "nearest": a run's own value, never a mean with an infinity
@@ -69,8 +73,14 @@ def grid_curves(curves: Sequence[Sequence[tuple[float, float]]], direction: str,
     return stats
 
 
-def plot(curves: dict[str, list[list[tuple[float, float]]]], ends: dict[str, list[float]], direction: str,
-         metric: str, title: str, path: Any) -> None:
+def plot(
+    curves: dict[str, list[list[tuple[float, float]]]],
+    ends: dict[str, list[float]],
+    direction: str,
+    metric: str,
+    title: str,
+    path: Any,
+) -> None:
     """Median best-so-far per method against wall time, interquartile band over seeds; written to `path`."""
     import matplotlib
     from matplotlib.figure import Figure
@@ -82,9 +92,16 @@ def plot(curves: dict[str, list[list[tuple[float, float]]]], ends: dict[str, lis
     for method, runs in curves.items():
         stats = grid_curves(runs, direction, grid)
         until = grid <= statistics.median(ends[method])  # draw each method to its median end
-        line, = axes.plot(grid[until], stats["median"][until], label=method, drawstyle="steps-post")
-        axes.fill_between(grid[until], stats["q25"][until], stats["q75"][until], color=line.get_color(),
-                          alpha=0.12, step="post", linewidth=0)
+        (line,) = axes.plot(grid[until], stats["median"][until], label=method, drawstyle="steps-post")
+        axes.fill_between(
+            grid[until],
+            stats["q25"][until],
+            stats["q75"][until],
+            color=line.get_color(),
+            alpha=0.12,
+            step="post",
+            linewidth=0,
+        )
     axes.set_xlabel("wall time (s)")
     axes.set_ylabel(f"best {metric} so far")
     axes.set_title(title, fontsize=9)

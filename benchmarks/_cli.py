@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 
-def comma_list(kind: Callable[[str], Any] = str, allowed: Sequence[str] | None = None,
-               empty_ok: bool = False) -> Callable[[str], list[Any]]:
+def comma_list(
+    kind: Callable[[str], Any] = str, allowed: Sequence[str] | None = None, empty_ok: bool = False
+) -> Callable[[str], list[Any]]:
     """An argparse `type` for comma-separated values ('a,b,c'), each converted by `kind` and,
     with `allowed`, one of those; with `empty_ok`, '' or 'none' give an empty list."""
+
     def parse(text: str) -> list[Any]:
         if empty_ok and text.strip().lower() in ("", "none"):
             return []

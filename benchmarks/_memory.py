@@ -80,7 +80,7 @@ class PeakMemory:
         self.note = "" if enabled else "memory measurement disabled"
         self._base = 0
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         if not self.enabled:
             return self
         gc.collect()

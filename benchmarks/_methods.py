@@ -35,8 +35,8 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.nn import functional as F
 
 import hfta_nas
-from hfta_nas.data import gather
 from benchmarks._workloads import BATCH_SIZE, Prepared
+from hfta_nas.data import gather
 
 LR = 1e-3
 
@@ -228,8 +228,13 @@ class Timing:
 
     def settings(self) -> dict[str, Any]:
         """These settings under the names the benchmarks' JSON documents use."""
-        return {"warmup_steps": self.warmup, "repeats": self.repeats, "min_repeat_seconds": self.min_time_s,
-                "max_steps_per_repeat": self.max_steps, "cell_budget_seconds": self.max_cell_s}
+        return {
+            "warmup_steps": self.warmup,
+            "repeats": self.repeats,
+            "min_repeat_seconds": self.min_time_s,
+            "max_steps_per_repeat": self.max_steps,
+            "cell_budget_seconds": self.max_cell_s,
+        }
 
 
 @dataclass
@@ -320,6 +325,13 @@ def measure_together(warmed: dict[str, Warmed], timing: Timing, device: torch.de
     for name, w in warmed.items():
         samples = w.runner.samples_per_unit * w.steps_per_repeat
         first = None if w.runner.first_loss is None else float(w.runner.first_loss)
-        measured[name] = Measured(w.runner.models, samples / statistics.median(seconds[name]), seconds[name],
-                                  w.steps_per_repeat, samples, first, w.warnings)
+        measured[name] = Measured(
+            w.runner.models,
+            samples / statistics.median(seconds[name]),
+            seconds[name],
+            w.steps_per_repeat,
+            samples,
+            first,
+            w.warnings,
+        )
     return measured

@@ -31,8 +31,18 @@ from search_spaces import SearchSpace, open_space_study, run_search
 PROCESS_TIMEOUT_S = 1800.0
 
 
-def _pack_worker(index: int, space: SearchSpace, n_trials: int, storage: str, study_name: str, device: str,
-                 dtype: str, folder: str, barrier: Any, results: Any) -> None:
+def _pack_worker(
+    index: int,
+    space: SearchSpace,
+    n_trials: int,
+    storage: str,
+    study_name: str,
+    device: str,
+    dtype: str,
+    folder: str,
+    barrier: Any,
+    results: Any,
+) -> None:
     try:
         os.environ["HFTA_NAS_WORKER"] = str(index)  # as `--workers` sets it for each worker
         torch.set_num_threads(1)
@@ -40,12 +50,26 @@ def _pack_worker(index: int, space: SearchSpace, n_trials: int, storage: str, st
         from benchmarks._search_methods import one_epoch
 
         with tempfile.TemporaryDirectory(prefix="bench-pack-warm-") as warm:
-            run_search(one_epoch(space), storage=str(Path(warm) / "warm.journal"), study_name="warm",
-                       n_trials=2, device=device, dtype=dtype, out_dir=Path(warm) / "out")
+            run_search(
+                one_epoch(space),
+                storage=str(Path(warm) / "warm.journal"),
+                study_name="warm",
+                n_trials=2,
+                device=device,
+                dtype=dtype,
+                out_dir=Path(warm) / "out",
+            )
         barrier.wait(timeout=PROCESS_TIMEOUT_S)
         cpu = time.process_time()
-        summary = run_search(space, storage=storage, study_name=study_name, n_trials=n_trials, device=device,
-                             dtype=dtype, out_dir=Path(folder) / f"worker{index}")
+        summary = run_search(
+            space,
+            storage=storage,
+            study_name=study_name,
+            n_trials=n_trials,
+            device=device,
+            dtype=dtype,
+            out_dir=Path(folder) / f"worker{index}",
+        )
         results.put((index, time.perf_counter(), time.process_time() - cpu, _extra(summary), None))
     except BaseException:  # the parent reports it; a child must not hang the barrier
         barrier.abort()
@@ -53,12 +77,14 @@ def _pack_worker(index: int, space: SearchSpace, n_trials: int, storage: str, st
 
 
 def _extra(summary: Any) -> dict[str, Any]:
-    return {"arrays": len(summary.arrays), "mean_occupancy": summary.mean_occupancy,
-            "time_account": {k: v["seconds"] for k, v in summary.time_account.items()}}
+    return {
+        "arrays": len(summary.arrays),
+        "mean_occupancy": summary.mean_occupancy,
+        "time_account": {k: v["seconds"] for k, v in summary.time_account.items()},
+    }
 
 
-def run_pack_workers(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path,
-                     processes: int) -> Any:
+def run_pack_workers(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> Any:
     """The SearchRun of `processes` pack workers on one journal study."""
     from benchmarks._search_methods import SearchRun, barrier_wait
 
@@ -66,9 +92,14 @@ def run_pack_workers(space: SearchSpace, n_trials: int, device: str, dtype: str,
     open_space_study(space, storage, name)  # created once, before the workers race for it
     context = mp.get_context("spawn")
     barrier, results = context.Barrier(processes + 1), context.Queue()
-    children = [context.Process(target=_pack_worker, args=(i, space, n_trials, storage, name, device, dtype,
-                                                           str(folder), barrier, results), daemon=True)
-                for i in range(processes)]
+    children = [
+        context.Process(
+            target=_pack_worker,
+            args=(i, space, n_trials, storage, name, device, dtype, str(folder), barrier, results),
+            daemon=True,
+        )
+        for i in range(processes)
+    ]
     for child in children:
         child.start()
     barrier_wait(barrier, children)
@@ -94,5 +125,15 @@ def run_pack_workers(space: SearchSpace, n_trials: int, device: str, dtype: str,
         for phase, seconds in extra["time_account"].items():
             account[phase] = account.get(phase, 0.0) + seconds / len(extras)
     occupancy = sum(e["mean_occupancy"] for e in extras) / len(extras)
-    return SearchRun(end - wall, cpu, trials, start, {"workers": processes, "arrays": sum(e["arrays"] for e in extras),
-                                                      "mean_occupancy": occupancy, "time_account": account})
+    return SearchRun(
+        end - wall,
+        cpu,
+        trials,
+        start,
+        {
+            "workers": processes,
+            "arrays": sum(e["arrays"] for e in extras),
+            "mean_occupancy": occupancy,
+            "time_account": account,
+        },
+    )

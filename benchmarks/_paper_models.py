@@ -35,7 +35,7 @@ class ResNet18(nn.Module):
         self.stem = nn.Sequential(nn.Conv2d(channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         layers, inputs = [], width
         for stage, stride in enumerate((1, 2, 2, 2)):
-            outputs = width * 2 ** stage
+            outputs = width * 2**stage
             layers += [BasicBlock(inputs, outputs, stride), BasicBlock(outputs, outputs, 1)]
             inputs = outputs
         self.layers = nn.Sequential(*layers)
@@ -54,12 +54,23 @@ def pointnet(input_shape=(3, 256), num_classes: int = 10) -> nn.Module:
     Without its dropout: the benchmark checks every method's first-step loss against a plain model's,
     and the vmap recipe cannot batch random ops."""
     return nn.Sequential(
-        nn.Conv1d(input_shape[0], 64, 1), nn.BatchNorm1d(64), nn.ReLU(),
-        nn.Conv1d(64, 128, 1), nn.BatchNorm1d(128), nn.ReLU(),
-        nn.Conv1d(128, 1024, 1), nn.BatchNorm1d(1024), nn.ReLU(),
-        nn.AdaptiveMaxPool1d(1), nn.Flatten(),
-        nn.Linear(1024, 512), nn.BatchNorm1d(512), nn.ReLU(),
-        nn.Linear(512, 256), nn.BatchNorm1d(256), nn.ReLU(),
+        nn.Conv1d(input_shape[0], 64, 1),
+        nn.BatchNorm1d(64),
+        nn.ReLU(),
+        nn.Conv1d(64, 128, 1),
+        nn.BatchNorm1d(128),
+        nn.ReLU(),
+        nn.Conv1d(128, 1024, 1),
+        nn.BatchNorm1d(1024),
+        nn.ReLU(),
+        nn.AdaptiveMaxPool1d(1),
+        nn.Flatten(),
+        nn.Linear(1024, 512),
+        nn.BatchNorm1d(512),
+        nn.ReLU(),
+        nn.Linear(512, 256),
+        nn.BatchNorm1d(256),
+        nn.ReLU(),
         nn.Linear(256, num_classes),
     )
 
@@ -67,10 +78,16 @@ def pointnet(input_shape=(3, 256), num_classes: int = 10) -> nn.Module:
 def dcgan_discriminator(input_shape=(3, 32, 32), num_classes: int = 10, width: int = 64) -> nn.Module:
     """DCGAN's discriminator for 32x32 images (strided 4x4 convs, BatchNorm, LeakyReLU)."""
     return nn.Sequential(
-        nn.Conv2d(input_shape[0], width, 4, 2, 1, bias=False), nn.LeakyReLU(0.2),
-        nn.Conv2d(width, 2 * width, 4, 2, 1, bias=False), nn.BatchNorm2d(2 * width), nn.LeakyReLU(0.2),
-        nn.Conv2d(2 * width, 4 * width, 4, 2, 1, bias=False), nn.BatchNorm2d(4 * width), nn.LeakyReLU(0.2),
-        nn.Flatten(), nn.Linear(4 * width * 4 * 4, num_classes),
+        nn.Conv2d(input_shape[0], width, 4, 2, 1, bias=False),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(width, 2 * width, 4, 2, 1, bias=False),
+        nn.BatchNorm2d(2 * width),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(2 * width, 4 * width, 4, 2, 1, bias=False),
+        nn.BatchNorm2d(4 * width),
+        nn.LeakyReLU(0.2),
+        nn.Flatten(),
+        nn.Linear(4 * width * 4 * 4, num_classes),
     )
 
 

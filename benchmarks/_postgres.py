@@ -27,8 +27,10 @@ def _binary(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
-                        key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    candidates = sorted(
+        glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+        key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0,
+    )
     return candidates[-1] if candidates else None
 
 
@@ -58,7 +60,9 @@ def _as_postgres() -> tuple[list[str], tuple[int, int] | None]:
 def throwaway_postgres(database: str = "hfta_nas") -> Iterator[str]:
     initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
     if not (initdb and pg_ctl):
-        raise Unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin")
+        raise Unavailable(
+            "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin"
+        )
     if importlib.util.find_spec("psycopg") is None:
         raise Unavailable("the psycopg 3 driver is needed for postgresql:// storages")
     prefix, owner = _as_postgres()
@@ -72,21 +76,35 @@ def throwaway_postgres(database: str = "hfta_nas") -> Iterator[str]:
             for path in (base, sockets):
                 os.chown(path, *owner)
         port = _free_port()
-        subprocess.run([*prefix, initdb, "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [*prefix, initdb, "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
-        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "60", "start"],
-                       check=True, capture_output=True, timeout=90)
+        subprocess.run(
+            [*prefix, pg_ctl, "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "60", "start"],
+            check=True,
+            capture_output=True,
+            timeout=90,
+        )
         started = True
         import psycopg
 
-        with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as connection:
+        with psycopg.connect(
+            f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True
+        ) as connection:
             connection.execute(f"CREATE DATABASE {database}")
         yield f"postgresql://postgres@127.0.0.1:{port}/{database}"
     except subprocess.CalledProcessError as error:
         server_log = log.read_text(errors="replace") if log.exists() else ""
-        raise RuntimeError(f"{error.cmd[len(prefix)]} failed: {error.stderr!r} {error.stdout!r}\n{server_log}") from error
+        raise RuntimeError(
+            f"{error.cmd[len(prefix)]} failed: {error.stderr!r} {error.stdout!r}\n{server_log}"
+        ) from error
     finally:
         if started:
-            subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
+            subprocess.run(
+                [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60
+            )
         shutil.rmtree(base, ignore_errors=True)

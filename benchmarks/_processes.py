@@ -119,7 +119,9 @@ def _child(
         )
     except BaseException as error:  # report anything, so the parent never waits forever
         barrier.abort()
-        results.put({"slot": slot, "ok": False, "error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()})
+        results.put(
+            {"slot": slot, "ok": False, "error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()}
+        )
 
 
 def run_processes(
@@ -142,8 +144,20 @@ def run_processes(
         ctx.Process(
             target=_child,
             args=(
-                slot, prep.workload, x_train, y_train, table[slot].cpu().numpy(), prep.input_shape,
-                prep.num_classes, str(device), timing, measure_memory, keep_memory, barrier, calibration, results,
+                slot,
+                prep.workload,
+                x_train,
+                y_train,
+                table[slot].cpu().numpy(),
+                prep.input_shape,
+                prep.num_classes,
+                str(device),
+                timing,
+                measure_memory,
+                keep_memory,
+                barrier,
+                calibration,
+                results,
             ),
             daemon=True,
         )

@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (after 3 warm-up steps)")
     parser.add_argument("--top", type=int, default=25, help="rows of each listing")
-    parser.add_argument("--keep-freed-memory", action="store_true", help="glibc keeps freed memory (see throughput --help)")
+    parser.add_argument(
+        "--keep-freed-memory", action="store_true", help="glibc keeps freed memory (see throughput --help)"
+    )
     parser.add_argument("--cprofile", action="store_true", help="also run cProfile over the same steps")
     args = parser.parse_args(argv)
 
@@ -70,14 +72,18 @@ def main(argv: list[str] | None = None) -> int:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     position += args.steps
     steps = args.steps * (runner.models if args.method == "serial" else 1)
-    print(f"{args.method} {args.workload} B={args.batch}, {args.threads} thread(s), {args.steps} steps: "
-          f"{wall / args.steps * 1e3:.1f} ms per step, {runner.samples_per_unit * args.steps / wall:,.0f} samples/s")
+    print(
+        f"{args.method} {args.workload} B={args.batch}, {args.threads} thread(s), {args.steps} steps: "
+        f"{wall / args.steps * 1e3:.1f} ms per step, {runner.samples_per_unit * args.steps / wall:,.0f} samples/s"
+    )
     for name, seconds in totals.items():
         print(f"  {name:<10} {seconds / steps * 1e3:8.2f} ms/step  {seconds / wall:6.1%}")
     # sys time and minor faults show memory being page-faulted in (fresh mmaps of big activations).
-    print(f"  process: user {(usage.ru_utime - usage_before.ru_utime) / args.steps * 1e3:.1f} ms/step, "
-          f"sys {(usage.ru_stime - usage_before.ru_stime) / args.steps * 1e3:.1f} ms/step, "
-          f"{(usage.ru_minflt - usage_before.ru_minflt) / args.steps:,.0f} minor page faults/step")
+    print(
+        f"  process: user {(usage.ru_utime - usage_before.ru_utime) / args.steps * 1e3:.1f} ms/step, "
+        f"sys {(usage.ru_stime - usage_before.ru_stime) / args.steps * 1e3:.1f} ms/step, "
+        f"{(usage.ru_minflt - usage_before.ru_minflt) / args.steps:,.0f} minor page faults/step"
+    )
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, record_shapes=True) as prof:
@@ -86,8 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     position += args.steps
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=args.top, max_name_column_width=48))
-    print(prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=args.top, max_name_column_width=40,
-                                                             max_shapes_column_width=70))
+    print(
+        prof.key_averages(group_by_input_shape=True).table(
+            sort_by=sort, row_limit=args.top, max_name_column_width=40, max_shapes_column_width=70
+        )
+    )
 
     if args.cprofile:
         profiler = cProfile.Profile()

@@ -99,8 +99,15 @@ class _ReportingTrial(optuna.trial.FixedTrial):
     def report(self, value: float, step: int) -> None:
         from ray import tune
 
-        tune.report({self._metric_name: value, "epoch": step, "pid": os.getpid(), "entered": self._entered,
-                     "cpu_s": time.process_time() - self._cpu})
+        tune.report(
+            {
+                self._metric_name: value,
+                "epoch": step,
+                "pid": os.getpid(),
+                "entered": self._entered,
+                "cpu_s": time.process_time() - self._cpu,
+            }
+        )
 
     def should_prune(self) -> bool:
         return False  # ASHA decides, after each report
@@ -141,7 +148,7 @@ def _idle_workers() -> int:
             titles[int(entry.name)] = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry.name))
+        children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
     mine, stack = [], [os.getpid()]
     while stack:
         for child in children.get(stack.pop(), []):
@@ -184,7 +191,7 @@ def _callback(key: str) -> Any:
 
 
 def run_ray(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> Any:
-    from benchmarks._search_methods import SearchRun, one_epoch
+    from benchmarks._search_methods import SearchRun
 
     ray = _import_ray()
     from ray import tune
@@ -203,18 +210,29 @@ def run_ray(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: 
         _wait_for_idle_workers(processes)
         startup = time.perf_counter() - started
         mode = "max" if direction == "maximize" else "min"
-        searcher = OptunaSearch(_DefineByRun(space), metric=metric, mode=mode,
-                                sampler=space.make_sampler(seed=space.seed))
-        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=epochs, grace_period=1,
-                                  reduction_factor=REDUCTION_FACTOR)
-        trainable = tune.with_resources(tune.with_parameters(_trainable, space=space, device=device, dtype=dtype,
-                                                             threads=threads), {"cpu": 1})
+        searcher = OptunaSearch(
+            _DefineByRun(space), metric=metric, mode=mode, sampler=space.make_sampler(seed=space.seed)
+        )
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration", max_t=epochs, grace_period=1, reduction_factor=REDUCTION_FACTOR
+        )
+        trainable = tune.with_resources(
+            tune.with_parameters(_trainable, space=space, device=device, dtype=dtype, threads=threads), {"cpu": 1}
+        )
         tuner = tune.Tuner(
             trainable,
-            tune_config=tune.TuneConfig(metric=metric, mode=mode, search_alg=searcher, scheduler=scheduler,
-                                        num_samples=n_trials, max_concurrent_trials=processes, reuse_actors=True),
-            run_config=tune.RunConfig(name="bench-ray", storage_path=str((folder / "ray").resolve()), verbose=0,
-                                      callbacks=[_callback(key)]),
+            tune_config=tune.TuneConfig(
+                metric=metric,
+                mode=mode,
+                search_alg=searcher,
+                scheduler=scheduler,
+                num_samples=n_trials,
+                max_concurrent_trials=processes,
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name="bench-ray", storage_path=str((folder / "ray").resolve()), verbose=0, callbacks=[_callback(key)]
+            ),
         )
         start, wall, cpu = datetime.now(), time.perf_counter(), time.process_time()
         grid = tuner.fit()
@@ -228,17 +246,23 @@ def run_ray(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: 
     trials.sort(key=lambda t: t.number)
     pids = {r["results"][-1]["pid"] for r in records.values() if r["results"]}
     cpu += sum(r["results"][-1]["cpu_s"] for r in records.values() if r["results"])
-    extra = {"startup_s": startup, "processes": processes, "reduction_factor": REDUCTION_FACTOR,
-             "ray_version": ray.__version__, "worker_processes": len(pids),
-             "first_trial_s": min((r["results"][0]["entered"] - wall for r in records.values() if r["results"]),
-                                  default=None),
-             "first_result_s": min((r["results"][0]["seen"] - wall for r in records.values() if r["results"]),
-                                   default=None)}
+    extra = {
+        "startup_s": startup,
+        "processes": processes,
+        "reduction_factor": REDUCTION_FACTOR,
+        "ray_version": ray.__version__,
+        "worker_processes": len(pids),
+        "first_trial_s": min(
+            (r["results"][0]["entered"] - wall for r in records.values() if r["results"]), default=None
+        ),
+        "first_result_s": min((r["results"][0]["seen"] - wall for r in records.values() if r["results"]), default=None),
+    }
     return SearchRun(seconds, cpu, trials, start, extra)
 
 
-def _frozen(space: SearchSpace, record: dict[str, Any], start: datetime, wall: float, epochs: int,
-            metric: str) -> FrozenTrial:
+def _frozen(
+    space: SearchSpace, record: dict[str, Any], start: datetime, wall: float, epochs: int, metric: str
+) -> FrozenTrial:
     """One Ray trial as the FrozenTrial the other methods' studies hold."""
     config, results = record["config"], record["results"]
     values = {int(r["epoch"]): float(r[metric]) for r in results if metric in r}
@@ -255,7 +279,15 @@ def _frozen(space: SearchSpace, record: dict[str, Any], start: datetime, wall: f
     params = {name: value for name, value in config.items() if name != "trial_number"}
     distributions = space.distributions()
     return FrozenTrial(
-        number=int(config["trial_number"]), state=state, value=last if state == TrialState.COMPLETE else None,
-        datetime_start=start, datetime_complete=None if ended is None else start + timedelta(seconds=ended - wall),
-        params=params, distributions={name: distributions[name] for name in params},
-        user_attrs={}, system_attrs={}, intermediate_values=values, trial_id=int(config["trial_number"]))
+        number=int(config["trial_number"]),
+        state=state,
+        value=last if state == TrialState.COMPLETE else None,
+        datetime_start=start,
+        datetime_complete=None if ended is None else start + timedelta(seconds=ended - wall),
+        params=params,
+        distributions={name: distributions[name] for name in params},
+        user_attrs={},
+        system_attrs={},
+        intermediate_values=values,
+        trial_id=int(config["trial_number"]),
+    )

@@ -93,7 +93,10 @@ def print_report(result: dict[str, Any], console: Console | None = None) -> None
         for batch, entry in by_batch.items():
             cells = entry["methods"]
             table.add_row(
-                workload, batch, *[_rate(cells.get(m)) for m in methods], *[_ratio(entry["ratios"][r]) for r in shown_ratios]
+                workload,
+                batch,
+                *[_rate(cells.get(m)) for m in methods],
+                *[_ratio(entry["ratios"][r]) for r in shown_ratios],
             )
             memory.add_row(workload, batch, *[_memory(cells.get(m)) for m in methods])
             for method in methods:

@@ -48,13 +48,13 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial
 from torch.nn import functional as F
 
+from benchmarks._pack_workers import run_pack_workers
+from benchmarks._ray_search import run_ray
+from benchmarks.stability import _accuracy, plain_run
 from hfta_nas.data import load_dataset
 from hfta_nas.runtime import DTYPES
 from hfta_nas.search import open_storage, trial_seeds
 from search_spaces import SearchSpace, run_search
-from benchmarks._pack_workers import run_pack_workers
-from benchmarks._ray_search import run_ray
-from benchmarks.stability import _accuracy, plain_run
 
 METHODS = ("plain", "processes", "ray", "hfta", "replicate", "pack", "pack-workers")
 DEFAULT_METHODS = ("plain", "processes", "ray", "pack", "pack-workers")
@@ -74,8 +74,11 @@ class SearchRun:
 
     def finished(self) -> list[tuple[float, str, float | None]]:
         """(seconds after the start, state, value) per finished trial, in the order they finished."""
-        rows = [((t.datetime_complete - self.start).total_seconds(), t.state.name, t.values[0] if t.values else None)
-                for t in self.trials if t.datetime_complete is not None]
+        rows = [
+            ((t.datetime_complete - self.start).total_seconds(), t.state.name, t.values[0] if t.values else None)
+            for t in self.trials
+            if t.datetime_complete is not None
+        ]
         return sorted(rows, key=lambda row: row[0])
 
 
@@ -90,8 +93,9 @@ def _metric(model: torch.nn.Module, data: Any, metric: str) -> float:
         return F.cross_entropy(model(x), y).item()
 
 
-def plain_objective(space: SearchSpace, device: str, dtype: str,
-                    datasets: dict[str, Any] | None = None) -> Callable[[optuna.Trial], float]:
+def plain_objective(
+    space: SearchSpace, device: str, dtype: str, datasets: dict[str, Any] | None = None
+) -> Callable[[optuna.Trial], float]:
     """The objective plain Optuna users write for `space`: suggest, train, report every epoch.
     `datasets` caches the loaded data by its settings (pass one dict to share it)."""
     metric = space.study.metrics[0]
@@ -102,7 +106,9 @@ def plain_objective(space: SearchSpace, device: str, dtype: str,
         config = space.resolve(space.suggest(trial))
         key = repr((config.dataset, sorted(config.dataset_kwargs().items())))
         if key not in datasets:
-            datasets[key] = load_dataset(config.dataset, **config.dataset_kwargs(), device=torch_device, dtype=torch_dtype)
+            datasets[key] = load_dataset(
+                config.dataset, **config.dataset_kwargs(), device=torch_device, dtype=torch_dtype
+            )
         data = datasets[key]
         last: list[float] = []
 
@@ -134,8 +140,9 @@ def warm_up(space: SearchSpace, device: str, dtype: str, datasets: dict[str, Any
 
 def run_plain(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> SearchRun:
     start, wall, cpu = datetime.now(), time.perf_counter(), time.process_time()
-    study = optuna.create_study(directions=space.directions, sampler=space.make_sampler(seed=space.seed),
-                                pruner=space.make_pruner())
+    study = optuna.create_study(
+        directions=space.directions, sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner()
+    )
     study.optimize(plain_objective(space, device, dtype), n_trials=n_trials)
     return SearchRun(time.perf_counter() - wall, time.process_time() - cpu, study.get_trials(), start)
 
@@ -145,14 +152,28 @@ def available_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _worker(index: int, space: SearchSpace, share: int, storage_path: str, study_name: str, device: str, dtype: str,
-            threads: int, barrier: Any, results: Any) -> None:
+def _worker(
+    index: int,
+    space: SearchSpace,
+    share: int,
+    storage_path: str,
+    study_name: str,
+    device: str,
+    dtype: str,
+    threads: int,
+    barrier: Any,
+    results: Any,
+) -> None:
     try:
         torch.set_num_threads(threads)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = JournalStorage(JournalFileBackend(storage_path))
-        study = optuna.load_study(study_name=study_name, storage=storage, pruner=space.make_pruner(),
-                                  sampler=space.make_sampler(seed=space.seed * 1009 + index))
+        study = optuna.load_study(
+            study_name=study_name,
+            storage=storage,
+            pruner=space.make_pruner(),
+            sampler=space.make_sampler(seed=space.seed * 1009 + index),
+        )
         datasets: dict[str, Any] = {}
         warm_up(space, device, dtype, datasets)
         objective = plain_objective(space, device, dtype, datasets)
@@ -166,7 +187,9 @@ def _worker(index: int, space: SearchSpace, share: int, storage_path: str, study
         results.put((index, math.nan, 0.0, traceback.format_exc()))
 
 
-def run_processes(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> SearchRun:
+def run_processes(
+    space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int
+) -> SearchRun:
     started = time.perf_counter()
     storage_path, name = str(folder / "processes.journal"), "bench-processes"
     storage = JournalStorage(JournalFileBackend(storage_path))
@@ -174,9 +197,15 @@ def run_processes(space: SearchSpace, n_trials: int, device: str, dtype: str, fo
     shares = [n_trials // processes + (i < n_trials % processes) for i in range(processes)]
     context = mp.get_context("spawn")
     barrier, results = context.Barrier(processes + 1), context.Queue()
-    children = [context.Process(target=_worker, args=(i, space, share, storage_path, name, device, dtype,
-                                                      torch.get_num_threads(), barrier, results), daemon=True)
-                for i, share in enumerate(shares) if share]
+    children = [
+        context.Process(
+            target=_worker,
+            args=(i, space, share, storage_path, name, device, dtype, torch.get_num_threads(), barrier, results),
+            daemon=True,
+        )
+        for i, share in enumerate(shares)
+        if share
+    ]
     for child in children:
         child.start()
     barrier_wait(barrier, children)
@@ -198,8 +227,9 @@ def run_processes(space: SearchSpace, n_trials: int, device: str, dtype: str, fo
     if errors:
         raise RuntimeError("a worker process failed:\n" + "\n".join(errors))
     trials = optuna.load_study(study_name=name, storage=storage).get_trials()
-    return SearchRun(seconds, cpu, trials, start,
-                     {"processes": len(children), "cores": available_cores(), "startup_s": startup})
+    return SearchRun(
+        seconds, cpu, trials, start, {"processes": len(children), "cores": available_cores(), "startup_s": startup}
+    )
 
 
 def barrier_wait(barrier: Any, children: list[Any]) -> None:
@@ -226,8 +256,15 @@ def run_arrays(method: str) -> Callable[..., SearchRun]:
     def run(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> SearchRun:
         storage = str(folder / f"{method}.journal")
         start, wall, cpu = datetime.now(), time.perf_counter(), time.process_time()
-        summary = run_search(variant(space, method), storage=storage, study_name=f"bench-{method}", n_trials=n_trials,
-                             device=device, dtype=dtype, out_dir=folder / method)
+        summary = run_search(
+            variant(space, method),
+            storage=storage,
+            study_name=f"bench-{method}",
+            n_trials=n_trials,
+            device=device,
+            dtype=dtype,
+            out_dir=folder / method,
+        )
         seconds, cpu = time.perf_counter() - wall, time.process_time() - cpu
         trials = optuna.load_study(study_name=summary.study_name, storage=open_storage(storage)[0]).get_trials()
         extra = {"arrays": len(summary.arrays), "mean_occupancy": summary.mean_occupancy, "waste": summary.waste}
@@ -235,15 +272,20 @@ def run_arrays(method: str) -> Callable[..., SearchRun]:
         # {"seconds", "share"}), kept as phase -> seconds; benchmarks/search.py prints it as shares of wall time.
         account = getattr(summary, "time_account", None)
         if account:
-            extra["time_account"] = {phase: float(value["seconds"] if isinstance(value, dict) else value)
-                                     for phase, value in account.items()}
+            extra["time_account"] = {
+                phase: float(value["seconds"] if isinstance(value, dict) else value) for phase, value in account.items()
+            }
         return SearchRun(seconds, cpu, trials, start, extra)
 
     return run
 
 
 RUNNERS: dict[str, Callable[..., SearchRun]] = {
-    "plain": run_plain, "processes": run_processes, "ray": run_ray,
-    "hfta": run_arrays("hfta"), "replicate": run_arrays("replicate"), "pack": run_arrays("pack"),
+    "plain": run_plain,
+    "processes": run_processes,
+    "ray": run_ray,
+    "hfta": run_arrays("hfta"),
+    "replicate": run_arrays("replicate"),
+    "pack": run_arrays("pack"),
     "pack-workers": run_pack_workers,
 }

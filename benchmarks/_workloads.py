@@ -47,8 +47,12 @@ WORKLOADS: dict[str, Workload] = {
         Workload("resnet18", "paper:resnet18", "synthetic:images32", note="ResNet-18 (CIFAR variant) on 3x32x32"),
         Workload("pointnet", "paper:pointnet", "synthetic:points", note="PointNet classifier on 256 points"),
         Workload("dcgan", "paper:dcgan", "synthetic:images32", note="DCGAN discriminator on 3x32x32, 10 classes"),
-        Workload("transformer", "paper:transformer", "synthetic:tokens",
-                 note="Embedding + 2 TransformerEncoderLayers (128 wide, 4 heads) on 64 tokens"),
+        Workload(
+            "transformer",
+            "paper:transformer",
+            "synthetic:tokens",
+            note="Embedding + 2 TransformerEncoderLayers (128 wide, 4 heads) on 64 tokens",
+        ),
     )
 }
 CPU_WORKLOADS = ("mlp", "cnn1d", "cnn2d", "bn_cnn", "gru")  # the default table (the paper's are GPU-sized)
@@ -87,8 +91,9 @@ _DATA_CACHE: dict[tuple[str, str], Any] = {}
 
 def _build(workload: Workload, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if workload.family.startswith("paper:"):
-        return BUILDERS[workload.family.removeprefix("paper:")](input_shape=input_shape, num_classes=num_classes,
-                                                                **workload.config)
+        return BUILDERS[workload.family.removeprefix("paper:")](
+            input_shape=input_shape, num_classes=num_classes, **workload.config
+        )
     return build_model(workload.family, workload.config, input_shape=input_shape, num_classes=num_classes)
 
 

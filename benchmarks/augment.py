@@ -48,19 +48,23 @@ def synthetic(samples: int, side: int, device: torch.device) -> Dataset:
 def build(width: int):
     from hfta_nas.models import load_factory
 
-    build_cnn = load_factory(str(Path(__file__).resolve().parents[1] / "examples" / "cifar_shaped" / "model.py") + ":build_cnn")
+    build_cnn = load_factory(
+        str(Path(__file__).resolve().parents[1] / "examples" / "cifar_shaped" / "model.py") + ":build_cnn"
+    )
     return lambda: build_cnn(width=width)
 
 
-def epoch_seconds(data: Dataset, augmentation: Augmentation | None, slots: int, width: int, batch: int,
-                  device: torch.device) -> float:
+def epoch_seconds(
+    data: Dataset, augmentation: Augmentation | None, slots: int, width: int, batch: int, device: torch.device
+) -> float:
     """Seconds of two timed training epochs: between the ends of epochs 1 and 3 (each epoch's end reads
     its metrics to the host, so a GPU has finished its work there)."""
     seeds = list(range(slots))
     array = hfta_nas.ModelArray.from_factory(build(width), seeds=seeds, device=device)
     optimizer = hfta_nas.optim.Adam(array, lr=1e-3)
-    trainer = hfta_nas.ArrayTrainer(array, optimizer, data, batch_size=batch, data_seeds=seeds,
-                                    augmentation=augmentation, evaluate_test=False)
+    trainer = hfta_nas.ArrayTrainer(
+        array, optimizer, data, batch_size=batch, data_seeds=seeds, augmentation=augmentation, evaluate_test=False
+    )
     ends: list[float] = []
     # epoch 1 is the warm-up (the first call checks the fusion and allocates); epochs 2 and 3 are timed
     trainer.fit(3, on_epoch=lambda report, _: ends.append(time.perf_counter()))
@@ -76,8 +80,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             times[name].append(epoch_seconds(data, augmentation, args.slots, args.width, args.batch_size, device))
     base = statistics.median(times["none"])
     return {
-        "device": str(device), "threads": torch.get_num_threads(), "slots": args.slots, "width": args.width,
-        "samples": args.samples, "batch_size": args.batch_size, "repeats": args.repeats,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "slots": args.slots,
+        "width": args.width,
+        "samples": args.samples,
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
         "epoch_seconds": {name: statistics.median(values) for name, values in times.items()},
         "cost_ratio": {name: statistics.median(values) / base for name, values in times.items()},
     }
@@ -99,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         args.slots, args.samples, args.repeats = 2, 128, 1
     torch.set_num_threads(args.threads)
     figures = run(args)
-    print(f"augmentation cost, {figures['slots']} slots, CIFAR-shaped batches of {figures['batch_size']}, "
-          f"{figures['device']}, {figures['threads']} thread(s): epoch time / epoch time without")
+    print(
+        f"augmentation cost, {figures['slots']} slots, CIFAR-shaped batches of {figures['batch_size']}, "
+        f"{figures['device']}, {figures['threads']} thread(s): epoch time / epoch time without"
+    )
     for name, ratio in figures["cost_ratio"].items():
         print(f"  {name:22s} {ratio:5.2f}x  ({figures['epoch_seconds'][name]:.2f} s for 2 epochs)")
     if args.out is not None:

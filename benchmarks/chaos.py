@@ -70,31 +70,67 @@ class Draw:
 
 # ------------------------------------------------------------------- inputs
 def space_text(name: str, epochs: int = EPOCHS) -> str:
-    return yaml.safe_dump({
-        "study": {"name": name, "metrics": ["val_acc"]},
-        "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 3}}, "pruner": {"name": "none"},
-        "budget": {"n_trials": N_TRIALS}, "array": {"size": 3},
-        "data": {"dataset": "digits", "batch_size": 64},
-        "training": {"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
-        "model": {"family": "mlp", "config": {"depth": 1}}, "seed": 11,
-        "params": {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
-                   "model.config.width": {"distribution": "categorical", "values": [16, 32]}},
-    })
+    return yaml.safe_dump(
+        {
+            "study": {"name": name, "metrics": ["val_acc"]},
+            "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 3}},
+            "pruner": {"name": "none"},
+            "budget": {"n_trials": N_TRIALS},
+            "array": {"size": 3},
+            "data": {"dataset": "digits", "batch_size": 64},
+            "training": {"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
+            "model": {"family": "mlp", "config": {"depth": 1}},
+            "seed": 11,
+            "params": {
+                "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
+                "model.config.width": {"distribution": "categorical", "values": [16, 32]},
+            },
+        }
+    )
 
 
 def stability_config(epochs: int = EPOCHS) -> str:
-    return ("model: mlp\nmodel_config: {width: 16, depth: 1}\ndataset: digits\noptimizer: adam\n"
-            f"hparams: {{lr: 0.01}}\nepochs: {epochs}\ndata: {{batch_size: 64}}\n")
+    return (
+        "model: mlp\nmodel_config: {width: 16, depth: 1}\ndataset: digits\noptimizer: adam\n"
+        f"hparams: {{lr: 0.01}}\nepochs: {epochs}\ndata: {{batch_size: 64}}\n"
+    )
 
 
 def command(draw: Draw, folder: Path, url: str) -> list[str]:
     script = Path(sys.executable).with_name("hfta-nas")
     base = [str(script)] if script.exists() else [sys.executable, str(ROOT / "cli.py")]
     if draw.command == "search":
-        return [*base, "search", str(folder / "space.yaml"), "--storage", url, "--out", str(folder / "out"),
-                "--threads", "1", "--quiet", *(["--workers", str(draw.workers)] if draw.workers > 1 else [])]
-    return [*base, "stability", str(folder / "config.yaml"), "--seeds", str(SEEDS), "--storage", url, "--out",
-            str(folder / "report"), "--format", "csv", "--plot-format", "png", "--threads", "1", "--quiet"]
+        return [
+            *base,
+            "search",
+            str(folder / "space.yaml"),
+            "--storage",
+            url,
+            "--out",
+            str(folder / "out"),
+            "--threads",
+            "1",
+            "--quiet",
+            *(["--workers", str(draw.workers)] if draw.workers > 1 else []),
+        ]
+    return [
+        *base,
+        "stability",
+        str(folder / "config.yaml"),
+        "--seeds",
+        str(SEEDS),
+        "--storage",
+        url,
+        "--out",
+        str(folder / "report"),
+        "--format",
+        "csv",
+        "--plot-format",
+        "png",
+        "--threads",
+        "1",
+        "--quiet",
+    ]
 
 
 def storage_url(kind: str, folder: Path, postgres: str | None, name: str) -> str:
@@ -115,8 +151,11 @@ def storage_url(kind: str, folder: Path, postgres: str | None, name: str) -> str
 
 # ------------------------------------------------------------------- a round
 def env() -> dict[str, str]:
-    return dict(os.environ, PYTHONUNBUFFERED="1",
-                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
 
 
 def _workers_of(parent: int) -> list[int]:
@@ -161,8 +200,9 @@ def disturbed_run(draw: Draw, argv: list[str], log: Path) -> bool:
 
 def clean_run(argv: list[str], log: Path) -> int:
     with open(log, "wb") as stream:
-        return subprocess.run(argv, cwd=log.parent, env=env(), stdout=stream, stderr=subprocess.STDOUT,
-                              timeout=900).returncode
+        return subprocess.run(
+            argv, cwd=log.parent, env=env(), stdout=stream, stderr=subprocess.STDOUT, timeout=900
+        ).returncode
 
 
 # --------------------------------------------------------------- invariants
@@ -170,7 +210,9 @@ def search_problems(url: str, name: str, out: Path, reference: dict[tuple, float
     """What breaks an invariant, and how many trials were compared with the clean run."""
     study = optuna.load_study(study_name=name, storage=open_storage(url)[0])
     trials = study.get_trials(deepcopy=False)
-    problems = [f"trial {t.number} left {t.state.name}" for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    problems = [
+        f"trial {t.number} left {t.state.name}" for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)
+    ]
     counted = [t for t in trials if t.state.is_finished() and counts(t)]
     if len(counted) != N_TRIALS:
         problems.append(f"{len(counted)} trials counted, expected {N_TRIALS}")
@@ -193,7 +235,9 @@ def search_problems(url: str, name: str, out: Path, reference: dict[tuple, float
     compared = [t for t in complete if _key(t) in reference]
     for t in compared:
         if abs(reference[_key(t)] - t.values[0]) > 1e-6:
-            problems.append(f"trial {t.number}: {t.values[0]} where a clean run gave {reference[_key(t)]} for {t.params}")
+            problems.append(
+                f"trial {t.number}: {t.values[0]} where a clean run gave {reference[_key(t)]} for {t.params}"
+            )
     return problems, len(compared)
 
 
@@ -210,8 +254,10 @@ def stability_values(report: Path) -> dict[int, dict[str, float]]:
     import pandas as pd
 
     seeds = pd.read_csv(report / "result" / "seeds.csv")
-    return {int(r["seed_index"]): {m: float(r[m]) for m in ("test_acc", "val_acc")} | {"status": r["status"]}
-            for _, r in seeds.iterrows()}
+    return {
+        int(r["seed_index"]): {m: float(r[m]) for m in ("test_acc", "val_acc")} | {"status": r["status"]}
+        for _, r in seeds.iterrows()
+    }
 
 
 def stability_problems(report: Path, reference: dict[int, dict[str, Any]]) -> tuple[list[str], int]:
@@ -235,8 +281,16 @@ def draw_round(rng: random.Random, number: int, storages: list[str]) -> Draw:
     workers = rng.choice([1, 2, 3]) if what == "search" else 1
     sig = rng.choice(SIGNALS)
     target = rng.choice(["command", "worker"]) if workers > 1 else "command"
-    return Draw(number, what, rng.choice(storages), workers, sig, target, round(rng.uniform(1.0, 7.0), 2),
-                round(rng.uniform(0.5, 4.0), 2))
+    return Draw(
+        number,
+        what,
+        rng.choice(storages),
+        workers,
+        sig,
+        target,
+        round(rng.uniform(1.0, 7.0), 2),
+        round(rng.uniform(0.5, 4.0), 2),
+    )
 
 
 def references(base: Path, epochs: int = EPOCHS) -> dict[str, Any]:
@@ -253,8 +307,9 @@ def references(base: Path, epochs: int = EPOCHS) -> dict[str, Any]:
     return {"search": search_reference(url, "reference"), "stability": stability_values(folder / "report")}
 
 
-def run_round(draw: Draw, base: Path, postgres: str | None, reference: dict[str, Any],
-              epochs: int = EPOCHS) -> tuple[list[str], int, bool, bool]:
+def run_round(
+    draw: Draw, base: Path, postgres: str | None, reference: dict[str, Any], epochs: int = EPOCHS
+) -> tuple[list[str], int, bool, bool]:
     """The round's broken invariants, how many results were compared with a clean run, whether
     the signal found the command running, and whether the re-run continued a checkpoint."""
     folder = base / f"round-{draw.round}"
@@ -269,8 +324,10 @@ def run_round(draw: Draw, base: Path, postgres: str | None, reference: dict[str,
         return [f"the re-run failed:\n{(folder / 'rerun.log').read_text(errors='replace')[-1500:]}"], 0, hit, False
     if draw.command == "search":
         problems, compared = search_problems(url, name, folder / "out", reference["search"])
-        resumed = any("resumed_from_epoch" in t.user_attrs
-                      for t in optuna.load_study(study_name=name, storage=open_storage(url)[0]).get_trials(deepcopy=False))
+        resumed = any(
+            "resumed_from_epoch" in t.user_attrs
+            for t in optuna.load_study(study_name=name, storage=open_storage(url)[0]).get_trials(deepcopy=False)
+        )
     else:
         problems, compared = stability_problems(folder / "report", reference["stability"])
         resumed = _stability_resumed(folder / "report")
@@ -294,8 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="draws the rounds")
     parser.add_argument("--storages", default=",".join(STORAGES), help="from journal, sqlite, postgresql")
     parser.add_argument("--keep", type=Path, default=None, help="keep every round's folder here")
-    parser.add_argument("--epochs", type=int, default=EPOCHS,
-                        help=f"epochs of every model [{EPOCHS}]; more make a signal land mid-array more often")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=EPOCHS,
+        help=f"epochs of every model [{EPOCHS}]; more make a signal land mid-array more often",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the draws and results here")
     args = parser.parse_args(argv)
     storages = [s for s in args.storages.split(",") if s]
@@ -321,13 +382,26 @@ def main(argv: list[str] | None = None) -> int:
             draw = draw_round(rng, number, storages)
             started = time.monotonic()
             problems, compared, hit, resumed = run_round(draw, base, postgres, reference, args.epochs)
-            results.append({**asdict(draw), "seconds": round(time.monotonic() - started, 1), "problems": problems,
-                            "compared_with_clean_run": compared, "signal_hit": hit, "resumed_mid_array": resumed})
-            verdict = f"ok ({compared} results equal a clean run's)" if not problems else "FAILED: " + "; ".join(problems)
+            results.append(
+                {
+                    **asdict(draw),
+                    "seconds": round(time.monotonic() - started, 1),
+                    "problems": problems,
+                    "compared_with_clean_run": compared,
+                    "signal_hit": hit,
+                    "resumed_mid_array": resumed,
+                }
+            )
+            verdict = (
+                f"ok ({compared} results equal a clean run's)" if not problems else "FAILED: " + "; ".join(problems)
+            )
             verdict += " [continued mid-array from a checkpoint]" if resumed else ""
             verdict += "" if hit else " [the command had ended before the signal]"
-            print(f"round {number}: {draw.command} {draw.storage} workers={draw.workers} {draw.signal}->{draw.target} "
-                  f"at {draw.at_s}s: {verdict}", flush=True)
+            print(
+                f"round {number}: {draw.command} {draw.storage} workers={draw.workers} {draw.signal}->{draw.target} "
+                f"at {draw.at_s}s: {verdict}",
+                flush=True,
+            )
     if args.keep is None:
         shutil.rmtree(base, ignore_errors=True)
     if args.json:
@@ -335,8 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = sum(1 for r in results if r["problems"])
     hit = sum(1 for r in results if r["signal_hit"])
     resumed = sum(1 for r in results if r["resumed_mid_array"])
-    print(f"chaos: {len(results)} rounds ({hit} signalled mid-run, {resumed} continued mid-array), "
-          f"{len(results) - failed} passed, {failed} failed")
+    print(
+        f"chaos: {len(results)} rounds ({hit} signalled mid-run, {resumed} continued mid-array), "
+        f"{len(results) - failed} passed, {failed} failed"
+    )
     return 1 if failed else 0
 
 

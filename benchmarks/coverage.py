@@ -60,19 +60,24 @@ def mean_coverage(draw: Draw, truth: float, n: int, reps: int, rng: np.random.Ge
     hits = {"t": 0, "BCa": 0}
     for rep in range(reps):
         x = draw(rng, n)
-        for name, (low, high) in (("t", t_interval(x, CONFIDENCE)),
-                                  ("BCa", bootstrap_interval([x], np.mean, seed=rep, n_resamples=2000))):
+        for name, (low, high) in (
+            ("t", t_interval(x, CONFIDENCE)),
+            ("BCa", bootstrap_interval([x], np.mean, seed=rep, n_resamples=2000)),
+        ):
             hits[name] += bool(low <= truth <= high)
     return {name: count / reps for name, count in hits.items()}
 
 
-def p_better_coverage(draw: Draw, shift: float, truth: float, n: int, reps: int,
-                      rng: np.random.Generator) -> dict[str, float]:
+def p_better_coverage(
+    draw: Draw, shift: float, truth: float, n: int, reps: int, rng: np.random.Generator
+) -> dict[str, float]:
     hits = {"newcombe": 0, "BCa": 0}
     for rep in range(reps):
         a, b = draw(rng, n) + shift, draw(rng, n)
-        for name, (low, high) in (("newcombe", prob_greater_interval(a, b, CONFIDENCE)),
-                                  ("BCa", bootstrap_interval([a, b], prob_greater, seed=rep, n_resamples=2000))):
+        for name, (low, high) in (
+            ("newcombe", prob_greater_interval(a, b, CONFIDENCE)),
+            ("BCa", bootstrap_interval([a, b], prob_greater, seed=rep, n_resamples=2000)),
+        ):
             hits[name] += bool(low <= truth <= high)
     return {name: count / reps for name, count in hits.items()}
 
@@ -88,20 +93,36 @@ def run(reps: int, seed_counts: tuple[int, ...], seed: int) -> dict[str, Any]:
             started = time.perf_counter()
             mean = mean_coverage(draw, truth, n, reps, rng)
             p = p_better_coverage(draw, shift, p_truth, n, reps, rng)
-            rows.append({"shape": shape, "n": n, "mean_t": mean["t"], "mean_bca": mean["BCa"],
-                         "p_better_newcombe": p["newcombe"], "p_better_bca": p["BCa"], "true_p_better": p_truth,
-                         "seconds": round(time.perf_counter() - started, 1)})
-            print(f"{shape:>13} n={n:<3} mean: t {mean['t']:.1%}  BCa {mean['BCa']:.1%}   "
-                  f"P(A better)={p_truth:.2f}: Newcombe {p['newcombe']:.1%}  BCa {p['BCa']:.1%}", flush=True)
+            rows.append(
+                {
+                    "shape": shape,
+                    "n": n,
+                    "mean_t": mean["t"],
+                    "mean_bca": mean["BCa"],
+                    "p_better_newcombe": p["newcombe"],
+                    "p_better_bca": p["BCa"],
+                    "true_p_better": p_truth,
+                    "seconds": round(time.perf_counter() - started, 1),
+                }
+            )
+            print(
+                f"{shape:>13} n={n:<3} mean: t {mean['t']:.1%}  BCa {mean['BCa']:.1%}   "
+                f"P(A better)={p_truth:.2f}: Newcombe {p['newcombe']:.1%}  BCa {p['BCa']:.1%}",
+                flush=True,
+            )
     return {"confidence": CONFIDENCE, "reps": reps, "seed": seed, "rows": rows}
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["| data | n | mean: t (headline) | mean: BCa | P(A better): Newcombe (headline) | P(A better): BCa |",
-             "|---|--:|--:|--:|--:|--:|"]
+    lines = [
+        "| data | n | mean: t (headline) | mean: BCa | P(A better): Newcombe (headline) | P(A better): BCa |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['shape']} | {r['n']} | {r['mean_t']:.1%} | {r['mean_bca']:.1%} | "
-                     f"{r['p_better_newcombe']:.1%} | {r['p_better_bca']:.1%} |")
+        lines.append(
+            f"| {r['shape']} | {r['n']} | {r['mean_t']:.1%} | {r['mean_bca']:.1%} | "
+            f"{r['p_better_newcombe']:.1%} | {r['p_better_bca']:.1%} |"
+        )
     return "\n".join(lines)
 
 
@@ -111,11 +132,13 @@ def worst_headline(result: dict[str, Any]) -> str:
         return "coverage: no cell with n >= 5"
     mean = max(cells, key=lambda r: abs(r["mean_t"] - CONFIDENCE))
     p = max(cells, key=lambda r: abs(r["p_better_newcombe"] - CONFIDENCE))
-    return (f"coverage: headline intervals at n >= 5 on normal, skewed and heavy-tailed data: mean (t) "
-            f"{min(r['mean_t'] for r in cells):.1%}-{max(r['mean_t'] for r in cells):.1%} (furthest from 95%: "
-            f"{mean['shape']} n={mean['n']}), P(A better) (Newcombe) {min(r['p_better_newcombe'] for r in cells):.1%}-"
-            f"{max(r['p_better_newcombe'] for r in cells):.1%} (furthest: {p['shape']} n={p['n']}); "
-            f"{result['reps']} replicates per cell")
+    return (
+        f"coverage: headline intervals at n >= 5 on normal, skewed and heavy-tailed data: mean (t) "
+        f"{min(r['mean_t'] for r in cells):.1%}-{max(r['mean_t'] for r in cells):.1%} (furthest from 95%: "
+        f"{mean['shape']} n={mean['n']}), P(A better) (Newcombe) {min(r['p_better_newcombe'] for r in cells):.1%}-"
+        f"{max(r['p_better_newcombe'] for r in cells):.1%} (furthest: {p['shape']} n={p['n']}); "
+        f"{result['reps']} replicates per cell"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

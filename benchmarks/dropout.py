@@ -52,8 +52,9 @@ def _mix32_(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def previous_multiplier(shape: tuple[int, ...], key: torch.Tensor, counter: torch.Tensor, p: float,
-                        dtype: torch.dtype) -> torch.Tensor:
+def previous_multiplier(
+    shape: tuple[int, ...], key: torch.Tensor, counter: torch.Tensor, p: float, dtype: torch.dtype
+) -> torch.Tensor:
     """The coordinate hash as it was before (mix32 per leading dim, one full mix32 in place over the
     last dim, keep = bits >= threshold, the scale by `torch.where`); key, counter [B, 1, ...]."""
     bits = mix32(key ^ mix32(counter & _MASK32))
@@ -70,8 +71,9 @@ def previous_multiplier(shape: tuple[int, ...], key: torch.Tensor, counter: torc
     return torch.where(keep, torch.tensor(1.0 / (1.0 - p), dtype=dtype), 0.0)
 
 
-def flat_keep(shape: tuple[int, ...], key: torch.Tensor, counter: torch.Tensor, p: float,
-              dtype: torch.dtype) -> torch.Tensor:
+def flat_keep(
+    shape: tuple[int, ...], key: torch.Tensor, counter: torch.Tensor, p: float, dtype: torch.dtype
+) -> torch.Tensor:
     """The flat-index hash the coordinates replaced (a padded slot drew other masks than alone)."""
     state = mix32(key ^ mix32(counter & _MASK32))
     bits = torch.arange(math.prod(shape), dtype=torch.int64).view(1, *shape) ^ state
@@ -122,25 +124,37 @@ def measure(shape: tuple[int, ...], slots: int, repeats: int, inner: int) -> dic
         for name in METHODS:
             times[name].append(_timed(steps[name], inner))
     seconds = {name: statistics.median(values) for name, values in times.items()}
-    return {"slots": slots, "elements": x.numel(), "inner": inner,
-            **{f"{name}_s": value for name, value in seconds.items()},
-            "ratio": seconds["array"] / seconds["torch"],
-            "previous_ratio": seconds["previous"] / seconds["torch"],
-            "flat_ratio": seconds["flat"] / seconds["torch"]}
+    return {
+        "slots": slots,
+        "elements": x.numel(),
+        "inner": inner,
+        **{f"{name}_s": value for name, value in seconds.items()},
+        "ratio": seconds["array"] / seconds["torch"],
+        "previous_ratio": seconds["previous"] / seconds["torch"],
+        "flat_ratio": seconds["flat"] / seconds["torch"],
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--shapes", type=comma_list(str, SHAPES), default=list(SHAPES), help="activation shapes")
     parser.add_argument("--slots", type=comma_list(int), default=[1, 8, 32], help="array sizes B")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--repeats", type=int, default=7, help="timed turns per method (the median is kept)")
-    parser.add_argument("--inner", type=int, default=0,
-                        help="forward+backward passes per turn (0: as many as take ~50 ms of torch's dropout)")
-    parser.add_argument("--keep-freed-memory", action="store_true",
-                        help="glibc keeps freed memory for reuse, as the hfta-nas commands set it (no page faults "
-                             "for each step's large buffers); default: the allocator as plain PyTorch leaves it")
+    parser.add_argument(
+        "--inner",
+        type=int,
+        default=0,
+        help="forward+backward passes per turn (0: as many as take ~50 ms of torch's dropout)",
+    )
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="glibc keeps freed memory for reuse, as the hfta-nas commands set it (no page faults "
+        "for each step's large buffers); default: the allocator as plain PyTorch leaves it",
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     return parser
 
@@ -155,21 +169,33 @@ def main(argv: list[str] | None = None) -> int:
         allocator = keep_freed_memory()
     rows = []
     print(f"dropout p={P}, forward + backward, {args.threads} torch thread(s), allocator: {allocator or 'default'}")
-    print("  time per call; ratios to torch.nn.functional.dropout on the same elements "
-          "(array: this one; previous, flat: the algorithms it replaced)")
+    print(
+        "  time per call; ratios to torch.nn.functional.dropout on the same elements "
+        "(array: this one; previous, flat: the algorithms it replaced)"
+    )
     for name in args.shapes:
         for slots in args.slots:
-            row = {"shape": name, "per_slot": list(SHAPES[name]), **measure(SHAPES[name], slots, args.repeats, args.inner)}
+            row = {
+                "shape": name,
+                "per_slot": list(SHAPES[name]),
+                **measure(SHAPES[name], slots, args.repeats, args.inner),
+            }
             rows.append(row)
-            print(f"  {name:8s} B={slots:3d} ({row['elements']:>9,} elements): array {row['array_s'] * 1e3:7.3f} ms, "
-                  f"torch {row['torch_s'] * 1e3:7.3f} ms, ratio {row['ratio']:.2f} "
-                  f"(previous {row['previous_ratio']:.2f}, flat {row['flat_ratio']:.2f})")
+            print(
+                f"  {name:8s} B={slots:3d} ({row['elements']:>9,} elements): array {row['array_s'] * 1e3:7.3f} ms, "
+                f"torch {row['torch_s'] * 1e3:7.3f} ms, ratio {row['ratio']:.2f} "
+                f"(previous {row['previous_ratio']:.2f}, flat {row['flat_ratio']:.2f})"
+            )
     for key, label in (("ratio", "array"), ("previous_ratio", "previous"), ("flat_ratio", "flat")):
         ratios = [row[key] for row in rows]
         print(f"{label:8s} ratio median {statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]")
     if args.out:
-        write_result({"p": P, "threads": args.threads, "allocator": allocator, "rows": rows}, args.out,
-                     "benchmarks.dropout", argv)
+        write_result(
+            {"p": P, "threads": args.threads, "allocator": allocator, "rows": rows},
+            args.out,
+            "benchmarks.dropout",
+            argv,
+        )
     return 0
 
 

@@ -117,9 +117,16 @@ def mixed_workloads(quick: bool) -> dict[str, Mixed]:
         mlp = {"width": [32, 64, 128], "depth": [1, 2, 3]}
         copies = 2
     return {
-        "cnn1d": _product_workload("cnn1d", "cnn1d", cnn, copies,
-                                   "Conv1d x len(channels) (same padding) + ReLU -> Linear; channels x kernel_size"),
-        "mlp": _product_workload("mlp", "mlp", mlp, copies, "Flatten -> depth x [Linear(width) + ReLU] -> Linear; width x depth"),
+        "cnn1d": _product_workload(
+            "cnn1d",
+            "cnn1d",
+            cnn,
+            copies,
+            "Conv1d x len(channels) (same padding) + ReLU -> Linear; channels x kernel_size",
+        ),
+        "mlp": _product_workload(
+            "mlp", "mlp", mlp, copies, "Flatten -> depth x [Linear(width) + ReLU] -> Linear; width x depth"
+        ),
     }
 
 
@@ -151,10 +158,20 @@ class Mix:
         return f"ladder {self.n_small + self.n_large}" if self.ladder else f"{self.n_small}+{self.n_large}"
 
 
-MIXES = {"pair": Mix(1, 1), "balanced": Mix(8, 8), "many-small": Mix(15, 1), "many-large": Mix(1, 15),
-         "ladder": Mix(1, 7, ladder=True)}
-QUICK_MIXES = {"pair": Mix(1, 1), "balanced": Mix(2, 2), "many-small": Mix(3, 1), "many-large": Mix(1, 3),
-               "ladder": Mix(1, 3, ladder=True)}
+MIXES = {
+    "pair": Mix(1, 1),
+    "balanced": Mix(8, 8),
+    "many-small": Mix(15, 1),
+    "many-large": Mix(1, 15),
+    "ladder": Mix(1, 7, ladder=True),
+}
+QUICK_MIXES = {
+    "pair": Mix(1, 1),
+    "balanced": Mix(2, 2),
+    "many-small": Mix(3, 1),
+    "many-large": Mix(1, 3),
+    "ladder": Mix(1, 3, ladder=True),
+}
 DEFAULT_SWEEP = ("cnn1d", "mlp", "mlp512")
 QUICK_SWEEP = ("cnn1d", "mlp")
 DEFAULT_RATIOS = (1.0, 0.875, 0.75, 0.5, 0.25)
@@ -178,10 +195,23 @@ def sweep_workloads(families: Sequence[str], ratios: Sequence[float], mixes: Seq
                 configs = [config_of(r) for r in mix.ratios(ratio)]
                 small, large = config_of(ratio), config_of(1.0)
                 sizes = f"{_size(small)}/{_size(large).split()[-1]}"
-                out.append(Mixed(f"{name} {mix_name} {sizes}", family, configs,
-                                 f"{mix.label()}: widths {[_size(c).split()[-1] for c in configs]}",
-                                 {"family": name, "mix": mix_name, "mix_label": mix.label(), "ratio": ratio,
-                                  "sizes": sizes, "small": small, "large": large}))
+                out.append(
+                    Mixed(
+                        f"{name} {mix_name} {sizes}",
+                        family,
+                        configs,
+                        f"{mix.label()}: widths {[_size(c).split()[-1] for c in configs]}",
+                        {
+                            "family": name,
+                            "mix": mix_name,
+                            "mix_label": mix.label(),
+                            "ratio": ratio,
+                            "sizes": sizes,
+                            "small": small,
+                            "large": large,
+                        },
+                    )
+                )
     return out
 
 
@@ -206,8 +236,9 @@ def load_data(device: torch.device) -> Data:
 
 def build(workload: Mixed, slot: int, data: Data, device: torch.device) -> nn.Module:
     """Slot `slot`'s model, built right after torch.manual_seed(slot): the same in every method."""
-    factory = model_factory(workload.family, workload.configs[slot], input_shape=data.input_shape,
-                            num_classes=data.num_classes)
+    factory = model_factory(
+        workload.family, workload.configs[slot], input_shape=data.input_shape, num_classes=data.num_classes
+    )
     torch.manual_seed(slot)
     return factory().to(device).train()
 
@@ -269,8 +300,10 @@ class GroupedRunner(_MixedRunner):
 
     def __init__(self, workload: Mixed, data: Data, table: torch.Tensor, device: torch.device) -> None:
         self._init(workload, data, table)
-        self.groups = [_Group([build(workload, s, data, device) for s in slots], slots, table, device)
-                       for slots in workload.groups()]
+        self.groups = [
+            _Group([build(workload, s, data, device) for s in slots], slots, table, device)
+            for slots in workload.groups()
+        ]
 
     def run(self, steps: range, phase=None) -> None:
         for group in self.groups:
@@ -288,8 +321,14 @@ class SerialRunner(_MixedRunner):
         self.jobs = []
         for slot in range(self.models):
             model = build(workload, slot, data, device)
-            self.jobs.append((slot, model, torch.optim.Adam(model.parameters(), lr=LR),
-                              [table[slot, t].contiguous() for t in range(table.shape[1])]))
+            self.jobs.append(
+                (
+                    slot,
+                    model,
+                    torch.optim.Adam(model.parameters(), lr=LR),
+                    [table[slot, t].contiguous() for t in range(table.shape[1])],
+                )
+            )
 
     def run(self, steps: range, phase=None) -> None:
         for slot, model, optimizer, indices in self.jobs:
@@ -341,8 +380,14 @@ def _padding(runner: PaddedRunner, data: Data) -> dict[str, Any]:
     }
 
 
-def measure(workload: Mixed, data: Data, methods: Sequence[str], timing: Timing, device: torch.device,
-            say: Callable[[str], None]) -> dict[str, Any]:
+def measure(
+    workload: Mixed,
+    data: Data,
+    methods: Sequence[str],
+    timing: Timing,
+    device: torch.device,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
     """Build and warm up each method, time them together (repeats in turns), check first losses."""
     table = data.index_table(len(workload.configs), device)
     reference = _reference_losses(workload, data, table, device)
@@ -388,19 +433,23 @@ def measure(workload: Mixed, data: Data, methods: Sequence[str], timing: Timing,
         losses = [float(v) for v in runner.first_losses]
         worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference))
         ok = worst <= EQUIVALENCE_RTOL
-        cells[method].update({
-            "samples_per_s": result.samples_per_s,
-            "unsupported": None,
-            "repeat_seconds": result.repeat_seconds,
-            "repeats": len(result.repeat_seconds),
-            "steps_per_repeat": result.steps_per_repeat,
-            "samples_per_repeat": result.samples_per_repeat,
-            "models_timed": result.models,
-            "equivalence": {"max_rel_diff": worst, "ok": ok},
-            "warnings": result.warnings,
-        })
+        cells[method].update(
+            {
+                "samples_per_s": result.samples_per_s,
+                "unsupported": None,
+                "repeat_seconds": result.repeat_seconds,
+                "repeats": len(result.repeat_seconds),
+                "steps_per_repeat": result.steps_per_repeat,
+                "samples_per_repeat": result.samples_per_repeat,
+                "models_timed": result.models,
+                "equivalence": {"max_rel_diff": worst, "ok": ok},
+                "warnings": result.warnings,
+            }
+        )
         if not ok:
-            entry["flags"].append(f"{method}: a slot's first-step loss differs from its plain model's by rel {worst:.1e}")
+            entry["flags"].append(
+                f"{method}: a slot's first-step loss differs from its plain model's by rel {worst:.1e}"
+            )
     entry["methods"] = {method: cells[method] for method in methods}
     entry["ratios"] = ratios(entry["methods"])
     entry["seconds"] = time.perf_counter() - started
@@ -422,14 +471,18 @@ def crossover(points: list[dict[str, Any]]) -> dict[str, Any]:
     (>= 1 + NOISE_BAND) and the smallest at which it clearly loses
     (<= 1 - NOISE_BAND) are given.
     """
-    usable = sorted((p["waste"], p["padded/grouped"]) for p in points
-                    if p["padded/grouped"] is not None and p["waste"] > 1e-9)
+    usable = sorted(
+        (p["waste"], p["padded/grouped"]) for p in points if p["padded/grouped"] is not None and p["waste"] > 1e-9
+    )
     controls = [p["padded/grouped"] for p in points if p["padded/grouped"] is not None and p["waste"] <= 1e-9]
     clear_win = max((w for w, r in usable if r >= 1 + NOISE_BAND), default=None)
     clear_loss = min((w for w, r in usable if r <= 1 - NOISE_BAND), default=None)
-    out: dict[str, Any] = {"points": [{"waste": w, "padded/grouped": r} for w, r in usable],
-                           "equal_shape_control": controls, "clearly_pays_up_to_waste": clear_win,
-                           "clearly_loses_from_waste": clear_loss}
+    out: dict[str, Any] = {
+        "points": [{"waste": w, "padded/grouped": r} for w, r in usable],
+        "equal_shape_control": controls,
+        "clearly_pays_up_to_waste": clear_win,
+        "clearly_loses_from_waste": clear_loss,
+    }
     if not usable:
         return {**out, "waste_at_parity": None, "summary": "no measured points with padding"}
     pays = [ratio >= 1.0 for _, ratio in usable]
@@ -437,15 +490,21 @@ def crossover(points: list[dict[str, Any]]) -> dict[str, Any]:
     if last_paying is None:
         summary, parity = f"never pays (padded/grouped {usable[0][1]:.2f} already at {usable[0][0]:.0%} waste)", None
     elif last_paying == len(usable) - 1:
-        summary, parity = f"pays at every point (up to {usable[-1][0]:.0%} waste, padded/grouped {usable[-1][1]:.2f})", None
+        summary, parity = (
+            f"pays at every point (up to {usable[-1][0]:.0%} waste, padded/grouped {usable[-1][1]:.2f})",
+            None,
+        )
     else:
         (w0, r0), (w1, r1) = usable[last_paying], usable[last_paying + 1]
         parity = w0 + (r0 - 1.0) * (w1 - w0) / (r0 - r1)
         summary = f"parity at ~{parity:.0%} waste ({r0:.2f} at {w0:.0%}, {r1:.2f} at {w1:.0%})"
     band = f"{1 + NOISE_BAND:.2f}"
-    summary += (f"; >= {band} up to {clear_win:.0%}" if clear_win is not None else f"; never >= {band}")
-    summary += (f", <= {1 - NOISE_BAND:.2f} from {clear_loss:.0%}" if clear_loss is not None
-                else f", never <= {1 - NOISE_BAND:.2f}")
+    summary += f"; >= {band} up to {clear_win:.0%}" if clear_win is not None else f"; never >= {band}"
+    summary += (
+        f", <= {1 - NOISE_BAND:.2f} from {clear_loss:.0%}"
+        if clear_loss is not None
+        else f", never <= {1 - NOISE_BAND:.2f}"
+    )
     if controls:
         summary += f"; equal-shape control {', '.join(f'{c:.2f}' for c in controls)}"
     return {**out, "waste_at_parity": parity, "summary": summary}
@@ -475,11 +534,16 @@ def run_benchmark(
     ratio_list = [float(r) for r in (ratios_ or (QUICK_RATIOS if quick else DEFAULT_RATIOS))]
     mixes = list(mixes or (QUICK_MIX_NAMES if quick else DEFAULT_MIX_NAMES))
     methods = [m for m in METHODS if m in methods]
-    bad = ([w for w in workloads if w not in mixed] + [s for s in sweep if s not in SWEEP_FAMILIES]
-           + [m for m in mixes if m not in MIXES])
+    bad = (
+        [w for w in workloads if w not in mixed]
+        + [s for s in sweep if s not in SWEEP_FAMILIES]
+        + [m for m in mixes if m not in MIXES]
+    )
     if bad or not methods:
-        raise ValueError(f"unknown {bad or 'methods'}; workloads {list(mixed)}, sweep {list(SWEEP_FAMILIES)}, "
-                         f"mixes {list(MIXES)}, methods {list(METHODS)}")
+        raise ValueError(
+            f"unknown {bad or 'methods'}; workloads {list(mixed)}, sweep {list(SWEEP_FAMILIES)}, "
+            f"mixes {list(MIXES)}, methods {list(METHODS)}"
+        )
     if any(not 0 < r <= 1 for r in ratio_list):
         raise ValueError(f"width ratios must be in (0, 1], got {ratio_list}")
     if not isinstance(threads, int) or threads < 1:
@@ -497,10 +561,21 @@ def run_benchmark(
         "schema": 1,
         "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "settings": {
-            "workloads": workloads, "sweep": sweep, "ratios": ratio_list, "mixes": {m: {"label": (QUICK_MIXES if quick else MIXES)[m].label(),
-                          **vars((QUICK_MIXES if quick else MIXES)[m])} for m in mixes},
-            "methods": methods, "device": str(device), "threads": threads, "quick": quick, "dataset": DATASET,
-            "batch_size": BATCH_SIZE, "optimizer": f"Adam(lr={LR:g})", **timing.settings(),
+            "workloads": workloads,
+            "sweep": sweep,
+            "ratios": ratio_list,
+            "mixes": {
+                m: {"label": (QUICK_MIXES if quick else MIXES)[m].label(), **vars((QUICK_MIXES if quick else MIXES)[m])}
+                for m in mixes
+            },
+            "methods": methods,
+            "device": str(device),
+            "threads": threads,
+            "quick": quick,
+            "dataset": DATASET,
+            "batch_size": BATCH_SIZE,
+            "optimizer": f"Adam(lr={LR:g})",
+            **timing.settings(),
             "equivalence_rtol": EQUIVALENCE_RTOL,
         },
         "machine": machine_info(device, threads),
@@ -523,11 +598,15 @@ def run_benchmark(
             entry = measure(workload, data, methods, timing, device, say)
             gc.collect()
             result["flags"] += [f"{workload.name}: {flag}" for flag in entry["flags"]]
-            rates = ", ".join(f"{m} {c['samples_per_s']:,.0f}" if c.get("samples_per_s") else f"{m} n/a"
-                              for m, c in entry["methods"].items())
+            rates = ", ".join(
+                f"{m} {c['samples_per_s']:,.0f}" if c.get("samples_per_s") else f"{m} n/a"
+                for m, c in entry["methods"].items()
+            )
             waste = entry["padding"]["waste"] if entry["padding"] else None
-            say(f"[{number}/{len(todo)}] {workload.name} B={entry['models']} groups={len(entry['groups'])} "
-                f"waste={'n/a' if waste is None else f'{waste:.0%}'}: {rates} samples/s ({entry['seconds']:.1f} s)")
+            say(
+                f"[{number}/{len(todo)}] {workload.name} B={entry['models']} groups={len(entry['groups'])} "
+                f"waste={'n/a' if waste is None else f'{waste:.0%}'}: {rates} samples/s ({entry['seconds']:.1f} s)"
+            )
             if workload.sweep:
                 result["sweep"].append({"name": workload.name, **entry})
             else:
@@ -600,15 +679,21 @@ def print_report(result: dict[str, Any], console=None) -> None:
             t.add_column(name, justify="right")
         return t
 
-    main = table(f"Mixed sizes: samples/s summed over all models (batch {settings['batch_size']} per model, Adam, "
-                 f"{machine['device_name']}, {machine['threads']} thread(s))", ["workload"])
+    main = table(
+        f"Mixed sizes: samples/s summed over all models (batch {settings['batch_size']} per model, Adam, "
+        f"{machine['device_name']}, {machine['threads']} thread(s))",
+        ["workload"],
+    )
     for name, entry in result["results"].items():
         main.add_row(name, *_row(entry))
     if result["results"]:
         console.print(main)
     if result["sweep"]:
-        sweep = table("Where padding stops paying: n_small + n_large models of width ratio r and 1 (ladder: widths "
-                      "evenly spaced from r to 1), samples/s", ["family", "mix", "small/large"])
+        sweep = table(
+            "Where padding stops paying: n_small + n_large models of width ratio r and 1 (ladder: widths "
+            "evenly spaced from r to 1), samples/s",
+            ["family", "mix", "small/large"],
+        )
         previous = None
         for point in result["sweep"]:
             coords = point["sweep"]
@@ -620,20 +705,27 @@ def print_report(result: dict[str, Any], console=None) -> None:
         console.print(sweep)
         for key, cross in result["crossover"].items():
             console.print(f"padded/grouped, {key}: {cross['summary']}", highlight=False, markup=False)
-    console.print("exec/useful: multiply-adds per sample the padded array executes / what the models need "
-                  "(ModelArray.padding_cost()); waste = 1 - useful/executed; shapes: arrays in 'grouped'",
-                  highlight=False, markup=False)
+    console.print(
+        "exec/useful: multiply-adds per sample the padded array executes / what the models need "
+        "(ModelArray.padding_cost()); waste = 1 - useful/executed; shapes: arrays in 'grouped'",
+        highlight=False,
+        markup=False,
+    )
     for entry in [*result["results"].values(), *result["sweep"]]:
         for method, cell in entry["methods"].items():
             if cell.get("unsupported"):
-                console.print(f"n/a  {entry.get('name', entry['family'])} {method}: {cell['unsupported']}",
-                              highlight=False, markup=False)
+                console.print(
+                    f"n/a  {entry.get('name', entry['family'])} {method}: {cell['unsupported']}",
+                    highlight=False,
+                    markup=False,
+                )
     for flag in result["flags"]:
         console.print(f"!    {flag}", highlight=False, markup=False)
     console.print(
         f"torch {machine['torch']}, {machine['threads']} torch thread(s), {machine['usable_cpus']} usable CPU(s), "
         f"device {machine['device_name']}; {result['duration_s']:.0f} s; JSON: {result.get('out') or '(not written)'}",
-        highlight=False, markup=False,
+        highlight=False,
+        markup=False,
     )
 
 
@@ -644,28 +736,62 @@ def build_parser() -> argparse.ArgumentParser:
         description="Models of one structure and different sizes trained as one padded ModelArray, as one array "
         "per exact shape, and serially: samples/s, ratios and padding waste, plus a sweep of where padding stops paying.",
     )
-    parser.add_argument("--workloads", type=comma_list(str, ("cnn1d", "mlp"), empty_ok=True), default=None,
-                        help="comma-separated mixed workloads from cnn1d,mlp, or 'none' (default: both)")
-    parser.add_argument("--sweep", type=comma_list(str, list(SWEEP_FAMILIES), empty_ok=True), default=None,
-                        help=f"comma-separated sweep families from {','.join(SWEEP_FAMILIES)}, or 'none' "
-                        f"(default: {','.join(DEFAULT_SWEEP)}; --quick: {','.join(QUICK_SWEEP)})")
-    parser.add_argument("--ratios", type=comma_list(float), default=None,
-                        help=f"small/large width ratios of the sweep (default: {','.join(map(str, DEFAULT_RATIOS))}; "
-                        f"--quick: {','.join(map(str, QUICK_RATIOS))})")
-    parser.add_argument("--mixes", type=comma_list(str, list(MIXES)), default=None,
-                        help=f"sweep mixes from {', '.join(f'{k} ({m.label()})' for k, m in MIXES.items())} "
-                        f"(small+large models; --quick uses fewer) (default: all; --quick: {','.join(QUICK_MIX_NAMES)})")
+    parser.add_argument(
+        "--workloads",
+        type=comma_list(str, ("cnn1d", "mlp"), empty_ok=True),
+        default=None,
+        help="comma-separated mixed workloads from cnn1d,mlp, or 'none' (default: both)",
+    )
+    parser.add_argument(
+        "--sweep",
+        type=comma_list(str, list(SWEEP_FAMILIES), empty_ok=True),
+        default=None,
+        help=f"comma-separated sweep families from {','.join(SWEEP_FAMILIES)}, or 'none' "
+        f"(default: {','.join(DEFAULT_SWEEP)}; --quick: {','.join(QUICK_SWEEP)})",
+    )
+    parser.add_argument(
+        "--ratios",
+        type=comma_list(float),
+        default=None,
+        help=f"small/large width ratios of the sweep (default: {','.join(map(str, DEFAULT_RATIOS))}; "
+        f"--quick: {','.join(map(str, QUICK_RATIOS))})",
+    )
+    parser.add_argument(
+        "--mixes",
+        type=comma_list(str, list(MIXES)),
+        default=None,
+        help=f"sweep mixes from {', '.join(f'{k} ({m.label()})' for k, m in MIXES.items())} "
+        f"(small+large models; --quick uses fewer) (default: all; --quick: {','.join(QUICK_MIX_NAMES)})",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    parser.add_argument("--warmup", type=int, default=None, help=f"untimed warm-up steps (default {DEFAULT_TIMING.warmup})")
-    parser.add_argument("--repeats", type=int, default=None, help=f"timed repeats, median reported (default {DEFAULT_TIMING.repeats})")
-    parser.add_argument("--min-time", type=float, default=None,
-                        help=f"seconds a repeat lasts at least (default {DEFAULT_TIMING.min_time_s}; --quick: {QUICK_TIMING.min_time_s})")
-    parser.add_argument("--max-steps", type=int, default=None,
-                        help=f"most steps per repeat (default {DEFAULT_TIMING.max_steps}; --quick: {QUICK_TIMING.max_steps})")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help=f"untimed warm-up steps (default {DEFAULT_TIMING.warmup})"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help=f"timed repeats, median reported (default {DEFAULT_TIMING.repeats})"
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help=f"seconds a repeat lasts at least (default {DEFAULT_TIMING.min_time_s}; --quick: {QUICK_TIMING.min_time_s})",
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help=f"most steps per repeat (default {DEFAULT_TIMING.max_steps}; --quick: {QUICK_TIMING.max_steps})",
+    )
     parser.add_argument("--quick", action="store_true", help="a < 30 s run that checks the harness, not timings")
-    parser.add_argument("--json", "--out", dest="out", type=Path, default=None,
-                        help="JSON output path (default: benchmarks/results/envelope-<timestamp>.json)")
+    parser.add_argument(
+        "--json",
+        "--out",
+        dest="out",
+        type=Path,
+        default=None,
+        help="JSON output path (default: benchmarks/results/envelope-<timestamp>.json)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-row progress lines on stderr")
     return parser
 
@@ -687,8 +813,17 @@ def main(argv: list[str] | None = None) -> int:
     if timing.warmup < 1 or timing.repeats < 1 or timing.min_time_s < 0 or timing.max_steps < 1:
         build_parser().error("--warmup, --repeats and --max-steps must be >= 1 and --min-time >= 0")
     try:
-        result = run_benchmark(args.workloads, args.sweep, args.ratios, args.mixes, args.device, args.threads,
-                               args.quick, timing=timing, progress=None if args.quiet else _log)
+        result = run_benchmark(
+            args.workloads,
+            args.sweep,
+            args.ratios,
+            args.mixes,
+            args.device,
+            args.threads,
+            args.quick,
+            timing=timing,
+            progress=None if args.quiet else _log,
+        )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -48,14 +48,21 @@ import optuna
 import torch
 
 import hfta_nas
-from hfta_nas.errors import HftaNasError
-from hfta_nas.runtime import DTYPES
-from search_spaces import SearchSpace, load_space
 from benchmarks._anytime import best_so_far, plot, spread, time_to, value_at
 from benchmarks._cli import comma_list, write_result
 from benchmarks._ray_search import MISSING_RAY, ray_available
-from benchmarks._search_methods import (DEFAULT_METHODS, METHODS, PLAIN_METRICS, RUNNERS, SearchRun, available_cores,
-                                        one_epoch)
+from benchmarks._search_methods import (
+    DEFAULT_METHODS,
+    METHODS,
+    PLAIN_METRICS,
+    RUNNERS,
+    SearchRun,
+    available_cores,
+    one_epoch,
+)
+from hfta_nas.errors import HftaNasError
+from hfta_nas.runtime import DTYPES
+from search_spaces import SearchSpace, load_space
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn.yaml"
 QUICK = {"n_trials": 4, "epochs": 2, "num_samples": 1000, "seeds": 2, "processes": 2}
@@ -68,19 +75,26 @@ def quick_space(space: SearchSpace) -> SearchSpace:
     """The space with QUICK's epochs and data size (a cosine t_max set in the file is kept)."""
     epochs = min(space.training.epochs, QUICK["epochs"])
     num_samples = min(space.data.num_samples or QUICK["num_samples"], QUICK["num_samples"])
-    return space.model_copy(update={"training": space.training.model_copy(update={"epochs": epochs}),
-                                    "data": space.data.model_copy(update={"num_samples": num_samples})})
+    return space.model_copy(
+        update={
+            "training": space.training.model_copy(update={"epochs": epochs}),
+            "data": space.data.model_copy(update={"num_samples": num_samples}),
+        }
+    )
 
 
 def check_space(space: SearchSpace) -> str:
     """The study's one metric, or SystemExit when the plain methods cannot reproduce the space."""
     if len(space.study.metrics) != 1:
-        raise SystemExit(f"{space.source}: the benchmark compares single-objective searches; this one has "
-                         f"metrics {list(space.study.metrics)}")
+        raise SystemExit(
+            f"{space.source}: the benchmark compares single-objective searches; this one has "
+            f"metrics {list(space.study.metrics)}"
+        )
     metric = space.study.metrics[0]
     if metric not in PLAIN_METRICS:
-        raise SystemExit(f"{space.source}: the plain loop reports one of {', '.join(PLAIN_METRICS)} per epoch, "
-                         f"not {metric!r}")
+        raise SystemExit(
+            f"{space.source}: the plain loop reports one of {', '.join(PLAIN_METRICS)} per epoch, not {metric!r}"
+        )
     return metric
 
 
@@ -88,10 +102,13 @@ def check_space(space: SearchSpace) -> str:
 def run_figures(run: SearchRun, direction: str) -> dict[str, Any]:
     """What one method's search on one seed gave: clock, trial states, curve, architectures."""
     trained = [t for t in run.trials if t.state.name in ("COMPLETE", "PRUNED")]
-    architectures = {tuple(sorted((k, repr(v)) for k, v in t.params.items() if k.startswith("model."))) for t in trained}
+    architectures = {
+        tuple(sorted((k, repr(v)) for k, v in t.params.items() if k.startswith("model."))) for t in trained
+    }
     curve = best_so_far(run.finished(), direction)
     return {
-        "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
+        "seconds": run.seconds,
+        "cpu_seconds": run.cpu_seconds,
         "trials": {state: sum(t.state.name == state for t in run.trials) for state in STATES},
         "epochs_trained": sum(len(t.intermediate_values) for t in run.trials),
         "best_value": curve[-1][1] if curve else None,
@@ -105,14 +122,23 @@ def same_trials(plain: list[Any], other: list[Any], name: str = "pack") -> list[
     """Trials of equal number and parameters in both (so equal seeds too): the same training
     run done two ways, a check of the plain loop; `name` is the other method's."""
     by_number = {t.number: t for t in other}
-    return [{"number": t.number, "plain": t.state.name, name: by_number[t.number].state.name,
-             "plain_values": dict(t.intermediate_values), f"{name}_values": dict(by_number[t.number].intermediate_values)}
-            for t in plain if t.number in by_number and by_number[t.number].params == t.params]
+    return [
+        {
+            "number": t.number,
+            "plain": t.state.name,
+            name: by_number[t.number].state.name,
+            "plain_values": dict(t.intermediate_values),
+            f"{name}_values": dict(by_number[t.number].intermediate_values),
+        }
+        for t in plain
+        if t.number in by_number and by_number[t.number].params == t.params
+    ]
 
 
 # ---------------------------------------------------------------- all runs
-def run(space: SearchSpace, n_trials: int, seeds: list[int], methods: list[str], processes: int,
-        device: str, dtype: str) -> dict[str, Any]:
+def run(
+    space: SearchSpace, n_trials: int, seeds: list[int], methods: list[str], processes: int, device: str, dtype: str
+) -> dict[str, Any]:
     metric, direction = check_space(space), space.directions[0]
     # Untimed: each in-process method once on 2 trials of 1 epoch, so the dataset's first build and
     # this process's first-use costs (ray: the driver's) fall on no timed run (the worker processes
@@ -127,32 +153,56 @@ def run(space: SearchSpace, n_trials: int, seeds: list[int], methods: list[str],
     same_ray: list[dict[str, Any]] = []
     for turn, seed in enumerate(seeds):
         seeded = space.with_overrides(seed=seed)
-        order = methods[turn % len(methods):] + methods[:turn % len(methods)]
+        order = methods[turn % len(methods) :] + methods[: turn % len(methods)]
         with tempfile.TemporaryDirectory(prefix="bench-search-") as folder:
             trials = {}
             for method in order:
                 done = RUNNERS[method](seeded, n_trials, device, dtype, Path(folder), processes)
                 runs[method].append({"seed": seed, **run_figures(done, direction)})
                 trials[method] = done.trials
-                print(f"  seed {seed} {method:>9}: {done.seconds:6.1f} s, best {_number(runs[method][-1]['best_value'], metric)}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  seed {seed} {method:>9}: {done.seconds:6.1f} s, best {_number(runs[method][-1]['best_value'], metric)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if turn == 0 and "plain" in trials and "pack" in trials:
                 same = same_trials(trials["plain"], trials["pack"])
             if turn == 0 and "plain" in trials and "ray" in trials:
                 same_ray = same_trials(trials["plain"], trials["ray"], "ray")
     reference = "plain" if "plain" in methods else methods[0]
     return {
-        "space": str(space.source), "metric": metric, "direction": direction, "n_trials": n_trials,
-        "epochs": space.training.epochs, "array_size": space.array.size, "sampler": space.sampler.name,
-        "pruner": space.pruner.name, "seeds": seeds, "processes": processes, "device": device, "dtype": dtype,
-        "threads": torch.get_num_threads(), "reference": reference,
-        "runs": runs, "summary": summarize(runs, reference, direction), "same_trials": same,
+        "space": str(space.source),
+        "metric": metric,
+        "direction": direction,
+        "n_trials": n_trials,
+        "epochs": space.training.epochs,
+        "array_size": space.array.size,
+        "sampler": space.sampler.name,
+        "pruner": space.pruner.name,
+        "seeds": seeds,
+        "processes": processes,
+        "device": device,
+        "dtype": dtype,
+        "threads": torch.get_num_threads(),
+        "reference": reference,
+        "runs": runs,
+        "summary": summarize(runs, reference, direction),
+        "same_trials": same,
         "same_trials_ray": same_ray,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "optuna": optuna.__version__,
-                     "numpy": np.__version__, "hfta_nas": hfta_nas.__version__},
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor(),
-                    "load_average_before": list(load_before), "load_average_after": list(os.getloadavg())},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "optuna": optuna.__version__,
+            "numpy": np.__version__,
+            "hfta_nas": hfta_nas.__version__,
+        },
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor(),
+            "load_average_before": list(load_before),
+            "load_average_after": list(os.getloadavg()),
+        },
     }
 
 
@@ -175,14 +225,20 @@ def summarize(runs: dict[str, list[dict[str, Any]]], reference: str, direction: 
     """Per method, over seeds: median [min, max] of the figures the table prints."""
     horizon = statistics.median(r["seconds"] for r in runs[reference])
     target = spread([r["best_value"] for r in runs[reference]], direction)["median"]
-    summary: dict[str, Any] = {"horizon_s": horizon, "target": target, "checkpoints_s": [f * horizon for f in CHECKPOINTS],
-                               "methods": {}}
+    summary: dict[str, Any] = {
+        "horizon_s": horizon,
+        "target": target,
+        "checkpoints_s": [f * horizon for f in CHECKPOINTS],
+        "methods": {},
+    }
     for method, rows in runs.items():
         curves = [r["curve"] for r in rows]
         summary["methods"][method] = {
             "seconds": spread([r["seconds"] for r in rows]),
             "best_value": spread([r["best_value"] for r in rows], direction),
-            "best_at": [spread([value_at(c, t) for c in curves], direction)["median"] for t in summary["checkpoints_s"]],
+            "best_at": [
+                spread([value_at(c, t) for c in curves], direction)["median"] for t in summary["checkpoints_s"]
+            ],
             "time_to_target": spread([time_to(c, target, direction) if target is not None else None for c in curves]),
             "architectures_trained": statistics.median(r["architectures_trained"] for r in rows),
             "epochs_trained": statistics.median(r["epochs_trained"] for r in rows),
@@ -212,70 +268,110 @@ def print_table(figures: dict[str, Any], quick: bool) -> None:
     metric, summary = figures["metric"], figures["summary"]
     seconds = lambda v: "never" if v is None else f"{v:.1f}"  # noqa: E731
     value = lambda v: _number(v, metric)  # noqa: E731
-    print(f"{Path(figures['space']).name}: {figures['n_trials']} trials x {figures['epochs']} epochs, "
-          f"{figures['sampler']} + {figures['pruner']} pruner, seeds {figures['seeds']}, arrays of "
-          f"{figures['array_size']}, {figures['processes']} processes / Ray trials at once, on {figures['device']} "
-          f"({figures['threads']} torch threads, {figures['dtype']})"
-          + (" [quick: checks the script, not timings]" if quick else ""))
+    print(
+        f"{Path(figures['space']).name}: {figures['n_trials']} trials x {figures['epochs']} epochs, "
+        f"{figures['sampler']} + {figures['pruner']} pruner, seeds {figures['seeds']}, arrays of "
+        f"{figures['array_size']}, {figures['processes']} processes / Ray trials at once, on {figures['device']} "
+        f"({figures['threads']} torch threads, {figures['dtype']})"
+        + (" [quick: checks the script, not timings]" if quick else "")
+    )
     at = " / ".join(f"{f:g}T" for f in CHECKPOINTS)
-    print(f"median [min-max] over seeds; T = {figures['reference']}'s median wall time, {summary['horizon_s']:.1f} s; "
-          f"target = its median final best, {value(summary['target'])}")
-    print(f"{'method':>9}  {'wall s':>18}  {'best ' + metric:>26}  {'best at ' + at:>28}  {'s to target':>18}  "
-          f"{'archs':>5}  {figures['reference'] + ' / method':>18}")
+    print(
+        f"median [min-max] over seeds; T = {figures['reference']}'s median wall time, {summary['horizon_s']:.1f} s; "
+        f"target = its median final best, {value(summary['target'])}"
+    )
+    print(
+        f"{'method':>9}  {'wall s':>18}  {'best ' + metric:>26}  {'best at ' + at:>28}  {'s to target':>18}  "
+        f"{'archs':>5}  {figures['reference'] + ' / method':>18}"
+    )
     for method, cell in summary["methods"].items():
         best_at = " / ".join(value(v) for v in cell["best_at"])
         speedup = _range(cell["speedup"], lambda v: "-" if v is None else f"{v:.2f}x")
-        print(f"{method:>9}  {_range(cell['seconds'], seconds):>18}  {_range(cell['best_value'], value):>26}  "
-              f"{best_at:>28}  {_range(cell['time_to_target'], seconds):>18}  {cell['architectures_trained']:>5g}  {speedup:>18}")
+        print(
+            f"{method:>9}  {_range(cell['seconds'], seconds):>18}  {_range(cell['best_value'], value):>26}  "
+            f"{best_at:>28}  {_range(cell['time_to_target'], seconds):>18}  {cell['architectures_trained']:>5g}  {speedup:>18}"
+        )
     for method, cell in summary["methods"].items():
         notes = []
         if "startup_s" in cell:
             notes.append(f"start-up {_range(cell['startup_s'], seconds)} s, not in wall s")
         if "first_result_s" in cell:
-            notes.append(f"first trial began {_range(cell['first_trial_s'], seconds)} s and reported its first epoch "
-                         f"{_range(cell['first_result_s'], seconds)} s after the start")
+            notes.append(
+                f"first trial began {_range(cell['first_trial_s'], seconds)} s and reported its first epoch "
+                f"{_range(cell['first_result_s'], seconds)} s after the start"
+            )
         if "mean_occupancy" in cell:
             notes.append(f"mean occupancy {_range(cell['mean_occupancy'], lambda v: '-' if v is None else f'{v:.0%}')}")
         if cell.get("time_account"):
-            phases = sorted(((k, v) for k, v in cell["time_account"].items() if k != "overhead" and v >= 0.01),
-                            key=lambda item: -item[1])
-            notes.append("time " + ", ".join(f"{k} {v:.0%}" for k, v in phases)
-                         + f"; overhead {cell['time_account']['overhead']:.0%} (median shares of wall s)")
+            phases = sorted(
+                ((k, v) for k, v in cell["time_account"].items() if k != "overhead" and v >= 0.01),
+                key=lambda item: -item[1],
+            )
+            notes.append(
+                "time "
+                + ", ".join(f"{k} {v:.0%}" for k, v in phases)
+                + f"; overhead {cell['time_account']['overhead']:.0%} (median shares of wall s)"
+            )
         if notes:
             print(f"{method:>9}: " + "; ".join(notes))
     methods = summary["methods"]
     if "pack" in methods and "replicate" in methods:
         ratios = [p["seconds"] / r["seconds"] for p, r in zip(figures["runs"]["pack"], figures["runs"]["replicate"])]
-        print(f"pack / replicate wall time, seed by seed: median {statistics.median(ratios):.2f} "
-              f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+        print(
+            f"pack / replicate wall time, seed by seed: median {statistics.median(ratios):.2f} "
+            f"[{min(ratios):.2f}-{max(ratios):.2f}]"
+        )
     for other, pairs in (("pack", figures["same_trials"]), ("ray", figures.get("same_trials_ray", []))):
         if pairs:
-            gaps = [abs(pair["plain_values"][step] - pair[f"{other}_values"][step]) for pair in pairs
-                    for step in pair["plain_values"] if step in pair[f"{other}_values"]]
-            print(f"same number and parameters in plain and {other} (same seeds): trials "
-                  f"{[p['number'] for p in pairs]}; per-epoch {metric} differ by at most "
-                  f"{_number(max(gaps, default=0.0), metric)}")
+            gaps = [
+                abs(pair["plain_values"][step] - pair[f"{other}_values"][step])
+                for pair in pairs
+                for step in pair["plain_values"]
+                if step in pair[f"{other}_values"]
+            ]
+            print(
+                f"same number and parameters in plain and {other} (same seeds): trials "
+                f"{[p['number'] for p in pairs]}; per-epoch {metric} differ by at most "
+                f"{_number(max(gaps, default=0.0), metric)}"
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--space", type=Path, default=DEFAULT_SPACE, help="search space file")
     parser.add_argument("--n-trials", type=int, default=None, help="trials per search; None: the space's budget")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="set a setting of the space (repeatable), as `hfta-nas search --set`: "
-                             "e.g. --set training.epochs=15")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a setting of the space (repeatable), as `hfta-nas search --set`: e.g. --set training.epochs=15",
+    )
     parser.add_argument("--seeds", type=int, default=5, help="search seeds 0..N-1 (each method runs once per seed)")
-    parser.add_argument("--methods", type=comma_list(str, METHODS), default=list(DEFAULT_METHODS),
-                        help=f"which methods, comma-separated, of {','.join(METHODS)}")
-    parser.add_argument("--processes", type=int, default=None,
-                        help="worker processes of `processes` and concurrent trials of `ray`; None: the cores available")
+    parser.add_argument(
+        "--methods",
+        type=comma_list(str, METHODS),
+        default=list(DEFAULT_METHODS),
+        help=f"which methods, comma-separated, of {','.join(METHODS)}",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="worker processes of `processes` and concurrent trials of `ray`; None: the cores available",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for a fair comparison)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK['n_trials']} trials, {QUICK['epochs']} epochs, {QUICK['num_samples']} samples, "
-                             f"{QUICK['seeds']} seeds, at most {QUICK['processes']} processes: checks the script")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK['n_trials']} trials, {QUICK['epochs']} epochs, {QUICK['num_samples']} samples, "
+        f"{QUICK['seeds']} seeds, at most {QUICK['processes']} processes: checks the script",
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="draw the anytime curves to this image (.png, .svg)")
     return parser
@@ -307,15 +403,22 @@ def main(argv: list[str] | None = None) -> int:
     if n_trials is None:
         print(f"error: {args.space} has no n_trials budget; give --n-trials", file=sys.stderr)
         return 2
-    figures = run(space, n_trials, list(range(seeds)), list(dict.fromkeys(args.methods)), processes, args.device, args.dtype)
+    figures = run(
+        space, n_trials, list(range(seeds)), list(dict.fromkeys(args.methods)), processes, args.device, args.dtype
+    )
     figures["quick"] = args.quick
     print_table(figures, args.quick)
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
-        plot({m: [r["curve"] for r in rows] for m, rows in figures["runs"].items()},
-             {m: [r["seconds"] for r in rows] for m, rows in figures["runs"].items()}, figures["direction"],
-             figures["metric"], f"{Path(figures['space']).name}: {n_trials} trials x {space.training.epochs} epochs, "
-             f"{len(figures['seeds'])} seeds, {figures['device']}, {figures['threads']} torch thread(s)", args.plot)
+        plot(
+            {m: [r["curve"] for r in rows] for m, rows in figures["runs"].items()},
+            {m: [r["seconds"] for r in rows] for m, rows in figures["runs"].items()},
+            figures["direction"],
+            figures["metric"],
+            f"{Path(figures['space']).name}: {n_trials} trials x {space.training.epochs} epochs, "
+            f"{len(figures['seeds'])} seeds, {figures['device']}, {figures['threads']} torch thread(s)",
+            args.plot,
+        )
         figures["plot"] = str(args.plot)
     if args.out:
         write_result(figures, args.out, "benchmarks.search", argv)

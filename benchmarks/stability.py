@@ -44,19 +44,32 @@ from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
 from stability._design import plan
 from stability._runner import run_stability
 
-_TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
-                     "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad}
+_TORCH_OPTIMIZERS = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "rmsprop": torch.optim.RMSprop,
+    "adagrad": torch.optim.Adagrad,
+}
 
 
-def plain_run(config: ResolvedConfig, data: Any, seeds: dict[str, int], device: torch.device, dtype: torch.dtype,
-              on_epoch: Callable[[int, torch.nn.Module], None] | None = None) -> float:
+def plain_run(
+    config: ResolvedConfig,
+    data: Any,
+    seeds: dict[str, int],
+    device: torch.device,
+    dtype: torch.dtype,
+    on_epoch: Callable[[int, torch.nn.Module], None] | None = None,
+) -> float:
     """One seed the usual way; returns the final test accuracy.
 
     `on_epoch(epoch, model)` (epochs from 1), when given, replaces the per-epoch
     validation pass: the caller evaluates what it watches (benchmarks/search.py
     reports it to an Optuna trial) and may end the run by raising (optuna.TrialPruned).
     """
-    factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
+    factory = resolve_model(
+        config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes
+    )
     torch.manual_seed(seeds["init"])
     model = factory().to(device=device, dtype=dtype)
     hparams = dict(config.hparams)
@@ -68,10 +81,15 @@ def plain_run(config: ResolvedConfig, data: Any, seeds: dict[str, int], device: 
     if config.schedule is not None:
         if config.schedule["kind"] != "cosine" or config.schedule.get("warmup_steps"):
             raise SystemExit("the plain baseline reproduces cosine (or no) schedules without warm-up only")
-        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.schedule["t_max"],
-                                                              eta_min=config.schedule["eta_min"])
-    loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=config.data["batch_size"], shuffle=True,
-                        generator=torch.Generator().manual_seed(seeds["data"]))
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
+            optimizer, T_max=config.schedule["t_max"], eta_min=config.schedule["eta_min"]
+        )
+    loader = DataLoader(
+        TensorDataset(data.x_train, data.y_train),
+        batch_size=config.data["batch_size"],
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seeds["data"]),
+    )
     torch.manual_seed(seeds["dropout"])
     for epoch in range(1, config.epochs + 1):
         model.train()
@@ -113,11 +131,20 @@ def run(config: ResolvedConfig, n_seeds: int, device: str, dtype: str) -> dict[s
     plain_seconds = time.perf_counter() - started
 
     return {
-        "seeds": n_seeds, "epochs": config.epochs, "device": device, "dtype": dtype, "threads": torch.get_num_threads(),
-        "array_seconds": array_seconds, "plain_seconds": plain_seconds, "speedup": plain_seconds / array_seconds,
-        "array_acc": array_acc.tolist(), "plain_acc": plain_acc.tolist(),
-        "array_mean": float(np.nanmean(array_acc)), "plain_mean": float(plain_acc.mean()),
-        "array_std": float(np.nanstd(array_acc, ddof=1)), "plain_std": float(plain_acc.std(ddof=1)),
+        "seeds": n_seeds,
+        "epochs": config.epochs,
+        "device": device,
+        "dtype": dtype,
+        "threads": torch.get_num_threads(),
+        "array_seconds": array_seconds,
+        "plain_seconds": plain_seconds,
+        "speedup": plain_seconds / array_seconds,
+        "array_acc": array_acc.tolist(),
+        "plain_acc": plain_acc.tolist(),
+        "array_mean": float(np.nanmean(array_acc)),
+        "plain_mean": float(plain_acc.mean()),
+        "array_std": float(np.nanstd(array_acc, ddof=1)),
+        "plain_std": float(plain_acc.std(ddof=1)),
         "mannwhitney_p": float(stats.mannwhitneyu(array_acc, plain_acc).pvalue),
         "ks_p": float(stats.ks_2samp(array_acc, plain_acc).pvalue),
     }
@@ -125,7 +152,9 @@ def run(config: ResolvedConfig, n_seeds: int, device: str, dtype: str) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="config file [default: the shipped mnist1d_cnn]")
+    parser.add_argument(
+        "config", nargs="?", default=str(DEFAULT_CONFIG), help="config file [default: the shipped mnist1d_cnn]"
+    )
     parser.add_argument("--seeds", type=int, default=32)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
@@ -138,16 +167,26 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds
     if args.quick:
         seeds = min(seeds, 4)
-        config = dataclasses.replace(config, epochs=1, data={**config.data, "num_samples": 600},
-                                     schedule=config.schedule and {**config.schedule, "t_max": 1})
+        config = dataclasses.replace(
+            config,
+            epochs=1,
+            data={**config.data, "num_samples": 600},
+            schedule=config.schedule and {**config.schedule, "t_max": 1},
+        )
     figures = run(config, seeds, args.device, args.dtype)
-    print(f"{seeds} seeds x {figures['epochs']} epochs of {Path(args.config).name} on {args.device} "
-          f"({figures['threads']} torch threads, {args.dtype})")
+    print(
+        f"{seeds} seeds x {figures['epochs']} epochs of {Path(args.config).name} on {args.device} "
+        f"({figures['threads']} torch threads, {args.dtype})"
+    )
     print(f"{'':>8} {'wall s':>8} {'mean acc':>9} {'std':>7}")
     for side in ("array", "plain"):
-        print(f"{side:>8} {figures[side + '_seconds']:8.1f} {100 * figures[side + '_mean']:8.2f}% {100 * figures[side + '_std']:6.2f}%")
-    print(f"plain / array wall time: {figures['speedup']:.2f}x; same distribution? "
-          f"Mann-Whitney p={figures['mannwhitney_p']:.2f}, KS p={figures['ks_p']:.2f}")
+        print(
+            f"{side:>8} {figures[side + '_seconds']:8.1f} {100 * figures[side + '_mean']:8.2f}% {100 * figures[side + '_std']:6.2f}%"
+        )
+    print(
+        f"plain / array wall time: {figures['speedup']:.2f}x; same distribution? "
+        f"Mann-Whitney p={figures['mannwhitney_p']:.2f}, KS p={figures['ks_p']:.2f}"
+    )
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
     return 0 if all(math.isfinite(v) for v in (figures["array_seconds"], figures["plain_seconds"])) else 1

@@ -170,7 +170,9 @@ def _failed_cell(method: str, error: BaseException, say: Callable[[str], None]) 
     return _unsupported(_unsupported_reason(method, error))
 
 
-def _run_in_process_cells(methods, prep, table, batch, device, timing, serial_models, measure_memory, say) -> dict[str, Any]:
+def _run_in_process_cells(
+    methods, prep, table, batch, device, timing, serial_models, measure_memory, say
+) -> dict[str, Any]:
     """Build and warm up every in-process method (peak memory measured around that), then time
     them together, their repeats in turns (`measure_together`)."""
     cells: dict[str, Any] = {}
@@ -312,17 +314,24 @@ def run_benchmark(
                 reference = _reference_loss(prep, table, device)
                 cell_started = time.perf_counter()
                 in_process = [m for m in methods if m != "processes"]
-                cells = _run_in_process_cells(in_process, prep, table, batch, device, timing, serial_models,
-                                              measure_memory, say) if in_process else {}
+                cells = (
+                    _run_in_process_cells(
+                        in_process, prep, table, batch, device, timing, serial_models, measure_memory, say
+                    )
+                    if in_process
+                    else {}
+                )
                 if "processes" in methods:
                     if batch > max_processes:
                         cells["processes"] = _unsupported(
                             f"skipped: B={batch} > --max-processes {max_processes} (B processes would only "
-                            f"time-slice {usable_cpus()} CPU(s))")
+                            f"time-slice {usable_cpus()} CPU(s))"
+                        )
                     else:
                         try:
-                            cells["processes"] = run_processes(prep, table, batch, device, timing, measure_memory,
-                                                               keep_freed)
+                            cells["processes"] = run_processes(
+                                prep, table, batch, device, timing, measure_memory, keep_freed
+                            )
                             cells["processes"].update(models_timed=batch, unsupported=None)
                         except Exception as error:
                             cells["processes"] = _failed_cell("processes", error, say)
@@ -365,38 +374,88 @@ def build_parser() -> argparse.ArgumentParser:
         description="Training throughput (samples/s summed over all models) and peak memory of B models trained "
         "serially, as B processes, with torch.func vmap, as one hfta_nas.ModelArray, and the fused limit.",
     )
-    parser.add_argument("--workloads", type=comma_list(str, list(WORKLOADS)), default=None,
-                        help=f"comma-separated workloads from {','.join(WORKLOADS)} (default: {','.join(CPU_WORKLOADS)}; --quick: mlp,cnn1d)")
-    parser.add_argument("--batches", type=_int_list, default=None,
-                        help="comma-separated array sizes B (default: 1,8,32,128; --quick: 1,8)")
-    parser.add_argument("--methods", type=comma_list(str, list(METHODS)), default=None,
-                        help=f"comma-separated methods from {','.join(METHODS)} (default: all)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where data, models and training live (default: cpu)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the benchmarking process "
-                        "(default: 1; each 'processes' trainer always uses 1)")
-    parser.add_argument("--max-processes", type=int, default=None,
-                        help="largest B the 'processes' method runs (default: 2 x usable CPUs; --quick: 2)")
-    parser.add_argument("--serial-models", type=int, default=None,
-                        help=f"models 'serial' actually trains back to back, min(B, this) (default {SERIAL_MODELS}; --quick: {QUICK_SERIAL_MODELS})")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help=f"untimed warm-up steps per method (default {DEFAULT_TIMING.warmup}; --quick: {QUICK_TIMING.warmup})")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help=f"timed repeats, the median is reported (default {DEFAULT_TIMING.repeats}; --quick: {QUICK_TIMING.repeats})")
-    parser.add_argument("--min-time", type=float, default=None,
-                        help=f"seconds a repeat should last at least; sets steps per repeat (default {DEFAULT_TIMING.min_time_s}; --quick: {QUICK_TIMING.min_time_s})")
-    parser.add_argument("--cell-budget", type=float, default=None,
-                        help=f"soft seconds per cell: slower cells warm up less and run 2 repeats "
-                        f"(default {DEFAULT_TIMING.max_cell_s:g}; --quick: {QUICK_TIMING.max_cell_s:g})")
-    parser.add_argument("--keep-freed-memory", action="store_true",
-                        help="CPU: make glibc keep freed memory (mallopt) instead of unmapping it, so large "
-                        "activations are not page-faulted in again every step; process-wide")
+    parser.add_argument(
+        "--workloads",
+        type=comma_list(str, list(WORKLOADS)),
+        default=None,
+        help=f"comma-separated workloads from {','.join(WORKLOADS)} (default: {','.join(CPU_WORKLOADS)}; --quick: mlp,cnn1d)",
+    )
+    parser.add_argument(
+        "--batches",
+        type=_int_list,
+        default=None,
+        help="comma-separated array sizes B (default: 1,8,32,128; --quick: 1,8)",
+    )
+    parser.add_argument(
+        "--methods",
+        type=comma_list(str, list(METHODS)),
+        default=None,
+        help=f"comma-separated methods from {','.join(METHODS)} (default: all)",
+    )
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where data, models and training live (default: cpu)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads of the benchmarking process (default: 1; each 'processes' trainer always uses 1)",
+    )
+    parser.add_argument(
+        "--max-processes",
+        type=int,
+        default=None,
+        help="largest B the 'processes' method runs (default: 2 x usable CPUs; --quick: 2)",
+    )
+    parser.add_argument(
+        "--serial-models",
+        type=int,
+        default=None,
+        help=f"models 'serial' actually trains back to back, min(B, this) (default {SERIAL_MODELS}; --quick: {QUICK_SERIAL_MODELS})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help=f"untimed warm-up steps per method (default {DEFAULT_TIMING.warmup}; --quick: {QUICK_TIMING.warmup})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"timed repeats, the median is reported (default {DEFAULT_TIMING.repeats}; --quick: {QUICK_TIMING.repeats})",
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help=f"seconds a repeat should last at least; sets steps per repeat (default {DEFAULT_TIMING.min_time_s}; --quick: {QUICK_TIMING.min_time_s})",
+    )
+    parser.add_argument(
+        "--cell-budget",
+        type=float,
+        default=None,
+        help=f"soft seconds per cell: slower cells warm up less and run 2 repeats "
+        f"(default {DEFAULT_TIMING.max_cell_s:g}; --quick: {QUICK_TIMING.max_cell_s:g})",
+    )
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="CPU: make glibc keep freed memory (mallopt) instead of unmapping it, so large "
+        "activations are not page-faulted in again every step; process-wide",
+    )
     parser.add_argument("--quick", action="store_true", help="a < 1 minute run that checks the harness, not timings")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory measurement")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON output path (default: benchmarks/results/<timestamp>.json)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON output path (default: benchmarks/results/<timestamp>.json)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-cell progress lines on stderr")
-    parser.add_argument("--precision", choices=("float32", "bf16", "fp16"), default="float32",
-                        help="every method's forward and loss under this autocast (float32 weights; default: float32)")
+    parser.add_argument(
+        "--precision",
+        choices=("float32", "bf16", "fp16"),
+        default="float32",
+        help="every method's forward and loss under this autocast (float32 weights; default: float32)",
+    )
     return parser
 
 
@@ -416,9 +475,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["HFTA_NAS_BENCH_PRECISION"] = args.precision  # read by every method, and the processes' workers
     try:
         result = run_benchmark(
-            args.workloads, args.batches, args.methods, args.device, args.threads, args.quick,
-            max_processes=args.max_processes, serial_models=args.serial_models, timing=timing,
-            measure_memory=not args.no_memory, keep_freed=args.keep_freed_memory, progress=None if args.quiet else _log,
+            args.workloads,
+            args.batches,
+            args.methods,
+            args.device,
+            args.threads,
+            args.quick,
+            max_processes=args.max_processes,
+            serial_models=args.serial_models,
+            timing=timing,
+            measure_memory=not args.no_memory,
+            keep_freed=args.keep_freed_memory,
+            progress=None if args.quiet else _log,
         )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -16,7 +16,9 @@ class SignalNet(nn.Module):
         channels, length = input_shape
         self.stem = nn.Conv1d(channels, width, kernel_size=5, padding=2)
         self.block = nn.Sequential(
-            nn.Conv1d(width, width, kernel_size=3, padding=1, bias=False), nn.BatchNorm1d(width), nn.ReLU(),
+            nn.Conv1d(width, width, kernel_size=3, padding=1, bias=False),
+            nn.BatchNorm1d(width),
+            nn.ReLU(),
             nn.Conv1d(width, width, kernel_size=3, padding=1),
         )
         self.head = nn.Linear(width * (length // 2), num_classes)

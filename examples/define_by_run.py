@@ -27,8 +27,11 @@ class SmallCNN(nn.Module):
     def __init__(self, channels: int, kernel_size: int, hidden: int, num_classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv1d(1, channels, kernel_size, padding=kernel_size // 2), nn.ReLU(), nn.MaxPool1d(2),
-            nn.Conv1d(channels, channels, kernel_size, padding=kernel_size // 2), nn.ReLU(),
+            nn.Conv1d(1, channels, kernel_size, padding=kernel_size // 2),
+            nn.ReLU(),
+            nn.MaxPool1d(2),
+            nn.Conv1d(channels, channels, kernel_size, padding=kernel_size // 2),
+            nn.ReLU(),
         )
         self.head = nn.Sequential(nn.Linear(channels, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
@@ -42,8 +45,13 @@ def make_build(epochs: int):
         kernel_size = trial.suggest_int("kernel_size", 3, 7, step=2)
         hidden = trial.suggest_categorical("hidden", [32, 64])
         lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
-        return hfta_nas.Candidate(model=functools.partial(SmallCNN, channels, kernel_size, hidden),
-                                  optimizer="adam", hparams={"lr": lr}, schedule={"kind": "cosine"}, epochs=epochs)
+        return hfta_nas.Candidate(
+            model=functools.partial(SmallCNN, channels, kernel_size, hidden),
+            optimizer="adam",
+            hparams={"lr": lr},
+            schedule={"kind": "cosine"},
+            epochs=epochs,
+        )
 
     return build
 
@@ -57,10 +65,14 @@ def main(argv: list[str] | None = None) -> hfta_nas.SearchSummary:
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, constant_liar=True))
     summary = hfta_nas.optimize(study, make_build(epochs), data, n_trials=n_trials, array_size=8, metrics=["val_acc"])
     for array in summary.arrays:
-        print(f"array {array['array']}: trials {array['trials']}, {array['architectures']} architecture(s), "
-              f"{array['waste']:.0%} padding, {array['seconds']:.1f} s")
-    print(f"best val_acc {study.best_value:.3f} with {study.best_params}; "
-          f"{summary.architectures_trained} of {summary.architectures_proposed} proposed architectures trained")
+        print(
+            f"array {array['array']}: trials {array['trials']}, {array['architectures']} architecture(s), "
+            f"{array['waste']:.0%} padding, {array['seconds']:.1f} s"
+        )
+    print(
+        f"best val_acc {study.best_value:.3f} with {study.best_params}; "
+        f"{summary.architectures_trained} of {summary.architectures_proposed} proposed architectures trained"
+    )
     return summary
 
 

@@ -33,8 +33,9 @@ def main() -> None:
     for slot, config in enumerate(configs):
         print(f"{str(config):45s} val_acc {results[slot].final['val_acc']:.3f}")
     # Slot 0 back as its own, un-padded model:
-    own = arr.to_module(0, model_factory("cnn1d", configs[0], input_shape=data.input_shape,
-                                         num_classes=data.num_classes)())
+    own = arr.to_module(
+        0, model_factory("cnn1d", configs[0], input_shape=data.input_shape, num_classes=data.num_classes)()
+    )
     print("slot 0 as a plain module:", sum(p.numel() for p in own.parameters()), "parameters")
 
 

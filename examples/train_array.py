@@ -12,7 +12,9 @@ from hfta_nas.models import model_factory
 
 torch.set_num_threads(1)  # small models on a shared CPU: one thread is fastest
 data = load_dataset("mnist1d")  # generated offline, no download
-factory = model_factory("cnn1d", {"channels": [32, 32], "pool": "max"}, input_shape=data.input_shape, num_classes=data.num_classes)
+factory = model_factory(
+    "cnn1d", {"channels": [32, 32], "pool": "max"}, input_shape=data.input_shape, num_classes=data.num_classes
+)
 
 seeds = list(range(8))
 lrs = [3e-4, 1e-3, 3e-3, 1e-2] * 2  # one learning rate per slot
@@ -23,7 +25,9 @@ trainer = hfta_nas.ArrayTrainer(array, optimizer, data, batch_size=100, data_see
 results = trainer.fit(epochs=6)
 
 for slot, result in results.items():
-    print(f"slot {slot}: seed {seeds[slot]}, lr {lrs[slot]:.0e} -> val acc {result.final['val_acc']:.3f}, test acc {result.final['test_acc']:.3f}")
+    print(
+        f"slot {slot}: seed {seeds[slot]}, lr {lrs[slot]:.0e} -> val acc {result.final['val_acc']:.3f}, test acc {result.final['test_acc']:.3f}"
+    )
 
 best = max(results, key=lambda s: results[s].final["val_acc"])
 model = array.to_module(best, factory())  # a plain nn.Module, ready for torch.save

@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any
 from hfta_nas import data, models, optim
 from hfta_nas._allocator import keep_freed_memory
 from hfta_nas._array import FusionSignature, ModelArray, check_fusable
-from hfta_nas._probe import PaddingCost, padding_cost
-from hfta_nas._run import TrainRun, train
 from hfta_nas._objectives import (
     CLASSIFICATION_LOSSES,
     LOSSES,
@@ -24,6 +22,8 @@ from hfta_nas._objectives import (
     loss_kind,
     trained_metric_names,
 )
+from hfta_nas._probe import PaddingCost, padding_cost
+from hfta_nas._run import TrainRun, train
 from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
 

@@ -32,8 +32,8 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from hfta_nas._envelope import same_setting, settings_of
-from hfta_nas._placement import SlotEmbedding, conv_box, embed_into, take_from
 from hfta_nas._envelope_template import Envelope
+from hfta_nas._placement import SlotEmbedding, conv_box, embed_into, take_from
 from hfta_nas._probe import PaddingCost, count_macs, verify_slot
 from hfta_nas._slot_layers import init_slot_randomness, make_fusable, no_attention_fast_path
 from hfta_nas._slot_ops import SLOT_OPS, NeedsVmap, global_hooks_set, native_forward
@@ -70,7 +70,9 @@ class FusionSignature:
         described = _describe_tensors(model)
         for (kind0, name0, shape0, dtype0), (kind, name, shape, dtype) in zip(self.tensors, described):
             if (kind0, name0) != (kind, name):
-                raise FusionError(f"slot {slot} has {kind} '{name}' where slot 0 has {kind0} '{name0}'; models must have the same layers.")
+                raise FusionError(
+                    f"slot {slot} has {kind} '{name}' where slot 0 has {kind0} '{name0}'; models must have the same layers."
+                )
             if shape0 != shape:
                 raise FusionError(
                     f"{kind} '{name}' has shape {list(shape)} in slot {slot} but {list(shape0)} in slot 0; "
@@ -230,10 +232,12 @@ class ModelArray:
         envelope = self._envelope
         self._embeddings: list[SlotEmbedding] = list(envelope.initial_slots)
         count = len(models)
-        self.flat = torch.zeros(count, sum(shape.numel() for _, _, shape in self._layout), dtype=self.dtype,
-                                device=self.device)
-        self.buffers = {name: torch.zeros(count, *b.shape, dtype=b.dtype, device=self.device)
-                        for name, b in source.named_buffers()}
+        self.flat = torch.zeros(
+            count, sum(shape.numel() for _, _, shape in self._layout), dtype=self.dtype, device=self.device
+        )
+        self.buffers = {
+            name: torch.zeros(count, *b.shape, dtype=b.dtype, device=self.device) for name, b in source.named_buffers()
+        }
         self._padded = torch.ones_like(self.flat, dtype=torch.bool)  # True: an entry no slot owns
         self._keep: torch.Tensor | None = None  # 1 - padded in the gradient's dtype, made when needed
         constants = [envelope.constants(emb) for emb in self._embeddings]
@@ -242,8 +246,12 @@ class ModelArray:
             if value.is_floating_point() and value.dtype != torch.float64:
                 self._slot_consts[name] = value.to(self.dtype)
         for slot, model in enumerate(models):
-            self._write_slot(slot, self._embeddings[slot], dict(model.named_parameters(remove_duplicate=False)),
-                             dict(model.named_buffers()))
+            self._write_slot(
+                slot,
+                self._embeddings[slot],
+                dict(model.named_parameters(remove_duplicate=False)),
+                dict(model.named_buffers()),
+            )
         # Each slot's own model, kept until it has been checked against its embedding (first call).
         self._unverified: dict[int, nn.Module] = {slot: copy.deepcopy(m) for slot, m in enumerate(models)}
         self._macs: dict[int, tuple[int, int]] = {}
@@ -259,8 +267,9 @@ class ModelArray:
                 boxes = [conv_box(env, emb.own.get(path)) for emb in self._embeddings]
                 module._hfta_slot_boxes = boxes if any(box is not None for box in boxes) else None
 
-    def _write_slot(self, slot: int, emb: SlotEmbedding, params: Mapping[str, torch.Tensor],
-                    buffers: Mapping[str, torch.Tensor]) -> None:
+    def _write_slot(
+        self, slot: int, emb: SlotEmbedding, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor]
+    ) -> None:
         """Zero slot `slot` in every envelope tensor, then write the given tensors into their places."""
         views = self._views(self.flat.detach())
         self._keep = None
@@ -286,9 +295,7 @@ class ModelArray:
     def _verify_pending(self, inputs: tuple[Any, ...], shared_input: bool) -> None:
         """Compare every not yet checked slot's own model with its embedding on this batch."""
         for slot in sorted(self._unverified):
-            slot_inputs = tuple(
-                x if shared_input or not isinstance(x, torch.Tensor) else x[slot] for x in inputs
-            )
+            slot_inputs = tuple(x if shared_input or not isinstance(x, torch.Tensor) else x[slot] for x in inputs)
             macs = verify_slot(self, slot, self._unverified[slot], slot_inputs)
             self._macs[slot] = macs
             del self._unverified[slot]
@@ -339,8 +346,10 @@ class ModelArray:
             try:
                 self._signature.check(model, slot)
             except FusionError as error:
-                raise FusionError(f"this array was built from models of equal shapes, so a new model must have "
-                                  f"them too (compared with slot 0): {error}") from None
+                raise FusionError(
+                    f"this array was built from models of equal shapes, so a new model must have "
+                    f"them too (compared with slot 0): {error}"
+                ) from None
             return None
         return self._envelope.place(model, slot)
 
@@ -354,7 +363,7 @@ class ModelArray:
         dropout_seeds: Sequence[int] | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-    ) -> "ModelArray":
+    ) -> ModelArray:
         """One slot per seed: slot b is `factory()` built right after `torch.manual_seed(seeds[b])`.
 
         The factory must build the same shapes every time (replicas of one model);
@@ -373,10 +382,14 @@ class ModelArray:
         try:
             _check_equal_shapes(models)
         except FusionError as error:
-            raise FusionError(f"the model factory built different models on different calls (one per seed): {error} "
-                              "A factory must build the same layers and shapes every time; only the initial "
-                              "weights may depend on the seed.") from None
-        return cls(models, dropout_seeds=dropout_seeds if dropout_seeds is not None else seeds, device=device, dtype=dtype)
+            raise FusionError(
+                f"the model factory built different models on different calls (one per seed): {error} "
+                "A factory must build the same layers and shapes every time; only the initial "
+                "weights may depend on the seed."
+            ) from None
+        return cls(
+            models, dropout_seeds=dropout_seeds if dropout_seeds is not None else seeds, device=device, dtype=dtype
+        )
 
     @staticmethod
     def _param_layout(model: nn.Module) -> list[tuple[str, int, torch.Size]]:
@@ -412,11 +425,11 @@ class ModelArray:
     def training(self) -> bool:
         return self._template.training
 
-    def train(self, mode: bool = True) -> "ModelArray":
+    def train(self, mode: bool = True) -> ModelArray:
         self._template.train(mode)
         return self
 
-    def eval(self) -> "ModelArray":
+    def eval(self) -> ModelArray:
         return self.train(False)
 
     def parameters(self) -> dict[str, torch.Tensor]:
@@ -425,7 +438,9 @@ class ModelArray:
 
     def _views(self, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         batch = len(self)
-        return {name: tensor[:, offset : offset + shape.numel()].view(batch, *shape) for name, offset, shape in self._layout}
+        return {
+            name: tensor[:, offset : offset + shape.numel()].view(batch, *shape) for name, offset, shape in self._layout
+        }
 
     def _bind_leaves(self) -> None:
         """(Re)make the per-parameter leaves over `flat` and bind their gradients to `flat.grad`."""
@@ -486,8 +501,10 @@ class ModelArray:
                         f"[{len(self)}, N, ...] (one batch per slot), or pass shared_input=True for one batch [N, ...] shared by all slots."
                     )
         if keyword_inputs and self._envelope is not None:
-            raise HftaNasError("keyword inputs are not supported by an array of models of different sizes; "
-                               "give them positionally (the model's forward(x, mask))")
+            raise HftaNasError(
+                "keyword inputs are not supported by an array of models of different sizes; "
+                "give them positionally (the model's forward(x, mask))"
+            )
         if self._envelope is not None and self._unverified:
             self._verify_pending(inputs, shared_input)
         if self._native is not None and not shared_input and len(inputs) == 1 and not keyword_inputs:
@@ -498,8 +515,9 @@ class ModelArray:
         names, count = list(keyword_inputs), len(inputs)
 
         def one_slot(slot_state, *slot_inputs):
-            return functional_call(self._template, slot_state, slot_inputs[:count],
-                                   dict(zip(names, slot_inputs[count:])), tie_weights=True)
+            return functional_call(
+                self._template, slot_state, slot_inputs[:count], dict(zip(names, slot_inputs[count:])), tie_weights=True
+            )
 
         # a tensor is split by slot (dim 0) unless shared; anything else is passed as it is
         dim = None if shared_input else 0
@@ -556,7 +574,11 @@ class ModelArray:
         for warning in caught:
             message = str(warning.message)
             if "performance drop" in message:
-                operator = message.split("batching rule for ")[-1].split(".")[0] if "batching rule for " in message else "an operator"
+                operator = (
+                    message.split("batching rule for ")[-1].split(".")[0]
+                    if "batching rule for " in message
+                    else "an operator"
+                )
                 warnings.warn(
                     f"{operator} has no fused (vmap) implementation: the array runs it as a loop over slots. "
                     "Results are exact; only speed suffers.",
@@ -576,7 +598,7 @@ class ModelArray:
             raise HftaNasError(f"slot {slot!r} is out of range for an array of {len(self)} slots.")
         return slot % len(self)
 
-    def slot_state_dict(self, slot: int) -> "OrderedDict[str, torch.Tensor]":
+    def slot_state_dict(self, slot: int) -> OrderedDict[str, torch.Tensor]:
         """A plain state_dict of one slot, loadable into a model from the same factory
         (a slot of an envelope: into its own model, with its own shapes)."""
         slot = self._check_slot(slot)
@@ -586,7 +608,9 @@ class ModelArray:
             emb = self._embeddings[slot]
             for key in emb.state_keys:
                 env_name, index = emb.places[key]
-                source = params[self._param_aliases[env_name]] if env_name in self._param_aliases else self.buffers[env_name]
+                source = (
+                    params[self._param_aliases[env_name]] if env_name in self._param_aliases else self.buffers[env_name]
+                )
                 result[key] = take_from(source[slot].detach(), index)
             return result
         for key in self._state_keys:
@@ -605,28 +629,36 @@ class ModelArray:
         missing = [k for k in self._state_keys if k not in state_dict]
         unexpected = [k for k in state_dict if k not in self._state_keys]
         if missing or unexpected:
-            raise HftaNasError(f"state_dict does not match the array's model: missing keys {missing}, unexpected keys {unexpected}.")
+            raise HftaNasError(
+                f"state_dict does not match the array's model: missing keys {missing}, unexpected keys {unexpected}."
+            )
         params = self._views(self.flat.detach())
         with torch.no_grad():
             for key in self._state_keys:
                 value = _as_tensor(key, state_dict[key])
-                target = params[self._param_aliases[key]][slot] if key in self._param_aliases else self.buffers[key][slot]
+                target = (
+                    params[self._param_aliases[key]][slot] if key in self._param_aliases else self.buffers[key][slot]
+                )
                 if value.shape != target.shape:
-                    raise FusionError(f"'{key}' has shape {list(value.shape)} but the array expects {list(target.shape)}.")
+                    raise FusionError(
+                        f"'{key}' has shape {list(value.shape)} but the array expects {list(target.shape)}."
+                    )
                 target.copy_(value)
 
     def _load_envelope_slot(self, slot: int, emb: SlotEmbedding, state_dict: Mapping[str, torch.Tensor]) -> None:
         missing = [k for k in emb.state_keys if k not in state_dict]
         unexpected = [k for k in state_dict if k not in emb.state_keys]
         if missing or unexpected:
-            raise HftaNasError(f"state_dict does not match slot {slot}'s model: missing keys {missing}, "
-                               f"unexpected keys {unexpected}.")
+            raise HftaNasError(
+                f"state_dict does not match slot {slot}'s model: missing keys {missing}, unexpected keys {unexpected}."
+            )
         params, buffers = {}, {}
         for key in emb.state_keys:
             value = _as_tensor(key, state_dict[key])
             if value.shape != emb.shapes[key]:
-                raise FusionError(f"'{key}' has shape {list(value.shape)} but slot {slot}'s model has "
-                                  f"{list(emb.shapes[key])}.")
+                raise FusionError(
+                    f"'{key}' has shape {list(value.shape)} but slot {slot}'s model has {list(emb.shapes[key])}."
+                )
             env_name = emb.places[key][0]
             (params if env_name in self._param_aliases else buffers)[key] = value
         self._write_slot(slot, emb, params, buffers)
@@ -635,18 +667,27 @@ class ModelArray:
         """Every number the array trains or counts (weights, buffers, dropout seeds and call
         counters), for a checkpoint; the structure (slots, envelope) is rebuilt by the caller."""
         cpu = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731 - a checkpoint takes no device memory
-        return {"flat": cpu(self.flat), "buffers": {k: cpu(v) for k, v in self.buffers.items()},
-                "slot_random": {k: cpu(v) for k, v in self._slot_random.items()},
-                "dropout_seeds": cpu(self.dropout_seeds)}
+        return {
+            "flat": cpu(self.flat),
+            "buffers": {k: cpu(v) for k, v in self.buffers.items()},
+            "slot_random": {k: cpu(v) for k, v in self._slot_random.items()},
+            "dropout_seeds": cpu(self.dropout_seeds),
+        }
 
     def load_numeric_state(self, state: Mapping[str, Any]) -> None:
         """Put back `numeric_state()` of an array of the same structure (HftaNasError if not)."""
-        targets = {"flat": self.flat.detach(), "dropout_seeds": self.dropout_seeds,
-                   **{f"buffers.{k}": v for k, v in self.buffers.items()},
-                   **{f"slot_random.{k}": v for k, v in self._slot_random.items()}}
-        sources = {"flat": state["flat"], "dropout_seeds": state["dropout_seeds"],
-                   **{f"buffers.{k}": v for k, v in state["buffers"].items()},
-                   **{f"slot_random.{k}": v for k, v in state["slot_random"].items()}}
+        targets = {
+            "flat": self.flat.detach(),
+            "dropout_seeds": self.dropout_seeds,
+            **{f"buffers.{k}": v for k, v in self.buffers.items()},
+            **{f"slot_random.{k}": v for k, v in self._slot_random.items()},
+        }
+        sources = {
+            "flat": state["flat"],
+            "dropout_seeds": state["dropout_seeds"],
+            **{f"buffers.{k}": v for k, v in state["buffers"].items()},
+            **{f"slot_random.{k}": v for k, v in state["slot_random"].items()},
+        }
         if targets.keys() != sources.keys() or any(targets[k].shape != sources[k].shape for k in targets):
             raise HftaNasError("the saved array state does not match this array's slots and tensors.")
         with torch.no_grad():
@@ -709,7 +750,9 @@ class ModelArray:
             self._embeddings[slot] = emb
             self._sync_conv_boxes()
             self._set_slot_constants(slot, emb)
-            self._write_slot(slot, emb, dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()))
+            self._write_slot(
+                slot, emb, dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers())
+            )
             self._unverified[slot] = copy.deepcopy(model)
             self._macs.pop(slot, None)
         seed = _per_slot_ints([slot if dropout_seed is None else dropout_seed], 1, "dropout_seed")[0]

@@ -58,16 +58,35 @@ def free_memory(device: torch.device) -> int:
     return int(free * FREE_FRACTION)
 
 
-def memory_limit(factory: Callable[[], nn.Module], input_shape: Sequence[int], *, batch_size: int, dtype: torch.dtype,
-                 optimizer: str, available: int, cap: int) -> int:
+def memory_limit(
+    factory: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    *,
+    batch_size: int,
+    dtype: torch.dtype,
+    optimizer: str,
+    available: int,
+    cap: int,
+) -> int:
     """The largest B <= cap whose array estimate fits `available` bytes (at least 1)."""
     one = estimate_array_bytes(factory, input_shape, batch_size=batch_size, slots=1, dtype=dtype, optimizer=optimizer)
     return max(1, min(cap, available // max(one, 1)))  # the estimate is linear in B
 
 
-def step_seconds(factory: Callable[[], nn.Module], input_shape: Sequence[int], num_classes: int, *, slots: int,
-                 batch_size: int, dtype: torch.dtype, optimizer: str, device: torch.device,
-                 min_steps: int = 3, min_seconds: float = 0.3, max_steps: int = 50) -> float:
+def step_seconds(
+    factory: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    slots: int,
+    batch_size: int,
+    dtype: torch.dtype,
+    optimizer: str,
+    device: torch.device,
+    min_steps: int = 3,
+    min_seconds: float = 0.3,
+    max_steps: int = 50,
+) -> float:
     """Median wall time of one training step of an array of `slots` models, after one
     warm-up step, over at least `min_steps` steps and `min_seconds` (a median of
     several steps: this machine may be shared)."""
@@ -94,8 +113,9 @@ def step_seconds(factory: Callable[[], nn.Module], input_shape: Sequence[int], n
     return times[len(times) // 2]
 
 
-def choose_array_size(limit: int, seconds_per_step: Callable[[int], float], *, batch_size: int,
-                      gain: float = 1.1) -> tuple[int, dict[int, float]]:
+def choose_array_size(
+    limit: int, seconds_per_step: Callable[[int], float], *, batch_size: int, gain: float = 1.1
+) -> tuple[int, dict[int, float]]:
     """The knee: double B from 1 while that raises summed throughput by at least `gain`,
     up to `limit` (taken whole when throughput still rises there)."""
     throughput = {1: batch_size / seconds_per_step(1)}
@@ -112,22 +132,42 @@ def choose_array_size(limit: int, seconds_per_step: Callable[[int], float], *, b
     return size, throughput
 
 
-def auto_array_size(factory: Callable[[], nn.Module], input_shape: Sequence[int], num_classes: int, *, batch_size: int,
-                    dtype: torch.dtype, optimizer: str, device: torch.device | str, cap: int = 256) -> AutoSize:
+def auto_array_size(
+    factory: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    batch_size: int,
+    dtype: torch.dtype,
+    optimizer: str,
+    device: torch.device | str,
+    cap: int = 256,
+) -> AutoSize:
     """The array size `--array-size auto` uses for models made by `factory` (see the module docstring)."""
     device = torch.device(device)
     available = free_memory(device)
-    fits = memory_limit(factory, input_shape, batch_size=batch_size, dtype=dtype, optimizer=optimizer,
-                        available=available, cap=cap)
+    fits = memory_limit(
+        factory, input_shape, batch_size=batch_size, dtype=dtype, optimizer=optimizer, available=available, cap=cap
+    )
 
     def timed(slots: int) -> float:
-        return step_seconds(factory, input_shape, num_classes, slots=slots, batch_size=batch_size, dtype=dtype,
-                            optimizer=optimizer, device=device)
+        return step_seconds(
+            factory,
+            input_shape,
+            num_classes,
+            slots=slots,
+            batch_size=batch_size,
+            dtype=dtype,
+            optimizer=optimizer,
+            device=device,
+        )
 
     size, throughput = choose_array_size(fits, timed, batch_size=batch_size)
     if size == fits or size * 2 > fits:
         reason = f"memory: {fits} models fit in {available / 2**20:,.0f} MiB"
     else:
-        reason = (f"throughput knee: {size * 2} models give {throughput[size * 2]:,.0f} samples/s, "
-                  f"{size} give {throughput[size]:,.0f} (less than 10% more)")
+        reason = (
+            f"throughput knee: {size * 2} models give {throughput[size * 2]:,.0f} samples/s, "
+            f"{size} give {throughput[size]:,.0f} (less than 10% more)"
+        )
     return AutoSize(size, fits, reason, throughput)

@@ -37,11 +37,27 @@ _NO_SKIP = (nn.Flatten, nn.Unflatten, nn.Embedding, nn.RNNBase, nn.modules.conv.
 
 # Attributes of torch layers that are sizes: they may differ between slots, and
 # the envelope takes the largest (per dim). Every other setting must be equal.
-_SIZE_ATTRIBUTES = frozenset({
-    "in_features", "out_features", "in_channels", "out_channels", "kernel_size", "num_features", "num_channels",
-    "normalized_shape", "num_embeddings", "embedding_dim", "input_size", "hidden_size", "num_layers",
-    "embed_dim", "kdim", "vdim", "head_dim",
-})
+_SIZE_ATTRIBUTES = frozenset(
+    {
+        "in_features",
+        "out_features",
+        "in_channels",
+        "out_channels",
+        "kernel_size",
+        "num_features",
+        "num_channels",
+        "normalized_shape",
+        "num_embeddings",
+        "embedding_dim",
+        "input_size",
+        "hidden_size",
+        "num_layers",
+        "embed_dim",
+        "kdim",
+        "vdim",
+        "head_dim",
+    }
+)
 
 
 def _where(path: str) -> str:
@@ -93,7 +109,8 @@ def padding_of(conv: nn.modules.conv._ConvNd) -> tuple[float, ...]:
 
 def _keeps_geometry(conv: nn.modules.conv._ConvNd) -> bool:
     return all(s == 1 for s in conv.stride) and all(
-        2 * p == d * (k - 1) for p, d, k in zip(padding_of(conv), conv.dilation, conv.kernel_size))
+        2 * p == d * (k - 1) for p, d, k in zip(padding_of(conv), conv.dilation, conv.kernel_size)
+    )
 
 
 def _keeps_shape(module: nn.Module) -> bool:
@@ -103,8 +120,9 @@ def _keeps_shape(module: nn.Module) -> bool:
     smaller depth (skipping makes it the identity). A wrong guess is caught
     when the array runs (the skip gate checks shapes) and by the verification.
     """
-    if type(module) in _ELEMENTWISE or isinstance(module, (*_DROPOUTS, *_NORMS, nn.TransformerEncoderLayer,
-                                                           nn.TransformerDecoderLayer, nn.MultiheadAttention)):
+    if type(module) in _ELEMENTWISE or isinstance(
+        module, (*_DROPOUTS, *_NORMS, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.MultiheadAttention)
+    ):
         return True
     if any(isinstance(m, _NO_SKIP) for m in module.modules()):
         return False
@@ -130,7 +148,9 @@ def align_children(path: str, long: Sequence[nn.Module], short: Sequence[nn.Modu
     """
     gap = len(long) - len(short)
     if gap < 0:
-        raise FusionError(f"layer '{_where(path)}' has {len(short)} children in a slot but {len(long)} in the envelope.")
+        raise FusionError(
+            f"layer '{_where(path)}' has {len(short)} children in a slot but {len(long)} in the envelope."
+        )
     for prefix in range(len(short), -1, -1):
         mapping = list(range(prefix)) + list(range(prefix + gap, len(long)))
         if all(_compatible(long[j], child) for j, child in zip(mapping, short)) and all(
@@ -166,7 +186,9 @@ def _shell(module: nn.Module) -> nn.Module:
 
 def same_setting(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool((a == b).all())
+        return (
+            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool((a == b).all())
+        )
     if callable(a) and callable(b) and hasattr(a, "__code__") and hasattr(b, "__code__"):
         return a.__code__ is b.__code__  # the same function made again per instance (a lambda in __init__)
     try:
@@ -245,8 +267,9 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
     if len(set(kernels)) == 1 and len({str(m.padding) for _, m in present}) == 1:
         return
     if env.padding_mode != "zeros":
-        raise FusionError(f"layer '{_where(path)}': kernels of different sizes need padding_mode='zeros', "
-                          f"got {env.padding_mode!r}.")
+        raise FusionError(
+            f"layer '{_where(path)}': kernels of different sizes need padding_mode='zeros', got {env.padding_mode!r}."
+        )
     big = tuple(max(ks) for ks in zip(*kernels))
     paddings = set()
     for slot, conv in present:
@@ -257,8 +280,12 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
                     "differ by an odd number, so the smaller kernel cannot be centred in the larger; use odd "
                     "kernel sizes (3, 5, 7) throughout."
                 )
-        paddings.add(tuple(p + d * (big_k - k) / 2
-                           for p, k, big_k, d in zip(padding_of(conv), conv.kernel_size, big, conv.dilation)))
+        paddings.add(
+            tuple(
+                p + d * (big_k - k) / 2
+                for p, k, big_k, d in zip(padding_of(conv), conv.kernel_size, big, conv.dilation)
+            )
+        )
     if len(paddings) > 1 or any(p != int(p) for p in next(iter(paddings))):
         raise FusionError(
             f"layer '{_where(path)}' ({type(env).__name__}): kernels {sorted(set(kernels))} with paddings "
@@ -275,14 +302,18 @@ def _merge_recurrent(path: str, present: list[tuple[int, nn.Module]]) -> nn.Modu
     stacked = [(slot, m) for slot, m in present if m.num_layers > 1]  # dropout acts between layers only
     for slot, rnn in stacked[1:]:
         if rnn.dropout != stacked[0][1].dropout:
-            raise FusionError(f"layer '{_where(path)}' ({type(first).__name__}): 'dropout' is {stacked[0][1].dropout!r} "
-                              f"in slot {stacked[0][0]} but {rnn.dropout!r} in slot {slot}.")
+            raise FusionError(
+                f"layer '{_where(path)}' ({type(first).__name__}): 'dropout' is {stacked[0][1].dropout!r} "
+                f"in slot {stacked[0][0]} but {rnn.dropout!r} in slot {slot}."
+            )
     dropout = stacked[0][1].dropout if stacked else 0.0
     for slot, rnn in present[1:]:
         for name in ("bias", "batch_first", "bidirectional", "proj_size"):
             if getattr(rnn, name) != getattr(first, name):
-                raise FusionError(f"layer '{_where(path)}' ({type(first).__name__}): '{name}' is "
-                                  f"{getattr(first, name)!r} in slot {s0} but {getattr(rnn, name)!r} in slot {slot}.")
+                raise FusionError(
+                    f"layer '{_where(path)}' ({type(first).__name__}): '{name}' is "
+                    f"{getattr(first, name)!r} in slot {s0} but {getattr(rnn, name)!r} in slot {slot}."
+                )
     hidden = {m.hidden_size for _, m in present}
     if first.bidirectional and len(hidden) > 1:
         raise FusionError(
@@ -291,9 +322,16 @@ def _merge_recurrent(path: str, present: list[tuple[int, nn.Module]]) -> nn.Modu
             "use one hidden size, or bidirectional=False."
         )
     # Built on the meta device: the constructor's random init must not touch torch's RNG.
-    env = type(first)(max(m.input_size for _, m in present), max(hidden), num_layers=max(m.num_layers for _, m in present),
-                      bias=first.bias, batch_first=first.batch_first, dropout=dropout,
-                      bidirectional=first.bidirectional, device="meta")
+    env = type(first)(
+        max(m.input_size for _, m in present),
+        max(hidden),
+        num_layers=max(m.num_layers for _, m in present),
+        bias=first.bias,
+        batch_first=first.batch_first,
+        dropout=dropout,
+        bidirectional=first.bidirectional,
+        device="meta",
+    )
     device = next(first.parameters()).device
     env.to_empty(device=device)
     if device.type != "meta":
@@ -330,8 +368,9 @@ def _merge_tensors(path: str, env: nn.Module, present: list[tuple[int, nn.Module
         getattr(env, table)[name] = tied[key] = made
 
 
-def _add_stand_ins(columns: list[list[nn.Module | None]], slot: int, reference: list[nn.Module],
-                   placed: dict[int, nn.Module]) -> None:
+def _add_stand_ins(
+    columns: list[list[nn.Module | None]], slot: int, reference: list[nn.Module], placed: dict[int, nn.Module]
+) -> None:
     """Size a block that `slot` skips as if the slot had it too.
 
     A block only deeper slots have would otherwise get their width alone,
@@ -344,8 +383,10 @@ def _add_stand_ins(columns: list[list[nn.Module | None]], slot: int, reference: 
         if column[slot] is not None:
             continue
         candidates = sorted(placed, key=lambda p: (abs(p - position), p > position))
-        column[slot] = next((placed[p] for p in candidates
-                             if _compatible(reference[position], placed[p]) and _keeps_shape(placed[p])), None)
+        column[slot] = next(
+            (placed[p] for p in candidates if _compatible(reference[position], placed[p]) and _keeps_shape(placed[p])),
+            None,
+        )
         if column[slot] is None:  # the slot has no such block: the reference block at the slot's width
             column[slot] = _widened(reference[position], _width_before(placed, position))
 
@@ -389,10 +430,15 @@ def _widened(block: nn.Module, width: int | None) -> nn.Module | None:
             for name, tensor in getattr(module, table).items():
                 if tensor is not None:
                     zeros = torch.zeros([resize(n) for n in tensor.shape], dtype=tensor.dtype, device=tensor.device)
-                    getattr(module, table)[name] = (nn.Parameter(zeros, requires_grad=tensor.requires_grad)
-                                                    if table == "_parameters" else zeros)
+                    getattr(module, table)[name] = (
+                        nn.Parameter(zeros, requires_grad=tensor.requires_grad) if table == "_parameters" else zeros
+                    )
         for name, value in settings_of(module).items():
-            if isinstance(value, int) and not isinstance(value, bool) and (name in _SIZE_ATTRIBUTES or _is_user_module(module)):
+            if (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and (name in _SIZE_ATTRIBUTES or _is_user_module(module))
+            ):
                 setattr(module, name, resize(value))
             elif name in _SIZE_ATTRIBUTES and isinstance(value, tuple):
                 setattr(module, name, tuple(resize(v) for v in value))
@@ -443,8 +489,10 @@ def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
         names = list(first._modules)
         for slot, module in present[1:]:
             if list(module._modules) != names:
-                raise FusionError(f"layer '{_where(path)}' has children {names} in slot {s0} but "
-                                  f"{list(module._modules)} in slot {slot}; models must have the same layers.")
+                raise FusionError(
+                    f"layer '{_where(path)}' has children {names} in slot {s0} but "
+                    f"{list(module._modules)} in slot {slot}; models must have the same layers."
+                )
         for name in names:
             child_column = [m._modules[name] if m is not None else None for m in column]
             present_children = [c for c in child_column if c is not None]

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from hfta_nas._envelope import build_envelope
-from hfta_nas._placement import SlotEmbedding, embed
 from hfta_nas._padded_layers import (
     ActivationChoice,
     DropoutChoice,
@@ -29,6 +28,7 @@ from hfta_nas._padded_layers import (
     SlotActivation,
     gate_skipped_layer,
 )
+from hfta_nas._placement import SlotEmbedding, embed
 from hfta_nas._slot_layers import SlotDropout, make_fusable
 from hfta_nas.errors import FusionError
 
@@ -78,9 +78,13 @@ class Envelope:
         missing = _needs(self.tree, emb) - self.standins
         if missing:
             path, kind = sorted(missing)[0]
-            what = {"gate": "skips it (smaller depth)", "layer_norm": "normalises fewer features",
-                    "group_norm": "has fewer channels", "attention": "has a smaller embed_dim",
-                    "rnn_layers": "has fewer layers"}.get(kind, kind)
+            what = {
+                "gate": "skips it (smaller depth)",
+                "layer_norm": "normalises fewer features",
+                "group_norm": "has fewer channels",
+                "attention": "has a smaller embed_dim",
+                "rnn_layers": "has fewer layers",
+            }.get(kind, kind)
             raise FusionError(
                 f"layer '{path or '<root>'}': the new model {what}, but every model the array was built from had "
                 "the full size there, so its template cannot run it; build a new array that includes a model like it."
@@ -100,8 +104,11 @@ class Envelope:
             elif kind == "dropout_rate":
                 root = _set_child(root, path, SlotDropout(module.p, _CHANNEL_DIMS[module.kind], per_slot_rate=True))
             elif kind in ("layer_norm", "group_norm", "attention"):
-                module.__class__ = {"layer_norm": PaddedLayerNorm, "group_norm": PaddedGroupNorm,
-                                    "attention": PaddedMultiheadAttention}[kind]
+                module.__class__ = {
+                    "layer_norm": PaddedLayerNorm,
+                    "group_norm": PaddedGroupNorm,
+                    "attention": PaddedMultiheadAttention,
+                }[kind]
                 module.enable_padding()
         root = make_fusable(root)
         for path, kind in sorted(self.standins):
@@ -118,7 +125,7 @@ class Envelope:
         for path, kind in sorted(self.standins):
             env = self.tree.get_submodule(path) if path else self.tree
             own = emb.own.get(path)
-            name = (lambda n: f"{path}.{n}" if path else n)  # noqa: E731
+            name = lambda n: f"{path}.{n}" if path else n  # noqa: E731
             if kind == "activation":
                 values[name("choice")] = torch.tensor(emb.choices.get(path, 0))
             elif kind == "dropout_rate":

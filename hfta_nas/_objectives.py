@@ -79,14 +79,24 @@ class Objective:
         if self.task not in (None, "classification", "regression"):
             raise HftaNasError(f"task must be 'classification' or 'regression', got {self.task!r}.")
         if self.class_weights is not None and (
-                not len(self.class_weights) or any(not (math.isfinite(w) and w >= 0) for w in self.class_weights)):
+            not len(self.class_weights) or any(not (math.isfinite(w) and w >= 0) for w in self.class_weights)
+        ):
             raise HftaNasError(f"class_weights must be finite numbers >= 0, got {list(self.class_weights)!r}.")
 
     def describe(self) -> str:
         """The same text in every run (functions by their qualified names): for settings keys."""
         name = lambda f: f if isinstance(f, str) else f"{f.__module__}:{f.__qualname__}"  # noqa: E731
-        return repr((name(self.loss), self.label_smoothing, self.class_weights and tuple(self.class_weights),
-                     self.delta, self.masked, self.task, sorted((k, name(f)) for k, f in self.metrics.items())))
+        return repr(
+            (
+                name(self.loss),
+                self.label_smoothing,
+                self.class_weights and tuple(self.class_weights),
+                self.delta,
+                self.masked,
+                self.task,
+                sorted((k, name(f)) for k, f in self.metrics.items()),
+            )
+        )
 
     @property
     def kind(self) -> str:
@@ -101,8 +111,11 @@ class Objective:
         loss torch computes for that slot's model alone with the mean reduction."""
         batch, n = target.shape[:2]
         if callable(self.loss):
-            flat = self.loss(output.reshape(batch * n, *output.shape[2:]), target.reshape(batch * n, *target.shape[2:]),
-                             reduction="none").reshape(batch, n, -1)
+            flat = self.loss(
+                output.reshape(batch * n, *output.shape[2:]),
+                target.reshape(batch * n, *target.shape[2:]),
+                reduction="none",
+            ).reshape(batch, n, -1)
             count = torch.full((batch,), flat[0].numel(), dtype=flat.dtype, device=flat.device)
             return flat.sum(dim=(1, 2)), count
         if self.kind == "classification":
@@ -119,24 +132,33 @@ class Objective:
         if present is not None:
             each = torch.where(present, each, torch.zeros((), dtype=each.dtype, device=each.device))
             return each.reshape(batch, -1).sum(1), present.reshape(batch, -1).sum(1).to(each.dtype)
-        return each.reshape(batch, -1).sum(1), torch.full((batch,), each[0].numel(), dtype=each.dtype,
-                                                          device=each.device)
+        return each.reshape(batch, -1).sum(1), torch.full(
+            (batch,), each[0].numel(), dtype=each.dtype, device=each.device
+        )
 
     def _cross_entropy(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, n = target.shape[:2]
         weight = None
         if self.class_weights is not None:
             weight = torch.as_tensor(self.class_weights, dtype=logits.dtype, device=logits.device)
-        each = F.cross_entropy(logits.reshape(batch * n, *logits.shape[2:]), target.reshape(batch * n, *target.shape[2:]),
-                               weight=weight, label_smoothing=self.label_smoothing, reduction="none",
-                               ignore_index=IGNORE_INDEX).reshape(batch, -1)
+        each = F.cross_entropy(
+            logits.reshape(batch * n, *logits.shape[2:]),
+            target.reshape(batch * n, *target.shape[2:]),
+            weight=weight,
+            label_smoothing=self.label_smoothing,
+            reduction="none",
+            ignore_index=IGNORE_INDEX,
+        ).reshape(batch, -1)
         present = (target != IGNORE_INDEX).reshape(batch, -1)
         if weight is None:
             return each.sum(1), present.sum(1).to(each.dtype)
         # torch's weighted mean divides by the weights of the targets present
-        safe = torch.where(present, target.reshape(batch, -1), torch.zeros((), dtype=target.dtype, device=target.device))
-        return each.sum(1), torch.where(present, weight[safe], torch.zeros((), dtype=weight.dtype,
-                                                                            device=weight.device)).sum(1)
+        safe = torch.where(
+            present, target.reshape(batch, -1), torch.zeros((), dtype=target.dtype, device=target.device)
+        )
+        return each.sum(1), torch.where(
+            present, weight[safe], torch.zeros((), dtype=weight.dtype, device=weight.device)
+        ).sum(1)
 
     # ---------------------------------------------------------------- metrics
     def metric_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -144,7 +166,7 @@ class Objective:
         batch = target.shape[0]
         sums: dict[str, torch.Tensor] = {}
         if self.kind == "classification":
-            present = (target != IGNORE_INDEX)
+            present = target != IGNORE_INDEX
             correct = (output.argmax(-1) == target) & present
             sums["correct"] = correct.reshape(batch, -1).sum(1).to(torch.float64)
             sums["labelled"] = present.reshape(batch, -1).sum(1).to(torch.float64)
@@ -156,16 +178,17 @@ class Objective:
             zero = torch.zeros((), dtype=torch.float64, device=y.device)
             error = torch.where(present, out - torch.nan_to_num(y), zero)
             y0 = torch.where(present, y, zero)
-            sums["sse"], sums["sae"] = (error ** 2).sum(dim=(1, 2)), error.abs().sum(dim=(1, 2))
+            sums["sse"], sums["sae"] = (error**2).sum(dim=(1, 2)), error.abs().sum(dim=(1, 2))
             sums["count"] = present.sum(dim=(1, 2)).to(torch.float64)
             sums["per_target_count"] = present.sum(1).to(torch.float64)  # [B, K]
-            sums["per_target_sse"] = (error ** 2).sum(1)
-            sums["sum_y"], sums["sum_y2"] = y0.sum(1), (y0 ** 2).sum(1)
+            sums["per_target_sse"] = (error**2).sum(1)
+            sums["sum_y"], sums["sum_y2"] = y0.sum(1), (y0**2).sum(1)
         for name, function in self.metrics.items():
             values = function(output.reshape(-1, *output.shape[2:]), target.reshape(-1, *target.shape[2:]))
             sums[f"user:{name}"] = values.detach().reshape(batch, -1).to(torch.float64).sum(1)
-            sums[f"user_count:{name}"] = torch.full((batch,), values.reshape(batch, -1).shape[1], dtype=torch.float64,
-                                                    device=values.device)
+            sums[f"user_count:{name}"] = torch.full(
+                (batch,), values.reshape(batch, -1).shape[1], dtype=torch.float64, device=values.device
+            )
         return sums
 
     def finish(self, split: str, sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -189,8 +212,10 @@ def _match(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     if output.dim() == target.dim() + 1 and output.shape[-1] == 1:
         return output.squeeze(-1)
     if output.shape != target.shape:
-        raise HftaNasError(f"the model's output has shape {list(output.shape[1:])} per slot but the targets "
-                           f"{list(target.shape[1:])}: a regression model needs one output per target.")
+        raise HftaNasError(
+            f"the model's output has shape {list(output.shape[1:])} per slot but the targets "
+            f"{list(target.shape[1:])}: a regression model needs one output per target."
+        )
     return output
 
 

@@ -30,8 +30,18 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 BUDGET_VARIABLE = "HFTA_NAS_MEMORY_BUDGET"
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 # Optimizer state tensors kept per parameter (Adam: exp_avg and exp_avg_sq; SGD: momentum buffer).
 _STATES = {"adam": 2, "adamw": 2, "sgd": 1, "rmsprop": 2}
 
@@ -54,8 +64,15 @@ def memory_budget() -> int | None:
     return parse_bytes(text) if text else None
 
 
-def estimate_array_bytes(factory: Callable[[], nn.Module], input_shape: Sequence[int], *, batch_size: int,
-                         slots: int, dtype: torch.dtype, optimizer: str = "adam") -> int:
+def estimate_array_bytes(
+    factory: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    *,
+    batch_size: int,
+    slots: int,
+    dtype: torch.dtype,
+    optimizer: str = "adam",
+) -> int:
     """Memory an array of `slots` models needs for training, estimated without allocating.
 
     One model is built and run on the meta device: weights, gradients and optimizer state
@@ -82,21 +99,35 @@ def estimate_array_bytes(factory: Callable[[], nn.Module], input_shape: Sequence
     return slots * per_model * torch.empty((), dtype=dtype).element_size()
 
 
-def check_budget(factory: Callable[[], nn.Module], input_shape: Sequence[int], *, batch_size: int, slots: int,
-                 dtype: torch.dtype, optimizer: str, device: torch.device, budget: int | None = None) -> None:
+def check_budget(
+    factory: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    *,
+    batch_size: int,
+    slots: int,
+    dtype: torch.dtype,
+    optimizer: str,
+    device: torch.device,
+    budget: int | None = None,
+) -> None:
     """Raise ArrayOutOfMemory before building a CPU array whose estimate exceeds the budget."""
     budget = memory_budget() if budget is None else budget
     if budget is None or device.type != "cpu":
         return  # CUDA reports its own out-of-memory errors, which train_in_halves catches
     try:
-        needed = estimate_array_bytes(factory, input_shape, batch_size=batch_size, slots=slots, dtype=dtype,
-                                      optimizer=optimizer)
+        needed = estimate_array_bytes(
+            factory, input_shape, batch_size=batch_size, slots=slots, dtype=dtype, optimizer=optimizer
+        )
     except Exception as error:  # noqa: BLE001 - a model the meta device cannot run (data-dependent ops)
-        log.warning("cannot estimate the array's memory (%s: %s); the budget is not checked", type(error).__name__, error)
+        log.warning(
+            "cannot estimate the array's memory (%s: %s); the budget is not checked", type(error).__name__, error
+        )
         return
     if needed > budget:
-        raise ArrayOutOfMemory(f"an array of {slots} models needs about {needed / 2**20:.1f} MiB, "
-                               f"over the memory budget of {budget / 2**20:.1f} MiB ({BUDGET_VARIABLE})")
+        raise ArrayOutOfMemory(
+            f"an array of {slots} models needs about {needed / 2**20:.1f} MiB, "
+            f"over the memory budget of {budget / 2**20:.1f} MiB ({BUDGET_VARIABLE})"
+        )
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -108,8 +139,9 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
-def train_in_halves(items: Sequence[T], train: Callable[[list[T]], R],
-                    on_split: Callable[[int, int, str], None] | None = None) -> list[tuple[list[T], R | str]]:
+def train_in_halves(
+    items: Sequence[T], train: Callable[[list[T]], R], on_split: Callable[[int, int, str], None] | None = None
+) -> list[tuple[list[T], R | str]]:
     """Train `items` as one array; on out-of-memory, split in two and retry each half.
 
     Returns (chunk, result) pairs in the original order; a chunk of one item that still does
@@ -127,8 +159,13 @@ def train_in_halves(items: Sequence[T], train: Callable[[list[T]], R],
         log.warning("out of memory with a single model: %s", reason)
         return [(items, f"out of memory even alone: {reason}")]
     half = (len(items) + 1) // 2
-    log.warning("array of %d models out of memory (%s); retrying as arrays of %d and %d",
-                len(items), reason, half, len(items) - half)
+    log.warning(
+        "array of %d models out of memory (%s); retrying as arrays of %d and %d",
+        len(items),
+        reason,
+        half,
+        len(items) - half,
+    )
     if on_split is not None:
         on_split(len(items), half, reason)
     return train_in_halves(items[:half], train, on_split) + train_in_halves(items[half:], train, on_split)

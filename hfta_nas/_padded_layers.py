@@ -159,14 +159,24 @@ class PaddedMultiheadAttention(FusableMultiheadAttention):
         e = self.embed_dim
         scale = self.query_scale.to(dtype)
         if self._qkv_same_embed_dim:
-            q_w, k_w, v_w = self.in_proj_weight[:e] * scale, self.in_proj_weight[e:2 * e], self.in_proj_weight[2 * e:]
+            q_w, k_w, v_w = (
+                self.in_proj_weight[:e] * scale,
+                self.in_proj_weight[e : 2 * e],
+                self.in_proj_weight[2 * e :],
+            )
         else:
             q_w, k_w, v_w = self.q_proj_weight * scale, self.k_proj_weight, self.v_proj_weight
         bias = self.in_proj_bias
         if bias is not None:
             bias = torch.cat([bias[:e] * scale, bias[e:]])
-        return {"in_proj_weight": None, "in_proj_bias": bias, "use_separate_proj_weight": True,
-                "q_proj_weight": q_w, "k_proj_weight": k_w, "v_proj_weight": v_w}
+        return {
+            "in_proj_weight": None,
+            "in_proj_bias": bias,
+            "use_separate_proj_weight": True,
+            "q_proj_weight": q_w,
+            "k_proj_weight": k_w,
+            "v_proj_weight": v_w,
+        }
 
 
 def _gate(path: str, module: nn.Module, args: tuple, kwargs: dict, output):

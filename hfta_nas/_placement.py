@@ -42,6 +42,7 @@ from hfta_nas._padded_layers import ActivationChoice, DropoutChoice, activation_
 from hfta_nas._slot_ops import SlotBox, _explicit_padding
 from hfta_nas.errors import FusionError
 
+
 def _prefix(own: int, env: int) -> torch.Tensor:
     return torch.arange(own)
 
@@ -57,6 +58,7 @@ def _chunked(parts: int):
         part, env_part = own // parts, env // parts
         index = torch.arange(own)
         return (index // part) * env_part + index % part
+
     return place
 
 
@@ -122,7 +124,9 @@ def _embed_tensors(env: nn.Module, own: nn.Module, env_path: str, own_path: str,
                 continue
             target = getattr(env, table).get(name)
             if target is None:
-                raise FusionError(f"'{_join(own_path, name)}' has no place in the array's envelope at '{_join(env_path, name)}'.")
+                raise FusionError(
+                    f"'{_join(own_path, name)}' has no place in the array's envelope at '{_join(env_path, name)}'."
+                )
             if tensor.dim() != target.dim() or any(o > e for o, e in zip(tensor.shape, target.shape)):
                 raise FusionError(
                     f"'{_join(own_path, name)}' has shape {list(tensor.shape)}, larger than the array's envelope "
@@ -140,8 +144,10 @@ def _embed(env: nn.Module, own: nn.Module, env_path: str, own_path: str, emb: Sl
     if isinstance(env, ActivationChoice):
         choice = env.index_of(own) if type(own) in _ELEMENTWISE else None
         if choice is None:
-            raise FusionError(f"layer '{_where(own_path)}' ({own!r}) is none of the array's activations there "
-                              f"({', '.join(repr(v) for v in env.variants)}).")
+            raise FusionError(
+                f"layer '{_where(own_path)}' ({own!r}) is none of the array's activations there "
+                f"({', '.join(repr(v) for v in env.variants)})."
+            )
         emb.choices[env_path] = choice
         return
     if isinstance(env, DropoutChoice):
@@ -152,7 +158,9 @@ def _embed(env: nn.Module, own: nn.Module, env_path: str, own_path: str, emb: Sl
     if _kind(env) != _kind(own) or (_kind(env) == "activation" and activation_key(env) != activation_key(own)):
         raise FusionError(f"layer '{_where(own_path)}' is {own!r}; the array has {env!r} there.")
     if isinstance(env, _DROPOUTS) and env.p != own.p:
-        raise FusionError(f"layer '{_where(own_path)}' has dropout p={own.p}; the array has p={env.p} there for every slot.")
+        raise FusionError(
+            f"layer '{_where(own_path)}' has dropout p={own.p}; the array has p={env.p} there for every slot."
+        )
     _check_fits(env, own, own_path)
     if isinstance(env, _CONTAINERS):
         env_children, own_children = list(env._modules.items()), list(own._modules.items())
@@ -164,11 +172,15 @@ def _embed(env: nn.Module, own: nn.Module, env_path: str, own_path: str, emb: Sl
             emb.absent.append(_join(env_path, env_children[position][0]))
     else:
         if list(own._modules) != list(env._modules):
-            raise FusionError(f"layer '{_where(own_path)}' has children {list(own._modules)}; the array's model "
-                              f"has {list(env._modules)}.")
+            raise FusionError(
+                f"layer '{_where(own_path)}' has children {list(own._modules)}; the array's model "
+                f"has {list(env._modules)}."
+            )
         for name, child in own._modules.items():
             if child is not None:
-                _embed(env._modules[name], child, _join(env_path, name), _join(own_path, name), emb, _child_hint(env, name))
+                _embed(
+                    env._modules[name], child, _join(env_path, name), _join(own_path, name), emb, _child_hint(env, name)
+                )
     _embed_tensors(env, own, env_path, own_path, emb, hint)
 
 
@@ -178,23 +190,32 @@ def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
         names = ("bias", "batch_first", "bidirectional", "proj_size") + (("dropout",) if own.num_layers > 1 else ())
         for name in names:
             if getattr(own, name) != getattr(env, name):
-                raise FusionError(f"layer '{_where(own_path)}': '{name}' is {getattr(own, name)!r}; the array has "
-                                  f"{getattr(env, name)!r}.")
+                raise FusionError(
+                    f"layer '{_where(own_path)}': '{name}' is {getattr(own, name)!r}; the array has "
+                    f"{getattr(env, name)!r}."
+                )
         if own.bidirectional and own.hidden_size != env.hidden_size:
-            raise FusionError(f"layer '{_where(own_path)}': a bidirectional layer must have the array's hidden size "
-                              f"({env.hidden_size}).")
+            raise FusionError(
+                f"layer '{_where(own_path)}': a bidirectional layer must have the array's hidden size "
+                f"({env.hidden_size})."
+            )
         return
     env_settings = settings_of(env)
     for name, value in settings_of(own).items():
         if name in env_settings and same_setting(env_settings[name], value):
             continue
-        if name in env_settings and (name == "padding" and isinstance(own, nn.modules.conv._ConvNd)
-                                     or _is_size(own, name, value)):
+        if name in env_settings and (
+            name == "padding" and isinstance(own, nn.modules.conv._ConvNd) or _is_size(own, name, value)
+        ):
             continue  # sizes: checked with the tensors (a user module's: by the verification too)
-        raise FusionError(f"layer '{_where(own_path)}' ({type(own).__name__}): '{name}' is {value!r}; the array's "
-                          f"model has {env_settings.get(name, '<missing>')!r}.")
+        raise FusionError(
+            f"layer '{_where(own_path)}' ({type(own).__name__}): '{name}' is {value!r}; the array's "
+            f"model has {env_settings.get(name, '<missing>')!r}."
+        )
     if isinstance(env, nn.modules.conv._ConvNd):
-        for k, big_k, d, p, big_p in zip(own.kernel_size, env.kernel_size, own.dilation, padding_of(own), padding_of(env)):
+        for k, big_k, d, p, big_p in zip(
+            own.kernel_size, env.kernel_size, own.dilation, padding_of(own), padding_of(env)
+        ):
             if (big_k - k) % 2 or p + d * (big_k - k) / 2 != big_p:
                 raise FusionError(
                     f"layer '{_where(own_path)}' ({type(own).__name__}): kernel {own.kernel_size} with padding "
@@ -234,7 +255,9 @@ def conv_box(env: nn.Module, own: nn.Module | None) -> SlotBox | None:
     if sizes(own) == sizes(env) or padding is None:
         return None
     offsets = [(big - k) // 2 for big, k in zip(env.kernel_size, own.kernel_size)]
-    weight = (slice(0, own.out_channels), slice(0, own.in_channels),
-              *(slice(o, o + k) for o, k in zip(offsets, own.kernel_size)))
+    weight = (
+        slice(0, own.out_channels),
+        slice(0, own.in_channels),
+        *(slice(o, o + k) for o, k in zip(offsets, own.kernel_size)),
+    )
     return SlotBox(own.out_channels, own.in_channels, weight, padding)
-

@@ -68,8 +68,10 @@ class PaddingCost:
         return padding_fraction(self.useful, self.executed)
 
     def __str__(self) -> str:
-        return (f"{len(self.per_slot)} slots: {self.useful:,} useful / {self.executed:,} executed multiply-adds "
-                f"per sample ({self.waste:.1%} padding)")
+        return (
+            f"{len(self.per_slot)} slots: {self.useful:,} useful / {self.executed:,} executed multiply-adds "
+            f"per sample ({self.waste:.1%} padding)"
+        )
 
 
 def _samples(x: Any) -> Any:
@@ -187,14 +189,17 @@ def _compare_outputs(what: str, own_out: Any, padded_out: Any) -> list[torch.Ten
         raise _Mismatch(f"{what} (the output's structure)", float("inf"))
     for own, padded in zip(own_leaves, padded_leaves):
         if isinstance(own, torch.Tensor) and isinstance(padded, torch.Tensor) and own.shape != padded.shape:
-            raise _Mismatch(f"output shapes ({list(own.shape)} alone, {list(padded.shape)} in the envelope: the "
-                            "slots' outputs must have equal shapes, e.g. the same number of classes)", float("inf"))
+            raise _Mismatch(
+                f"output shapes ({list(own.shape)} alone, {list(padded.shape)} in the envelope: the "
+                "slots' outputs must have equal shapes, e.g. the same number of classes)",
+                float("inf"),
+            )
         if isinstance(own, torch.Tensor):
             _check(what, own, padded)
     return [t for t in own_leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-def _first_differing_layer(array: "ModelArray", slot: int, own: nn.Module, state, inputs) -> str:
+def _first_differing_layer(array: ModelArray, slot: int, own: nn.Module, state, inputs) -> str:
     """The first layer (in the own model's execution order) whose output differs from its padded place."""
     from hfta_nas._placement import SlotEmbedding  # noqa: PLC0415 (typing only)
 
@@ -210,11 +215,15 @@ def _first_differing_layer(array: "ModelArray", slot: int, own: nn.Module, state
                     store.append((path, tensor.detach()))
                 else:
                     store.setdefault(path, tensor.detach())
+
         return hook
 
     handles = [m.register_forward_hook(recorder(own_outputs, p)) for p, m in own.named_modules() if p]
-    handles += [array._template.get_submodule(env).register_forward_hook(recorder(padded_outputs, own_path))
-                for own_path, env in emb.modules.items() if own_path]
+    handles += [
+        array._template.get_submodule(env).register_forward_hook(recorder(padded_outputs, own_path))
+        for own_path, env in emb.modules.items()
+        if own_path
+    ]
     try:
         with torch.no_grad(), contextlib.suppress(Exception):
             own(*inputs)
@@ -228,12 +237,14 @@ def _first_differing_layer(array: "ModelArray", slot: int, own: nn.Module, state
             continue
         corner = padded[tuple(slice(0, n) for n in own_out.shape)]
         if _difference(own_out, corner) > _TOLERANCE:
-            return (f", first at layer '{path}' ({type(own.get_submodule(path)).__name__}) or in the forward code "
-                    "that feeds it")
+            return (
+                f", first at layer '{path}' ({type(own.get_submodule(path)).__name__}) or in the forward code "
+                "that feeds it"
+            )
     return ""
 
 
-def verify_slot(array: "ModelArray", slot: int, model: nn.Module, inputs: tuple[Any, ...]) -> tuple[int, int]:
+def verify_slot(array: ModelArray, slot: int, model: nn.Module, inputs: tuple[Any, ...]) -> tuple[int, int]:
     """Raise FusionError unless slot `slot` of `array` computes what `model` computes on `inputs`
     (one slot's batch). Returns (useful, executed) multiply-adds per sample."""
     inputs = tuple(_as_float64(_samples(x)) for x in inputs)
@@ -248,8 +259,10 @@ def verify_slot(array: "ModelArray", slot: int, model: nn.Module, inputs: tuple[
         try:
             padded_out = functional_call(template, state, inputs, tie_weights=True)
         except Exception as error:  # noqa: BLE001 - any failure of the padded forward refuses the combination
-            raise FusionError(f"slot {slot}: its model fails when padded into the array's envelope "
-                              f"({type(error).__name__}: {error}); models like it need a separate array.") from None
+            raise FusionError(
+                f"slot {slot}: its model fails when padded into the array's envelope "
+                f"({type(error).__name__}: {error}); models like it need a separate array."
+            ) from None
         try:
             _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs)
         except _Mismatch as mismatch:
@@ -264,7 +277,7 @@ def verify_slot(array: "ModelArray", slot: int, model: nn.Module, inputs: tuple[
     return count_macs(own, None, inputs), count_macs(template, state, inputs)
 
 
-def _initial_state(array: "ModelArray", slot: int) -> dict[str, torch.Tensor]:
+def _initial_state(array: ModelArray, slot: int) -> dict[str, torch.Tensor]:
     return {name: _as_float64(value).clone() for name, value in array._slot_state(slot).items()}
 
 
@@ -277,10 +290,15 @@ def _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs
     padded_tensors = [t for t in tree_flatten(padded_out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
     own_params = dict(own.named_parameters())
     leaves = [state[name] for name in array._leaves]
-    own_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(tensors, weights)), list(own_params.values()),
-                                    allow_unused=True)
-    padded_grads = dict(zip(array._leaves, torch.autograd.grad(
-        sum((t * w).sum() for t, w in zip(padded_tensors, weights)), leaves, allow_unused=True)))
+    own_grads = torch.autograd.grad(
+        sum((t * w).sum() for t, w in zip(tensors, weights)), list(own_params.values()), allow_unused=True
+    )
+    padded_grads = dict(
+        zip(
+            array._leaves,
+            torch.autograd.grad(sum((t * w).sum() for t, w in zip(padded_tensors, weights)), leaves, allow_unused=True),
+        )
+    )
     # Gradients are compared against the largest of them all: a gradient that is zero
     # in exact arithmetic (a bias before BatchNorm) is float noise on both sides.
     scale = max((g.abs().max().item() for g in own_grads if g is not None and g.numel()), default=0.0)
@@ -297,4 +315,6 @@ def _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs
     own.eval()
     array._template.eval()
     with torch.no_grad():
-        _compare_outputs("outputs in eval mode", own(*inputs), functional_call(array._template, state, inputs, tie_weights=True))
+        _compare_outputs(
+            "outputs in eval mode", own(*inputs), functional_call(array._template, state, inputs, tie_weights=True)
+        )

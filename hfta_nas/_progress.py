@@ -13,12 +13,17 @@ class EpochProgress:
     def __init__(self, epochs: int, *, enabled: bool = True, description: str = "training") -> None:
         self.enabled = enabled
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[status]}"), disable=not enabled, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            disable=not enabled,
+            transient=False,
         )
         self._task = self._progress.add_task(description, total=epochs, status="")
 
-    def __enter__(self) -> "EpochProgress":
+    def __enter__(self) -> EpochProgress:
         self._progress.start()
         return self
 

@@ -24,8 +24,8 @@ from hfta_nas._allocator import keep_freed_memory_unless_disabled
 from hfta_nas._array import ModelArray, _build_seeded
 from hfta_nas._checkpoint import Checkpointer
 from hfta_nas._checkpoint import enabled as checkpoints_enabled
-from hfta_nas._oom import check_budget
 from hfta_nas._objectives import Objective, as_objective
+from hfta_nas._oom import check_budget
 from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult, TrainingSettings
 from hfta_nas.data import Augmentation, Dataset, load_dataset, pooled, slot_splits
 from hfta_nas.errors import HftaNasError
@@ -124,56 +124,106 @@ def train(
         raise HftaNasError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}.")
     device = _checked_device(device)
     objective = as_objective(loss)
-    data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, device=device, dtype=torch_dtype,
-                                                                     task=objective.kind)
+    data = (
+        dataset
+        if isinstance(dataset, Dataset)
+        else load_dataset(dataset, device=device, dtype=torch_dtype, task=objective.kind)
+    )
     if data.task != objective.kind:
-        raise HftaNasError(f"the data holds {data.task} targets but the loss is a {objective.kind} loss "
-                           f"({objective.loss if isinstance(objective.loss, str) else 'a function'}).")
+        raise HftaNasError(
+            f"the data holds {data.task} targets but the loss is a {objective.kind} loss "
+            f"({objective.loss if isinstance(objective.loss, str) else 'a function'})."
+        )
     data = data.to(device=device, dtype=torch_dtype)
     factory = resolve_model(model, model_config, input_shape=data.input_shape, num_classes=data.num_classes)
     slot_factories = None
     if slot_model_configs is not None:
         if len(slot_model_configs) != len(seeds):
             raise HftaNasError(f"slot_model_configs has {len(slot_model_configs)} entries for {len(seeds)} seeds.")
-        slot_factories = [resolve_model(model, c, input_shape=data.input_shape, num_classes=data.num_classes)
-                          for c in slot_model_configs]
+        slot_factories = [
+            resolve_model(model, c, input_shape=data.input_shape, num_classes=data.num_classes)
+            for c in slot_model_configs
+        ]
     data_seeds = list(data_seeds) if data_seeds is not None else seeds
     dropout_seeds = list(dropout_seeds) if dropout_seeds is not None else seeds
     splits = None
     if split_seeds is not None:
         split_seeds = list(split_seeds)
         if len(split_seeds) != len(seeds) or shared_order:
-            raise HftaNasError(f"split_seeds needs one entry per slot ({len(seeds)}, got {len(split_seeds)}) "
-                               "and per-slot data orders (not shared_order).")
+            raise HftaNasError(
+                f"split_seeds needs one entry per slot ({len(seeds)}, got {len(split_seeds)}) "
+                "and per-slot data orders (not shared_order)."
+            )
         splits, data = slot_splits(data, split_seeds), pooled(data)
 
     for one in slot_factories or [factory]:  # each architecture as if it filled every slot: the envelope's bound
-        check_budget(one, data.input_shape, batch_size=batch_size, slots=len(seeds), dtype=torch_dtype,
-                     optimizer=optimizer, device=device, budget=memory_budget)
+        check_budget(
+            one,
+            data.input_shape,
+            batch_size=batch_size,
+            slots=len(seeds),
+            dtype=torch_dtype,
+            optimizer=optimizer,
+            device=device,
+            budget=memory_budget,
+        )
     schedule = _checked_schedule(schedule) if schedule else None
 
     def make_trainer() -> ArrayTrainer:
         if slot_factories is None:
-            array = ModelArray.from_factory(factory, seeds, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
+            array = ModelArray.from_factory(
+                factory, seeds, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype
+            )
         else:
             with torch.random.fork_rng(devices=[]):  # as from_factory: the caller's global RNG is left as it was
                 models = [_build_seeded(f, seed) for f, seed in zip(slot_factories, seeds)]
             array = ModelArray(models, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
         opt = OPTIMIZERS[optimizer](array, **dict(hparams or {}))
         return ArrayTrainer(
-            array, opt, data, schedule=LRSchedule(opt, **schedule) if schedule else None,
+            array,
+            opt,
+            data,
+            schedule=LRSchedule(opt, **schedule) if schedule else None,
             data_seeds=None if shared_order else data_seeds,
-            shared_order_seed=data_seeds[0] if shared_order else None, splits=splits,
-            **TrainingSettings(batch_size, accumulate, early_stopping, objective, augmentation, precision).trainer_kwargs(),
+            shared_order_seed=data_seeds[0] if shared_order else None,
+            splits=splits,
+            **TrainingSettings(
+                batch_size, accumulate, early_stopping, objective, augmentation, precision
+            ).trainer_kwargs(),
         )
 
-    fingerprint = repr((getattr(model, "__module__", ""), getattr(model, "__qualname__", model), model_config,
-                        slot_model_configs,
-                        getattr(data, "name", None), tuple(data.x_train.shape), seeds, data_seeds, dropout_seeds, split_seeds,
-                        shared_order, optimizer, hparams, schedule, epochs, batch_size, device.type, str(torch_dtype),
-                        accumulate, early_stopping, objective.describe(), augmentation, precision))
-    saver = (Checkpointer(Path(checkpoint), extra={"fingerprint": fingerprint})
-             if checkpoint is not None and checkpoints_enabled() else None)
+    fingerprint = repr(
+        (
+            getattr(model, "__module__", ""),
+            getattr(model, "__qualname__", model),
+            model_config,
+            slot_model_configs,
+            getattr(data, "name", None),
+            tuple(data.x_train.shape),
+            seeds,
+            data_seeds,
+            dropout_seeds,
+            split_seeds,
+            shared_order,
+            optimizer,
+            hparams,
+            schedule,
+            epochs,
+            batch_size,
+            device.type,
+            str(torch_dtype),
+            accumulate,
+            early_stopping,
+            objective.describe(),
+            augmentation,
+            precision,
+        )
+    )
+    saver = (
+        Checkpointer(Path(checkpoint), extra={"fingerprint": fingerprint})
+        if checkpoint is not None and checkpoints_enabled()
+        else None
+    )
     trainer = saver.resume(make_trainer) if saver is not None else make_trainer()
     resumed_epoch, epochs_before = trainer.epoch, sum(r.epochs for r in trainer.results.values())
     started = time.perf_counter()
@@ -184,9 +234,15 @@ def train(
     per_epoch = splits.train.shape[1] if splits is not None else len(data.y_train)  # a slot's own train rows
     samples = (sum(r.epochs for r in results.values()) - epochs_before) * per_epoch
     return TrainRun(
-        trainer.array, results, data, factory,
+        trainer.array,
+        results,
+        data,
+        factory,
         {"init": seeds, "data": data_seeds, "dropout": dropout_seeds},
-        seconds, samples / seconds if seconds > 0 else 0.0, resumed_epoch, slot_factories,
+        seconds,
+        samples / seconds if seconds > 0 else 0.0,
+        resumed_epoch,
+        slot_factories,
     )
 
 
@@ -210,14 +266,18 @@ def _checked_out_dir(path: str | os.PathLike[str], option: str) -> Path:
     folder = Path(path).expanduser()
     long = next((part for part in folder.parts if len(os.fsencode(part)) > 255), None)
     if long is not None:
-        raise HftaNasError(f"{option} '{folder}': the name '{long[:40]}...' is {len(os.fsencode(long))} bytes long; "
-                           "expected at most 255 bytes per folder name.")
+        raise HftaNasError(
+            f"{option} '{folder}': the name '{long[:40]}...' is {len(os.fsencode(long))} bytes long; "
+            "expected at most 255 bytes per folder name."
+        )
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
-        raise HftaNasError(f"{option} '{folder}': cannot create a folder there, '{existing}' is a file; "
-                           "expected a folder path (existing or not).")
+        raise HftaNasError(
+            f"{option} '{folder}': cannot create a folder there, '{existing}' is a file; "
+            "expected a folder path (existing or not)."
+        )
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         raise HftaNasError(f"{option} '{folder}': '{existing}' is not writable; expected a folder you can write to.")
     return folder

@@ -73,14 +73,19 @@ class SlotDropout(nn.Module):
 
     def native_step(self, prefix: str):
         """This layer on [B, ...] tensors, for the vmap-free path (`_slot_ops.native_forward`)."""
+
         def dropout(leaves, x):
             if not self.training or self.p == 0.0:
                 return x
-            return self.native_forward(x, leaves[prefix + "slot_key"], leaves[prefix + "calls"], leaves.get(prefix + "rate"))
+            return self.native_forward(
+                x, leaves[prefix + "slot_key"], leaves[prefix + "calls"], leaves.get(prefix + "rate")
+            )
+
         return dropout
 
-    def native_forward(self, x: torch.Tensor, slot_key: torch.Tensor, calls: torch.Tensor,
-                       rate: torch.Tensor | None = None) -> torch.Tensor:
+    def native_forward(
+        self, x: torch.Tensor, slot_key: torch.Tensor, calls: torch.Tensor, rate: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """`forward` for all slots at once on physical tensors: x [B, ...], slot_key, calls (and rate) [B]."""
         calls.add_(1)
         if rate is None and self.p == 1.0:
@@ -91,7 +96,7 @@ class SlotDropout(nn.Module):
     def _multiplier_kernel(self, batch_size: int, dims, x, slot_key, calls, rate=None):
         """[B, *mask shape] multipliers of all slots (physical tensors; see `physical_call`)."""
         x_dim = dims[0]
-        per_slot = x.shape if x_dim is None else x.shape[:x_dim] + x.shape[x_dim + 1:]
+        per_slot = x.shape if x_dim is None else x.shape[:x_dim] + x.shape[x_dim + 1 :]
         key = _slot_first(slot_key, dims[1], batch_size)
         counter = _slot_first(calls, dims[2], batch_size)
         rate = _slot_first(rate, dims[3], batch_size)
@@ -135,7 +140,8 @@ class _FusableRecurrent(nn.Module):
         # one dropout layer per boundary between layers (its own stream and counter): a slot with fewer
         # layers than its envelope draws at its boundaries what it draws alone
         self.inter_layer_dropouts = nn.ModuleList(
-            [SlotDropout(source.dropout) for _ in range(source.num_layers - 1)] if source.dropout > 0 else [])
+            [SlotDropout(source.dropout) for _ in range(source.num_layers - 1)] if source.dropout > 0 else []
+        )
 
     def _weights(self, layer: int, direction: int) -> tuple[torch.Tensor, ...]:
         suffix = f"_l{layer}" + ("_reverse" if direction == 1 else "")
@@ -259,16 +265,38 @@ class FusableMultiheadAttention(nn.MultiheadAttention):
     parameters, as torch's own slow path.
     """
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        need_weights=True,
+        attn_mask=None,
+        average_attn_weights=True,
+        is_causal=False,
+    ):
         transpose = self.batch_first and query.dim() == 3
         if transpose:
             query, key, value = (t.transpose(1, 0) for t in (query, key, value))
         output, weights = F.multi_head_attention_forward(
-            query, key, value, self.embed_dim, self.num_heads, bias_k=self.bias_k, bias_v=self.bias_v,
-            add_zero_attn=self.add_zero_attn, dropout_p=self.dropout, out_proj_weight=self.out_proj.weight,
-            out_proj_bias=self.out_proj.bias, training=self.training, key_padding_mask=key_padding_mask,
-            need_weights=True, attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal,
+            query,
+            key,
+            value,
+            self.embed_dim,
+            self.num_heads,
+            bias_k=self.bias_k,
+            bias_v=self.bias_v,
+            add_zero_attn=self.add_zero_attn,
+            dropout_p=self.dropout,
+            out_proj_weight=self.out_proj.weight,
+            out_proj_bias=self.out_proj.bias,
+            training=self.training,
+            key_padding_mask=key_padding_mask,
+            need_weights=True,
+            attn_mask=attn_mask,
+            average_attn_weights=average_attn_weights,
+            is_causal=is_causal,
             **self._projections(query.dtype),
         )
         if transpose:
@@ -279,7 +307,8 @@ class FusableMultiheadAttention(nn.MultiheadAttention):
         """The in-projection arguments of F.multi_head_attention_forward: the module's own."""
         separate = not self._qkv_same_embed_dim
         return {
-            "in_proj_weight": self.in_proj_weight, "in_proj_bias": self.in_proj_bias,
+            "in_proj_weight": self.in_proj_weight,
+            "in_proj_bias": self.in_proj_bias,
             "use_separate_proj_weight": separate,
             "q_proj_weight": self.q_proj_weight if separate else None,
             "k_proj_weight": self.k_proj_weight if separate else None,
@@ -351,8 +380,11 @@ class FusableCumulativeBatchNorm3d(_CumulativeBatchNormMixin, nn.BatchNorm3d):
     pass
 
 
-_CUMULATIVE_BATCH_NORM = {nn.BatchNorm1d: FusableCumulativeBatchNorm1d, nn.BatchNorm2d: FusableCumulativeBatchNorm2d,
-                          nn.BatchNorm3d: FusableCumulativeBatchNorm3d}
+_CUMULATIVE_BATCH_NORM = {
+    nn.BatchNorm1d: FusableCumulativeBatchNorm1d,
+    nn.BatchNorm2d: FusableCumulativeBatchNorm2d,
+    nn.BatchNorm3d: FusableCumulativeBatchNorm3d,
+}
 _CHANNEL_DROPOUT_DIMS = {nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}
 _REFUSED = {
     nn.AlphaDropout: "AlphaDropout is not supported in arrays; use nn.Dropout",
@@ -386,7 +418,9 @@ def _replacement(module: nn.Module, path: str) -> nn.Module | None:
         return None
     if type(module) is nn.Embedding:
         if module.max_norm is not None or module.sparse:
-            raise FusionError(f"layer '{where}' (Embedding): max_norm and sparse=True cannot be fused; use max_norm=None, sparse=False.")
+            raise FusionError(
+                f"layer '{where}' (Embedding): max_norm and sparse=True cannot be fused; use max_norm=None, sparse=False."
+            )
         module.__class__ = FusableEmbedding  # same state, exact gradient
         return None
     if type(module) is nn.MultiheadAttention:
@@ -412,8 +446,9 @@ def make_fusable(template: nn.Module) -> nn.Module:
     return template
 
 
-def init_slot_randomness(template: nn.Module, dropout_seeds: torch.Tensor,
-                         own_modules: Sequence[Mapping[str, str]] | None = None) -> dict[str, torch.Tensor]:
+def init_slot_randomness(
+    template: nn.Module, dropout_seeds: torch.Tensor, own_modules: Sequence[Mapping[str, str]] | None = None
+) -> dict[str, torch.Tensor]:
     """Stacked `slot_key` / `calls` buffers for every SlotDropout of the template.
 
     A layer's stream is its path in the slot's own model (hashed), not its position among the
@@ -431,8 +466,11 @@ def init_slot_randomness(template: nn.Module, dropout_seeds: torch.Tensor,
         if envelope_to_own is None:
             stream: int | torch.Tensor = zlib.crc32(path.encode())
         else:
-            stream = torch.tensor([zlib.crc32(_own_path(path, own).encode()) for own in envelope_to_own],
-                                  dtype=torch.int64, device=dropout_seeds.device)
+            stream = torch.tensor(
+                [zlib.crc32(_own_path(path, own).encode()) for own in envelope_to_own],
+                dtype=torch.int64,
+                device=dropout_seeds.device,
+            )
         buffers[prefix + "slot_key"] = slot_keys(dropout_seeds, stream)
         buffers[prefix + "calls"] = torch.zeros_like(dropout_seeds)
     return buffers

@@ -143,8 +143,13 @@ class _ReusedBuffer:
 
     def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         cached = self._tensor
-        if (cached is None or cached.shape != shape or cached.dtype != like.dtype or cached.device != like.device
-                or torch._C._storage_Use_Count(cached.untyped_storage()._cdata) > 2):  # 2: cached + this query
+        if (
+            cached is None
+            or cached.shape != shape
+            or cached.dtype != like.dtype
+            or cached.device != like.device
+            or torch._C._storage_Use_Count(cached.untyped_storage()._cdata) > 2
+        ):  # 2: cached + this query
             cached = self._tensor = like.new_empty(shape)  # still used (or first use): a fresh one
         return like.new_empty((0,)).set_(cached.untyped_storage(), 0, shape, cached.stride())
 
@@ -243,7 +248,7 @@ class SlotLinear(nn.Linear):
 
 def _per_slot_macs(conv: nn.modules.conv._ConvNd, shape: torch.Size) -> int:
     """Multiply-adds of one slot's forward, for a per-slot input of `shape` ([N, C, *spatial] or [C, *spatial])."""
-    spatial = shape[-len(conv.kernel_size):]
+    spatial = shape[-len(conv.kernel_size) :]
     samples = shape[0] if len(shape) == len(conv.kernel_size) + 2 else 1
     outputs = math.prod(s // st for s, st in zip(spatial, conv.stride))  # ~ output positions
     return samples * outputs * conv.out_channels * (conv.in_channels // conv.groups) * math.prod(conv.kernel_size)
@@ -309,7 +314,7 @@ class _ConvLoop(torch.autograd.Function):
                 g = torch.ops.aten.threshold_backward(g, out[b], 0)
             x_b, weight_b, _, args, box = _operands(ctx, b, x, weight, None)
             if box is not None:
-                g = g[:, :box.out_channels]
+                g = g[:, : box.out_channels]
             gx, gw, gb = torch.ops.aten.convolution_backward(g, x_b, weight_b, [weight_b.shape[0]], *args, need)
             if need[0]:
                 _put(grad_x[b], gx, 1)
@@ -343,8 +348,8 @@ def _operands(ctx, b: int, x, weight, bias) -> tuple:
         return x[b], weight[b], bias_b, ctx.conv_args, None
     stride, _, dilation, transposed, output_padding, groups = ctx.conv_args
     args = (stride, box.padding, dilation, transposed, output_padding, groups)
-    bias_b = None if bias_b is None else bias_b[:box.out_channels]
-    return x[b][:, :box.in_channels], weight[b][box.weight], bias_b, args, box
+    bias_b = None if bias_b is None else bias_b[: box.out_channels]
+    return x[b][:, : box.in_channels], weight[b][box.weight], bias_b, args, box
 
 
 def _put(target: torch.Tensor, value: torch.Tensor, dim: int) -> None:
@@ -379,8 +384,15 @@ class _BatchNormLoop(torch.autograd.Function):
         save_invstd = x.new_empty((x.shape[0], x.shape[2])) if batch_stats else None
         for b in range(x.shape[0]):
             y, mean, invstd = torch.native_batch_norm(
-                x[b], _slot(weight, b), _slot(bias, b), _slot(running_mean, b), _slot(running_var, b),
-                batch_stats, momentum, eps)
+                x[b],
+                _slot(weight, b),
+                _slot(bias, b),
+                _slot(running_mean, b),
+                _slot(running_var, b),
+                batch_stats,
+                momentum,
+                eps,
+            )
             if relu:
                 y = y.relu_()
             out[b] = y
@@ -394,18 +406,31 @@ class _BatchNormLoop(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight, out, save_mean, save_invstd = ctx.saved_tensors
         running_mean, running_var = ctx.stats
-        need = [ctx.needs_input_grad[6], weight is not None and ctx.needs_input_grad[7],
-                ctx.needs_input_grad[8] and weight is not None]
-        grads = [_reused(ctx.owner, "grad_x").take(tuple(x.shape), x) if need[0] else None,
-                 *(torch.empty_like(weight) if wanted else None for wanted in need[1:])]
+        need = [
+            ctx.needs_input_grad[6],
+            weight is not None and ctx.needs_input_grad[7],
+            ctx.needs_input_grad[8] and weight is not None,
+        ]
+        grads = [
+            _reused(ctx.owner, "grad_x").take(tuple(x.shape), x) if need[0] else None,
+            *(torch.empty_like(weight) if wanted else None for wanted in need[1:]),
+        ]
         for b in range(x.shape[0]):
             g = grad[b]
             if ctx.relu:
                 g = torch.ops.aten.threshold_backward(g, out[b], 0)
             parts = torch.ops.aten.native_batch_norm_backward(
-                g, x[b], _slot(weight, b), _slot(running_mean, b), _slot(running_var, b),
-                _slot(save_mean, b), _slot(save_invstd, b),
-                ctx.batch_stats, ctx.eps, need)
+                g,
+                x[b],
+                _slot(weight, b),
+                _slot(running_mean, b),
+                _slot(running_var, b),
+                _slot(save_mean, b),
+                _slot(save_invstd, b),
+                ctx.batch_stats,
+                ctx.eps,
+                need,
+            )
             for target, part in zip(grads, parts):
                 if target is not None:
                     target[b] = part
@@ -473,10 +498,29 @@ SLOT_OPS: dict[type[nn.Module], type[nn.Module]] = {
 # array use vmap, with the same results.
 
 # Element-wise layers: the same op on [B, N, ...] as on each slot's [N, ...].
-_ELEMENTWISE = frozenset({
-    nn.Identity, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh,
-    nn.Sigmoid, nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid,
-})
+_ELEMENTWISE = frozenset(
+    {
+        nn.Identity,
+        nn.ReLU,
+        nn.ReLU6,
+        nn.LeakyReLU,
+        nn.ELU,
+        nn.SELU,
+        nn.CELU,
+        nn.GELU,
+        nn.SiLU,
+        nn.Mish,
+        nn.Tanh,
+        nn.Sigmoid,
+        nn.Softplus,
+        nn.Hardtanh,
+        nn.Hardswish,
+        nn.Hardsigmoid,
+        nn.Softsign,
+        nn.Tanhshrink,
+        nn.LogSigmoid,
+    }
+)
 
 
 # Pooling layers and their spatial dims: each sample is pooled on its own, so
@@ -499,16 +543,26 @@ class NeedsVmap(Exception):
 
 
 def _has_hooks(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or getattr(module, "_backward_pre_hooks", None))
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or getattr(module, "_backward_pre_hooks", None)
+    )
 
 
 def _only_skip_gate(module: nn.Module) -> bool:
     """Whether the module's one hook is the array's skip gate (`_padded_layers.gate_skipped_layer`)."""
     hooks = list(module._forward_hooks.values())
     gate = getattr(module, "_hfta_skip_gate", None)
-    return (gate is not None and len(hooks) == 1 and hooks[0] is gate and not module._forward_pre_hooks
-            and not module._backward_hooks and not getattr(module, "_backward_pre_hooks", None))
+    return (
+        gate is not None
+        and len(hooks) == 1
+        and hooks[0] is gate
+        and not module._forward_pre_hooks
+        and not module._backward_hooks
+        and not getattr(module, "_backward_pre_hooks", None)
+    )
 
 
 def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: bool = False):
@@ -527,6 +581,7 @@ def _native_step(module: nn.Module, prefix: str, aliases: dict[str, str], relu: 
             if y.shape != x.shape:
                 raise NeedsVmap  # the vmap path's gate raises the error that names the layer
             return torch.where(leaves[present].view(-1, *([1] * (x.dim() - 1))), y, x)
+
         return gated
     return _native_layer(module, prefix, aliases, relu)
 
@@ -540,8 +595,12 @@ def _native_layer(module: nn.Module, prefix: str, aliases: dict[str, str], relu:
             name, child = children[index]
             following = children[index + 1][1] if index + 1 < len(children) else None
             # Linear/Conv -> ReLU: the ReLU runs inside the layer's kernel, in place.
-            relu = (type(child) in _TAKES_RELU and type(following) is nn.ReLU and not _has_hooks(following)
-                    and not _has_hooks(child))
+            relu = (
+                type(child) in _TAKES_RELU
+                and type(following) is nn.ReLU
+                and not _has_hooks(following)
+                and not _has_hooks(child)
+            )
             steps.append(_native_step(child, f"{prefix}{name}.", aliases, relu=relu))
             index += 2 if relu else 1
         if any(step is None for step in steps):
@@ -551,20 +610,29 @@ def _native_layer(module: nn.Module, prefix: str, aliases: dict[str, str], relu:
             for step in steps:
                 x = step(leaves, x)
             return x
+
         return sequential
     if kind is SlotLinear or kind in (SlotConv1d, SlotConv2d, SlotConv3d):
         weight = aliases[prefix + "weight"]
         bias = aliases[prefix + "bias"] if module.bias is not None else None
         if kind is SlotLinear:
+
             def linear(leaves, x):
-                return _linear_kernel(module, x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None,
-                                      relu)[0]
+                return _linear_kernel(
+                    module, x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None, relu
+                )[0]
+
             return linear
 
         def conv(leaves, x):
-            if x.dim() != len(module.kernel_size) + 3 or not conv_per_slot(x.device, _per_slot_macs(module, x.shape[1:])):
+            if x.dim() != len(module.kernel_size) + 3 or not conv_per_slot(
+                x.device, _per_slot_macs(module, x.shape[1:])
+            ):
                 raise NeedsVmap  # unbatched per-slot input, or small: vmap's grouped convolution
-            return module._loop_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None, relu)[0]
+            return module._loop_kernel(x.shape[0], (0, 0, 0), x, leaves[weight], leaves[bias] if bias else None, relu)[
+                0
+            ]
+
         return conv
     if kind in _BATCH_NORM_DIMS:
         return _native_batch_norm(module, prefix, aliases, relu)
@@ -577,15 +645,18 @@ def _native_layer(module: nn.Module, prefix: str, aliases: dict[str, str], relu:
             if x.dim() != spatial + 3:
                 raise NeedsVmap  # a shape torch refuses: the vmap path raises torch's own error
             return module.forward(x.flatten(0, 1)).unflatten(0, x.shape[:2])  # [B * N, C, ...]: same op per sample
+
         return pool
     if kind in _ELEMENTWISE:
         return lambda leaves, x: module.forward(x)
     if kind is nn.Flatten:
+
         def flatten(leaves, x):
             dims = x.dim() - 1  # per-slot dims
             if dims == 0:
                 raise NeedsVmap
             return x.flatten(module.start_dim % dims + 1, module.end_dim % dims + 1)
+
         return flatten
     if hasattr(module, "native_step"):  # the array's own per-slot layers (dropout, activation choice)
         return module.native_step(prefix)
@@ -609,10 +680,22 @@ def _native_batch_norm(module: nn.modules.batchnorm._BatchNorm, prefix: str, ali
         if module.training and module.track_running_stats and tracked is not None:
             tracked.add_(1)
         use_running = not module.training or module.track_running_stats
-        stats = (leaves.get(prefix + "running_mean"), leaves.get(prefix + "running_var")) if use_running else (None, None)
+        stats = (
+            (leaves.get(prefix + "running_mean"), leaves.get(prefix + "running_var")) if use_running else (None, None)
+        )
         batch_stats = module.training or all(stat is None for stat in stats)
-        return _BatchNormLoop.apply(module, relu, batch_stats, module.momentum, module.eps, stats, x,
-                                    leaves[weight] if weight else None, leaves[bias] if bias else None)
+        return _BatchNormLoop.apply(
+            module,
+            relu,
+            batch_stats,
+            module.momentum,
+            module.eps,
+            stats,
+            x,
+            leaves[weight] if weight else None,
+            leaves[bias] if bias else None,
+        )
+
     return batch_norm
 
 

@@ -97,8 +97,9 @@ def _coordinate_hashes(shape: tuple[int, ...], origin: int, trailing: int, devic
     return _xorshift(h).view(*shape, *([1] * trailing))
 
 
-def coordinate_bits(shape: Sequence[int], key: torch.Tensor, counter: torch.Tensor,
-                    device: torch.device | str | None = None) -> torch.Tensor:
+def coordinate_bits(
+    shape: Sequence[int], key: torch.Tensor, counter: torch.Tensor, device: torch.device | str | None = None
+) -> torch.Tensor:
     """32-bit hashes (int64 values in [0, 2**32)) of (key, counter, coordinates) for every entry of
     one slot's `shape`: a pure function of the entry's coordinates, not of the extents.
 
@@ -146,8 +147,14 @@ def _thresholds(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.ceil(p.to(dtype).to(torch.float64) * (1 << 24)).to(torch.int64) << 8
 
 
-def keep_mask(shape: Sequence[int], key: torch.Tensor, counter: torch.Tensor, p: float | torch.Tensor,
-              dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
+def keep_mask(
+    shape: Sequence[int],
+    key: torch.Tensor,
+    counter: torch.Tensor,
+    p: float | torch.Tensor,
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
     """Keep (True) where the entry's uniform u = (bits >> 8) / 2**24 is >= p, with p rounded to
     `dtype` (as torch rounds a float rate): [*shape], or [B, *shape] for per-slot `key` / `counter`
     (and `p`) of shape [B, 1, ..., 1]. In float32 and float64 this is exactly
@@ -159,8 +166,14 @@ def keep_mask(shape: Sequence[int], key: torch.Tensor, counter: torch.Tensor, p:
     return bits >= threshold
 
 
-def dropout_multiplier(shape: Sequence[int], key: torch.Tensor, counter: torch.Tensor, p: float | torch.Tensor,
-                       dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
+def dropout_multiplier(
+    shape: Sequence[int],
+    key: torch.Tensor,
+    counter: torch.Tensor,
+    p: float | torch.Tensor,
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
     """What a dropout layer multiplies its input by: 1 / (1 - p) where `keep_mask` keeps, 0 where
     it drops, in `dtype` ([*shape], or [B, *shape] for per-slot `key` / `counter` and `p`).
 

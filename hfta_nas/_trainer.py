@@ -27,8 +27,8 @@ from torch.nn import functional as F
 
 from hfta_nas._array import ModelArray
 from hfta_nas._objectives import Objective, as_objective, higher_is_better
-from hfta_nas.data import Augmentation, Dataset, EpochOrder, SlotAugmenter, SlotSplits, gather
 from hfta_nas._time_account import NoAccount, TimeAccount
+from hfta_nas.data import Augmentation, Dataset, EpochOrder, SlotAugmenter, SlotSplits, gather
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import ArrayOptimizer, LRSchedule, SlotGradScaler
 
@@ -78,8 +78,9 @@ class EarlyStopping:
 
     def update(self, result: SlotResult, value: float) -> bool:
         """Record this epoch's value in `result`; True when the slot should stop."""
-        better = result.best is None or (value > result.best + self.min_delta if self.maximize
-                                          else value < result.best - self.min_delta)
+        better = result.best is None or (
+            value > result.best + self.min_delta if self.maximize else value < result.best - self.min_delta
+        )
         if better:
             result.best, result.since_best = value, 0
         else:
@@ -116,9 +117,14 @@ class TrainingSettings:
 
     def trainer_kwargs(self) -> dict[str, Any]:
         """These settings as `ArrayTrainer` keyword arguments."""
-        return {"batch_size": self.batch_size, "accumulate": self.accumulate, "early_stopping": self.early_stopping,
-                "loss_fn": self.loss if self.loss is not None else F.cross_entropy,
-                "augmentation": self.augmentation, "precision": self.precision}
+        return {
+            "batch_size": self.batch_size,
+            "accumulate": self.accumulate,
+            "early_stopping": self.early_stopping,
+            "loss_fn": self.loss if self.loss is not None else F.cross_entropy,
+            "augmentation": self.augmentation,
+            "precision": self.precision,
+        }
 
 
 class ArrayTrainer:
@@ -197,9 +203,11 @@ class ArrayTrainer:
         self.objective = as_objective(loss_fn)
         self.shared_order = shared_order_seed is not None
         self.order = EpochOrder(
-            splits.train.shape[1] if splits is not None else len(data.y_train), batch_size,
+            splits.train.shape[1] if splits is not None else len(data.y_train),
+            batch_size,
             None if self.shared_order else list(data_seeds),
-            shared_seed=shared_order_seed, device=data.x_train.device,
+            shared_seed=shared_order_seed,
+            device=data.x_train.device,
         )
         self.augmenter = None
         if augmentation is not None and augmentation.active:
@@ -216,9 +224,13 @@ class ArrayTrainer:
         self.origins = list(range(len(self.slot_ids)))
 
     # ---------------------------------------------------------------- the loop
-    def fit(self, epochs: int, on_epoch: Callable[[EpochReport, "ArrayTrainer"], Any] | None = None,
-            checkpoint: Callable[["ArrayTrainer"], Any] | None = None,
-            account: TimeAccount | NoAccount | None = None) -> dict[Any, SlotResult]:
+    def fit(
+        self,
+        epochs: int,
+        on_epoch: Callable[[EpochReport, ArrayTrainer], Any] | None = None,
+        checkpoint: Callable[[ArrayTrainer], Any] | None = None,
+        account: TimeAccount | NoAccount | None = None,
+    ) -> dict[Any, SlotResult]:
         """Train every slot for `epochs` epochs of its own.
 
         After each epoch, `on_epoch(report, trainer)` may stop slots
@@ -376,8 +388,10 @@ class ArrayTrainer:
                 failed[sid] = reason
             elif self.early_stopping is not None and self._stalled(result, row):
                 result.status = "completed"
-                result.reason = (f"early stopped: {self.early_stopping.metric} did not improve for "
-                                 f"{self.early_stopping.patience} epochs")
+                result.reason = (
+                    f"early stopped: {self.early_stopping.metric} did not improve for "
+                    f"{self.early_stopping.patience} epochs"
+                )
         return EpochReport(self.epoch, per_slot, failed, seconds)
 
     def _autocast(self) -> Any:
@@ -390,8 +404,10 @@ class ArrayTrainer:
     def _stalled(self, result: SlotResult, row: dict[str, float]) -> bool:
         stopping = self.early_stopping
         if stopping.metric not in row:
-            raise HftaNasError(f"early stopping watches '{stopping.metric}', which is not measured; measured: "
-                               f"{', '.join(k for k in row if k not in ('epoch', 'lr'))}.")
+            raise HftaNasError(
+                f"early stopping watches '{stopping.metric}', which is not measured; measured: "
+                f"{', '.join(k for k in row if k not in ('epoch', 'lr'))}."
+            )
         return stopping.update(result, row[stopping.metric])
 
     def _fail(self, position: int, reason: str) -> None:
@@ -468,7 +484,9 @@ class ArrayTrainer:
         array they came from, refills, drops), results, weights, buffers, dropout counters,
         optimizer and schedule state and where each data order stands."""
         state: dict[str, Any] = {
-            "epoch": self.epoch, "initial_ids": list(self.initial_ids), "slot_ids": list(self.slot_ids),
+            "epoch": self.epoch,
+            "initial_ids": list(self.initial_ids),
+            "slot_ids": list(self.slot_ids),
             "origins": list(self.origins),
             "results": {sid: dataclasses.asdict(r) for sid, r in self.results.items()},  # copies the history
         }
@@ -481,15 +499,17 @@ class ArrayTrainer:
             state["scaler"] = self.scaler.state_dict() if self.scaler is not None else None
         return state
 
-    def restore(self, state: dict[str, Any],
-                build: Callable[[Any], tuple[nn.Module, dict[str, Any]]] | None = None) -> None:
+    def restore(
+        self, state: dict[str, Any], build: Callable[[Any], tuple[nn.Module, dict[str, Any]]] | None = None
+    ) -> None:
         """Continue from `state_dict()` of a trainer built like this one (same initial slots, not
         yet trained): slots refilled since are refilled again with `build(slot_id)` -> (model,
         `replace` keyword arguments), slots that ended are dropped, then every number is put back,
         so the next epochs are bit-identical to those of the trainer that saved it."""
         if self.epoch != 0 or state["initial_ids"] != self.initial_ids:
-            raise HftaNasError(f"the checkpoint is of another array (slots {state['initial_ids']}, "
-                               f"this one {self.initial_ids}).")
+            raise HftaNasError(
+                f"the checkpoint is of another array (slots {state['initial_ids']}, this one {self.initial_ids})."
+            )
         for sid, origin in zip(state["slot_ids"], state["origins"]):
             if sid != self.initial_ids[origin]:
                 if build is None:
@@ -500,7 +520,9 @@ class ArrayTrainer:
         if ended:
             self.stop(ended, reason="ended before the checkpoint")
         if self.slot_ids != state["slot_ids"]:
-            raise HftaNasError(f"the checkpoint's slots {state['slot_ids']} could not be rebuilt (got {self.slot_ids}).")
+            raise HftaNasError(
+                f"the checkpoint's slots {state['slot_ids']} could not be rebuilt (got {self.slot_ids})."
+            )
         if self.slot_ids:
             self.array.load_numeric_state(state["array"])
             self.optimizer.load_state_dict(state["optimizer"])

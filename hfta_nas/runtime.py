@@ -10,10 +10,9 @@ from hfta_nas._console import command_console, plural
 from hfta_nas._files import atomic_write_bytes, atomic_write_text, save_weights
 from hfta_nas._oom import train_in_halves
 from hfta_nas._progress import EpochProgress
-from hfta_nas._run import DTYPES
+from hfta_nas._run import DTYPES, set_up_command_process
 from hfta_nas._run import _checked_device as checked_device
 from hfta_nas._run import _checked_out_dir as checked_out_dir
-from hfta_nas._run import set_up_command_process
 
 __all__ = [
     "DTYPES",

@@ -29,9 +29,16 @@ from search_spaces._schema import (
     LogUniform,
     Uniform,
 )
+from search_spaces._search import (
+    architecture_params,
+    candidate_builder,
+    open_space_study,
+    plan_search,
+    run_search,
+    sampler_seed,
+    study_name_of,
+)
 from search_spaces._sources import check_sources
-from search_spaces._search import (architecture_params, candidate_builder, open_space_study, plan_search, run_search,
-                                   sampler_seed, study_name_of)
 from search_spaces._space import SearchSpace, load_space, parse_space
 
 SHIPPED_SPACES: dict[str, Path] = {path.stem: path for path in sorted(Path(__file__).parent.glob("*.yaml"))}

@@ -14,10 +14,10 @@ import difflib
 import inspect
 import json
 import re
-from pathlib import Path
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -30,7 +30,6 @@ from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS, LRSchedule
 from search_spaces import _optuna
 from search_spaces._errors import Problem, SpaceError
 from search_spaces._schema import (
-    default_direction,
     DISTRIBUTIONS,
     FOREIGN_DISTRIBUTIONS,
     Categorical,
@@ -47,6 +46,7 @@ from search_spaces._schema import (
     SpaceFile,
     Uniform,
     UnitFactor,
+    default_direction,
     describe_error,
     short,
     unknown_key_message,
@@ -56,8 +56,11 @@ from search_spaces._yaml import Loc, Where
 
 # Shapes of the built-in datasets, so a family config can be checked (layer
 # sizes fit the input) without generating the data.
-BUILTIN_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {"mnist1d": ((1, 40), 10), "digits": ((1, 8, 8), 10),
-                                                          "diabetes": ((10,), 1)}
+BUILTIN_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
+    "mnist1d": ((1, 40), 10),
+    "digits": ((1, 8, 8), 10),
+    "diabetes": ((10,), 1),
+}
 GRID_LIMIT = 10_000
 _PRIMITIVE = (type(None), bool, int, float, str)
 _IDENTIFIER_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
@@ -134,10 +137,12 @@ def _hparam_checker(name: str, optimizer_names: Iterable[str]) -> Checker:
     if name in ("beta1", "beta2"):
         return _BETA
     if name == "betas":
+
         def betas(value: Any) -> str | None:
             if not isinstance(value, (list, tuple)) or len(value) != 2:
                 return f"expected a pair [beta1, beta2], got {short(value)}"
             return _BETAS(list(value))
+
         return betas
     return _NON_NEGATIVE
 
@@ -182,11 +187,15 @@ class _Run:
 
 def _top_level(data: Any, where: Where) -> dict[str, Any]:
     if data is None:
-        raise where.error((), "the file is empty; expected a mapping of sections such as 'params:' "
-                              "(see search_spaces/README.md)")
+        raise where.error(
+            (), "the file is empty; expected a mapping of sections such as 'params:' (see search_spaces/README.md)"
+        )
     if not isinstance(data, dict):
-        raise where.error((), f"expected a mapping of sections (study, sampler, ..., params) at the top level, "
-                              f"got {type(data).__name__} {short(data)}")
+        raise where.error(
+            (),
+            f"expected a mapping of sections (study, sampler, ..., params) at the top level, "
+            f"got {type(data).__name__} {short(data)}",
+        )
     bad = [k for k in data if not isinstance(k, str)]
     if bad:
         raise where.error((), f"section names must be strings, got {short(bad[0])} ({type(bad[0]).__name__})")
@@ -235,7 +244,11 @@ def space_loss_kind(file: SpaceFile) -> str:
 def measured_metrics(file: SpaceFile) -> list[str]:
     """The metrics training records for this space, every split (without importing a user loss)."""
     kind = space_loss_kind(file)
-    return [name for split in ("train", "val", "test") for name in trained_metric_names(kind, list(file.training.metrics), split)]
+    return [
+        name
+        for split in ("train", "val", "test")
+        for name in trained_metric_names(kind, list(file.training.metrics), split)
+    ]
 
 
 def _check_loss(run: _Run, file: SpaceFile) -> None:
@@ -244,15 +257,22 @@ def _check_loss(run: _Run, file: SpaceFile) -> None:
         if loss.name not in LOSSES and not (":" in loss.name and _IDENTIFIER_PATH.match(loss.name.rpartition(":")[2])):
             close = difflib.get_close_matches(loss.name, LOSSES, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            run.add(("training", "loss", "name"), f"unknown loss {short(loss.name)}{hint}; expected one of "
-                                                  f"{', '.join(LOSSES)}, or 'module:function'")
+            run.add(
+                ("training", "loss", "name"),
+                f"unknown loss {short(loss.name)}{hint}; expected one of {', '.join(LOSSES)}, or 'module:function'",
+            )
         if kind == "regression" and (loss.label_smoothing or loss.class_weights):
-            run.add(("training", "loss"), "label_smoothing and class_weights are options of a classification "
-                                          f"loss (cross_entropy), not of '{loss.name}'")
+            run.add(
+                ("training", "loss"),
+                "label_smoothing and class_weights are options of a classification "
+                f"loss (cross_entropy), not of '{loss.name}'",
+            )
     for name, function in file.training.metrics.items():
         if not _IDENTIFIER.match(str(name)):
-            run.add(("training", "metrics", name), f"a metric name must be an identifier (it becomes val_{name}, "
-                                                   f"...), got {short(name)}")
+            run.add(
+                ("training", "metrics", name),
+                f"a metric name must be an identifier (it becomes val_{name}, ...), got {short(name)}",
+            )
         elif ":" not in function or not _IDENTIFIER_PATH.match(function.rpartition(":")[2]):
             run.add(("training", "metrics", name), f"expected 'module:function', got {short(function)}")
     stopping = file.training.early_stopping
@@ -280,14 +300,19 @@ def _check_study(run: _Run, file: SpaceFile) -> SpaceFile:
     directions = study.directions
     if directions is None:
         if len(metrics) > 1:
-            run.add(("study",), f"missing key 'directions': with {len(metrics)} metrics {metrics} give one direction "
-                                "per metric, e.g. directions: [maximize, minimize]")
+            run.add(
+                ("study",),
+                f"missing key 'directions': with {len(metrics)} metrics {metrics} give one direction "
+                "per metric, e.g. directions: [maximize, minimize]",
+            )
             directions = [default_direction(m) for m in metrics]
         else:
             directions = [default_direction(metrics[0])]
     elif len(directions) != len(metrics):
-        run.add(("study", "directions"), f"expected {len(metrics)} direction(s), one per metric {metrics}, "
-                                         f"got {len(directions)}: {directions}")
+        run.add(
+            ("study", "directions"),
+            f"expected {len(metrics)} direction(s), one per metric {metrics}, got {len(directions)}: {directions}",
+        )
     return file.model_copy(update={"study": study.model_copy(update={"directions": list(directions)})})
 
 
@@ -295,8 +320,11 @@ def _check_study(run: _Run, file: SpaceFile) -> SpaceFile:
 def _check_model(run: _Run, file: SpaceFile) -> None:
     model = file.model
     if model.family is None and model.factory is None:
-        run.add(("model",), f"give exactly one of 'family' (one of {', '.join(FAMILIES)}) or 'factory' "
-                            "('module:function' or 'path/to/file.py:function')")
+        run.add(
+            ("model",),
+            f"give exactly one of 'family' (one of {', '.join(FAMILIES)}) or 'factory' "
+            "('module:function' or 'path/to/file.py:function')",
+        )
         return
     if model.family is not None and model.factory is not None:
         run.add(("model",), "give exactly one of 'family' or 'factory', not both")
@@ -304,13 +332,19 @@ def _check_model(run: _Run, file: SpaceFile) -> None:
     if model.family is not None and model.family not in FAMILIES:
         close = difflib.get_close_matches(model.family, FAMILIES, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        run.add(("model", "family"), f"unknown model family '{model.family}'{hint}; expected one of "
-                                     f"{', '.join(FAMILIES)}, or use 'factory' for your own model")
+        run.add(
+            ("model", "family"),
+            f"unknown model family '{model.family}'{hint}; expected one of "
+            f"{', '.join(FAMILIES)}, or use 'factory' for your own model",
+        )
     if model.factory is not None:
         module, _, attribute = model.factory.strip().rpartition(":")
         if not module.strip() or not _IDENTIFIER_PATH.match(attribute):
-            run.add(("model", "factory"), f"expected 'module:function' (e.g. 'my_models:build_net') or "
-                                          f"'path/to/file.py:function', got {short(model.factory)}")
+            run.add(
+                ("model", "factory"),
+                f"expected 'module:function' (e.g. 'my_models:build_net') or "
+                f"'path/to/file.py:function', got {short(model.factory)}",
+            )
 
 
 def _family(file: SpaceFile) -> str | None:
@@ -329,8 +363,10 @@ def dataset_problem(name: str) -> str | None:
         return None
     close = difflib.get_close_matches(text.lower(), DATASETS, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return (f"unknown dataset {short(name)}{hint}; expected one of the built-in datasets {', '.join(DATASETS)}, "
-            "a path to a .npz or .csv file, a folder of .npy files, or 'module:function'")
+    return (
+        f"unknown dataset {short(name)}{hint}; expected one of the built-in datasets {', '.join(DATASETS)}, "
+        "a path to a .npz or .csv file, a folder of .npy files, or 'module:function'"
+    )
 
 
 def _is_mnist1d(file: SpaceFile) -> bool:
@@ -343,8 +379,10 @@ def _check_data(run: _Run, file: SpaceFile) -> None:
     if problem:
         run.add(("data", "dataset"), problem)
     if data.num_samples is not None and not _is_mnist1d(file):
-        run.add(("data", "num_samples"), f"num_samples only applies to the generated 'mnist1d' dataset, "
-                                         f"not {data.dataset!r}; remove it")
+        run.add(
+            ("data", "num_samples"),
+            f"num_samples only applies to the generated 'mnist1d' dataset, not {data.dataset!r}; remove it",
+        )
 
 
 # ---------------------------------------------------------------------- params
@@ -364,8 +402,11 @@ def _parse_params(run: _Run, file: SpaceFile) -> dict[str, Param]:
                 else:
                     close = difflib.get_close_matches(str(name), names, n=1)
                     hint = f" (did you mean '{close[0]}'?)" if close else ""
-                run.add((*loc, "distribution"), f"unknown distribution {short(name)}{hint}; expected one of "
-                                                f"{', '.join(names)}, or a plain value to fix the parameter")
+                run.add(
+                    (*loc, "distribution"),
+                    f"unknown distribution {short(name)}{hint}; expected one of "
+                    f"{', '.join(names)}, or a plain value to fix the parameter",
+                )
                 continue
             cls = DISTRIBUTIONS[name]
             try:
@@ -379,8 +420,11 @@ def _parse_params(run: _Run, file: SpaceFile) -> dict[str, Param]:
             except ValidationError as error:
                 run.problems.extend(validation_problems(run.where, error, Categorical, prefix=loc))
         elif isinstance(raw, dict) and raw and _DISTRIBUTION_KEYS & set(raw):
-            run.add(loc, f"missing key 'distribution' (one of {', '.join(DISTRIBUTIONS)}); a mapping with "
-                         f"{', '.join(sorted(str(k) for k in raw))} looks like a distribution")
+            run.add(
+                loc,
+                f"missing key 'distribution' (one of {', '.join(DISTRIBUTIONS)}); a mapping with "
+                f"{', '.join(sorted(str(k) for k in raw))} looks like a distribution",
+            )
         else:
             params[path] = Fixed(value=raw)
     return params
@@ -445,8 +489,10 @@ def _check_training(run: _Run, context: _Context) -> None:
     if problem and "training.optimizer.name" not in context.params:
         close = difflib.get_close_matches(str(optimizer.name), list(OPTIMIZERS), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        run.add(("training", "optimizer", "name"), f"unknown optimizer {short(optimizer.name)}{hint}; expected one "
-                                                   f"of {', '.join(OPTIMIZERS)}")
+        run.add(
+            ("training", "optimizer", "name"),
+            f"unknown optimizer {short(optimizer.name)}{hint}; expected one of {', '.join(OPTIMIZERS)}",
+        )
     names = context.optimizer_names
     for key, value in optimizer.hparams.items():
         loc = ("training", "optimizer", key)
@@ -471,13 +517,18 @@ def _check_training(run: _Run, context: _Context) -> None:
         if schedule.kind is not None and (problem := _SCHEDULE_LEAVES["kind"](schedule.kind)) is not None:
             close = difflib.get_close_matches(str(schedule.kind), SCHEDULE_KINDS, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            run.add(("training", "schedule", "kind"), f"unknown schedule kind {short(schedule.kind)}{hint}; "
-                                                      f"expected one of {', '.join(SCHEDULE_KINDS)}")
+            run.add(
+                ("training", "schedule", "kind"),
+                f"unknown schedule kind {short(schedule.kind)}{hint}; expected one of {', '.join(SCHEDULE_KINDS)}",
+            )
     if (schedule is not None or schedule_params) and "training.schedule.kind" not in context.params:
         if schedule is None or schedule.kind is None:
             loc = ("training", "schedule") if schedule is not None else ("params", schedule_params[0])
-            run.add(loc, f"a schedule needs 'kind' (one of {', '.join(SCHEDULE_KINDS)}); "
-                         "set training.schedule.kind or search it in params")
+            run.add(
+                loc,
+                f"a schedule needs 'kind' (one of {', '.join(SCHEDULE_KINDS)}); "
+                "set training.schedule.kind or search it in params",
+            )
 
 
 def _optimizer_arg_problem(key: str, names: list[str]) -> str | None:
@@ -526,12 +577,18 @@ def _leaf(context: _Context, path: str) -> Checker | str:
     parts = path.split(".")
     root = parts[0]
     if root in ("study", "sampler", "pruner", "budget", "array", "seed"):
-        return (f"'{root}' settings cannot be params: only settings of one candidate (data.*, training.*, "
-                f"model.config.*) can be searched or fixed there; set it in the '{root}' section")
-    if len(parts) == 1 or (root in ("training", "model") and parts[1] in ("optimizer", "schedule", "config") and len(parts) == 2):
+        return (
+            f"'{root}' settings cannot be params: only settings of one candidate (data.*, training.*, "
+            f"model.config.*) can be searched or fixed there; set it in the '{root}' section"
+        )
+    if len(parts) == 1 or (
+        root in ("training", "model") and parts[1] in ("optimizer", "schedule", "config") and len(parts) == 2
+    ):
         inside = [p for p in _suggestions(context) if p.startswith(path + ".")] or _suggestions(context)
-        return (f"'{path}' is a section, not one setting; params keys are dotted paths to one setting, "
-                f"such as {', '.join(inside[:4])}")
+        return (
+            f"'{path}' is a section, not one setting; params keys are dotted paths to one setting, "
+            f"such as {', '.join(inside[:4])}"
+        )
     if root == "data" and len(parts) == 2:
         if parts[1] == "dataset":
             return "the dataset cannot be a param: candidates of one study must be compared on the same data"
@@ -551,7 +608,9 @@ def _leaf(context: _Context, path: str) -> Checker | str:
             return _SCHEDULE_LEAVES[parts[2]]
     if root == "model":
         if parts[1] in ("family", "factory") and len(parts) == 2:
-            return "the model family or factory cannot be a param (configs differ per family); write one space per family"
+            return (
+                "the model family or factory cannot be a param (configs differ per family); write one space per family"
+            )
         if parts[1] == "config" and len(parts) == 3:
             family = context.family
             if family is None:
@@ -573,8 +632,13 @@ def _leaf(context: _Context, path: str) -> Checker | str:
 
 
 def _suggestions(context: _Context) -> list[str]:
-    paths = [f"data.{k}" for k in _DATA_LEAVES] + ["training.epochs", "training.clip_norm", "training.clip_value",
-                                                    "training.accumulate", "training.optimizer.name"]
+    paths = [f"data.{k}" for k in _DATA_LEAVES] + [
+        "training.epochs",
+        "training.clip_norm",
+        "training.clip_value",
+        "training.accumulate",
+        "training.optimizer.name",
+    ]
     for name in context.optimizer_names or ["adam"]:
         paths += [f"training.optimizer.{k}" for k in optimizer_args(name) if f"training.optimizer.{k}" not in paths]
     paths += [f"training.schedule.{k}" for k in _SCHEDULE_LEAVES]
@@ -599,16 +663,27 @@ def _distribution_problems(param: Param) -> list[tuple[str | None, str]]:
     out: list[tuple[str | None, str]] = []
     if isinstance(param, (Uniform, LogUniform)):
         if not param.min < param.max:
-            out.append((None, f"'min' must be < 'max' (got min={param.min}, max={param.max}); "
-                              "to fix a parameter write its value instead of a distribution"))
+            out.append(
+                (
+                    None,
+                    f"'min' must be < 'max' (got min={param.min}, max={param.max}); "
+                    "to fix a parameter write its value instead of a distribution",
+                )
+            )
         if isinstance(param, LogUniform) and param.min <= 0:
-            out.append(("min", f"log_uniform needs 'min' > 0 (got min={param.min}); use uniform for ranges "
-                               "that include 0"))
+            out.append(
+                ("min", f"log_uniform needs 'min' > 0 (got min={param.min}); use uniform for ranges that include 0")
+            )
         if isinstance(param, Uniform) and param.step is not None and param.min < param.max:
             if not _divides(param.min, param.max, param.step):
-                out.append(("step", f"step {param.step} does not divide max - min = {param.max} - {param.min}; "
-                                    "Optuna would silently lower 'max' to the last multiple, so make "
-                                    "max - min a multiple of step"))
+                out.append(
+                    (
+                        "step",
+                        f"step {param.step} does not divide max - min = {param.max} - {param.min}; "
+                        "Optuna would silently lower 'max' to the last multiple, so make "
+                        "max - min a multiple of step",
+                    )
+                )
     elif isinstance(param, (IntUniform, IntLogUniform)):
         if not param.min <= param.max:
             out.append((None, f"'min' must be <= 'max' (got min={param.min}, max={param.max})"))
@@ -616,22 +691,37 @@ def _distribution_problems(param: Param) -> list[tuple[str | None, str]]:
             out.append(("min", f"int_log_uniform needs 'min' >= 1 (got min={param.min})"))
         if isinstance(param, IntUniform) and param.min <= param.max and (param.max - param.min) % param.step:
             last = param.max - (param.max - param.min) % param.step
-            out.append(("step", f"step {param.step} does not reach max: from min={param.min} the values are "
-                                f"{param.min}, {param.min + param.step}, ..., {last}; Optuna would silently use "
-                                f"max={last}, so set max to {last} or {last + param.step}"))
+            out.append(
+                (
+                    "step",
+                    f"step {param.step} does not reach max: from min={param.min} the values are "
+                    f"{param.min}, {param.min + param.step}, ..., {last}; Optuna would silently use "
+                    f"max={last}, so set max to {last} or {last + param.step}",
+                )
+            )
     elif isinstance(param, Categorical):
         for i, value in enumerate(param.values):
             if not json_able(value):
-                out.append((f"values[{i}]", f"choices must be numbers, strings, booleans, null, or lists / "
-                                            f"mappings of those, got {short(value)} ({type(value).__name__})"))
+                out.append(
+                    (
+                        f"values[{i}]",
+                        f"choices must be numbers, strings, booleans, null, or lists / "
+                        f"mappings of those, got {short(value)} ({type(value).__name__})",
+                    )
+                )
         if not out:
             seen: dict[Any, int] = {}
             for i, value in enumerate(param.values):
                 encoded = encode_choice(value)
                 if encoded in seen:
-                    out.append((f"values[{i}]", f"choice {short(value)} repeats choice {seen[encoded]} "
-                                                f"({short(param.values[seen[encoded]])}); Optuna cannot tell them "
-                                                "apart (note 1, 1.0 and true are equal), list each choice once"))
+                    out.append(
+                        (
+                            f"values[{i}]",
+                            f"choice {short(value)} repeats choice {seen[encoded]} "
+                            f"({short(param.values[seen[encoded]])}); Optuna cannot tell them "
+                            "apart (note 1, 1.0 and true are equal), list each choice once",
+                        )
+                    )
                     break
                 seen[encoded] = i
     return out
@@ -671,7 +761,11 @@ def _check_param(run: _Run, context: _Context, path: str, param: Param) -> None:
             else:
                 run.add(loc, message)
             return
-    if path == "data.num_samples" and not _is_mnist1d(context.file) and not (isinstance(param, Fixed) and param.value is None):
+    if (
+        path == "data.num_samples"
+        and not _is_mnist1d(context.file)
+        and not (isinstance(param, Fixed) and param.value is None)
+    ):
         run.add(loc, f"num_samples only applies to the generated 'mnist1d' dataset, not {context.file.data.dataset!r}")
 
 
@@ -705,8 +799,11 @@ def _check_fractions(run: _Run, context: _Context) -> None:
         return
     searched = [p for p in paths if p in context.params]
     loc = ("params", searched[0]) if searched else ("data",)
-    run.add(loc, f"val_fraction + test_fraction must be < 1 to leave training data, but they can reach "
-                 f"{largest[0]} + {largest[1]}")
+    run.add(
+        loc,
+        f"val_fraction + test_fraction must be < 1 to leave training data, but they can reach "
+        f"{largest[0]} + {largest[1]}",
+    )
 
 
 def _check_metric_splits(run: _Run, context: _Context) -> None:
@@ -721,8 +818,11 @@ def _check_metric_splits(run: _Run, context: _Context) -> None:
         smallest = getattr(data, f"{split}_fraction") if param is None else _smallest(param)
         if smallest == 0:
             loc = ("params", path) if param is not None else ("data", f"{split}_fraction")
-            run.add(loc, f"the study's metric '{metric}' needs {'validation' if split == 'val' else 'test'} data, "
-                         f"but {split}_fraction can be 0; give it a fraction > 0 or choose another metric")
+            run.add(
+                loc,
+                f"the study's metric '{metric}' needs {'validation' if split == 'val' else 'test'} data, "
+                f"but {split}_fraction can be 0; give it a fraction > 0 or choose another metric",
+            )
 
 
 # ---------------------------------------------------------- sampler and pruner
@@ -746,8 +846,10 @@ def grid_values(param: Param) -> list[Any] | str:
             return f"has {count} grid values (more than {GRID_LIMIT}); use a larger 'step' or categorical"
         return [float(_decimal(param.min) + i * _decimal(param.step)) for i in range(count)]
     name = param.distribution if not isinstance(param, Fixed) else "fixed"
-    return (f"the grid sampler needs a finite set of values, but {name} is continuous; use categorical "
-            "(values: [...]), int_uniform, or uniform with 'step'")
+    return (
+        f"the grid sampler needs a finite set of values, but {name} is continuous; use categorical "
+        "(values: [...]), int_uniform, or uniform with 'step'"
+    )
 
 
 def grid_space(params: dict[str, Param]) -> dict[str, Any]:
@@ -764,8 +866,11 @@ def _check_sampler_and_pruner(run: _Run, file: SpaceFile, params: dict[str, Para
     for sub, message in kwarg_problems:
         run.add(("sampler", "kwargs", *sub), message)
     if multi and sampler.name in _optuna.SINGLE_OBJECTIVE_SAMPLERS:
-        run.add(("sampler", "name"), f"sampler '{sampler.name}' optimises a single metric, but study.metrics has "
-                                     f"{len(metrics)}; use nsga2, tpe, gp or random")
+        run.add(
+            ("sampler", "name"),
+            f"sampler '{sampler.name}' optimises a single metric, but study.metrics has "
+            f"{len(metrics)}; use nsga2, tpe, gp or random",
+        )
     grid: dict[str, list[Any]] | None = None
     if sampler.name == "grid":
         grid = grid_space(params)
@@ -780,8 +885,11 @@ def _check_sampler_and_pruner(run: _Run, file: SpaceFile, params: dict[str, Para
 
     name = pruner.name or ("none" if multi else "median")
     if multi and name != "none":
-        run.add(("pruner", "name"), f"pruner '{name}' cannot be used with {len(metrics)} metrics: Optuna prunes "
-                                    "single-objective studies only; use pruner: none")
+        run.add(
+            ("pruner", "name"),
+            f"pruner '{name}' cannot be used with {len(metrics)} metrics: Optuna prunes "
+            "single-objective studies only; use pruner: none",
+        )
     cls = _optuna.PRUNER_CLASSES[name]
     kwarg_problems = _optuna.check_kwargs("pruner", name, cls, pruner.kwargs)
     for sub, message in kwarg_problems:

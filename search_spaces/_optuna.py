@@ -14,13 +14,14 @@ import inspect
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import optuna
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from search_spaces._schema import describe_error
+
 
 class AskTellGridSampler(optuna.samplers.GridSampler):
     """GridSampler that can be used with ask-and-tell.
@@ -68,7 +69,7 @@ RESERVED = {
 _YAML_TYPES = re.compile(r"^(?:int|float|str|bool|None|dict|list|tuple|Any|[\s\[\],|])+$")
 
 
-@lru_cache(maxsize=None)
+@cache
 def settable_args(cls: type) -> dict[str, TypeAdapter | None]:
     """Keyword arguments of `cls` that a YAML value can give, with a type checker (None: unchecked)."""
     args: dict[str, TypeAdapter | None] = {}
@@ -112,10 +113,12 @@ def check_kwargs(kind: str, name: str, cls: type, kwargs: Mapping[str, Any]) -> 
         if key not in allowed:
             close = difflib.get_close_matches(str(key), list(allowed), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            problems.append((
-                (key,),
-                f"{kind} '{name}' ({cls.__name__}) has no argument '{key}'{hint}; valid arguments: {listing}",
-            ))
+            problems.append(
+                (
+                    (key,),
+                    f"{kind} '{name}' ({cls.__name__}) has no argument '{key}'{hint}; valid arguments: {listing}",
+                )
+            )
             continue
         adapter = allowed[key]
         if adapter is not None:

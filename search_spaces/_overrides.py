@@ -34,8 +34,9 @@ def parse_overrides(items: Sequence[str], translate: Callable[[Loc], Loc] | None
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            problems.append(Problem(f"--set {item}", None, "", "expected key=value with a dotted key, "
-                                                                 "e.g. training.epochs=2"))
+            problems.append(
+                Problem(f"--set {item}", None, "", "expected key=value with a dotted key, e.g. training.epochs=2")
+            )
             continue
         head, _, rest = key.partition(".")
         loc: Loc = (head, rest) if head == "params" and rest else tuple(key.split("."))
@@ -65,8 +66,14 @@ def apply_overrides(data: Any, overrides: Sequence[Override]) -> Any:
                 node[part] = {}
             elif not isinstance(node[part], dict):
                 where = ".".join(map(str, override.loc[: depth + 1]))
-                raise SpaceError(Problem(f"--set {override.text}", None, where,
-                                         f"'{where}' is {type(node[part]).__name__} in the file, not a mapping of settings"))
+                raise SpaceError(
+                    Problem(
+                        f"--set {override.text}",
+                        None,
+                        where,
+                        f"'{where}' is {type(node[part]).__name__} in the file, not a mapping of settings",
+                    )
+                )
             node = node[part]
         node[override.loc[-1]] = override.value
     return data

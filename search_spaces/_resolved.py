@@ -28,8 +28,23 @@ from search_spaces._overrides import OverriddenWhere, apply_overrides, parse_ove
 from search_spaces._schema import SpaceFile, short, unknown_key_message
 from search_spaces._yaml import Loc, Where, dump_yaml, parse_yaml
 
-FILE_KEYS = ("model", "model_config", "dataset", "data", "optimizer", "hparams", "schedule", "epochs", "accumulate",
-             "early_stopping", "loss", "metrics", "augment", "precision", "origin")
+FILE_KEYS = (
+    "model",
+    "model_config",
+    "dataset",
+    "data",
+    "optimizer",
+    "hparams",
+    "schedule",
+    "epochs",
+    "accumulate",
+    "early_stopping",
+    "loss",
+    "metrics",
+    "augment",
+    "precision",
+    "origin",
+)
 DATA_KEYS = ("batch_size", "val_fraction", "test_fraction", "split_seed", "num_samples")
 _SCHEDULE_DEFAULTS = {
     name: p.default for name, p in inspect.signature(LRSchedule.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
@@ -210,17 +225,26 @@ def parse_config_overrides(items: Sequence[str]) -> list[Any]:
 
 def read_text(path: str | Path) -> str:
     source = str(path)
-    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():  # reading a pipe would wait forever
-        raise SpaceError(Problem(source, None, "", "is not a regular file (a pipe, device or socket); expected a YAML file"))
+    if (
+        Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir()
+    ):  # reading a pipe would wait forever
+        raise SpaceError(
+            Problem(source, None, "", "is not a regular file (a pipe, device or socket); expected a YAML file")
+        )
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpaceError(Problem(source, None, "", f"file not found (looked for {Path(path).resolve()})"
-                                                   f"{_other_suffix_hint(Path(path))}")) from None
+        raise SpaceError(
+            Problem(
+                source, None, "", f"file not found (looked for {Path(path).resolve()}){_other_suffix_hint(Path(path))}"
+            )
+        ) from None
     except IsADirectoryError:
         raise SpaceError(Problem(source, None, "", "is a directory; expected a YAML file")) from None
     except UnicodeDecodeError as error:
-        raise SpaceError(Problem(source, None, "", f"is not UTF-8 text ({error.reason} at byte {error.start})")) from None
+        raise SpaceError(
+            Problem(source, None, "", f"is not UTF-8 text ({error.reason} at byte {error.start})")
+        ) from None
     except OSError as error:
         raise SpaceError(Problem(source, None, "", f"cannot be read: {error.strerror or error}")) from None
 
@@ -262,8 +286,13 @@ def _to_file_loc(loc: Loc) -> Loc:
     if loc[:1] == ("training",):
         if head in (("training", "epochs"), ("training", "accumulate")):
             return (head[1],)
-        if head in (("training", "early_stopping"), ("training", "loss"), ("training", "metrics"), ("training", "augment"),
-                    ("training", "precision")):
+        if head in (
+            ("training", "early_stopping"),
+            ("training", "loss"),
+            ("training", "metrics"),
+            ("training", "augment"),
+            ("training", "precision"),
+        ):
             return (head[1], *rest)
         if head in (("training", "clip_norm"), ("training", "clip_value")):
             return ("hparams", head[1])
@@ -280,20 +309,30 @@ def _as_space(data: Any, where: Where) -> dict[str, Any]:
     if data is None:
         raise where.error((), f"the file is empty; expected a config with keys {', '.join(FILE_KEYS)}")
     if not isinstance(data, dict):
-        raise where.error((), f"expected a mapping with keys {', '.join(FILE_KEYS)}, got {type(data).__name__} {short(data)}")
+        raise where.error(
+            (), f"expected a mapping with keys {', '.join(FILE_KEYS)}, got {type(data).__name__} {short(data)}"
+        )
     problems = []
     for key in data:
         if key not in FILE_KEYS:
             problems.append(where.problem((str(key),), unknown_key_message(key, list(FILE_KEYS))))
     if "model" not in data:
-        problems.append(where.problem((), "missing required key 'model' (a family such as cnn1d, or 'module:function')"))
+        problems.append(
+            where.problem((), "missing required key 'model' (a family such as cnn1d, or 'module:function')")
+        )
     for key in ("model_config", "data", "hparams", "origin"):
         if data.get(key) is not None and not isinstance(data[key], dict):
-            problems.append(where.problem((key,), f"expected a mapping, got {short(data[key])} ({type(data[key]).__name__})"))
+            problems.append(
+                where.problem((key,), f"expected a mapping, got {short(data[key])} ({type(data[key]).__name__})")
+            )
     if data.get("schedule") is not None and not isinstance(data["schedule"], dict):
-        problems.append(where.problem(("schedule",), f"expected a mapping with 'kind' or null, got {short(data['schedule'])}"))
+        problems.append(
+            where.problem(("schedule",), f"expected a mapping with 'kind' or null, got {short(data['schedule'])}")
+        )
     if isinstance(data.get("data"), dict) and "dataset" in data["data"]:
-        problems.append(where.problem(("data", "dataset"), "the dataset is the top-level key 'dataset', not data.dataset"))
+        problems.append(
+            where.problem(("data", "dataset"), "the dataset is the top-level key 'dataset', not data.dataset")
+        )
     if problems:
         raise SpaceError(problems)
     model = data["model"]
@@ -340,7 +379,8 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
             "optimizer": {"name": training.optimizer.name, **copy.deepcopy(training.optimizer.hparams)},
             "schedule": (
                 {"kind": training.schedule.kind, **copy.deepcopy(training.schedule.args)}
-                if training.schedule is not None else None
+                if training.schedule is not None
+                else None
             ),
             "clip_norm": training.clip_norm,
             "clip_value": training.clip_value,
@@ -373,8 +413,12 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
             hparams[key] = tree["training"][key]
     schedule = tree["training"]["schedule"]
     if schedule is not None:
-        schedule = {"kind": schedule["kind"], **_SCHEDULE_DEFAULTS, "t_max": epochs,
-                    **{k: v for k, v in schedule.items() if k != "kind"}}
+        schedule = {
+            "kind": schedule["kind"],
+            **_SCHEDULE_DEFAULTS,
+            "t_max": epochs,
+            **{k: v for k, v in schedule.items() if k != "kind"},
+        }
     data = {k: tree["data"][k] for k in DATA_KEYS}
     return ResolvedConfig(
         model=factory if factory is not None else family,
@@ -392,4 +436,3 @@ def build(file: SpaceFile, values: Mapping[str, Any]) -> ResolvedConfig:
         augment=tree["training"]["augment"],
         precision=tree["training"]["precision"],
     )
-

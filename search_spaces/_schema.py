@@ -26,8 +26,25 @@ UnitFactor = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
-Metric = Literal["val_acc", "val_loss", "test_acc", "test_loss", "train_loss", "train_acc", "params", "latency_ms",
-                 "val_rmse", "val_mae", "val_r2", "test_rmse", "test_mae", "test_r2", "train_rmse", "train_mae", "train_r2"]
+Metric = Literal[
+    "val_acc",
+    "val_loss",
+    "test_acc",
+    "test_loss",
+    "train_loss",
+    "train_acc",
+    "params",
+    "latency_ms",
+    "val_rmse",
+    "val_mae",
+    "val_r2",
+    "test_rmse",
+    "test_mae",
+    "test_r2",
+    "train_rmse",
+    "train_mae",
+    "train_r2",
+]
 Direction = Literal["minimize", "maximize"]
 SamplerName = Literal["tpe", "random", "cmaes", "gp", "grid", "nsga2"]
 PrunerName = Literal["none", "median", "successive_halving", "hyperband"]
@@ -35,6 +52,8 @@ PrunerName = Literal["none", "median", "successive_halving", "hyperband"]
 METRICS: tuple[str, ...] = get_args(Metric)
 SAMPLERS: tuple[str, ...] = get_args(SamplerName)
 PRUNERS: tuple[str, ...] = get_args(PrunerName)
+
+
 def default_direction(metric: str) -> str:
     """Accuracy and R^2 are maximised; losses, errors, sizes and latencies minimised."""
     return "maximize" if higher_is_better(metric) else "minimize"
@@ -222,7 +241,9 @@ class TrainingSpec(_Strict):
     loss: LossSpec | None = None
     metrics: dict[str, str] = {}
     augment: AugmentSpec | None = None
-    precision: Literal["float32", "bf16", "fp16"] = "float32"  # bf16 / fp16: autocast (fp16 with per-slot loss scaling)  # user metrics: name -> 'module:function' (per-sample values), as <split>_<name>
+    precision: Literal["float32", "bf16", "fp16"] = (
+        "float32"  # bf16 / fp16: autocast (fp16 with per-slot loss scaling)  # user metrics: name -> 'module:function' (per-sample values), as <split>_<name>
+    )
 
 
 class ModelSpec(_Strict):
@@ -324,7 +345,15 @@ FOREIGN_DISTRIBUTIONS = {
     "constant": "a plain value (a fixed parameter)",
     "fixed": "a plain value (a fixed parameter)",
 }
-FOREIGN_KEYS = {"low": "min", "high": "max", "lower": "min", "upper": "max", "choices": "values", "q": "step", "log": None}
+FOREIGN_KEYS = {
+    "low": "min",
+    "high": "max",
+    "lower": "min",
+    "upper": "max",
+    "choices": "values",
+    "q": "step",
+    "log": None,
+}
 
 
 # --------------------------------------------------------- error descriptions
@@ -340,7 +369,14 @@ def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str] | None:
         info = current.model_fields.get(str(part))
         if info is None:
             return None
-        current = next((a for a in (info.annotation, *get_args(info.annotation)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        current = next(
+            (
+                a
+                for a in (info.annotation, *get_args(info.annotation))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            ),
+            None,
+        )
     if not (isinstance(current, type) and issubclass(current, BaseModel)):
         return None
     if current is OptimizerSpec:

@@ -46,7 +46,9 @@ from search_spaces._space import SearchSpace
 _PER_SLOT_OPTIMIZER = ("name", "amsgrad", "maximize", "nesterov", "centered")
 
 
-def candidate_builder(space: SearchSpace, *, device: str = "cpu", dtype: str = "float32") -> Callable[[optuna.Trial], Candidate]:
+def candidate_builder(
+    space: SearchSpace, *, device: str = "cpu", dtype: str = "float32"
+) -> Callable[[optuna.Trial], Candidate]:
     """`build(trial)` for `hfta_nas.optimize`: the space's suggests, resolved to a Candidate
     (datasets are loaded once per distinct data section)."""
     datasets: dict[str, Dataset] = {}
@@ -59,21 +61,47 @@ def candidate_builder(space: SearchSpace, *, device: str = "cpu", dtype: str = "
         if key not in datasets:
             datasets[key] = load_dataset(config.dataset, **kwargs, device=device, dtype=torch_dtype)
         data = datasets[key]
-        factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape,
-                                num_classes=data.num_classes)
+        factory = resolve_model(
+            config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes
+        )
         training = config.train_kwargs()  # the loss, early stopping and augmentation as the engine takes them
-        return Candidate(model=factory, optimizer=config.optimizer, hparams=config.hparams, schedule=config.schedule,
-                         epochs=config.epochs, batch_size=config.data["batch_size"], data=data, config=config,
-                         accumulate=config.accumulate, early_stopping=training["early_stopping"],
-                         loss=training["loss"], augmentation=training["augmentation"], precision=config.precision)
+        return Candidate(
+            model=factory,
+            optimizer=config.optimizer,
+            hparams=config.hparams,
+            schedule=config.schedule,
+            epochs=config.epochs,
+            batch_size=config.data["batch_size"],
+            data=data,
+            config=config,
+            accumulate=config.accumulate,
+            early_stopping=training["early_stopping"],
+            loss=training["loss"],
+            augmentation=training["augmentation"],
+            precision=config.precision,
+        )
 
     return build
 
 
 def architecture_params(space: SearchSpace) -> list[str]:
     """The searched params that fix a candidate's array: all but per-slot optimizer and schedule values."""
-    per_slot = [f"training.optimizer.{k}" for k in ("lr", "weight_decay", "momentum", "dampening", "betas", "beta1",
-                                                      "beta2", "eps", "alpha", "lr_decay", "initial_accumulator_value")]
+    per_slot = [
+        f"training.optimizer.{k}"
+        for k in (
+            "lr",
+            "weight_decay",
+            "momentum",
+            "dampening",
+            "betas",
+            "beta1",
+            "beta2",
+            "eps",
+            "alpha",
+            "lr_decay",
+            "initial_accumulator_value",
+        )
+    ]
     return [p for p in space.searched if p not in per_slot and not p.startswith("training.schedule.")]
 
 
@@ -84,12 +112,19 @@ def study_name_of(space: SearchSpace, study_name: str | None) -> str:
 def default_out_dir(study_name: str) -> Path:
     """`runs/<study name>`, where a search without `out_dir` writes; HftaNasError when the name is not one
     plain folder name (it would write elsewhere, e.g. '../../x', or the file system refuses it)."""
-    if (not study_name or len(study_name) > 128 or study_name in (".", "..")
-            or any(c in study_name for c in "/\\\0") or not study_name.isprintable()):
+    if (
+        not study_name
+        or len(study_name) > 128
+        or study_name in (".", "..")
+        or any(c in study_name for c in "/\\\0")
+        or not study_name.isprintable()
+    ):
         shown = study_name if len(study_name) <= 60 else study_name[:40] + f"... ({len(study_name)} characters)"
-        raise HftaNasError(f"study name {shown!r} cannot name the default output folder runs/<study name>: expected "
-                           "1-128 printable characters without '/' or '\\' (and not '.' or '..'); give --out, or "
-                           "another --study-name")
+        raise HftaNasError(
+            f"study name {shown!r} cannot name the default output folder runs/<study name>: expected "
+            "1-128 printable characters without '/' or '\\' (and not '.' or '..'); give --out, or "
+            "another --study-name"
+        )
     return Path("runs") / study_name
 
 
@@ -112,8 +147,14 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
     try:  # loaded first: create_study(load_if_exists=True) appends a record to a journal even when the study exists
         study = optuna.load_study(study_name=name, storage=opened, sampler=sampler, pruner=pruner)
     except KeyError:
-        study = optuna.create_study(storage=opened, study_name=name, directions=space.directions, sampler=sampler,
-                                    pruner=pruner, load_if_exists=True)
+        study = optuna.create_study(
+            storage=opened,
+            study_name=name,
+            directions=space.directions,
+            sampler=sampler,
+            pruner=pruner,
+            load_if_exists=True,
+        )
     check_directions(study, space.directions)
     _check_distributions(study, space)
     study.sampler = space.make_sampler(seed=sampler_seed(space.seed, len(study.get_trials(deepcopy=False))))
@@ -124,12 +165,19 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
     # list), and shown in the dashboard as an artifact.
     set_study_text(study, "space_text", space.text)
     set_study_text(study, "space_overrides", list(space.overrides))  # `--set`s: the space as it was searched
-    attach_study_file(study, Path(space.source).name if space.source.endswith((".yaml", ".yml")) else "space.yaml",
-                      space.text, artifact_folder(location))
-    for key, value in {"space_source": str(space.source), "sampler": space.sampler.name,
-                       "pruner": space.pruner.name, "seed": space.seed,
-                       "versions": {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__,
-                                    "optuna": optuna.__version__}}.items():
+    attach_study_file(
+        study,
+        Path(space.source).name if space.source.endswith((".yaml", ".yml")) else "space.yaml",
+        space.text,
+        artifact_folder(location),
+    )
+    for key, value in {
+        "space_source": str(space.source),
+        "sampler": space.sampler.name,
+        "pruner": space.pruner.name,
+        "seed": space.seed,
+        "versions": {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__, "optuna": optuna.__version__},
+    }.items():
         study.set_user_attr(key, value)
     return study
 
@@ -148,44 +196,88 @@ def _check_distributions(study: optuna.Study, space: SearchSpace) -> None:
                 raise HftaNasError(
                     f"study '{study.study_name}' has trials where '{path}' is {stored}, but this space makes it "
                     f"{wanted[path]}; a study keeps one kind of distribution per parameter: restore the old "
-                    "definition, or give another --study-name") from None
+                    "definition, or give another --study-name"
+                ) from None
 
 
-def _options(space: SearchSpace, n_trials: int | None, timeout: float | None, array_size: int | str | None,
-             device: str, dtype: str) -> dict[str, Any]:
+def _options(
+    space: SearchSpace,
+    n_trials: int | None,
+    timeout: float | None,
+    array_size: int | str | None,
+    device: str,
+    dtype: str,
+) -> dict[str, Any]:
     """`optimize`'s options from the file, overridden by those given; checked before anything is stored."""
-    options = dict(n_trials=n_trials if n_trials is not None else space.budget.n_trials,
-                timeout=timeout if timeout is not None else space.budget.timeout,
-                array_size=array_size if array_size is not None else space.array.size,
-                metrics=list(space.study.metrics), seed=space.seed if space.seed is not None else 0, device=device,
-                dtype=dtype, max_waste=space.array.max_waste,
-                replicate=architecture_params(space) if space.array.fill == "replicate" else None,
-                step_cost=StepCost(**space.array.step_cost.model_dump()) if space.array.step_cost else None)
+    options = dict(
+        n_trials=n_trials if n_trials is not None else space.budget.n_trials,
+        timeout=timeout if timeout is not None else space.budget.timeout,
+        array_size=array_size if array_size is not None else space.array.size,
+        metrics=list(space.study.metrics),
+        seed=space.seed if space.seed is not None else 0,
+        device=device,
+        dtype=dtype,
+        max_waste=space.array.max_waste,
+        replicate=architecture_params(space) if space.array.fill == "replicate" else None,
+        step_cost=StepCost(**space.array.step_cost.model_dump()) if space.array.step_cost else None,
+    )
     check_options(options["n_trials"], options["timeout"], options["array_size"], options["max_waste"])
     return options
 
 
-def run_search(space: SearchSpace, *, storage: str | None = None, study_name: str | None = None,
-               n_trials: int | None = None, timeout: float | None = None, array_size: int | str | None = None,
-               device: str = "cpu", dtype: str = "float32", out_dir: str | Path | None = None,
-               on_event: Callable[[Any], None] | None = None) -> SearchSummary:
+def run_search(
+    space: SearchSpace,
+    *,
+    storage: str | None = None,
+    study_name: str | None = None,
+    n_trials: int | None = None,
+    timeout: float | None = None,
+    array_size: int | str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    out_dir: str | Path | None = None,
+    on_event: Callable[[Any], None] | None = None,
+) -> SearchSummary:
     """Search a space file's space; options left None come from the file."""
     check_sources(space)  # a missing factory or data file fails here, before any trial is asked
     options = _options(space, n_trials, timeout, array_size, device, dtype)
-    out = checked_out_dir(out_dir if out_dir is not None else default_out_dir(study_name_of(space, study_name)), "--out")
+    out = checked_out_dir(
+        out_dir if out_dir is not None else default_out_dir(study_name_of(space, study_name)), "--out"
+    )
     study = open_space_study(space, storage, study_name)
-    return optimize(study, candidate_builder(space, device=device, dtype=dtype), out_dir=out, on_event=on_event, **options)
+    return optimize(
+        study, candidate_builder(space, device=device, dtype=dtype), out_dir=out, on_event=on_event, **options
+    )
 
 
-def plan_search(space: SearchSpace, *, storage: str | None = None, study_name: str | None = None,
-                n_trials: int | None = None, timeout: float | None = None, array_size: int | str | None = None,
-                device: str = "cpu", dtype: str = "float32", max_arrays: int | None = None) -> SearchPlan:
+def plan_search(
+    space: SearchSpace,
+    *,
+    storage: str | None = None,
+    study_name: str | None = None,
+    n_trials: int | None = None,
+    timeout: float | None = None,
+    array_size: int | str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_arrays: int | None = None,
+) -> SearchPlan:
     """What `run_search` would train (`--dry-run`), by the same policy; nothing is written
     (an existing study is read, and the plan asks in a copy)."""
     check_sources(space)
-    study, location = copy_of_stored_study(storage, study_name_of(space, study_name), directions=space.directions,
-                                           sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner())
+    study, location = copy_of_stored_study(
+        storage,
+        study_name_of(space, study_name),
+        directions=space.directions,
+        sampler=space.make_sampler(seed=space.seed),
+        pruner=space.make_pruner(),
+    )
     # the sampler the real run would get (its seed depends on the trials already stored)
     study.sampler = space.make_sampler(seed=sampler_seed(space.seed, len(study.get_trials(deepcopy=False))))
-    return plan(study, candidate_builder(space, device=device, dtype=dtype), storage=location, max_arrays=max_arrays,
-                **_options(space, n_trials, timeout, array_size, device, dtype))
+    return plan(
+        study,
+        candidate_builder(space, device=device, dtype=dtype),
+        storage=location,
+        max_arrays=max_arrays,
+        **_options(space, n_trials, timeout, array_size, device, dtype),
+    )

@@ -22,6 +22,7 @@ from pydantic import PrivateAttr
 from search_spaces import _optuna
 from search_spaces._checks import encode_choice, grid_space, json_able, validate
 from search_spaces._errors import Problem, SpaceError
+from search_spaces._overrides import OverriddenWhere, apply_overrides, parse_overrides
 from search_spaces._resolved import ResolvedConfig, build, read_text
 from search_spaces._schema import (
     ArraySpec,
@@ -45,7 +46,6 @@ from search_spaces._schema import (
     _Strict,
     short,
 )
-from search_spaces._overrides import OverriddenWhere, apply_overrides, parse_overrides
 from search_spaces._wandb import is_sweep, translate_sweep
 from search_spaces._yaml import Loc, Where, parse_yaml
 
@@ -140,8 +140,12 @@ class SearchSpace(_Strict):
         for path in values:
             if path not in searched:
                 what = "is fixed in the file" if path in self.params else "is not a param of this space"
-                problems.append(where.problem(("params", str(path)), f"got a value for '{path}', which {what}; "
-                                              f"searched params: {', '.join(searched) or 'none'}"))
+                problems.append(
+                    where.problem(
+                        ("params", str(path)),
+                        f"got a value for '{path}', which {what}; searched params: {', '.join(searched) or 'none'}",
+                    )
+                )
         for path in searched:
             if path not in values:
                 problems.append(where.problem(("params", path), f"no value given for searched param '{path}'"))
@@ -168,8 +172,9 @@ class SearchSpace(_Strict):
         missing = _optuna.missing_packages(name)
         if missing:
             raise Where(self.source, self._lines).error(
-                ("sampler", "name"), f"sampler '{name}' needs the package(s) {', '.join(missing)}: "
-                                     f"pip install {' '.join(missing)}")
+                ("sampler", "name"),
+                f"sampler '{name}' needs the package(s) {', '.join(missing)}: pip install {' '.join(missing)}",
+            )
         grid = grid_space(self.params) if name == "grid" else None
         return _optuna.build_sampler(name, self.sampler.kwargs, self.seed if seed is None else seed, grid)
 
@@ -177,8 +182,9 @@ class SearchSpace(_Strict):
         """The configured pruner (NopPruner for 'none' and, by default, for multi-objective studies)."""
         return _optuna.build_pruner(self.pruner.name or "median", self.pruner.kwargs)
 
-    def with_overrides(self, *, sampler: str | None = None, pruner: str | None = None,
-                       seed: int | None = None) -> SearchSpace:
+    def with_overrides(
+        self, *, sampler: str | None = None, pruner: str | None = None, seed: int | None = None
+    ) -> SearchSpace:
         """This space with another sampler, pruner or seed (what `hfta-nas search --sampler/--pruner/--seed` do).
 
         A sampler or pruner of another name starts from its defaults: the file's
@@ -229,8 +235,16 @@ class SearchSpace(_Strict):
 
     def _file(self) -> SpaceFile:
         return SpaceFile.model_construct(
-            study=self.study, sampler=self.sampler, pruner=self.pruner, budget=self.budget, array=self.array,
-            data=self.data, training=self.training, model=self.model, seed=self.seed, params={},
+            study=self.study,
+            sampler=self.sampler,
+            pruner=self.pruner,
+            budget=self.budget,
+            array=self.array,
+            data=self.data,
+            training=self.training,
+            model=self.model,
+            seed=self.seed,
+            params={},
         )
 
 
@@ -311,9 +325,20 @@ def parse_space(text: str, source: str = "<string>", overrides: Sequence[str] = 
     checked = validate(data, where)
     file = checked.file
     space = SearchSpace(
-        study=file.study, sampler=file.sampler, pruner=file.pruner, budget=file.budget, array=file.array,
-        data=file.data, training=file.training, model=file.model, seed=file.seed, params=checked.params,
-        text=text, source=source, notes=tuple(notes), overrides=tuple(overrides),
+        study=file.study,
+        sampler=file.sampler,
+        pruner=file.pruner,
+        budget=file.budget,
+        array=file.array,
+        data=file.data,
+        training=file.training,
+        model=file.model,
+        seed=file.seed,
+        params=checked.params,
+        text=text,
+        source=source,
+        notes=tuple(notes),
+        overrides=tuple(overrides),
     )
     space._lines = lines
     return space

@@ -40,24 +40,47 @@ _METHODS = {
     "grid": ("grid", "Optuna's GridSampler"),
 }
 _METRICS = {
-    "accuracy": "val_acc", "acc": "val_acc", "val_accuracy": "val_acc", "validation_accuracy": "val_acc",
-    "loss": "val_loss", "validation_loss": "val_loss", "test_accuracy": "test_acc",
-    "train_accuracy": "train_acc", "training_loss": "train_loss",
+    "accuracy": "val_acc",
+    "acc": "val_acc",
+    "val_accuracy": "val_acc",
+    "validation_accuracy": "val_acc",
+    "loss": "val_loss",
+    "validation_loss": "val_loss",
+    "test_accuracy": "test_acc",
+    "train_accuracy": "train_acc",
+    "training_loss": "train_loss",
 }
 _NAMES = {
-    "lr": "training.optimizer.lr", "learning_rate": "training.optimizer.lr",
-    "weight_decay": "training.optimizer.weight_decay", "wd": "training.optimizer.weight_decay",
-    "momentum": "training.optimizer.momentum", "optimizer": "training.optimizer.name",
-    "epochs": "training.epochs", "batch_size": "data.batch_size", "dataset": "data.dataset",
-    "model": "model.family", "family": "model.family", "seed": "seed",
+    "lr": "training.optimizer.lr",
+    "learning_rate": "training.optimizer.lr",
+    "weight_decay": "training.optimizer.weight_decay",
+    "wd": "training.optimizer.weight_decay",
+    "momentum": "training.optimizer.momentum",
+    "optimizer": "training.optimizer.name",
+    "epochs": "training.epochs",
+    "batch_size": "data.batch_size",
+    "dataset": "data.dataset",
+    "model": "model.family",
+    "family": "model.family",
+    "seed": "seed",
 }
 _PREFIXES = {"optimizer": "training.optimizer", "schedule": "training.schedule", "config": "model.config"}
 _OUR_ROOTS = ("data", "training", "model")
 # Settings a sweep may fix but not search: they live in the file's sections, not in params.
 _SECTION_ONLY_ROOTS = ("study", "sampler", "pruner", "budget", "array", "seed")
 _SECTION_ONLY = ("data.dataset", "model.family", "model.factory")
-_UNSUPPORTED = ("q_log_uniform", "q_log_uniform_values", "inv_log_uniform", "inv_log_uniform_values", "normal",
-                "q_normal", "log_normal", "q_log_normal", "beta", "q_beta")
+_UNSUPPORTED = (
+    "q_log_uniform",
+    "q_log_uniform_values",
+    "inv_log_uniform",
+    "inv_log_uniform_values",
+    "normal",
+    "q_normal",
+    "log_normal",
+    "q_log_normal",
+    "beta",
+    "q_beta",
+)
 
 
 def is_sweep(data: Any) -> bool:
@@ -152,8 +175,11 @@ class _Translation:
         known = {*_OUR_SECTIONS, *_UNUSED_KEYS, *SWEEP_ONLY_KEYS, "name"}
         for key in self.sweep:
             if key not in known:
-                self.fail((key,), f"unknown sweep key '{key}'; a W&B sweep file has {', '.join(sorted(known - set(_OUR_SECTIONS)))}"
-                                  f", and may carry hfta-nas sections ({', '.join(_OUR_SECTIONS)})")
+                self.fail(
+                    (key,),
+                    f"unknown sweep key '{key}'; a W&B sweep file has {', '.join(sorted(known - set(_OUR_SECTIONS)))}"
+                    f", and may carry hfta-nas sections ({', '.join(_OUR_SECTIONS)})",
+                )
 
     def method(self, method: Any) -> None:
         if method is None:
@@ -179,8 +205,13 @@ class _Translation:
             self.fail(("metric", "goal"), f"expected minimize or maximize, got {short(goal)}")
             return
         self.place(("study", "metrics"), [ours], ("metric", "name"), f"study.metrics: [{ours}]", has_parts=False)
-        self.place(("study", "directions"), [goal], ("metric", "goal") if "goal" in metric else ("metric",),
-                   f"study.directions: [{goal}]", has_parts=False)
+        self.place(
+            ("study", "directions"),
+            [goal],
+            ("metric", "goal") if "goal" in metric else ("metric",),
+            f"study.directions: [{goal}]",
+            has_parts=False,
+        )
         default = "" if "goal" in metric else " (W&B's default goal)"
         self.notes.append(f"metric: {name} {goal} -> study.metrics: [{ours}], directions: [{goal}]{default}")
         for key in metric:
@@ -215,18 +246,28 @@ class _Translation:
         for theirs, ours in (("min_iter", "min_resource"), ("max_iter", "max_resource"), ("eta", "reduction_factor")):
             if theirs in rule:
                 kwargs[ours] = rule[theirs]
-        self.place(("pruner",), {"name": "hyperband", "kwargs": kwargs}, ("early_terminate",), "pruner: hyperband",
-                   has_parts=False)
+        self.place(
+            ("pruner",),
+            {"name": "hyperband", "kwargs": kwargs},
+            ("early_terminate",),
+            "pruner: hyperband",
+            has_parts=False,
+        )
         mapped = ", ".join(f"{k}: {v}" for k, v in kwargs.items())
-        self.notes.append(f"early_terminate: hyperband -> pruner: hyperband ({mapped or 'its defaults'}; "
-                          "a step is an epoch)")
+        self.notes.append(
+            f"early_terminate: hyperband -> pruner: hyperband ({mapped or 'its defaults'}; a step is an epoch)"
+        )
         for key in rule:
             if key in ("s", "strict"):
-                self.notes.append(f"early_terminate.{key}: not used (Optuna's HyperbandPruner sets its brackets "
-                                  "from min_resource, max_resource and reduction_factor)")
+                self.notes.append(
+                    f"early_terminate.{key}: not used (Optuna's HyperbandPruner sets its brackets "
+                    "from min_resource, max_resource and reduction_factor)"
+                )
             elif key not in ("type", "min_iter", "max_iter", "eta"):
-                self.fail(("early_terminate", key), f"unknown early_terminate key '{key}'; expected type, "
-                                                    "min_iter, max_iter, eta, s, strict")
+                self.fail(
+                    ("early_terminate", key),
+                    f"unknown early_terminate key '{key}'; expected type, min_iter, max_iter, eta, s, strict",
+                )
 
     # ------------------------------------------------------------ parameters
     def parameters(self, block: dict[str, Any], theirs: Loc, prefix: tuple[str, ...]) -> None:
@@ -257,12 +298,18 @@ class _Translation:
             return spec, "fixed"
         kind = spec.get("distribution")
         if "probabilities" in spec:
-            self.fail((*loc, "probabilities"), "weighted choices are not supported (Optuna samples categorical "
-                                               "choices without weights); remove 'probabilities'")
+            self.fail(
+                (*loc, "probabilities"),
+                "weighted choices are not supported (Optuna samples categorical "
+                "choices without weights); remove 'probabilities'",
+            )
             return None, None
         if kind in _UNSUPPORTED:
-            self.fail((*loc, "distribution"), f"distribution '{kind}' is not supported (Optuna samples bounded "
-                                              "ranges); use uniform, log_uniform_values or int_uniform over min..max")
+            self.fail(
+                (*loc, "distribution"),
+                f"distribution '{kind}' is not supported (Optuna samples bounded "
+                "ranges); use uniform, log_uniform_values or int_uniform over min..max",
+            )
             return None, None
         if "value" in spec or kind == "constant":
             return spec.get("value"), "fixed"
@@ -273,7 +320,9 @@ class _Translation:
             return None, None
         low, high, step = spec["min"], spec["max"], spec.get("q")
         if kind is None:
-            kind = "int_uniform" if all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) else "uniform"
+            kind = (
+                "int_uniform" if all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) else "uniform"
+            )
         if kind == "log_uniform":  # W&B's bounds are natural-log exponents here
             try:
                 low, high = math.exp(low), math.exp(high)
@@ -281,12 +330,19 @@ class _Translation:
                 self.fail(loc, f"log_uniform takes exponents: expected numbers, got {short(low)} and {short(high)}")
                 return None, None
             return {"distribution": "log_uniform", "min": low, "max": high}, "log_uniform (exp(min)..exp(max))"
-        ours = {"int_uniform": "int_uniform", "uniform": "uniform", "q_uniform": "uniform",
-                "log_uniform_values": "log_uniform"}.get(kind)
+        ours = {
+            "int_uniform": "int_uniform",
+            "uniform": "uniform",
+            "q_uniform": "uniform",
+            "log_uniform_values": "log_uniform",
+        }.get(kind)
         if ours is None:
-            self.fail((*loc, "distribution"), f"unknown distribution {short(kind)}; expected one of constant, "
-                                              "categorical, int_uniform, uniform, q_uniform, log_uniform, "
-                                              "log_uniform_values")
+            self.fail(
+                (*loc, "distribution"),
+                f"unknown distribution {short(kind)}; expected one of constant, "
+                "categorical, int_uniform, uniform, q_uniform, log_uniform, "
+                "log_uniform_values",
+            )
             return None, None
         value = {"distribution": ours, "min": low, "max": high}
         if step is not None:

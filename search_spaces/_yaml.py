@@ -92,8 +92,14 @@ def _syntax_error(source: str, text: str, error: yaml.YAMLError) -> SpaceError:
     if isinstance(error, yaml.reader.ReaderError):
         before = text[: error.position]
         line, column = before.count("\n") + 1, error.position - (before.rfind("\n") + 1) + 1
-        what = f"character {error.character!r} (#x{error.character:04x})" if isinstance(error.character, int) else "a character"
-        return SpaceError(Problem(source, line, "", f"YAML error at column {column}: {what} is not allowed: {error.reason}"))
+        what = (
+            f"character {error.character!r} (#x{error.character:04x})"
+            if isinstance(error.character, int)
+            else "a character"
+        )
+        return SpaceError(
+            Problem(source, line, "", f"YAML error at column {column}: {what} is not allowed: {error.reason}")
+        )
     return SpaceError(Problem(source, None, "", f"YAML error: {str(error).replace(chr(10), ' ')}"))
 
 
@@ -112,7 +118,9 @@ class _Walk:
     def __call__(self, node: yaml.Node, path: Loc) -> int:
         ident = id(node)
         if ident in self.active:
-            raise self.fail(node, "an alias refers to a node that contains it (a recursive structure); expand it by hand")
+            raise self.fail(
+                node, "an alias refers to a node that contains it (a recursive structure); expand it by hand"
+            )
         if ident in self.sizes:  # an alias seen before: its size is known, its lines are recorded elsewhere
             return self.sizes[ident]
         self.active.add(ident)
@@ -128,11 +136,15 @@ class _Walk:
                     ident_key = (key_node.tag, key_node.value)
                     line = key_node.start_mark.line + 1
                     if ident_key in seen:
-                        raise SpaceError(Problem(
-                            self.source, line, _key_name((*path, key_node.value)),
-                            f"duplicate key '{key_node.value}' (first given on line {seen[ident_key]}); "
-                            "give each key once",
-                        ))
+                        raise SpaceError(
+                            Problem(
+                                self.source,
+                                line,
+                                _key_name((*path, key_node.value)),
+                                f"duplicate key '{key_node.value}' (first given on line {seen[ident_key]}); "
+                                "give each key once",
+                            )
+                        )
                     seen[ident_key] = line
                     child = (*path, key_node.value)
                     self.lines.setdefault(child, line)
@@ -149,7 +161,9 @@ class _Walk:
         self.active.discard(ident)
         self.sizes[ident] = size
         if size > _MAX_NODES:
-            raise self.fail(node, f"the document expands to more than {_MAX_NODES} values (through aliases); it is too large")
+            raise self.fail(
+                node, f"the document expands to more than {_MAX_NODES} values (through aliases); it is too large"
+            )
         return size
 
 

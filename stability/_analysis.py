@@ -24,15 +24,61 @@ from stability._result import METRICS, SOURCES, Analysis, StabilityResult
 ALPHA = 0.05  # significance level of the power analysis
 POWER = 0.8  # power the power analysis asks for
 
-SUMMARY_COLUMNS = ("config", "design", "metric", "n", "n_failed", "mean", "std", "sem", "ci_low", "ci_high",
-                   "ci_method", "few_seeds", "ci_t_low", "ci_t_high",
-                   "ci_bca_low", "ci_bca_high", "median", "q1", "q3", "iqr", "iqm", "min", "max", "range", "cv",
-                   "normality_stat", "normality_p", "n_outliers", "outliers", "best_of_k", "noise_floor_std",
-                   "variance_ratio")
+SUMMARY_COLUMNS = (
+    "config",
+    "design",
+    "metric",
+    "n",
+    "n_failed",
+    "mean",
+    "std",
+    "sem",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "few_seeds",
+    "ci_t_low",
+    "ci_t_high",
+    "ci_bca_low",
+    "ci_bca_high",
+    "median",
+    "q1",
+    "q3",
+    "iqr",
+    "iqm",
+    "min",
+    "max",
+    "range",
+    "cv",
+    "normality_stat",
+    "normality_p",
+    "n_outliers",
+    "outliers",
+    "best_of_k",
+    "noise_floor_std",
+    "variance_ratio",
+)
 PER_EPOCH_COLUMNS = ("config", "design", "metric", "epoch", "n", "mean", "std", "ci_low", "ci_high")
-COMPARISON_COLUMNS = ("metric", "a", "b", "better", "mean_diff", "welch_t", "welch_p", "welch_p_holm", "mwu_u",
-                      "mwu_p", "mwu_p_holm", "cohen_d", "cliff_delta", "p_a_better", "p_a_better_low",
-                      "p_a_better_high", "aso_eps_min", "aso_confidence")
+COMPARISON_COLUMNS = (
+    "metric",
+    "a",
+    "b",
+    "better",
+    "mean_diff",
+    "welch_t",
+    "welch_p",
+    "welch_p_holm",
+    "mwu_u",
+    "mwu_p",
+    "mwu_p_holm",
+    "cohen_d",
+    "cliff_delta",
+    "p_a_better",
+    "p_a_better_low",
+    "p_a_better_high",
+    "aso_eps_min",
+    "aso_confidence",
+)
 RANKING_COLUMNS = ("metric", "rank", "config", "mean", "ci_low", "ci_high")
 POWER_COLUMNS = ("config", "metric", "std", "n", "min_detectable_diff")
 # `config` is not in the contract's list, but a study of several configurations run with
@@ -40,8 +86,14 @@ POWER_COLUMNS = ("config", "metric", "std", "n", "min_detectable_diff")
 DECOMPOSITION_COLUMNS = ("config", "method", "metric", "source", "variance", "ci_low", "ci_high", "share")
 
 
-def analyse(result: StabilityResult, *, confidence: float = 0.95, bootstrap_seed: int | None = None,
-            n_resamples: int = 9999, differences: Sequence[float] = (0.005, 0.01, 0.02)) -> Analysis:
+def analyse(
+    result: StabilityResult,
+    *,
+    confidence: float = 0.95,
+    bootstrap_seed: int | None = None,
+    n_resamples: int = 9999,
+    differences: Sequence[float] = (0.005, 0.01, 0.02),
+) -> Analysis:
     """Every statistic of the report, computed once; `bootstrap_seed` defaults to the study's own
     (metadata "bootstrap_seed", else 0) so a report rebuilt from the saved result is identical."""
     if bootstrap_seed is None:
@@ -70,8 +122,12 @@ def _metrics(seeds: pd.DataFrame) -> list[str]:
     split, *_acc of a regression) is left out."""
     extra = [c for c in seeds.columns if c.startswith(("train_", "val_", "test_")) and c not in METRICS]
     completed = seeds[seeds["status"] == "completed"]
-    return [m for m in (*METRICS, *extra) if m in seeds.columns
-            and np.isfinite(pd.to_numeric(completed[m], errors="coerce").to_numpy(dtype=np.float64)).any()]
+    return [
+        m
+        for m in (*METRICS, *extra)
+        if m in seeds.columns
+        and np.isfinite(pd.to_numeric(completed[m], errors="coerce").to_numpy(dtype=np.float64)).any()
+    ]
 
 
 def _values(rows: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -96,16 +152,28 @@ def _grid(rows: pd.DataFrame, metric: str, confidence: float) -> list[dict[str, 
     values = pd.to_numeric(rows[metric], errors="coerce")
     if (rows["status"] != "completed").any() or not np.isfinite(values.to_numpy(dtype=np.float64)).all():
         return []
-    frame = pd.DataFrame({"init": rows["seed_init"].to_numpy(), "data": rows["seed_data"].to_numpy(),
-                          metric: values.to_numpy(dtype=np.float64)})
+    frame = pd.DataFrame(
+        {
+            "init": rows["seed_init"].to_numpy(),
+            "data": rows["seed_data"].to_numpy(),
+            metric: values.to_numpy(dtype=np.float64),
+        }
+    )
     return _stats.grid_decomposition(frame, ["init", "data"], metric, confidence)
 
 
 # --------------------------------------------------------------------------- frames
 
 
-def _summary(seeds: pd.DataFrame, metrics: list[str], metadata: dict[str, Any], *, confidence: float,
-             bootstrap_seed: int, n_resamples: int) -> pd.DataFrame:
+def _summary(
+    seeds: pd.DataFrame,
+    metrics: list[str],
+    metadata: dict[str, Any],
+    *,
+    confidence: float,
+    bootstrap_seed: int,
+    n_resamples: int,
+) -> pd.DataFrame:
     """One row per (config, design, metric). The noise floor of an accuracy needs the size of the
     split it was measured on: n_test for test_acc (likewise n_val, n_train when recorded)."""
     rows = []
@@ -113,9 +181,15 @@ def _summary(seeds: pd.DataFrame, metrics: list[str], metadata: dict[str, Any], 
         for metric in metrics:
             values, seed_index, n_failed = _values(group, metric)
             split = metric.rsplit("_", 1)[0]
-            row = _stats.summarize(values, n_failed=n_failed, n_test=metadata.get(f"n_{split}"),
-                                   is_accuracy=metric.endswith("_acc"), confidence=confidence,
-                                   bootstrap_seed=bootstrap_seed, n_resamples=n_resamples)
+            row = _stats.summarize(
+                values,
+                n_failed=n_failed,
+                n_test=metadata.get(f"n_{split}"),
+                is_accuracy=metric.endswith("_acc"),
+                confidence=confidence,
+                bootstrap_seed=bootstrap_seed,
+                n_resamples=n_resamples,
+            )
             row["outliers"] = ",".join(str(seed_index[i]) for i in row["outliers"])
             row["best_of_k"] = json.dumps({str(k): v for k, v in row["best_of_k"].items()})
             rows.append({"config": config, "design": design, "metric": metric, **row})
@@ -131,8 +205,11 @@ def _per_epoch(curves: pd.DataFrame, seeds: pd.DataFrame, confidence: float) -> 
     points = points[np.isfinite(pd.to_numeric(points["value"], errors="coerce"))]
     if points.empty:
         return _frame([], PER_EPOCH_COLUMNS)
-    table = points.groupby(["config", "design", "metric", "epoch"], sort=False)["value"].agg(
-        n="count", mean="mean", std=lambda v: v.std(ddof=1)).reset_index()
+    table = (
+        points.groupby(["config", "design", "metric", "epoch"], sort=False)["value"]
+        .agg(n="count", mean="mean", std=lambda v: v.std(ddof=1))
+        .reset_index()
+    )
     table["n"] = table["n"].astype(int)
     half = stats.t.ppf((1 + confidence) / 2, table["n"] - 1) * table["std"] / np.sqrt(table["n"])
     table["ci_low"], table["ci_high"] = table["mean"] - half, table["mean"] + half
@@ -157,11 +234,24 @@ def _comparisons(seeds: pd.DataFrame, metrics: list[str], *, confidence: float, 
         for a, b in pairs:
             values_a = _values(main[main["config"] == a], metric)[0]
             values_b = _values(main[main["config"] == b], metric)[0]
-            figures = _stats.compare(values_a, values_b, confidence=confidence, bootstrap_seed=bootstrap_seed,
-                                     higher_is_better=_higher_is_better(metric), aso_confidence=aso_confidence)
-            family.append({"metric": metric, "a": a, "b": b,
-                           "better": "higher" if _higher_is_better(metric) else "lower", **figures,
-                           "aso_confidence": aso_confidence})
+            figures = _stats.compare(
+                values_a,
+                values_b,
+                confidence=confidence,
+                bootstrap_seed=bootstrap_seed,
+                higher_is_better=_higher_is_better(metric),
+                aso_confidence=aso_confidence,
+            )
+            family.append(
+                {
+                    "metric": metric,
+                    "a": a,
+                    "b": b,
+                    "better": "higher" if _higher_is_better(metric) else "lower",
+                    **figures,
+                    "aso_confidence": aso_confidence,
+                }
+            )
         for test in ("welch_p", "mwu_p"):
             for row, adjusted in zip(family, _stats.holm([r[test] for r in family])):
                 row[f"{test}_holm"] = float(adjusted)
@@ -178,9 +268,17 @@ def _ranking(summary: pd.DataFrame) -> pd.DataFrame:
         ascending = not _higher_is_better(metric)
         ordered = group.sort_values("mean", ascending=ascending, na_position="last", kind="stable")
         ranks = ordered["mean"].rank(method="min", ascending=ascending)
-        rows += [{"metric": metric, "rank": rank, "config": r["config"], "mean": r["mean"],
-                  "ci_low": r["ci_low"], "ci_high": r["ci_high"]}
-                 for rank, (_, r) in zip(ranks, ordered.iterrows())]
+        rows += [
+            {
+                "metric": metric,
+                "rank": rank,
+                "config": r["config"],
+                "mean": r["mean"],
+                "ci_low": r["ci_low"],
+                "ci_high": r["ci_high"],
+            }
+            for rank, (_, r) in zip(ranks, ordered.iterrows())
+        ]
     frame = _frame(rows, RANKING_COLUMNS)
     frame["rank"] = frame["rank"].astype("Int64")
     return frame
@@ -193,9 +291,16 @@ def _power(summary: pd.DataFrame, differences: Sequence[float]) -> pd.DataFrame:
     rows = []
     for _, r in summary[summary["design"] == "all"].iterrows():
         std, n = float(r["std"]), int(r["n"])
-        rows.append({"config": r["config"], "metric": r["metric"], "std": std, "n": n,
-                     "min_detectable_diff": _stats.min_detectable_difference(std, n, ALPHA, POWER),
-                     **{column: _stats.seeds_needed(d, std, ALPHA, POWER) for d, column in needed.items()}})
+        rows.append(
+            {
+                "config": r["config"],
+                "metric": r["metric"],
+                "std": std,
+                "n": n,
+                "min_detectable_diff": _stats.min_detectable_difference(std, n, ALPHA, POWER),
+                **{column: _stats.seeds_needed(d, std, ALPHA, POWER) for d, column in needed.items()},
+            }
+        )
     return _frame(rows, [*POWER_COLUMNS, *needed.values()])
 
 
@@ -211,10 +316,14 @@ def _decomposition(seeds: pd.DataFrame, metrics: list[str], confidence: float) -
             if sources:
                 by_source = {s: _values(group[group["design"] == f"only_{s}"], metric)[0] for s in sources}
                 total = _values(group[group["design"] == "all"], metric)[0] if "all" in designs else None
-                rows += [{"config": config, "method": "sources", "metric": metric, **row}
-                         for row in _stats.decompose_one_at_a_time(by_source, total, confidence)]
+                rows += [
+                    {"config": config, "method": "sources", "metric": metric, **row}
+                    for row in _stats.decompose_one_at_a_time(by_source, total, confidence)
+                ]
             if "grid" in designs:
-                rows += [{"config": config, "method": "grid", "metric": metric, **row}
-                         for row in _grid(group[group["design"] == "grid"], metric, confidence)]
+                rows += [
+                    {"config": config, "method": "grid", "metric": metric, **row}
+                    for row in _grid(group[group["design"] == "grid"], metric, confidence)
+                ]
     frame = _frame(rows, DECOMPOSITION_COLUMNS)
     return frame.astype({c: float for c in ("variance", "ci_low", "ci_high", "share")}) if rows else frame

@@ -30,35 +30,109 @@ def _split(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
     items = tuple(t.strip() for t in text.split(",") if t.strip())
     unknown = [t for t in items if t not in allowed]
     if unknown or not items:
-        raise click.BadParameter(f"expected a comma-separated subset of {', '.join(allowed)}, got {text!r}", param_hint=name)
+        raise click.BadParameter(
+            f"expected a comma-separated subset of {', '.join(allowed)}, got {text!r}", param_hint=name
+        )
     return items
 
 
-_SET_HELP = ("Set a setting of CONFIG (repeatable): a dotted key of the config file or of a search space "
-             "(epochs=2 and training.epochs=2 are the same), a YAML value, validated with the file.")
+_SET_HELP = (
+    "Set a setting of CONFIG (repeatable): a dotted key of the config file or of a search space "
+    "(epochs=2 and training.epochs=2 are the same), a YAML value, validated with the file."
+)
 
 
 def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options shared by `stability run` and `stability compare`."""
     options = [
-        click.option("--seeds", "n_seeds", default=32, show_default=True, type=int, help="Seeds per configuration (slots of the array)."),
-        click.option("--seed", "base_seed", default=0, show_default=True, type=int, help="Base seed of the per-source seed streams."),
-        click.option("--vary", default="init,data,dropout", show_default=True, help="Sources that change across seeds: init, data (order), dropout, split (the train/validation partition, re-drawn per seed); 'all' is init,data,dropout (name split to add it); the others stay fixed."),
-        click.option("--decompose", is_flag=False, flag_value="sources", default=None, type=click.Choice(["sources", "grid"]),
-                     help="Also attribute the variance to its sources: `--decompose` (or `sources`) runs one design per varied "
-                          "source (only it changes); `--decompose grid` crosses init seeds with data seeds (a two-way ANOVA). "
-                          "It takes an optional value: put it after CONFIG."),
-        click.option("--array-size", type=int, default=None, help="At most this many seeds per array [default: all seeds of a configuration in one array]."),
+        click.option(
+            "--seeds",
+            "n_seeds",
+            default=32,
+            show_default=True,
+            type=int,
+            help="Seeds per configuration (slots of the array).",
+        ),
+        click.option(
+            "--seed",
+            "base_seed",
+            default=0,
+            show_default=True,
+            type=int,
+            help="Base seed of the per-source seed streams.",
+        ),
+        click.option(
+            "--vary",
+            default="init,data,dropout",
+            show_default=True,
+            help="Sources that change across seeds: init, data (order), dropout, split (the train/validation partition, re-drawn per seed); 'all' is init,data,dropout (name split to add it); the others stay fixed.",
+        ),
+        click.option(
+            "--decompose",
+            is_flag=False,
+            flag_value="sources",
+            default=None,
+            type=click.Choice(["sources", "grid"]),
+            help="Also attribute the variance to its sources: `--decompose` (or `sources`) runs one design per varied "
+            "source (only it changes); `--decompose grid` crosses init seeds with data seeds (a two-way ANOVA). "
+            "It takes an optional value: put it after CONFIG.",
+        ),
+        click.option(
+            "--array-size",
+            type=int,
+            default=None,
+            help="At most this many seeds per array [default: all seeds of a configuration in one array].",
+        ),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"])),
-        click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads [default: torch's choice]."),
-        click.option("--storage", default=None, help="Optuna storage URL or journal file where each seed is stored [default: runs/hfta-nas.journal]."),
-        click.option("--artifact-dir", default=None, type=click.Path(file_okay=False), help="Where the report is stored as an Optuna artifact [default: artifacts/ beside the journal or SQLite file, else runs/artifacts]."),
-        click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report folder [default: runs/stability/<config>]."),
-        click.option("--format", "formats", default=",".join(FORMATS), show_default=True, help="Report formats: html, md, csv, json, tex."),
-        click.option("--plot-format", "plot_formats", default=",".join(PLOT_FORMATS), show_default=True, help="Plot files: png, svg."),
-        click.option("--metric", default="test_acc", show_default=True, help="Metric of the plots and the printed summary (test_rmse when the configs are regressions)."),
-        click.option("--bootstrap-seed", default=0, show_default=True, type=int, help="Seed of the bootstrap resamples (recorded in the report)."),
+        click.option(
+            "--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads [default: torch's choice]."
+        ),
+        click.option(
+            "--storage",
+            default=None,
+            help="Optuna storage URL or journal file where each seed is stored [default: runs/hfta-nas.journal].",
+        ),
+        click.option(
+            "--artifact-dir",
+            default=None,
+            type=click.Path(file_okay=False),
+            help="Where the report is stored as an Optuna artifact [default: artifacts/ beside the journal or SQLite file, else runs/artifacts].",
+        ),
+        click.option(
+            "--out",
+            "out_dir",
+            default=None,
+            type=click.Path(file_okay=False),
+            help="Report folder [default: runs/stability/<config>].",
+        ),
+        click.option(
+            "--format",
+            "formats",
+            default=",".join(FORMATS),
+            show_default=True,
+            help="Report formats: html, md, csv, json, tex.",
+        ),
+        click.option(
+            "--plot-format",
+            "plot_formats",
+            default=",".join(PLOT_FORMATS),
+            show_default=True,
+            help="Plot files: png, svg.",
+        ),
+        click.option(
+            "--metric",
+            default="test_acc",
+            show_default=True,
+            help="Metric of the plots and the printed summary (test_rmse when the configs are regressions).",
+        ),
+        click.option(
+            "--bootstrap-seed",
+            default=0,
+            show_default=True,
+            type=int,
+            help="Seed of the bootstrap resamples (recorded in the report).",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines)."),
         click.option("--quiet", is_flag=True, help="No progress display."),
     ]
@@ -94,13 +168,36 @@ def stability() -> None:
 
 @stability.command()
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
-@click.option("--params", "params", multiple=True, metavar="KEY=VALUE", help="Fix a searched parameter when CONFIG is a search space (repeatable).")
-@click.option("--study", "study_name", default=None, help="Re-run the best trials of this search study (with --top-k and --storage).")
-@click.option("--top-k", default=3, show_default=True, type=int, help="With --study: how many of its best trials to re-run and re-rank.")
+@click.option(
+    "--params",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Fix a searched parameter when CONFIG is a search space (repeatable).",
+)
+@click.option(
+    "--study",
+    "study_name",
+    default=None,
+    help="Re-run the best trials of this search study (with --top-k and --storage).",
+)
+@click.option(
+    "--top-k",
+    default=3,
+    show_default=True,
+    type=int,
+    help="With --study: how many of its best trials to re-run and re-rank.",
+)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
 @_study_options
-def run(config: str | None, params: tuple[str, ...], study_name: str | None, top_k: int, overrides: tuple[str, ...],
-        **options: Any) -> None:
+def run(
+    config: str | None,
+    params: tuple[str, ...],
+    study_name: str | None,
+    top_k: int,
+    overrides: tuple[str, ...],
+    **options: Any,
+) -> None:
     """Train CONFIG across --seeds seeds in one array and report the distribution.
 
     CONFIG is a config file exported by `hfta-nas search` (runs/<study>/best_config.yaml),
@@ -124,7 +221,9 @@ def run(config: str | None, params: tuple[str, ...], study_name: str | None, top
 
 @stability.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP + " Applies to every config file.")
+@click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP + " Applies to every config file."
+)
 @_study_options
 def compare(inputs: tuple[str, ...], overrides: tuple[str, ...], **options: Any) -> None:
     """Compare configurations: each INPUT is a config file (trained across the seeds)
@@ -148,16 +247,46 @@ def compare(inputs: tuple[str, ...], overrides: tuple[str, ...], **options: Any)
 
 @click.command()
 @click.argument("folder", required=False, type=click.Path(file_okay=False))
-@click.option("--study", "studies", multiple=True, help="A stability study in --storage (repeatable) instead of FOLDER.")
+@click.option(
+    "--study", "studies", multiple=True, help="A stability study in --storage (repeatable) instead of FOLDER."
+)
 @click.option("--storage", default=None, help="Optuna storage URL or journal file [default: runs/hfta-nas.journal].")
-@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report folder [default: FOLDER, or runs/stability/report].")
-@click.option("--format", "formats", default=",".join(FORMATS), show_default=True, help="Report formats: html, md, csv, json, tex.")
-@click.option("--plot-format", "plot_formats", default=",".join(PLOT_FORMATS), show_default=True, help="Plot files: png, svg.")
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Report folder [default: FOLDER, or runs/stability/report].",
+)
+@click.option(
+    "--format",
+    "formats",
+    default=",".join(FORMATS),
+    show_default=True,
+    help="Report formats: html, md, csv, json, tex.",
+)
+@click.option(
+    "--plot-format", "plot_formats", default=",".join(PLOT_FORMATS), show_default=True, help="Plot files: png, svg."
+)
 @click.option("--metric", default="test_acc", show_default=True, help="Metric of the plots and the printed summary.")
-@click.option("--bootstrap-seed", default=None, type=int, help="Seed of the bootstrap resamples [default: the one the study recorded].")
+@click.option(
+    "--bootstrap-seed",
+    default=None,
+    type=int,
+    help="Seed of the bootstrap resamples [default: the one the study recorded].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines).")
-def report(folder: str | None, studies: tuple[str, ...], storage: str | None, out_dir: str | None, formats: str,
-           plot_formats: str, metric: str, bootstrap_seed: int | None, as_json: bool) -> None:
+def report(
+    folder: str | None,
+    studies: tuple[str, ...],
+    storage: str | None,
+    out_dir: str | None,
+    formats: str,
+    plot_formats: str,
+    metric: str,
+    bootstrap_seed: int | None,
+    as_json: bool,
+) -> None:
     """Regenerate a stability report from stored results, without retraining.
 
     FOLDER is an earlier report folder (it keeps the raw results in result/);
@@ -177,24 +306,48 @@ def report(folder: str | None, studies: tuple[str, ...], storage: str | None, ou
         opened, _ = _open(storage)
         result = StabilityResult.combine([result_of(load_stability_study(opened, name)) for name in studies])
         out = Path(out_dir or Path("runs") / "stability" / "report")
-    done = rebuild(result, out, formats=_split(formats, FORMATS, "--format"),
-                   plot_formats=_split(plot_formats, PLOT_FORMATS, "--plot-format"), metric=metric,
-                   bootstrap_seed=bootstrap_seed)
+    done = rebuild(
+        result,
+        out,
+        formats=_split(formats, FORMATS, "--format"),
+        plot_formats=_split(plot_formats, PLOT_FORMATS, "--plot-format"),
+        metric=metric,
+        bootstrap_seed=bootstrap_seed,
+    )
     _print(done, metric, as_json)
 
 
 # ----------------------------------------------------------------- the work
-def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary: str, decompose: str | None,
-             array_size: int | None, device: str, dtype: str, threads: int | None, storage: str | None,
-             artifact_dir: str | None, out_dir: str | None, formats: str, plot_formats: str, metric: str,
-             bootstrap_seed: int, as_json: bool, quiet: bool) -> None:
+def _execute(
+    configs: list,
+    earlier: list,
+    *,
+    n_seeds: int,
+    base_seed: int,
+    vary: str,
+    decompose: str | None,
+    array_size: int | None,
+    device: str,
+    dtype: str,
+    threads: int | None,
+    storage: str | None,
+    artifact_dir: str | None,
+    out_dir: str | None,
+    formats: str,
+    plot_formats: str,
+    metric: str,
+    bootstrap_seed: int,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     import optuna
 
     from stability._study import metric_for, run_study
 
     formats_ = _split(formats, FORMATS, "--format")
     plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
-    from hfta_nas.runtime import checked_out_dir as _checked_out_dir, set_up_command_process
+    from hfta_nas.runtime import checked_out_dir as _checked_out_dir
+    from hfta_nas.runtime import set_up_command_process
 
     for option, folder in (("--out", out_dir), ("--artifact-dir", artifact_dir)):
         if folder is not None:  # before training, not when the first file is written
@@ -203,10 +356,25 @@ def _execute(configs: list, earlier: list, *, n_seeds: int, base_seed: int, vary
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metric = metric_for(configs, metric)
     with _Progress(enabled=not (quiet or as_json)) as progress:
-        done = run_study(configs, seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed, device=device,
-                         dtype=dtype, array_size=array_size, storage=storage, out_dir=out_dir, formats=formats_,
-                         plot_formats=plot_formats_, metric=metric, bootstrap_seed=bootstrap_seed,
-                         artifact_dir=artifact_dir, earlier=earlier, on_event=progress.event)
+        done = run_study(
+            configs,
+            seeds=n_seeds,
+            vary=vary,
+            decompose=decompose,
+            base_seed=base_seed,
+            device=device,
+            dtype=dtype,
+            array_size=array_size,
+            storage=storage,
+            out_dir=out_dir,
+            formats=formats_,
+            plot_formats=plot_formats_,
+            metric=metric,
+            bootstrap_seed=bootstrap_seed,
+            artifact_dir=artifact_dir,
+            earlier=earlier,
+            on_event=progress.event,
+        )
     _print(done, metric, as_json)
 
 
@@ -227,8 +395,12 @@ def _summary(done: Any, metric: str) -> dict[str, Any]:
     return {
         "metric": metric,
         "configs": [_clean(row) for row in rows.to_dict("records")],
-        "comparisons": [_clean(r) for r in analysis.comparisons[analysis.comparisons["metric"] == metric].to_dict("records")],
-        "decomposition": [_clean(r) for r in analysis.decomposition[analysis.decomposition["metric"] == metric].to_dict("records")],
+        "comparisons": [
+            _clean(r) for r in analysis.comparisons[analysis.comparisons["metric"] == metric].to_dict("records")
+        ],
+        "decomposition": [
+            _clean(r) for r in analysis.decomposition[analysis.decomposition["metric"] == metric].to_dict("records")
+        ],
         "seconds": metadata.get("seconds"),
         "arrays": metadata.get("arrays", []),
         "reused_seeds": metadata.get("reused_seeds", 0),
@@ -240,8 +412,9 @@ def _summary(done: Any, metric: str) -> dict[str, Any]:
 
 
 def _print_summary(summary: dict[str, Any], metric: str) -> None:
-    from hfta_nas.runtime import command_console, plural
     from rich.table import Table
+
+    from hfta_nas.runtime import command_console, plural
 
     console = command_console()
     scale, unit = (100.0, "%") if metric.endswith("_acc") else (1.0, "")
@@ -251,26 +424,37 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     for row in summary["configs"]:
         f = lambda v: "n/a" if v is None else f"{scale * v:.2f}{unit}"  # noqa: E731
         table.add_row(
-            str(row["config"]), str(row["n"]), str(row["n_failed"]), f"{f(row['mean'])} ± {f(row['std'])}",
+            str(row["config"]),
+            str(row["n"]),
+            str(row["n_failed"]),
+            f"{f(row['mean'])} ± {f(row['std'])}",
             f"[{f(row['ci_low'])}, {f(row['ci_high'])}]" + (" (few seeds)" if row.get("few_seeds") else ""),
             f"{f(row['median'])} [{f(row['iqr'])}]",
-            f"{f(row['min'])}–{f(row['max'])}", f(row.get("noise_floor_std")),
+            f"{f(row['min'])}–{f(row['max'])}",
+            f(row.get("noise_floor_std")),
         )
     console.print(table)
     for c in summary["comparisons"]:
-        console.print(f"{c['a']} vs {c['b']}: diff {scale * c['mean_diff']:+.2f}{unit}, Welch p={c['welch_p']:.3g} "
-                      f"(Holm {c['welch_p_holm']:.3g}), P(A better)={c['p_a_better']:.2f} "
-                      f"[{c['p_a_better_low']:.2f}, {c['p_a_better_high']:.2f}], Cliff's delta={c['cliff_delta']:+.2f}, "
-                      f"ASO eps_min={c['aso_eps_min']:.2f}")
+        console.print(
+            f"{c['a']} vs {c['b']}: diff {scale * c['mean_diff']:+.2f}{unit}, Welch p={c['welch_p']:.3g} "
+            f"(Holm {c['welch_p_holm']:.3g}), P(A better)={c['p_a_better']:.2f} "
+            f"[{c['p_a_better_low']:.2f}, {c['p_a_better_high']:.2f}], Cliff's delta={c['cliff_delta']:+.2f}, "
+            f"ASO eps_min={c['aso_eps_min']:.2f}"
+        )
     for d in summary["decomposition"]:
         share = "" if d.get("share") is None else f" ({d['share']:.0%} of the sum of sources)"
         console.print(f"variance from {d['source']}: {d['variance']:.3g}{share}")
     arrays = summary["arrays"]
     if arrays:
         sizes = ", ".join(str(a["size"]) for a in arrays)
-        console.print(f"{plural(len(arrays), 'array')} of {sizes} slots in {summary['seconds']:.1f} s"
-                      + (f"; {plural(summary['reused_seeds'], 'seed')} reused from the storage"
-                         if summary["reused_seeds"] else ""))
+        console.print(
+            f"{plural(len(arrays), 'array')} of {sizes} slots in {summary['seconds']:.1f} s"
+            + (
+                f"; {plural(summary['reused_seeds'], 'seed')} reused from the storage"
+                if summary["reused_seeds"]
+                else ""
+            )
+        )
     elif summary["reused_seeds"]:
         console.print(f"{plural(summary['reused_seeds'], 'seed')} reused from the storage: nothing to retrain")
     console.print(f"report: {summary['report']}")
@@ -284,14 +468,29 @@ class _Progress:
     """One rich progress bar over the epochs of the array being trained."""
 
     def __init__(self, enabled: bool) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
         from hfta_nas.runtime import command_console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
 
         self.console = command_console(stderr=True)
         self.live = enabled and self.console.is_terminal  # else (a pipe, a log): plain lines with an ETA
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("ETA"), TimeRemainingColumn(), console=self.console, disable=not self.live)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            disable=not self.live,
+        )
         self.enabled = enabled
         self.task = None
         self.array_started, self.first_epoch, self.last_epoch = 0.0, 1, 0
@@ -310,13 +509,17 @@ class _Progress:
             reused = f", {info['reused']} reused from the storage" if info["reused"] else ""
             self.progress.console.print(f"{info['label']}: {info['todo']} seeds to train{reused}")
         elif kind == "split":
-            self.progress.console.print(f"{info['label']}: an array of {info['size']} seeds ran out of memory "
-                                        f"({info['reason']}); retrying as {info['half']} + {info['size'] - info['half']}")
+            self.progress.console.print(
+                f"{info['label']}: an array of {info['size']} seeds ran out of memory "
+                f"({info['reason']}); retrying as {info['half']} + {info['size'] - info['half']}"
+            )
         elif kind == "epoch":
             if self.task is None or info["epoch"] <= self.last_epoch:  # a new array (or one continued mid-way)
                 if self.task is not None:
                     self.progress.remove_task(self.task)
-                self.task = self.progress.add_task(f"{info['label']} ({info['size']} slots) epochs", total=info["epochs"])
+                self.task = self.progress.add_task(
+                    f"{info['label']} ({info['size']} slots) epochs", total=info["epochs"]
+                )
                 self.array_started, self.first_epoch = time.monotonic(), info["epoch"]
             self.last_epoch = info["epoch"]
             self.progress.update(self.task, completed=info["epoch"])
@@ -330,8 +533,9 @@ class _Progress:
             return
         elapsed = time.monotonic() - self.array_started
         eta = elapsed / (epoch - self.first_epoch + 1) * (epochs - epoch)
-        self.console.print(f"{info['label']} ({info['size']} slots): epoch {epoch}/{epochs}, {elapsed:.1f} s, "
-                           f"ETA {eta:.0f} s")
+        self.console.print(
+            f"{info['label']} ({info['size']} slots): epoch {epoch}/{epochs}, {elapsed:.1f} s, ETA {eta:.0f} s"
+        )
 
 
 def _open(storage: str | None) -> tuple[Any, str]:
@@ -350,7 +554,9 @@ def _load_result(folder: Path) -> Any:
                 return StabilityResult.load(candidate)
             except (OSError, ValueError, KeyError) as error:
                 raise HftaNasError(f"cannot read the stability results in '{candidate}': {error}") from None
-    raise HftaNasError(f"'{folder}' holds no stability results (expected result/seeds.csv, written by `hfta-nas stability --out`).")
+    raise HftaNasError(
+        f"'{folder}' holds no stability results (expected result/seeds.csv, written by `hfta-nas stability --out`)."
+    )
 
 
 def _clean(row: dict[str, Any]) -> dict[str, Any]:

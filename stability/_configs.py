@@ -58,7 +58,9 @@ def _value(text: str) -> Any:
     return value
 
 
-def load_config(path: str | Path, params: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> ResolvedConfig:
+def load_config(
+    path: str | Path, params: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()
+) -> ResolvedConfig:
     """A config file, or a search space with its searched parameters fixed by `params`;
     `overrides` (`--set key=value`) over the file's settings."""
     text = read_text(path)
@@ -72,7 +74,8 @@ def load_config(path: str | Path, params: Mapping[str, Any] | None = None, overr
         if not values and space.searched:
             raise HftaNasError(
                 f"{path} is a search space with searched parameters ({', '.join(space.searched)}); "
-                "fix each with --params key=value, or pass the config a search exported (runs/<study>/best_config.yaml).")
+                "fix each with --params key=value, or pass the config a search exported (runs/<study>/best_config.yaml)."
+            )
         return space.resolve(values)
     if params:
         raise HftaNasError(f"--params fixes the searched parameters of a search space file; {path} is a config file.")
@@ -100,7 +103,9 @@ def top_k_configs(storage: Any, study_name: str, k: int) -> list[LabelledConfig]
     text = study_text(study, "space_text")
     if text is None:
         raise HftaNasError(f"study '{study_name}' was not made by `hfta-nas search` (it has no stored search space).")
-    space = parse_space(text, study.user_attrs.get("space_source", study_name), study_text(study, "space_overrides", []))
+    space = parse_space(
+        text, study.user_attrs.get("space_source", study_name), study_text(study, "space_overrides", [])
+    )
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not complete:
         raise HftaNasError(f"study '{study_name}' has no completed trial to re-run.")

@@ -35,7 +35,6 @@ import numpy as np
 from hfta_nas.errors import HftaNasError
 from stability._result import DEFAULT_VARY, SOURCES
 
-
 # the position names each design's streams: append, never reorder (stored studies are found by their seeds)
 DESIGNS = ("all", "only_init", "only_data", "only_dropout", "grid", "only_split")
 DECOMPOSITIONS = ("sources", "grid")  # --decompose (one source at a time) and --decompose grid
@@ -76,8 +75,9 @@ def parse_vary(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(s for s in SOURCES if s in names)
 
 
-def plan(n_seeds: int, *, vary: Sequence[str] = DEFAULT_VARY, decompose: bool | str | None = None,
-         base_seed: int = 0) -> list[SeedPlan]:
+def plan(
+    n_seeds: int, *, vary: Sequence[str] = DEFAULT_VARY, decompose: bool | str | None = None, base_seed: int = 0
+) -> list[SeedPlan]:
     """The models of one configuration's study, main design first; `decompose`: None (or False),
     "sources" (or True: one design per varied source) or "grid" (init x data)."""
     if not isinstance(n_seeds, int) or isinstance(n_seeds, bool) or n_seeds < 1:
@@ -86,26 +86,42 @@ def plan(n_seeds: int, *, vary: Sequence[str] = DEFAULT_VARY, decompose: bool | 
     plans = [SeedPlan("all", i, _seeds(base_seed, "all", vary, i)) for i in range(n_seeds)]
     if decompose == "sources":
         if len(vary) < 2:
-            raise HftaNasError("--decompose attributes variance to several sources; vary at least two "
-                               "(e.g. --vary init,data).")
-        plans += [SeedPlan(f"only_{s}", i, _seeds(base_seed, f"only_{s}", (s,), i)) for s in vary for i in range(n_seeds)]
+            raise HftaNasError(
+                "--decompose attributes variance to several sources; vary at least two (e.g. --vary init,data)."
+            )
+        plans += [
+            SeedPlan(f"only_{s}", i, _seeds(base_seed, f"only_{s}", (s,), i)) for s in vary for i in range(n_seeds)
+        ]
     elif decompose == "grid":
         if not {"init", "data"} <= set(vary):
-            raise HftaNasError("--decompose grid crosses init seeds with data seeds; vary both (e.g. --vary init,data).")
+            raise HftaNasError(
+                "--decompose grid crosses init seeds with data seeds; vary both (e.g. --vary init,data)."
+            )
         k = grid_size(n_seeds)
-        plans += [SeedPlan("grid", i * k + j, {"init": source_seed(base_seed, "init", i, "grid"),
-                                               "data": source_seed(base_seed, "data", j, "grid"),
-                                               "dropout": source_seed(base_seed, "dropout",
-                                                                      i * k + j if "dropout" in vary else 0, "grid")})
-                  for i in range(k) for j in range(k)]
+        plans += [
+            SeedPlan(
+                "grid",
+                i * k + j,
+                {
+                    "init": source_seed(base_seed, "init", i, "grid"),
+                    "data": source_seed(base_seed, "data", j, "grid"),
+                    "dropout": source_seed(base_seed, "dropout", i * k + j if "dropout" in vary else 0, "grid"),
+                },
+            )
+            for i in range(k)
+            for j in range(k)
+        ]
     return plans
 
 
 def _seeds(base_seed: int, design: str, varied: Sequence[str], index: int) -> dict[str, int]:
     """Seed `index` of every source in `design`: the varied ones move, the others keep their first seed;
     the split has a seed only where it varies (elsewhere the data's own split is used)."""
-    return {s: source_seed(base_seed, s, index if s in varied else 0, design)
-            for s in SOURCES if s != "split" or s in varied}
+    return {
+        s: source_seed(base_seed, s, index if s in varied else 0, design)
+        for s in SOURCES
+        if s != "split" or s in varied
+    }
 
 
 def parse_decompose(value: bool | str | None) -> str | None:

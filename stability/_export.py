@@ -21,15 +21,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hfta_nas.runtime import atomic_write_text
 from hfta_nas.errors import HftaNasError
+from hfta_nas.runtime import atomic_write_text
 from stability import _plots
 from stability._formats import FORMATS, PLOT_FORMATS
 from stability._result import Analysis, StabilityResult
 
 
-def write_report(result: StabilityResult, analysis: Analysis, out: str | Path, *, formats: Sequence[str] = FORMATS,
-                 plot_formats: Sequence[str] = PLOT_FORMATS, metric: str = "test_acc") -> dict[str, list[Path]]:
+def write_report(
+    result: StabilityResult,
+    analysis: Analysis,
+    out: str | Path,
+    *,
+    formats: Sequence[str] = FORMATS,
+    plot_formats: Sequence[str] = PLOT_FORMATS,
+    metric: str = "test_acc",
+) -> dict[str, list[Path]]:
     """Write the report in each format to `out`; returns {format: files}, plus "plots" when plot files were written."""
     _check(formats, FORMATS, "--format")
     _check(plot_formats, PLOT_FORMATS, "--plot-format")
@@ -51,8 +58,10 @@ def write_report(result: StabilityResult, analysis: Analysis, out: str | Path, *
 def _check(chosen: Sequence[str], known: Sequence[str], option: str) -> None:
     unknown = [c for c in chosen if c not in known]
     if unknown:
-        raise HftaNasError(f"{option}: unknown {', '.join(map(repr, unknown))}; "
-                           f"expected a comma-separated subset of {', '.join(known)}.")
+        raise HftaNasError(
+            f"{option}: unknown {', '.join(map(repr, unknown))}; "
+            f"expected a comma-separated subset of {', '.join(known)}."
+        )
 
 
 @dataclass
@@ -73,10 +82,15 @@ class _Report:
 
 def _write_csv(report: _Report, out: Path) -> list[Path]:
     """The per-seed table (every metric, each source's seed) and every analysis frame."""
-    frames = {"seeds": report.result.seeds, "summary": report.analysis.summary,
-              "per_epoch": report.analysis.per_epoch, "comparisons": report.analysis.comparisons,
-              "ranking": report.analysis.ranking, "power": report.analysis.power,
-              "decomposition": report.analysis.decomposition}
+    frames = {
+        "seeds": report.result.seeds,
+        "summary": report.analysis.summary,
+        "per_epoch": report.analysis.per_epoch,
+        "comparisons": report.analysis.comparisons,
+        "ranking": report.analysis.ranking,
+        "power": report.analysis.power,
+        "decomposition": report.analysis.decomposition,
+    }
     written = []
     for name, frame in frames.items():
         if name in ("comparisons", "decomposition") and frame.empty:
@@ -144,12 +158,22 @@ def _write_html(report: _Report, out: Path) -> list[Path]:
 def _write_latex(report: _Report, out: Path) -> list[Path]:
     """A booktabs table of the metric per configuration (and the comparisons, when any),
     ready for \\input{} in a paper (needs \\usepackage{booktabs,graphicx})."""
-    parts = [_latex(_distribution_table(report), caption=f"Final {report.metric.replace('_', ' ')} over seeds "
-                                                         "(mean $\\pm$ std, 95\\% intervals).", label="tab:stability")]
+    parts = [
+        _latex(
+            _distribution_table(report),
+            caption=f"Final {report.metric.replace('_', ' ')} over seeds (mean $\\pm$ std, 95\\% intervals).",
+            label="tab:stability",
+        )
+    ]
     comparisons = _comparison_table(report)
     if not comparisons.empty:
-        parts.append(_latex(comparisons, caption="Pairwise comparisons (p-values Holm-adjusted per test across pairs).",
-                            label="tab:stability-comparisons"))
+        parts.append(
+            _latex(
+                comparisons,
+                caption="Pairwise comparisons (p-values Holm-adjusted per test across pairs).",
+                label="tab:stability-comparisons",
+            )
+        )
     path = out / "report.tex"
     atomic_write_text(path, "\n".join(parts))
     return [path]
@@ -175,61 +199,107 @@ def _sections(report: _Report) -> list[_Section]:
     failed = seeds[seeds["status"] != "completed"]
     sections = [
         _Section("Protocol", _protocol_text(metadata, analysis), _protocol_table(metadata)),
-        _Section("Distribution over seeds",
-                 "Completed seeds only; failed or diverged seeds are counted in 'failed'. The interval is the 95% "
-                 "t interval of the mean (measured at 93-97% coverage from 5 seeds on normal, skewed and "
-                 "heavy-tailed data; 'few seeds' marks n below 5, where its level rests on normality; the BCa "
-                 "bootstrap interval is in the CSV/JSON). The noise floor sqrt(p(1-p)/n_test) is the standard "
-                 "error with which one seed's test accuracy p estimates its accuracy on the population the "
-                 "test set was drawn from: differences between seeds of about that size cannot be told apart "
-                 "from the luck of which examples are in the test set. 'var / noise var' well above 1: the "
-                 "seeds differ by more than that.",
-                 _distribution_table(report), "distribution"),
+        _Section(
+            "Distribution over seeds",
+            "Completed seeds only; failed or diverged seeds are counted in 'failed'. The interval is the 95% "
+            "t interval of the mean (measured at 93-97% coverage from 5 seeds on normal, skewed and "
+            "heavy-tailed data; 'few seeds' marks n below 5, where its level rests on normality; the BCa "
+            "bootstrap interval is in the CSV/JSON). The noise floor sqrt(p(1-p)/n_test) is the standard "
+            "error with which one seed's test accuracy p estimates its accuracy on the population the "
+            "test set was drawn from: differences between seeds of about that size cannot be told apart "
+            "from the luck of which examples are in the test set. 'var / noise var' well above 1: the "
+            "seeds differ by more than that.",
+            _distribution_table(report),
+            "distribution",
+        ),
         _Section("Empirical distribution", "Fraction of seeds at or below each final value.", None, "ecdf"),
-        _Section("Learning curves", "Every seed as a thin line; the mean with its 95% t interval as a band.",
-                 None, "curves"),
+        _Section(
+            "Learning curves", "Every seed as a thin line; the mean with its 95% t interval as a band.", None, "curves"
+        ),
     ]
     if len(failed):
-        sections.append(_Section(f"Failed seeds ({len(failed)} of {len(seeds)})",
-                                 "These seeds are counted, not dropped: they did not finish or diverged.",
-                                 failed[["config", "design", "seed_index", "seed_init", "seed_data", "seed_dropout", "seed_split",
-                                         "epochs", "reason"]]))
+        sections.append(
+            _Section(
+                f"Failed seeds ({len(failed)} of {len(seeds)})",
+                "These seeds are counted, not dropped: they did not finish or diverged.",
+                failed[
+                    [
+                        "config",
+                        "design",
+                        "seed_index",
+                        "seed_init",
+                        "seed_data",
+                        "seed_dropout",
+                        "seed_split",
+                        "epochs",
+                        "reason",
+                    ]
+                ],
+            )
+        )
     comparisons = _comparison_table(report)
     if not comparisons.empty:
-        sections.append(_Section(
-            "Comparisons", "'Better' follows the metric's direction (higher accuracy, lower loss). Welch's t and "
-            "Mann-Whitney U p-values, each Holm-adjusted across the pairs (in brackets); Cohen's d and Cliff's "
-            "delta (positive: A better); P(A better than B), ties counted half, with Newcombe's 95% score "
-            "interval; almost-stochastic-order epsilon_min at a Bonferroni-adjusted confidence (below 0.5: A "
-            "tends to be better; 0 is strict dominance).", comparisons))
+        sections.append(
+            _Section(
+                "Comparisons",
+                "'Better' follows the metric's direction (higher accuracy, lower loss). Welch's t and "
+                "Mann-Whitney U p-values, each Holm-adjusted across the pairs (in brackets); Cohen's d and Cliff's "
+                "delta (positive: A better); P(A better than B), ties counted half, with Newcombe's 95% score "
+                "interval; almost-stochastic-order epsilon_min at a Bonferroni-adjusted confidence (below 0.5: A "
+                "tends to be better; 0 is strict dominance).",
+                comparisons,
+            )
+        )
     ranking = analysis.ranking[analysis.ranking["metric"] == report.metric]
     if len(ranking) > 1:
-        sections.append(_Section("Ranking with intervals", "Best first; overlapping intervals mean the order may "
-                                 "be a matter of seeds.", _ranking_table(report, ranking), "comparison"))
-    sections.append(_Section(
-        "Power", "Smallest difference of means these seeds detect (two-sided Welch, alpha 0.05, power 0.8) and "
-        "the seeds per configuration each difference would need, at the observed seed-to-seed std.",
-        _power_table(report)))
+        sections.append(
+            _Section(
+                "Ranking with intervals",
+                "Best first; overlapping intervals mean the order may be a matter of seeds.",
+                _ranking_table(report, ranking),
+                "comparison",
+            )
+        )
+    sections.append(
+        _Section(
+            "Power",
+            "Smallest difference of means these seeds detect (two-sided Welch, alpha 0.05, power 0.8) and "
+            "the seeds per configuration each difference would need, at the observed seed-to-seed std.",
+            _power_table(report),
+        )
+    )
     decomposition = analysis.decomposition[analysis.decomposition["metric"] == report.metric]
     if not decomposition.empty:
-        sections.append(_Section(
-            "Sources of variance", "Method 'sources' (--decompose): each source varied alone (the others fixed), "
-            "each design with seeds of its own; its variance, 95% chi-square interval and share of the sum of the "
-            "sources' variances, beside the total when all vary (a total below the sum: the sources interact, each one-at-a-time design counting their "
-            "interaction once more). "
-            "Method 'grid' (--decompose grid): init seeds crossed with data seeds, one run per cell; two-way "
-            "random-effects ANOVA components with 95% intervals (modified large-sample for init and data, "
-            "chi-square for their interaction, which holds the residual: dropout and what seeds leave unexplained).",
-            _round(decomposition), "variance"))
-    sections.append(_Section("All metrics", "Every recorded metric, every design.",
-                             _round(analysis.summary.drop(columns=["outliers", "best_of_k"]))))
+        sections.append(
+            _Section(
+                "Sources of variance",
+                "Method 'sources' (--decompose): each source varied alone (the others fixed), "
+                "each design with seeds of its own; its variance, 95% chi-square interval and share of the sum of the "
+                "sources' variances, beside the total when all vary (a total below the sum: the sources interact, each one-at-a-time design counting their "
+                "interaction once more). "
+                "Method 'grid' (--decompose grid): init seeds crossed with data seeds, one run per cell; two-way "
+                "random-effects ANOVA components with 95% intervals (modified large-sample for init and data, "
+                "chi-square for their interaction, which holds the residual: dropout and what seeds leave unexplained).",
+                _round(decomposition),
+                "variance",
+            )
+        )
+    sections.append(
+        _Section(
+            "All metrics",
+            "Every recorded metric, every design.",
+            _round(analysis.summary.drop(columns=["outliers", "best_of_k"])),
+        )
+    )
     return sections
 
 
 def _protocol_text(metadata: dict[str, Any], analysis: Analysis) -> str:
     command = metadata.get("command", "")
-    return (f"Reproduce with: {command}. Bootstrap: {analysis.settings.get('n_resamples')} resamples, "
-            f"seed {analysis.settings.get('bootstrap_seed')}.")
+    return (
+        f"Reproduce with: {command}. Bootstrap: {analysis.settings.get('n_resamples')} resamples, "
+        f"seed {analysis.settings.get('bootstrap_seed')}."
+    )
 
 
 def _protocol_table(metadata: dict[str, Any]) -> pd.DataFrame:
@@ -287,15 +357,21 @@ def _distribution_table(report: _Report) -> pd.DataFrame:
     table = []
     for _, r in rows.iterrows():
         best = json.loads(r["best_of_k"]) if r["best_of_k"] else {}
-        row = {"config": r["config"], **({"design": r["design"]} if several_designs else {}),
-               "n": int(r["n"]), "failed": int(r["n_failed"]),
-               "mean ± std": f"{f(r['mean'])} ± {f(r['std'])}",
-               "95% CI (t)": f"[{f(r['ci_low'])}, {f(r['ci_high'])}]" + (" (few seeds)" if r["few_seeds"] else ""),
-               "median [IQR]": f"{f(r['median'])} [{f(r['iqr'])}]", "IQM": f(r["iqm"]),
-               "min – max": f"{f(r['min'])} – {f(r['max'])}", "CV": _fmt(r["cv"], 1, "", 4),
-               "Shapiro p": _p(r["normality_p"]),
-               "outliers": r["outliers"] or "none",
-               "best of k": ", ".join(f"{k}: {f(v)}" for k, v in best.items()) or "n/a"}
+        row = {
+            "config": r["config"],
+            **({"design": r["design"]} if several_designs else {}),
+            "n": int(r["n"]),
+            "failed": int(r["n_failed"]),
+            "mean ± std": f"{f(r['mean'])} ± {f(r['std'])}",
+            "95% CI (t)": f"[{f(r['ci_low'])}, {f(r['ci_high'])}]" + (" (few seeds)" if r["few_seeds"] else ""),
+            "median [IQR]": f"{f(r['median'])} [{f(r['iqr'])}]",
+            "IQM": f(r["iqm"]),
+            "min – max": f"{f(r['min'])} – {f(r['max'])}",
+            "CV": _fmt(r["cv"], 1, "", 4),
+            "Shapiro p": _p(r["normality_p"]),
+            "outliers": r["outliers"] or "none",
+            "best of k": ", ".join(f"{k}: {f(v)}" for k, v in best.items()) or "n/a",
+        }
         if report.is_accuracy:
             row["noise floor sd"] = f(r["noise_floor_std"])
             row["var / noise var"] = _fmt(r["variance_ratio"], 1, "", 2)
@@ -306,22 +382,38 @@ def _distribution_table(report: _Report) -> pd.DataFrame:
 def _comparison_table(report: _Report) -> pd.DataFrame:
     scale, unit = _scale(report)
     rows = report.analysis.comparisons[report.analysis.comparisons["metric"] == report.metric]
-    return pd.DataFrame([{
-        "A": r["a"], "B": r["b"], "mean A - B": _fmt(r["mean_diff"], scale, unit, 2 if report.is_accuracy else 4),
-        "Welch p (Holm)": f"{_p(r['welch_p'])} ({_p(r['welch_p_holm'])})",
-        "MWU p (Holm)": f"{_p(r['mwu_p'])} ({_p(r['mwu_p_holm'])})",
-        "Cohen d": _fmt(r["cohen_d"]), "Cliff delta": _fmt(r["cliff_delta"]),
-        "P(A better) [95% CI]": f"{_fmt(r['p_a_better'])} [{_fmt(r['p_a_better_low'])}, {_fmt(r['p_a_better_high'])}]",
-        "ASO eps_min": _fmt(r["aso_eps_min"], digits=3),
-    } for _, r in rows.iterrows()])
+    return pd.DataFrame(
+        [
+            {
+                "A": r["a"],
+                "B": r["b"],
+                "mean A - B": _fmt(r["mean_diff"], scale, unit, 2 if report.is_accuracy else 4),
+                "Welch p (Holm)": f"{_p(r['welch_p'])} ({_p(r['welch_p_holm'])})",
+                "MWU p (Holm)": f"{_p(r['mwu_p'])} ({_p(r['mwu_p_holm'])})",
+                "Cohen d": _fmt(r["cohen_d"]),
+                "Cliff delta": _fmt(r["cliff_delta"]),
+                "P(A better) [95% CI]": f"{_fmt(r['p_a_better'])} [{_fmt(r['p_a_better_low'])}, {_fmt(r['p_a_better_high'])}]",
+                "ASO eps_min": _fmt(r["aso_eps_min"], digits=3),
+            }
+            for _, r in rows.iterrows()
+        ]
+    )
 
 
 def _ranking_table(report: _Report, ranking: pd.DataFrame) -> pd.DataFrame:
     scale, unit = _scale(report)
     f = lambda v: _fmt(v, scale, unit, 2 if report.is_accuracy else 4)  # noqa: E731
-    return pd.DataFrame([{"rank": "" if pd.isna(r["rank"]) else int(r["rank"]), "config": r["config"],
-                          "mean": f(r["mean"]), "95% CI (t)": f"[{f(r['ci_low'])}, {f(r['ci_high'])}]"}
-                         for _, r in ranking.iterrows()])
+    return pd.DataFrame(
+        [
+            {
+                "rank": "" if pd.isna(r["rank"]) else int(r["rank"]),
+                "config": r["config"],
+                "mean": f(r["mean"]),
+                "95% CI (t)": f"[{f(r['ci_low'])}, {f(r['ci_high'])}]",
+            }
+            for _, r in ranking.iterrows()
+        ]
+    )
 
 
 def _power_table(report: _Report) -> pd.DataFrame:
@@ -330,12 +422,17 @@ def _power_table(report: _Report) -> pd.DataFrame:
     needed = [c for c in power.columns if c.startswith("seeds_needed_")]
     rows = []
     for _, r in power.iterrows():
-        row = {"config": r["config"], "n": int(r["n"]),
-               "std": _fmt(r["std"], scale, unit, 2 if report.is_accuracy else 4),
-               "min detectable diff": _fmt(r["min_detectable_diff"], scale, unit, 2 if report.is_accuracy else 4)}
+        row = {
+            "config": r["config"],
+            "n": int(r["n"]),
+            "std": _fmt(r["std"], scale, unit, 2 if report.is_accuracy else 4),
+            "min detectable diff": _fmt(r["min_detectable_diff"], scale, unit, 2 if report.is_accuracy else 4),
+        }
         for column in needed:
             difference = float(column.removeprefix("seeds_needed_"))
-            row[f"seeds for {_fmt(difference, scale, unit, 1 if report.is_accuracy else 3)}"] = _fmt(r[column], digits=0)
+            row[f"seeds for {_fmt(difference, scale, unit, 1 if report.is_accuracy else 3)}"] = _fmt(
+                r[column], digits=0
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -345,8 +442,16 @@ def _round(frame: pd.DataFrame, digits: int = 6) -> pd.DataFrame:
 
 
 # Characters of the tables that plain LaTeX (no inputenc tricks) cannot typeset, in math or text mode.
-_LATEX_SYMBOLS = {"±": "$\\pm$", "–": "--", "—": "---", "×": "$\\times$", "≥": "$\\geq$", "≤": "$\\leq$",
-                  "≈": "$\\approx$", "ε": "$\\varepsilon$"}
+_LATEX_SYMBOLS = {
+    "±": "$\\pm$",
+    "–": "--",
+    "—": "---",
+    "×": "$\\times$",
+    "≥": "$\\geq$",
+    "≤": "$\\leq$",
+    "≈": "$\\approx$",
+    "ε": "$\\varepsilon$",
+}
 
 
 def _latex(table: pd.DataFrame, *, caption: str, label: str) -> str:

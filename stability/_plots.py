@@ -43,8 +43,10 @@ def draw(result: StabilityResult, analysis: Analysis, metric: str) -> dict[str, 
     ranking = analysis.ranking[analysis.ranking["metric"] == metric].dropna(subset=["mean"])
     if len(ranking) > 1:  # one config has nothing to rank
         figures["comparison"] = _comparison(ranking, metric)
-    shares = analysis.decomposition[(analysis.decomposition["metric"] == metric)
-                                    & ~analysis.decomposition["source"].isin(["total", "sum_of_sources"])]
+    shares = analysis.decomposition[
+        (analysis.decomposition["metric"] == metric)
+        & ~analysis.decomposition["source"].isin(["total", "sum_of_sources"])
+    ]
     if not shares.empty:
         figures["variance"] = _variance(shares, metric)
     return figures
@@ -79,8 +81,13 @@ def _final_values(result: StabilityResult, metric: str) -> pd.DataFrame:
     if metric not in seeds.columns:
         return pd.DataFrame(columns=["config", "seed_index", "value"])
     rows = seeds[(seeds["design"] == "all") & (seeds["status"] == "completed")]
-    values = pd.DataFrame({"config": rows["config"].astype(str), "seed_index": rows["seed_index"],
-                           "value": pd.to_numeric(rows[metric], errors="coerce")})
+    values = pd.DataFrame(
+        {
+            "config": rows["config"].astype(str),
+            "seed_index": rows["seed_index"],
+            "value": pd.to_numeric(rows[metric], errors="coerce"),
+        }
+    )
     return values[np.isfinite(values["value"])]
 
 
@@ -109,10 +116,22 @@ def _distribution(values: pd.DataFrame, metric: str) -> Figure:
     order = list(pd.unique(values["config"]))
     with warnings.catch_warnings():  # seaborn 0.13 still passes matplotlib 3.11's deprecated `vert`
         warnings.simplefilter("ignore", matplotlib.MatplotlibDeprecationWarning)
-        sns.boxplot(data=values, x="config", y="value", order=order, ax=ax, color="0.9", width=0.5,
-                    showfliers=False)  # the strip shows every seed, outliers included
-    sns.stripplot(data=values, x="config", y="value", order=order, ax=ax, hue="config", hue_order=order,
-                  legend=False, size=5, alpha=0.8, jitter=0.15)
+        sns.boxplot(
+            data=values, x="config", y="value", order=order, ax=ax, color="0.9", width=0.5, showfliers=False
+        )  # the strip shows every seed, outliers included
+    sns.stripplot(
+        data=values,
+        x="config",
+        y="value",
+        order=order,
+        ax=ax,
+        hue="config",
+        hue_order=order,
+        legend=False,
+        size=5,
+        alpha=0.8,
+        jitter=0.15,
+    )
     ax.set(xlabel="", ylabel=_label(metric), title=f"final {_label(metric)} over seeds")
     return figure
 
@@ -136,8 +155,15 @@ def _curves(curves: pd.DataFrame, per_epoch: pd.DataFrame, metric: str) -> Figur
         if config not in palette:
             continue
         ax.plot(band["epoch"], band["mean"], color=palette[config], linewidth=2.0, label=f"{config} mean")
-        ax.fill_between(band["epoch"], band["ci_low"], band["ci_high"], color=palette[config], alpha=0.25,
-                        linewidth=0, label=f"{config} 95% CI")
+        ax.fill_between(
+            band["epoch"],
+            band["ci_low"],
+            band["ci_high"],
+            color=palette[config],
+            alpha=0.25,
+            linewidth=0,
+            label=f"{config} 95% CI",
+        )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="epoch", ylabel=_label(metric), title=f"{_label(metric)} per epoch (thin: one seed)")
     ax.legend(fontsize="small")
@@ -152,8 +178,9 @@ def _comparison(ranking: pd.DataFrame, metric: str) -> Figure:
     low = (ranking["mean"] - ranking["ci_low"]).clip(lower=0).fillna(0)
     high = (ranking["ci_high"] - ranking["mean"]).clip(lower=0).fillna(0)
     ax.errorbar(ranking["mean"], positions, xerr=[low, high], fmt="o", capsize=4, color="C0")
-    ax.set_yticks(positions, [f"{int(r)}. {c}" if pd.notna(r) else str(c)
-                              for r, c in zip(ranking["rank"], ranking["config"])])
+    ax.set_yticks(
+        positions, [f"{int(r)}. {c}" if pd.notna(r) else str(c) for r, c in zip(ranking["rank"], ranking["config"])]
+    )
     ax.set(xlabel=f"mean final {_label(metric)} (95% BCa interval)", title="ranking with intervals")
     return figure
 
@@ -163,6 +190,9 @@ def _variance(shares: pd.DataFrame, metric: str) -> Figure:
     ax = figure.add_subplot()
     hue = "config" if shares["config"].nunique() > 1 else None
     sns.barplot(data=shares, x="source", y="share", hue=hue, ax=ax)
-    ax.set(xlabel="source of randomness", ylabel="share of the summed variance",
-           title=f"where the variance of {_label(metric)} comes from")
+    ax.set(
+        xlabel="source of randomness",
+        ylabel="share of the summed variance",
+        title=f"where the variance of {_label(metric)} comes from",
+    )
     return figure

@@ -21,9 +21,24 @@ import pandas as pd
 from hfta_nas.runtime import atomic_write_text
 
 # Final metrics recorded per seed; accuracies are fractions in [0, 1].
-METRICS = ("test_acc", "test_loss", "val_acc", "val_loss", "train_acc", "train_loss",
-           # regression (a config with an mse, mae or huber loss); absent metrics are NaN and left out
-           "test_rmse", "test_mae", "test_r2", "val_rmse", "val_mae", "val_r2", "train_rmse", "train_mae", "train_r2")
+METRICS = (
+    "test_acc",
+    "test_loss",
+    "val_acc",
+    "val_loss",
+    "train_acc",
+    "train_loss",
+    # regression (a config with an mse, mae or huber loss); absent metrics are NaN and left out
+    "test_rmse",
+    "test_mae",
+    "test_r2",
+    "val_rmse",
+    "val_mae",
+    "val_r2",
+    "train_rmse",
+    "train_mae",
+    "train_r2",
+)
 SOURCES = ("init", "data", "dropout", "split")  # split: the train/validation partition, re-drawn per seed
 DEFAULT_VARY = ("init", "data", "dropout")  # the split stays the data's own unless asked for
 
@@ -38,8 +53,18 @@ DEFAULT_VARY = ("init", "data", "dropout")  # the split stays the data's own unl
 #   reason       str   why it failed ("" when completed)
 #   epochs       int   epochs actually run
 #   <metric>     float for every name in METRICS (NaN when failed)
-SEED_COLUMNS = ("config", "seed_index", "design", "seed_init", "seed_data", "seed_dropout", "seed_split", "status",
-                "reason", "epochs")
+SEED_COLUMNS = (
+    "config",
+    "seed_index",
+    "design",
+    "seed_init",
+    "seed_data",
+    "seed_dropout",
+    "seed_split",
+    "status",
+    "reason",
+    "epochs",
+)
 
 # curves.csv: long format, one row per (config, design, seed_index, epoch, metric).
 CURVE_COLUMNS = ("config", "design", "seed_index", "epoch", "metric", "value")
@@ -78,28 +103,41 @@ class StabilityResult:
 
         folder = Path(folder)
         try:
-            seeds = pd.read_csv(folder / "seeds.csv", keep_default_na=False, na_values=[""],
-                                dtype={"config": str, "design": str, "status": str, "reason": str})
+            seeds = pd.read_csv(
+                folder / "seeds.csv",
+                keep_default_na=False,
+                na_values=[""],
+                dtype={"config": str, "design": str, "status": str, "reason": str},
+            )
             seeds["reason"] = seeds["reason"].fillna("")
             if "seed_split" in seeds.columns:
                 seeds["seed_split"] = seeds["seed_split"].astype("Int64")
             curves = pd.read_csv(folder / "curves.csv", dtype={"config": str, "design": str, "metric": str})
             metadata = json.loads((folder / "metadata.json").read_text())
         except (ValueError, KeyError, OSError, pd.errors.ParserError) as error:
-            raise HftaNasError(f"cannot read the stability result in '{folder}': {type(error).__name__}: {error}") from None
+            raise HftaNasError(
+                f"cannot read the stability result in '{folder}': {type(error).__name__}: {error}"
+            ) from None
         rows = metadata.pop("rows", {})
         for name, frame, keys in (("seeds.csv", seeds, SEED_KEYS), ("curves.csv", curves, CURVE_KEYS)):
             if name in rows and len(frame) != rows[name]:
-                raise HftaNasError(f"'{folder / name}' holds {len(frame)} rows where the result wrote {rows[name]}: "
-                                   "it was cut short or edited; restore it, or re-run `hfta-nas stability`.")
+                raise HftaNasError(
+                    f"'{folder / name}' holds {len(frame)} rows where the result wrote {rows[name]}: "
+                    "it was cut short or edited; restore it, or re-run `hfta-nas stability`."
+                )
             missing = [key for key in keys if key not in frame.columns or frame[key].isna().any()]
             if name == "seeds.csv" and not missing:  # a completed seed has every metric the others have
                 completed = frame[frame["status"] == "completed"]
-                missing = [m for m in METRICS if m in frame.columns
-                           and completed[m].notna().any() and completed[m].isna().any()]
+                missing = [
+                    m
+                    for m in METRICS
+                    if m in frame.columns and completed[m].notna().any() and completed[m].isna().any()
+                ]
             if missing:
-                raise HftaNasError(f"'{folder / name}' lacks values of {', '.join(missing)}: it was cut short or "
-                                   "edited; restore it, or re-run `hfta-nas stability`.")
+                raise HftaNasError(
+                    f"'{folder / name}' lacks values of {', '.join(missing)}: it was cut short or "
+                    "edited; restore it, or re-run `hfta-nas stability`."
+                )
         return cls(seeds, curves, metadata)
 
     @classmethod
@@ -116,8 +154,11 @@ class StabilityResult:
         for key in ("configs", "studies"):
             metadata[key] = {k: v for r in results for k, v in r.metadata.get(key, {}).items()}
         metadata["combined"] = [r.metadata for r in results[1:]]
-        return cls(pd.concat([r.seeds for r in results], ignore_index=True),
-                   pd.concat([r.curves for r in results], ignore_index=True), metadata)
+        return cls(
+            pd.concat([r.seeds for r in results], ignore_index=True),
+            pd.concat([r.curves for r in results], ignore_index=True),
+            metadata,
+        )
 
 
 @dataclass
@@ -158,4 +199,3 @@ class Analysis:
     power: pd.DataFrame
     decomposition: pd.DataFrame
     settings: dict[str, Any] = field(default_factory=dict)
-

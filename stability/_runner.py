@@ -26,12 +26,12 @@ import scipy
 import torch
 
 import hfta_nas
-from hfta_nas.runtime import DTYPES, remove_checkpoint, remove_empty_folders, train_in_halves
-from hfta_nas.runtime import checked_device as _checked_device
 from hfta_nas.data import Dataset, load_dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
 from hfta_nas.optim import OPTIMIZERS
+from hfta_nas.runtime import DTYPES, remove_checkpoint, remove_empty_folders, train_in_halves
+from hfta_nas.runtime import checked_device as _checked_device
 from hfta_nas.search import checkpoint_folder
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig
@@ -79,15 +79,23 @@ def run_stability(
         for item in group:
             store = None
             if storage is not None:
-                store = SeedStore(storage, study_name_for(item.label, item.config, dtype), config=item.config,
-                                  device=device_type)
+                store = SeedStore(
+                    storage, study_name_for(item.label, item.config, dtype), config=item.config, device=device_type
+                )
                 stores[item.label] = store
             done = store.finished() if store is not None else {}
             outcomes[item.label] = [store.lookup(p, done) if store else None for p in plans]
             missing = [i for i, outcome in enumerate(outcomes[item.label]) if outcome is None]
             todo += [(item, i) for i in missing]
-            on_event("config", {"label": item.label, "todo": len(missing), "reused": len(plans) - len(missing),
-                                "study": store.name if store else None})
+            on_event(
+                "config",
+                {
+                    "label": item.label,
+                    "todo": len(missing),
+                    "reused": len(plans) - len(missing),
+                    "study": store.name if store else None,
+                },
+            )
         first = stores.get(group[0].label)
         folder = checkpoint_folder(storage_location, first.name) if first is not None else None
         size = array_size or max(len(todo), 1)
@@ -100,8 +108,9 @@ def run_stability(
                 for item in group:
                     mine = [(i, o) for (owner, i), o in zip(chunk, trained) if owner is item]
                     if mine and item.label in stores:
-                        stores[item.label].add([o for _, o in mine], array=len(arrays),
-                                               hfta_nas_version=hfta_nas.__version__)
+                        stores[item.label].add(
+                            [o for _, o in mine], array=len(arrays), hfta_nas_version=hfta_nas.__version__
+                        )
                     for i, outcome in mine:
                         outcomes[item.label][i] = outcome
                 if folder is not None:  # stored: a kill from here on loses nothing
@@ -109,10 +118,22 @@ def run_stability(
             if folder is not None:  # the whole array's, when it ran out of memory mid-run and trained in halves
                 remove_checkpoint(folder / _array_key([(it.config, plans[i]) for it, i in whole], device, dtype))
         remove_empty_folders(folder)
-    metadata = protocol(configs, plans, n_seeds=n_seeds, vary=vary, decompose=decompose, base_seed=base_seed,
-                        device=device, dtype=dtype, bootstrap_seed=bootstrap_seed, arrays=arrays,
-                        n_test=_n_test(datasets), seconds=time.perf_counter() - started,
-                        studies={label: s.name for label, s in stores.items()}, storage=storage_location)
+    metadata = protocol(
+        configs,
+        plans,
+        n_seeds=n_seeds,
+        vary=vary,
+        decompose=decompose,
+        base_seed=base_seed,
+        device=device,
+        dtype=dtype,
+        bootstrap_seed=bootstrap_seed,
+        arrays=arrays,
+        n_test=_n_test(datasets),
+        seconds=time.perf_counter() - started,
+        studies={label: s.name for label, s in stores.items()},
+        storage=storage_location,
+    )
     metadata["reused_seeds"] = sum(o.reused for group in outcomes.values() for o in group)
     result = StabilityResult(*frames(outcomes), metadata)
     for store in stores.values():
@@ -123,8 +144,9 @@ def run_stability(
 Slot = tuple[LabelledConfig, int]  # a configuration and the index of its seed plan
 
 
-def fusable_groups(configs: Sequence[LabelledConfig],
-                   data_of: Callable[[ResolvedConfig], Dataset]) -> list[list[LabelledConfig]]:
+def fusable_groups(
+    configs: Sequence[LabelledConfig], data_of: Callable[[ResolvedConfig], Dataset]
+) -> list[list[LabelledConfig]]:
     """The configurations that can train in one array, in order: the same data, optimizer and its
     flags, schedule, epochs, batch size and model family (or factory); per-slot hyper-parameters
     (lr, weight decay, momentum, betas, ...) may differ, and model configs the engine can pad into
@@ -148,17 +170,30 @@ def _fuses(items: list[LabelledConfig], data: Dataset) -> bool:
         return True
     try:
         with torch.device("meta"):
-            shells = [resolve_model(item.config.model, item.config.model_config, input_shape=data.input_shape,
-                                    num_classes=data.num_classes)() for item in items]
+            shells = [
+                resolve_model(
+                    item.config.model,
+                    item.config.model_config,
+                    input_shape=data.input_shape,
+                    num_classes=data.num_classes,
+                )()
+                for item in items
+            ]
         hfta_nas.check_fusable(shells)
     except Exception:  # noqa: BLE001 - FusionError, or a model that cannot be built on the meta device
         return False
     return True
 
 
-def _train_fitting(chunk: list[Slot], plans: Sequence[SeedPlan], data: Dataset, device: str, dtype: str,
-                   on_event: Event, checkpoints: Path | None = None,
-                   ) -> list[tuple[list[Slot], tuple[list[SeedOutcome], dict[str, Any]]]]:
+def _train_fitting(
+    chunk: list[Slot],
+    plans: Sequence[SeedPlan],
+    data: Dataset,
+    device: str,
+    dtype: str,
+    on_event: Event,
+    checkpoints: Path | None = None,
+) -> list[tuple[list[Slot], tuple[list[SeedOutcome], dict[str, Any]]]]:
     """Train `chunk` (each configuration with its plans' seeds) as one array, split in halves while it
     runs out of memory; a seed that does not fit even alone is a failed seed with the reason (counted,
     not lost). With a `checkpoints` folder each array saves itself every epoch and a re-run continues it."""
@@ -167,11 +202,15 @@ def _train_fitting(chunk: list[Slot], plans: Sequence[SeedPlan], data: Dataset, 
 
     def train(part: list[Slot]) -> tuple[list[SeedOutcome], dict[str, Any]]:
         slots = [(item.config, plans[i]) for item, i in part]
-        return train_slots(slots, data, device=device, dtype=dtype,
-                           on_epoch=lambda epoch, n: on_event(
-                               "epoch", {"label": label, "epoch": epoch, "epochs": epochs, "size": n}),
-                           checkpoint=checkpoints / _array_key(slots, device, dtype) if checkpoints else None,
-                           remove_checkpoint=False)
+        return train_slots(
+            slots,
+            data,
+            device=device,
+            dtype=dtype,
+            on_epoch=lambda epoch, n: on_event("epoch", {"label": label, "epoch": epoch, "epochs": epochs, "size": n}),
+            checkpoint=checkpoints / _array_key(slots, device, dtype) if checkpoints else None,
+            remove_checkpoint=False,
+        )
 
     def on_split(size: int, half: int, reason: str) -> None:
         on_event("split", {"label": label, "size": size, "half": half, "reason": reason})
@@ -179,25 +218,39 @@ def _train_fitting(chunk: list[Slot], plans: Sequence[SeedPlan], data: Dataset, 
     done = []
     for part, trained in train_in_halves(chunk, train, on_split):
         if isinstance(trained, str):  # out of memory with one seed
-            failed = [SeedOutcome(plans[i], "failed", trained, 0, [], device=torch.device(device).type) for _, i in part]
+            failed = [
+                SeedOutcome(plans[i], "failed", trained, 0, [], device=torch.device(device).type) for _, i in part
+            ]
             trained = (failed, {"size": len(part), "seconds": 0.0, "samples_per_s": 0.0, "error": trained})
         done.append((part, trained))
     return done
 
 
 def train_seeds(
-    config: ResolvedConfig, plans: Sequence[SeedPlan], data: Dataset, *, device: str = "cpu", dtype: str = "float32",
-    on_epoch: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
+    config: ResolvedConfig,
+    plans: Sequence[SeedPlan],
+    data: Dataset,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    on_epoch: Callable[[int, int], None] | None = None,
+    checkpoint: Path | None = None,
 ) -> tuple[list[SeedOutcome], dict[str, Any]]:
     """One array: slot b trains `config` with the seeds of `plans[b]` (continuing from
     `checkpoint` when an earlier run of the same array left one)."""
-    return train_slots([(config, p) for p in plans], data, device=device, dtype=dtype, on_epoch=on_epoch,
-                       checkpoint=checkpoint)
+    return train_slots(
+        [(config, p) for p in plans], data, device=device, dtype=dtype, on_epoch=on_epoch, checkpoint=checkpoint
+    )
 
 
 def train_slots(
-    slots: Sequence[tuple[ResolvedConfig, SeedPlan]], data: Dataset, *, device: str = "cpu", dtype: str = "float32",
-    on_epoch: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
+    slots: Sequence[tuple[ResolvedConfig, SeedPlan]],
+    data: Dataset,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    on_epoch: Callable[[int, int], None] | None = None,
+    checkpoint: Path | None = None,
     remove_checkpoint: bool = True,
 ) -> tuple[list[SeedOutcome], dict[str, Any]]:
     """One array: slot b trains configuration `slots[b][0]` (its own per-slot hyper-parameters;
@@ -205,26 +258,36 @@ def train_slots(
     plans = [p for _, p in slots]
     kwargs = slots[0][0].train_kwargs()
     configs = [config for config, _ in slots]
-    kwargs["hparams"] = OPTIMIZERS[configs[0].optimizer].slot_arguments([c.slot_hparams() for c in configs],
-                                                                         configs[0].optimizer_flags())
+    kwargs["hparams"] = OPTIMIZERS[configs[0].optimizer].slot_arguments(
+        [c.slot_hparams() for c in configs], configs[0].optimizer_flags()
+    )
     if any(config.model_config != kwargs["model_config"] for config, _ in slots):  # sizes differ: an envelope
         kwargs["slot_model_configs"] = [config.model_config for config, _ in slots]
     run = hfta_nas.train(
-        dataset=data, device=device, dtype=dtype,
+        dataset=data,
+        device=device,
+        dtype=dtype,
         seeds=[p.seeds["init"] for p in plans],
         data_seeds=[p.seeds["data"] for p in plans],
         dropout_seeds=[p.seeds["dropout"] for p in plans],
         split_seeds=[p.seeds.get("split") for p in plans] if any("split" in p.seeds for p in plans) else None,
         on_epoch=(lambda report, trainer: on_epoch(report.epoch, len(plans))) if on_epoch else None,
-        checkpoint=checkpoint, remove_checkpoint=remove_checkpoint, **kwargs,
+        checkpoint=checkpoint,
+        remove_checkpoint=remove_checkpoint,
+        **kwargs,
     )
     outcomes = []
     for p, result in zip(plans, run.results.values()):
         status = "completed" if result.status == "completed" else "failed"
-        outcomes.append(SeedOutcome(p, status, result.reason, result.epochs, list(result.history),
-                                    device=torch.device(device).type))
-    info = {"size": len(plans), "seconds": run.seconds, "samples_per_s": run.samples_per_second,
-            "resumed_epoch": run.resumed_epoch}
+        outcomes.append(
+            SeedOutcome(p, status, result.reason, result.epochs, list(result.history), device=torch.device(device).type)
+        )
+    info = {
+        "size": len(plans),
+        "seconds": run.seconds,
+        "samples_per_s": run.samples_per_second,
+        "resumed_epoch": run.resumed_epoch,
+    }
     return outcomes, info
 
 
@@ -238,20 +301,32 @@ def protocol(configs: Sequence[LabelledConfig], plans: Sequence[SeedPlan], **set
     """Everything needed to reproduce and judge the study, for the report's JSON."""
     device = torch.device(settings["device"])
     return {
-        "command": shlex.join(["hfta-nas", *sys.argv[1:]]) if sys.argv and "hfta-nas" in sys.argv[0] else shlex.join(sys.argv),
+        "command": shlex.join(["hfta-nas", *sys.argv[1:]])
+        if sys.argv and "hfta-nas" in sys.argv[0]
+        else shlex.join(sys.argv),
         **settings,
         "vary": list(settings["vary"]),
         "configs": {item.label: item.config.to_dict() for item in configs},
         "seeds_per_source": {s: sorted({p.seeds[s] for p in plans if s in p.seeds}) for s in SOURCES},
-        "versions": {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__, "optuna": optuna.__version__,
-                     "numpy": np.__version__, "scipy": scipy.__version__, "pandas": pd.__version__,
-                     "python": platform.python_version()},
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "determinism": {"torch_threads": torch.get_num_threads(),
-                        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-                        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-                        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-                        "note": "CPU runs with the same seeds, thread count and versions are bit-identical"},
+        "versions": {
+            "hfta_nas": hfta_nas.__version__,
+            "torch": torch.__version__,
+            "optuna": optuna.__version__,
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+            "pandas": pd.__version__,
+            "python": platform.python_version(),
+        },
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "determinism": {
+            "torch_threads": torch.get_num_threads(),
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "note": "CPU runs with the same seeds, thread count and versions are bit-identical",
+        },
     }
 
 

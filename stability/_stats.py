@@ -69,8 +69,14 @@ def headline_interval(values: ArrayLike, confidence: float = 0.95) -> dict[str, 
     return {"ci_low": low, "ci_high": high, "ci_method": "t", "few_seeds": _as_1d(values).size < FEW_SEEDS}
 
 
-def bootstrap_interval(samples: Sequence[ArrayLike], statistic: Callable[..., Any], *, confidence: float = 0.95,
-                       seed: int = 0, n_resamples: int = 9999) -> tuple[float, float]:
+def bootstrap_interval(
+    samples: Sequence[ArrayLike],
+    statistic: Callable[..., Any],
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+    n_resamples: int = 9999,
+) -> tuple[float, float]:
     """BCa interval of `statistic(*samples, axis=-1)` from scipy.stats.bootstrap, reproducible from `seed`.
 
     When every resample gives the same value (all values equal, fully separated samples)
@@ -81,8 +87,14 @@ def bootstrap_interval(samples: Sequence[ArrayLike], statistic: Callable[..., An
     if any(s.size < 2 for s in data):
         return NAN, NAN
     with _quiet():
-        result = stats.bootstrap(data, statistic, method="BCa", confidence_level=confidence,
-                                 n_resamples=n_resamples, rng=np.random.default_rng(seed))
+        result = stats.bootstrap(
+            data,
+            statistic,
+            method="BCa",
+            confidence_level=confidence,
+            n_resamples=n_resamples,
+            rng=np.random.default_rng(seed),
+        )
     low, high = (float(v) for v in result.confidence_interval)
     spread = result.bootstrap_distribution
     if (math.isnan(low) or math.isnan(high)) and np.ptp(spread) == 0:
@@ -144,8 +156,16 @@ def noise_floor_std(accuracy: float, n_test: int | None) -> float:
     return math.sqrt(accuracy * (1.0 - accuracy) / n_test)
 
 
-def summarize(values: ArrayLike, *, n_failed: int = 0, n_test: int | None = None, is_accuracy: bool = True,
-              confidence: float = 0.95, bootstrap_seed: int = 0, n_resamples: int = 9999) -> dict[str, Any]:
+def summarize(
+    values: ArrayLike,
+    *,
+    n_failed: int = 0,
+    n_test: int | None = None,
+    is_accuracy: bool = True,
+    confidence: float = 0.95,
+    bootstrap_seed: int = 0,
+    n_resamples: int = 9999,
+) -> dict[str, Any]:
     """Every figure of one row of `Analysis.summary` (without config/design/metric), over completed seeds.
 
     `outliers` is a list of positions into `values` and `best_of_k` a dict {k: expected best};
@@ -163,12 +183,21 @@ def summarize(values: ArrayLike, *, n_failed: int = 0, n_test: int | None = None
         ci_bca = bootstrap_interval([x], np.mean, confidence=confidence, seed=bootstrap_seed, n_resamples=n_resamples)
         normal = stats.shapiro(x) if n >= 3 and np.ptp(x) > 0 else None
         row.update(
-            mean=mean, std=std, sem=float(stats.sem(x)) if n >= 2 else NAN,
+            mean=mean,
+            std=std,
+            sem=float(stats.sem(x)) if n >= 2 else NAN,
             **headline_interval(x, confidence),
-            ci_t_low=ci_t[0], ci_t_high=ci_t[1], ci_bca_low=ci_bca[0], ci_bca_high=ci_bca[1],
-            median=median, q1=q1, q3=q3, iqr=q3 - q1,
+            ci_t_low=ci_t[0],
+            ci_t_high=ci_t[1],
+            ci_bca_low=ci_bca[0],
+            ci_bca_high=ci_bca[1],
+            median=median,
+            q1=q1,
+            q3=q3,
+            iqr=q3 - q1,
             iqm=float(stats.trim_mean(x, 0.25)) if n else NAN,
-            min=float(np.min(x)) if n else NAN, max=float(np.max(x)) if n else NAN,
+            min=float(np.min(x)) if n else NAN,
+            max=float(np.max(x)) if n else NAN,
             range=float(np.ptp(x)) if n else NAN,
             cv=std / mean if n >= 2 and mean != 0 else NAN,
             normality_stat=float(normal.statistic) if normal else NAN,
@@ -177,7 +206,10 @@ def summarize(values: ArrayLike, *, n_failed: int = 0, n_test: int | None = None
     outliers = tukey_outliers(x)
     floor = noise_floor_std(mean, n_test) if is_accuracy else NAN
     row.update(
-        n_outliers=len(outliers), outliers=outliers, best_of_k=best_of_k(x), noise_floor_std=floor,
+        n_outliers=len(outliers),
+        outliers=outliers,
+        best_of_k=best_of_k(x),
+        noise_floor_std=floor,
         variance_ratio=std**2 / floor**2 if floor > 0 else NAN,
     )
     return row
@@ -236,8 +268,15 @@ def cohen_d(a: ArrayLike, b: ArrayLike) -> float:
     return float((np.mean(a) - np.mean(b)) / pooled) if pooled > 0 else NAN
 
 
-def compare(a: ArrayLike, b: ArrayLike, *, confidence: float = 0.95, bootstrap_seed: int = 0,
-            higher_is_better: bool = True, aso_confidence: float | None = None) -> dict[str, float]:
+def compare(
+    a: ArrayLike,
+    b: ArrayLike,
+    *,
+    confidence: float = 0.95,
+    bootstrap_seed: int = 0,
+    higher_is_better: bool = True,
+    aso_confidence: float | None = None,
+) -> dict[str, float]:
     """Every figure of one row of `Analysis.comparisons`: is configuration A better than B?
 
     Welch's t-test does not assume equal variances; Mann-Whitney and the effect sizes built on
@@ -250,8 +289,22 @@ def compare(a: ArrayLike, b: ArrayLike, *, confidence: float = 0.95, bootstrap_s
     `mean_diff` and `welch_t` keep the raw sign of A - B.
     """
     a, b = _as_1d(a), _as_1d(b)
-    row = dict.fromkeys(("mean_diff", "welch_t", "welch_p", "mwu_u", "mwu_p", "cohen_d", "cliff_delta",
-                         "p_a_better", "p_a_better_low", "p_a_better_high", "aso_eps_min"), NAN)
+    row = dict.fromkeys(
+        (
+            "mean_diff",
+            "welch_t",
+            "welch_p",
+            "mwu_u",
+            "mwu_p",
+            "cohen_d",
+            "cliff_delta",
+            "p_a_better",
+            "p_a_better_low",
+            "p_a_better_high",
+            "aso_eps_min",
+        ),
+        NAN,
+    )
     if a.size == 0 or b.size == 0:
         return row
     with _quiet():
@@ -261,9 +314,16 @@ def compare(a: ArrayLike, b: ArrayLike, *, confidence: float = 0.95, bootstrap_s
     p = float(prob_greater(better_a, better_b))
     low, high = prob_greater_interval(better_a, better_b, confidence)
     row.update(
-        mean_diff=float(np.mean(a) - np.mean(b)), welch_t=float(welch.statistic), welch_p=float(welch.pvalue),
-        mwu_u=float(mwu.statistic), mwu_p=float(mwu.pvalue), cohen_d=cohen_d(better_a, better_b),
-        cliff_delta=2.0 * p - 1.0, p_a_better=p, p_a_better_low=low, p_a_better_high=high,
+        mean_diff=float(np.mean(a) - np.mean(b)),
+        welch_t=float(welch.statistic),
+        welch_p=float(welch.pvalue),
+        mwu_u=float(mwu.statistic),
+        mwu_p=float(mwu.pvalue),
+        cohen_d=cohen_d(better_a, better_b),
+        cliff_delta=2.0 * p - 1.0,
+        p_a_better=p,
+        p_a_better_low=low,
+        p_a_better_high=high,
         aso_eps_min=aso_epsilon_min(better_a, better_b, confidence=aso_confidence or confidence, seed=bootstrap_seed),
     )
     return row
@@ -303,8 +363,9 @@ def violation_ratio(a_sorted: np.ndarray, b_sorted: np.ndarray) -> np.ndarray:
         return np.where(total > 0, violated / np.where(total > 0, total, 1.0), 0.5)
 
 
-def aso_epsilon_min(a: ArrayLike, b: ArrayLike, *, confidence: float = 0.95, num_bootstrap: int = 1000,
-                    seed: int = 0) -> float:
+def aso_epsilon_min(
+    a: ArrayLike, b: ArrayLike, *, confidence: float = 0.95, num_bootstrap: int = 1000, seed: int = 0
+) -> float:
     """Almost Stochastic Order: the smallest epsilon for which "A is almost stochastically larger than B"
     holds at `confidence` (Dror et al. 2019, after del Barrio et al. 2018; as `deepsig.aso`, Ulmer et al.).
 
@@ -431,8 +492,9 @@ def _chi2_interval(var: float, df: float, confidence: float) -> dict[str, float]
     return {"ci_low": df * var / stats.chi2.ppf(1 - tail, df), "ci_high": df * var / stats.chi2.ppf(tail, df)}
 
 
-def decompose_one_at_a_time(by_source: Mapping[str, ArrayLike], total: ArrayLike | None = None,
-                            confidence: float = 0.95) -> list[dict[str, Any]]:
+def decompose_one_at_a_time(
+    by_source: Mapping[str, ArrayLike], total: ArrayLike | None = None, confidence: float = 0.95
+) -> list[dict[str, Any]]:
     """Variance of each one-source-at-a-time design (Bouthillier et al. 2021) and its share of their sum.
 
     Rows: one per source (variance, chi-square CI, share = var_s / sum of source variances);
@@ -483,15 +545,21 @@ def variance_components(frame: pd.DataFrame, factors: Sequence[str], value: str)
     counts = cells.size()
     levels_a, levels_b = frame[fa].nunique(), frame[fb].nunique()
     if len(counts) != levels_a * levels_b or counts.nunique() != 1:
-        raise ValueError(f"variance_components needs a balanced, fully crossed grid of {fa} x {fb} "
-                         f"(every pair of levels with the same number of runs).")
+        raise ValueError(
+            f"variance_components needs a balanced, fully crossed grid of {fa} x {fb} "
+            f"(every pair of levels with the same number of runs)."
+        )
     r = int(counts.iloc[0])
     grand = y.mean()
     mean_a = frame.groupby(fa)[value].mean()
     mean_b = frame.groupby(fb)[value].mean()
     mean_ab = cells.mean()
-    interaction = (mean_ab.to_numpy() - mean_a[mean_ab.index.get_level_values(0)].to_numpy()
-                   - mean_b[mean_ab.index.get_level_values(1)].to_numpy() + grand)
+    interaction = (
+        mean_ab.to_numpy()
+        - mean_a[mean_ab.index.get_level_values(0)].to_numpy()
+        - mean_b[mean_ab.index.get_level_values(1)].to_numpy()
+        + grand
+    )
     residual = y - cells.transform("mean")
     ss = {
         "a": levels_b * r * float(((mean_a - grand) ** 2).sum()),
@@ -499,8 +567,12 @@ def variance_components(frame: pd.DataFrame, factors: Sequence[str], value: str)
         "ab": r * float((interaction**2).sum()),
         "e": float((residual**2).sum()),
     }
-    df = {"a": levels_a - 1, "b": levels_b - 1, "ab": (levels_a - 1) * (levels_b - 1),
-          "e": levels_a * levels_b * (r - 1)}
+    df = {
+        "a": levels_a - 1,
+        "b": levels_b - 1,
+        "ab": (levels_a - 1) * (levels_b - 1),
+        "e": levels_a * levels_b * (r - 1),
+    }
     ms = {k: ss[k] / df[k] if df[k] > 0 else NAN for k in ss}
     components = {"a": (ms["a"] - ms["ab"]) / (levels_b * r), "b": (ms["b"] - ms["ab"]) / (levels_a * r)}
     names = {"a": fa, "b": fb}
@@ -512,12 +584,23 @@ def variance_components(frame: pd.DataFrame, factors: Sequence[str], value: str)
         names.update(ab=f"{fa}:{fb}+residual")
     variance = {k: max(float(v), 0.0) if math.isfinite(v) else NAN for k, v in components.items()}
     summed = sum(v for v in variance.values() if math.isfinite(v))
-    return pd.DataFrame([{"source": names[k], "df": df[k], "mean_square": ms[k], "variance": v,
-                          "share": v / summed if summed > 0 else NAN} for k, v in variance.items()])
+    return pd.DataFrame(
+        [
+            {
+                "source": names[k],
+                "df": df[k],
+                "mean_square": ms[k],
+                "variance": v,
+                "share": v / summed if summed > 0 else NAN,
+            }
+            for k, v in variance.items()
+        ]
+    )
 
 
-def difference_interval(ms1: float, df1: float, ms2: float, df2: float, c: float,
-                        confidence: float = 0.95) -> tuple[float, float]:
+def difference_interval(
+    ms1: float, df1: float, ms2: float, df2: float, c: float, confidence: float = 0.95
+) -> tuple[float, float]:
     """Modified large-sample interval (Ting, Burdick, Graybill et al. 1990) for c (E[MS1] - E[MS2]),
     a variance component from two independent mean squares; the lower end truncated at 0.
 
@@ -539,8 +622,9 @@ def difference_interval(ms1: float, df1: float, ms2: float, df2: float, c: float
     return max(estimate - below, 0.0), max(estimate + above, 0.0)
 
 
-def grid_decomposition(frame: pd.DataFrame, factors: Sequence[str], value: str,
-                       confidence: float = 0.95) -> list[dict[str, Any]]:
+def grid_decomposition(
+    frame: pd.DataFrame, factors: Sequence[str], value: str, confidence: float = 0.95
+) -> list[dict[str, Any]]:
     """`variance_components` of a crossed grid with one run per cell, each component with an
     interval: the two factors by `difference_interval`, the interaction-plus-residual by chi-square."""
     table = variance_components(frame, factors, value).set_index("source")
@@ -549,10 +633,24 @@ def grid_decomposition(frame: pd.DataFrame, factors: Sequence[str], value: str,
     rows = []
     for name, other in ((a, b), (b, a)):
         levels = frame[other].nunique()  # the component is (MS - MS_AB) / (levels of the other factor)
-        low, high = difference_interval(float(table.loc[name, "mean_square"]), float(table.loc[name, "df"]),
-                                        ms_ab, df_ab, 1.0 / levels, confidence)
-        rows.append({"source": name, "variance": float(table.loc[name, "variance"]), "ci_low": low, "ci_high": high,
-                     "share": float(table.loc[name, "share"])})
-    rows.append({"source": rest, "variance": float(table.loc[rest, "variance"]),
-                 **_chi2_interval(ms_ab, df_ab, confidence), "share": float(table.loc[rest, "share"])})
+        low, high = difference_interval(
+            float(table.loc[name, "mean_square"]), float(table.loc[name, "df"]), ms_ab, df_ab, 1.0 / levels, confidence
+        )
+        rows.append(
+            {
+                "source": name,
+                "variance": float(table.loc[name, "variance"]),
+                "ci_low": low,
+                "ci_high": high,
+                "share": float(table.loc[name, "share"]),
+            }
+        )
+    rows.append(
+        {
+            "source": rest,
+            "variance": float(table.loc[rest, "variance"]),
+            **_chi2_interval(ms_ab, df_ab, confidence),
+            "share": float(table.loc[rest, "share"]),
+        }
+    )
     return rows

@@ -31,6 +31,7 @@ from search_spaces import ResolvedConfig
 from stability._design import SeedPlan
 from stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, SOURCES
 
+
 @dataclass
 class SeedOutcome:
     """One trained seed: its plan, how it ended and its per-epoch metrics."""
@@ -55,8 +56,15 @@ def study_name_for(label: str, config: ResolvedConfig, dtype: str) -> str:
 
 
 def _key(plan: SeedPlan, device: str) -> tuple:
-    return (plan.design, plan.seed_index, plan.seeds["init"], plan.seeds["data"], plan.seeds["dropout"],
-            plan.seeds.get("split"), device)
+    return (
+        plan.design,
+        plan.seed_index,
+        plan.seeds["init"],
+        plan.seeds["data"],
+        plan.seeds["dropout"],
+        plan.seeds.get("split"),
+        device,
+    )
 
 
 class SeedStore:
@@ -64,7 +72,9 @@ class SeedStore:
 
     def __init__(self, storage: Any, study_name: str, *, config: ResolvedConfig, device: str) -> None:
         self.device = device
-        self.study = optuna.create_study(storage=storage, study_name=study_name, direction="maximize", load_if_exists=True)
+        self.study = optuna.create_study(
+            storage=storage, study_name=study_name, direction="maximize", load_if_exists=True
+        )
         with warnings.catch_warnings():  # "experimental" in Optuna, stable in use
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.set_metric_names(["test_r2" if config.kind == "regression" else "test_acc"])
@@ -96,8 +106,11 @@ class SeedStore:
         artifact_dir.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return upload_artifact(artifact_store=FileSystemArtifactStore(str(artifact_dir)), file_path=str(path),
-                                   study_or_trial=self.study)
+            return upload_artifact(
+                artifact_store=FileSystemArtifactStore(str(artifact_dir)),
+                file_path=str(path),
+                study_or_trial=self.study,
+            )
 
 
 def _as_trial(outcome: SeedOutcome, device: str, attrs: dict[str, Any]) -> optuna.trial.FrozenTrial:
@@ -106,13 +119,19 @@ def _as_trial(outcome: SeedOutcome, device: str, attrs: dict[str, Any]) -> optun
     value = outcome.final.get(objective)
     completed = outcome.status == "completed" and value is not None and math.isfinite(value)
     # the curve of the study's objective (test_acc; test_r2 for regression), the metric the dashboard labels it with
-    intermediate = {row["epoch"]: row[objective] for row in outcome.history
-                    if objective in row and math.isfinite(row[objective])}
+    intermediate = {
+        row["epoch"]: row[objective] for row in outcome.history if objective in row and math.isfinite(row[objective])
+    }
     user_attrs = {
-        "design": plan.design, "seed_index": plan.seed_index, "device": device,
+        "design": plan.design,
+        "seed_index": plan.seed_index,
+        "device": device,
         **{f"seed_{source}": seed for source, seed in plan.seeds.items()},
-        "status": outcome.status, "reason": outcome.reason, "epochs_run": outcome.epochs,
-        "history": json.loads(json.dumps(outcome.history)), **attrs,
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "epochs_run": outcome.epochs,
+        "history": json.loads(json.dumps(outcome.history)),
+        **attrs,
     }
     if not completed:
         user_attrs["fail_reason"] = outcome.reason or f"no finite {objective}"
@@ -121,7 +140,8 @@ def _as_trial(outcome: SeedOutcome, device: str, attrs: dict[str, Any]) -> optun
         value=value if completed else None,
         # No params: a seed is not a hyper-parameter, and as one the dashboard's importance panel
         # ranked the seed index first. Its design and seeds are user attributes.
-        params={}, distributions={},
+        params={},
+        distributions={},
         user_attrs=user_attrs,
         intermediate_values=intermediate,
     )
@@ -140,10 +160,22 @@ def outcomes_of(study: optuna.Study) -> list[SeedOutcome]:
         attrs = trial.user_attrs
         if "design" not in attrs:
             continue
-        plan = SeedPlan(attrs["design"], int(attrs["seed_index"]),
-                        {s: int(attrs[f"seed_{s}"]) for s in SOURCES if f"seed_{s}" in attrs})
-        outcomes.append(SeedOutcome(plan, attrs["status"], attrs.get("reason", ""), int(attrs["epochs_run"]),
-                                    list(attrs.get("history", [])), reused=True, device=attrs.get("device", "cpu")))
+        plan = SeedPlan(
+            attrs["design"],
+            int(attrs["seed_index"]),
+            {s: int(attrs[f"seed_{s}"]) for s in SOURCES if f"seed_{s}" in attrs},
+        )
+        outcomes.append(
+            SeedOutcome(
+                plan,
+                attrs["status"],
+                attrs.get("reason", ""),
+                int(attrs["epochs_run"]),
+                list(attrs.get("history", [])),
+                reused=True,
+                device=attrs.get("device", "cpu"),
+            )
+        )
     return outcomes
 
 
@@ -152,8 +184,10 @@ def load_stability_study(storage: Any, study_name: str) -> optuna.Study:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name.startswith("stability:")]
-        raise HftaNasError(f"no stability study named '{study_name}' in this storage "
-                           f"(stability studies: {', '.join(names) or 'none'}).") from None
+        raise HftaNasError(
+            f"no stability study named '{study_name}' in this storage "
+            f"(stability studies: {', '.join(names) or 'none'})."
+        ) from None
     if study.user_attrs.get("kind") != "hfta-nas stability":
         raise HftaNasError(f"study '{study_name}' is not a stability study (made by `hfta-nas stability`).")
     return study
@@ -161,8 +195,14 @@ def load_stability_study(storage: Any, study_name: str) -> optuna.Study:
 
 def _recorded_metrics(outcomes: dict[str, list[SeedOutcome]]) -> list[str]:
     """The standard metrics, then any other a seed recorded (a user metric such as val_top2)."""
-    extra = {key for group in outcomes.values() for o in group for row in o.history for key in row
-             if key.startswith(("train_", "val_", "test_")) and key not in METRICS}
+    extra = {
+        key
+        for group in outcomes.values()
+        for o in group
+        for row in o.history
+        for key in row
+        if key.startswith(("train_", "val_", "test_")) and key not in METRICS
+    }
     return [*METRICS, *sorted(extra)]
 
 
@@ -173,15 +213,31 @@ def frames(outcomes: dict[str, list[SeedOutcome]]) -> tuple[pd.DataFrame, pd.Dat
     for label, group in outcomes.items():
         for o in group:
             final = o.final if o.status == "completed" else {}
-            seed_rows.append({
-                "config": label, "seed_index": o.plan.seed_index, "design": o.plan.design,
-                **{f"seed_{s}": o.plan.seeds.get(s) for s in SOURCES},
-                "status": o.status, "reason": o.reason, "epochs": o.epochs,
-                **{m: final.get(m, float("nan")) for m in metrics},
-            })
+            seed_rows.append(
+                {
+                    "config": label,
+                    "seed_index": o.plan.seed_index,
+                    "design": o.plan.design,
+                    **{f"seed_{s}": o.plan.seeds.get(s) for s in SOURCES},
+                    "status": o.status,
+                    "reason": o.reason,
+                    "epochs": o.epochs,
+                    **{m: final.get(m, float("nan")) for m in metrics},
+                }
+            )
             for row in o.history:
-                curve_rows += [{"config": label, "design": o.plan.design, "seed_index": o.plan.seed_index,
-                                "epoch": int(row["epoch"]), "metric": m, "value": row[m]} for m in metrics if m in row]
+                curve_rows += [
+                    {
+                        "config": label,
+                        "design": o.plan.design,
+                        "seed_index": o.plan.seed_index,
+                        "epoch": int(row["epoch"]),
+                        "metric": m,
+                        "value": row[m],
+                    }
+                    for m in metrics
+                    if m in row
+                ]
     seeds = pd.DataFrame(seed_rows, columns=[*SEED_COLUMNS, *metrics])
     seeds["seed_split"] = seeds["seed_split"].astype("Int64")  # empty where the data's own split was used
     curves = pd.DataFrame(curve_rows, columns=list(CURVE_COLUMNS))

@@ -18,9 +18,8 @@ from hfta_nas.search import artifact_folder
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig, label_for, load_config
 from stability._design import parse_vary
-from stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
 from stability._export import FORMATS, PLOT_FORMATS, write_report
-
+from stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
 
 
 @dataclass
@@ -92,24 +91,49 @@ def run_study(
     from stability._runner import run_stability
 
     labelled = _labelled(configs)
-    measured = [name for item in labelled for split in ("train", "val", "test")
-                for name in item.config.objective().metric_names(split)]
+    measured = [
+        name
+        for item in labelled
+        for split in ("train", "val", "test")
+        for name in item.config.objective().metric_names(split)
+    ]
     check_run_options(seeds, metric, measured)
     metric = metric_for(labelled, metric)
     vary = parse_vary(vary)
     _check_sources(labelled, vary)
     opened, location = open_storage(storage) if store else (None, "")
     result, stores = run_stability(
-        labelled, n_seeds=seeds, vary=vary, decompose=decompose, base_seed=base_seed, device=device,
-        dtype=dtype, array_size=array_size, storage=opened, storage_location=location, bootstrap_seed=bootstrap_seed,
-        on_event=on_event)
+        labelled,
+        n_seeds=seeds,
+        vary=vary,
+        decompose=decompose,
+        base_seed=base_seed,
+        device=device,
+        dtype=dtype,
+        array_size=array_size,
+        storage=opened,
+        storage_location=location,
+        bootstrap_seed=bootstrap_seed,
+        on_event=on_event,
+    )
     if earlier:
         result = StabilityResult.combine([result, *earlier])
-    out = Path(out_dir) if out_dir is not None else Path("runs") / "stability" / "-vs-".join(
-        item.label.replace(" ", "") for item in labelled)
+    out = (
+        Path(out_dir)
+        if out_dir is not None
+        else Path("runs") / "stability" / "-vs-".join(item.label.replace(" ", "") for item in labelled)
+    )
     artifacts = Path(artifact_dir) if artifact_dir is not None else (default_artifact_dir(location) if store else None)
-    return report(result, out, formats=formats, plot_formats=plot_formats, metric=metric, bootstrap_seed=bootstrap_seed,
-                  stores=stores, artifact_dir=artifacts)
+    return report(
+        result,
+        out,
+        formats=formats,
+        plot_formats=plot_formats,
+        metric=metric,
+        bootstrap_seed=bootstrap_seed,
+        stores=stores,
+        artifact_dir=artifacts,
+    )
 
 
 def report(
@@ -164,8 +188,10 @@ def _check_sources(labelled: Sequence[LabelledConfig], vary: Sequence[str]) -> N
         except HftaNasError as error:
             raise HftaNasError(f"configuration '{item.label}': {error}") from None
         if "split" in vary and not item.config.data.get("val_fraction"):
-            raise HftaNasError(f"configuration '{item.label}': --vary split re-draws the train/validation split, "
-                               "but its data has no validation samples (data.val_fraction: 0).")
+            raise HftaNasError(
+                f"configuration '{item.label}': --vary split re-draws the train/validation split, "
+                "but its data has no validation samples (data.val_fraction: 0)."
+            )
 
 
 def _labelled(configs: Any) -> list[LabelledConfig]:

@@ -32,8 +32,13 @@ _PROBE = textwrap.dedent("""
 
 
 def _retained_after_free(mode: str, env: dict[str, str] | None = None) -> int:
-    done = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **(env or {})},
+    )
     return json.loads(done.stdout)["retained"]
 
 

@@ -44,9 +44,29 @@ class EmbeddingBag(nn.Module):
 
 
 LAYERS = {
-    "linear+activations": (lambda: nn.Sequential(nn.Linear(6, 7), nn.ReLU(), nn.Linear(7, 7), nn.GELU(), nn.Linear(7, 5), nn.Tanh(), nn.SiLU(), nn.Softplus()), (6,)),
-    "conv1d-stride-padding-groups": (lambda: nn.Sequential(nn.Conv1d(4, 8, 3, stride=2, padding=2, groups=2), nn.LeakyReLU(), nn.MaxPool1d(2), nn.AvgPool1d(2)), (4, 20)),
-    "conv2d-groups+pooling": (lambda: nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.ELU(), nn.MaxPool2d(2), nn.Conv2d(6, 6, 2, stride=2), nn.AdaptiveAvgPool2d(1), nn.Flatten()), (4, 8, 8)),
+    "linear+activations": (
+        lambda: nn.Sequential(
+            nn.Linear(6, 7), nn.ReLU(), nn.Linear(7, 7), nn.GELU(), nn.Linear(7, 5), nn.Tanh(), nn.SiLU(), nn.Softplus()
+        ),
+        (6,),
+    ),
+    "conv1d-stride-padding-groups": (
+        lambda: nn.Sequential(
+            nn.Conv1d(4, 8, 3, stride=2, padding=2, groups=2), nn.LeakyReLU(), nn.MaxPool1d(2), nn.AvgPool1d(2)
+        ),
+        (4, 20),
+    ),
+    "conv2d-groups+pooling": (
+        lambda: nn.Sequential(
+            nn.Conv2d(4, 6, 3, padding=1, groups=2),
+            nn.ELU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 6, 2, stride=2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        ),
+        (4, 8, 8),
+    ),
     "conv-transpose1d": (lambda: nn.Sequential(nn.ConvTranspose1d(3, 4, 3, stride=2), nn.Sigmoid()), (3, 9)),
     "conv-transpose2d": (lambda: nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1, output_padding=1), (3, 5, 5)),
     "batchnorm1d": (lambda: nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5)), (6,)),
@@ -237,11 +257,14 @@ def test_different_layer_types_are_refused_by_name():
         ModelArray([nn.Sequential(nn.Linear(3, 3), nn.ReLU()), nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))])
 
 
-@pytest.mark.parametrize("layer,match", [
-    (lambda: nn.MultiheadAttention(4, 2, dropout=0.1), "attention dropout=0.1"),
-    (lambda: nn.RNN(3, 3), "nn.RNN is not supported"),
-    (lambda: nn.AlphaDropout(0.2), "AlphaDropout"),
-])
+@pytest.mark.parametrize(
+    "layer,match",
+    [
+        (lambda: nn.MultiheadAttention(4, 2, dropout=0.1), "attention dropout=0.1"),
+        (lambda: nn.RNN(3, 3), "nn.RNN is not supported"),
+        (lambda: nn.AlphaDropout(0.2), "AlphaDropout"),
+    ],
+)
 def test_unfusable_layers_are_refused_by_name(layer, match):
     with pytest.raises(FusionError, match=match):
         ModelArray([nn.Sequential(nn.Linear(4, 4), layer()) for _ in range(2)])

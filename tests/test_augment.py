@@ -47,7 +47,7 @@ def test_shift_is_a_random_crop_of_the_zero_padded_sample():
     out = SlotAugmenter(Augmentation(shift=1), [3])(x, y).x
     padded = torch.nn.functional.pad(x, [1, 1, 1, 1])
     for n in range(50):  # each output is one of the 9 crops of its padded sample
-        crops = [padded[0, n, :, i:i + 6, j:j + 6] for i in range(3) for j in range(3)]
+        crops = [padded[0, n, :, i : i + 6, j : j + 6] for i in range(3) for j in range(3)]
         assert any(torch.equal(out[0, n], crop) for crop in crops)
     assert not torch.equal(out, x)
 
@@ -86,13 +86,16 @@ def test_training_with_augmentation_is_reproducible_and_resumes_bit_identically(
 
     def trainer(augment=augmentation):
         arr = ModelArray.from_factory(conv_bn_model, seeds=[0, 1, 2], dtype=torch.float64)
-        return ArrayTrainer(arr, hfta_nas.optim.Adam(arr, lr=3e-3), tiny_data, batch_size=16, data_seeds=[0, 1, 2],
-                            augmentation=augment)
+        return ArrayTrainer(
+            arr, hfta_nas.optim.Adam(arr, lr=3e-3), tiny_data, batch_size=16, data_seeds=[0, 1, 2], augmentation=augment
+        )
 
     a, b, plain = trainer(), trainer(), trainer(None)
     a.fit(3), b.fit(3), plain.fit(3)
     assert [a.results[s].history for s in range(3)] == [b.results[s].history for s in range(3)]
-    assert [a.results[s].final["train_loss"] for s in range(3)] != [plain.results[s].final["train_loss"] for s in range(3)]
+    assert [a.results[s].final["train_loss"] for s in range(3)] != [
+        plain.results[s].final["train_loss"] for s in range(3)
+    ]
     # saved after epoch 2 (of 3) and continued on a fresh trainer: the augmentation streams go on where they were
     saved = {}
     trainer().fit(3, checkpoint=lambda t: t.epoch == 2 and saved.update(state=copy.deepcopy(t.state_dict())))
@@ -103,8 +106,15 @@ def test_training_with_augmentation_is_reproducible_and_resumes_bit_identically(
 
 
 def test_train_and_a_space_take_an_augmentation(tiny_data):
-    run = hfta_nas.train(conv_bn_model, dataset=tiny_data, seeds=[0, 1], epochs=1, batch_size=16, dtype="float64",
-                         augmentation=Augmentation(flip=True))
+    run = hfta_nas.train(
+        conv_bn_model,
+        dataset=tiny_data,
+        seeds=[0, 1],
+        epochs=1,
+        batch_size=16,
+        dtype="float64",
+        augmentation=Augmentation(flip=True),
+    )
     assert all(r.status == "completed" for r in run.results.values())
 
 
@@ -122,9 +132,15 @@ def test_bad_augmentations_are_clear_errors():
 def test_a_space_with_augmentation_searches_and_exports_it(tmp_path):
     from tests.test_search import search, space_text
 
-    text = space_text(budget={"n_trials": 2}, data={"dataset": "digits", "batch_size": 64},
-                      training={"epochs": 1, "optimizer": {"name": "adam", "lr": 1e-3},
-                                "augment": {"shift": 1, "flip": True, "mixup": 0.2}})
+    text = space_text(
+        budget={"n_trials": 2},
+        data={"dataset": "digits", "batch_size": 64},
+        training={
+            "epochs": 1,
+            "optimizer": {"name": "adam", "lr": 1e-3},
+            "augment": {"shift": 1, "flip": True, "mixup": 0.2},
+        },
+    )
     summary = search(tmp_path, text)
     assert summary.trials == {"COMPLETE": 2}
     exported = (tmp_path / "out" / "best_config.yaml").read_text()

@@ -80,8 +80,9 @@ def stored(tmp_path_factory):
     """A journal holding study 'tiny' (the study of tests/test_search.py's space) with one finished trial."""
     folder = tmp_path_factory.mktemp("stored")
     space = folder / "space.yaml"
-    space.write_text(space_text(budget={"n_trials": 1}, array={"size": 1},
-                                training={"epochs": 1, "optimizer": OPTIMIZER}))
+    space.write_text(
+        space_text(budget={"n_trials": 1}, array={"size": 1}, training={"epochs": 1, "optimizer": OPTIMIZER})
+    )
     journal = folder / "study.journal"
     result = invoke("search", space, "--storage", journal, "--out", folder / "best", "--threads", 1, "--quiet")
     assert result.exit_code == 0, result.output
@@ -98,8 +99,7 @@ def snapshot(journal: Path) -> dict[str, list[bytes]]:
     for summary in optuna.get_all_study_summaries(storage):
         trials = optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
         assert not [t.number for t in trials if not t.state.is_finished()], "a trial was left RUNNING"
-        studies[summary.study_name] = [pickle.dumps(t) for t in trials
-                                       if outcome_of(t) != Outcome.NOT_TRAINED]
+        studies[summary.study_name] = [pickle.dumps(t) for t in trials if outcome_of(t) != Outcome.NOT_TRAINED]
     return studies
 
 
@@ -156,83 +156,256 @@ SEARCH_NO_OUT = ["search", "{tmp}/space.yaml", "--storage", "{journal}", "--thre
 
 SPACE_CASES = [
     # (id, the file, the line's fragment (None: no line), the key, what the message says)
-    ("yaml syntax", space_text().replace("  name: tiny", "  name: tiny: x"), "name: tiny: x", "",
-     "YAML syntax error at column 13: mapping values are not allowed here"),
-    ("yaml tab indentation", space_text().replace("  name: tiny", "\tname: tiny"), "name: tiny", "",
-     "found character '\\t' that cannot start any token"),
-    ("yaml duplicate key", space_text() + "seed: 8\n", "seed: 8", "seed",
-     f"duplicate key 'seed' (first given on line {line_of(space_text(), 'seed: 7')})"),
+    (
+        "yaml syntax",
+        space_text().replace("  name: tiny", "  name: tiny: x"),
+        "name: tiny: x",
+        "",
+        "YAML syntax error at column 13: mapping values are not allowed here",
+    ),
+    (
+        "yaml tab indentation",
+        space_text().replace("  name: tiny", "\tname: tiny"),
+        "name: tiny",
+        "",
+        "found character '\\t' that cannot start any token",
+    ),
+    (
+        "yaml duplicate key",
+        space_text() + "seed: 8\n",
+        "seed: 8",
+        "seed",
+        f"duplicate key 'seed' (first given on line {line_of(space_text(), 'seed: 7')})",
+    ),
     ("yaml empty file", "", None, "", "the file is empty"),
     ("yaml not a mapping", "- study\n- params\n", "- study", "", "expected a mapping of sections"),
-    ("unknown section", space_text(smapler={"name": "tpe"}), "smapler:", "smapler",
-     "unknown key 'smapler' (did you mean 'sampler'?)"),
-    ("unknown key", space_text(training={"epoch": 2, "optimizer": OPTIMIZER}), "epoch:", "training.epoch",
-     "unknown key 'epoch' (did you mean 'epochs'?)"),
-    ("unknown param path", space_text(params={"training.optimiser.lr": 0.1}), "training.optimiser.lr",
-     "params.training.optimiser.lr", "did you mean 'training.optimizer.lr'"),
-    ("unknown distribution key",
-     space_text(params={"training.optimizer.lr": {"distribution": "uniform", "low": 0.1, "high": 1.0}}), "low:",
-     "params.training.optimizer.lr.low", "did you mean 'min'"),
-    ("unknown distribution", space_text(params={"training.optimizer.lr": {"distribution": "normal", "min": 0, "max": 1}}),
-     "distribution: normal", "params.training.optimizer.lr.distribution", "unknown distribution 'normal'"),
-    ("type: epochs a word", space_text(training={"epochs": "ten", "optimizer": OPTIMIZER}), "epochs: ten",
-     "training.epochs", "expected an integer, got 'ten'"),
-    ("type: epochs a float", space_text(training={"epochs": 2.5, "optimizer": OPTIMIZER}), "epochs: 2.5",
-     "training.epochs", "expected an integer"),
+    (
+        "unknown section",
+        space_text(smapler={"name": "tpe"}),
+        "smapler:",
+        "smapler",
+        "unknown key 'smapler' (did you mean 'sampler'?)",
+    ),
+    (
+        "unknown key",
+        space_text(training={"epoch": 2, "optimizer": OPTIMIZER}),
+        "epoch:",
+        "training.epoch",
+        "unknown key 'epoch' (did you mean 'epochs'?)",
+    ),
+    (
+        "unknown param path",
+        space_text(params={"training.optimiser.lr": 0.1}),
+        "training.optimiser.lr",
+        "params.training.optimiser.lr",
+        "did you mean 'training.optimizer.lr'",
+    ),
+    (
+        "unknown distribution key",
+        space_text(params={"training.optimizer.lr": {"distribution": "uniform", "low": 0.1, "high": 1.0}}),
+        "low:",
+        "params.training.optimizer.lr.low",
+        "did you mean 'min'",
+    ),
+    (
+        "unknown distribution",
+        space_text(params={"training.optimizer.lr": {"distribution": "normal", "min": 0, "max": 1}}),
+        "distribution: normal",
+        "params.training.optimizer.lr.distribution",
+        "unknown distribution 'normal'",
+    ),
+    (
+        "type: epochs a word",
+        space_text(training={"epochs": "ten", "optimizer": OPTIMIZER}),
+        "epochs: ten",
+        "training.epochs",
+        "expected an integer, got 'ten'",
+    ),
+    (
+        "type: epochs a float",
+        space_text(training={"epochs": 2.5, "optimizer": OPTIMIZER}),
+        "epochs: 2.5",
+        "training.epochs",
+        "expected an integer",
+    ),
     ("type: section a number", space_text(budget=12), "budget: 12", "budget", "expected a mapping"),
-    ("type: lr a word", space_text(training={"epochs": 1, "optimizer": {"name": "adam", "lr": "fast"}}), "lr: fast",
-     "training.optimizer.lr", "expected a number, got 'fast'"),
-    ("type: min a word", space_text(params={"training.optimizer.lr": {"distribution": "log_uniform", "min": "low", "max": 0.1}}),
-     "min: low", "params.training.optimizer.lr.min", "expected a number, got 'low'"),
-    ("type: metrics not a list", space_text(study={"name": "tiny", "metrics": "val_acc"}), "metrics: val_acc",
-     "study.metrics", "expected a list, got 'val_acc'"),
+    (
+        "type: lr a word",
+        space_text(training={"epochs": 1, "optimizer": {"name": "adam", "lr": "fast"}}),
+        "lr: fast",
+        "training.optimizer.lr",
+        "expected a number, got 'fast'",
+    ),
+    (
+        "type: min a word",
+        space_text(params={"training.optimizer.lr": {"distribution": "log_uniform", "min": "low", "max": 0.1}}),
+        "min: low",
+        "params.training.optimizer.lr.min",
+        "expected a number, got 'low'",
+    ),
+    (
+        "type: metrics not a list",
+        space_text(study={"name": "tiny", "metrics": "val_acc"}),
+        "metrics: val_acc",
+        "study.metrics",
+        "expected a list, got 'val_acc'",
+    ),
     ("type: params a list", space_text(params=["training.optimizer.lr"]), "params:", "params", "expected a mapping"),
-    ("empty range uniform", space_text(params={"training.optimizer.weight_decay": {"distribution": "uniform", "min": 0.1, "max": 0.1}}),
-     "training.optimizer.weight_decay:", "params.training.optimizer.weight_decay", "'min' must be < 'max' (got min=0.1, max=0.1)"),
-    ("empty range log_uniform", space_text(params={"training.optimizer.lr": {"distribution": "log_uniform", "min": 0.01, "max": 0.01}}),
-     "training.optimizer.lr:", "params.training.optimizer.lr", "'min' must be < 'max' (got min=0.01, max=0.01)"),
-    ("inverted range uniform", space_text(params={"training.optimizer.weight_decay": {"distribution": "uniform", "min": 0.2, "max": 0.1}}),
-     "training.optimizer.weight_decay:", "params.training.optimizer.weight_decay", "'min' must be < 'max' (got min=0.2, max=0.1)"),
-    ("inverted range log_uniform", space_text(params={"training.optimizer.lr": {"distribution": "log_uniform", "min": 0.1, "max": 0.01}}),
-     "training.optimizer.lr:", "params.training.optimizer.lr", "'min' must be < 'max' (got min=0.1, max=0.01)"),
-    ("inverted range int_uniform", space_text(params={"model.config.width": {"distribution": "int_uniform", "min": 32, "max": 8}}),
-     "model.config.width:", "params.model.config.width", "'min' must be <= 'max' (got min=32, max=8)"),
-    ("inverted range int_log_uniform", space_text(params={"model.config.width": {"distribution": "int_log_uniform", "min": 32, "max": 8}}),
-     "model.config.width:", "params.model.config.width", "'min' must be <= 'max' (got min=32, max=8)"),
-    ("empty categorical", space_text(params={"model.config.width": {"distribution": "categorical", "values": []}}),
-     "values: []", "params.model.config.width.values", "expected at least 1 item"),
+    (
+        "empty range uniform",
+        space_text(params={"training.optimizer.weight_decay": {"distribution": "uniform", "min": 0.1, "max": 0.1}}),
+        "training.optimizer.weight_decay:",
+        "params.training.optimizer.weight_decay",
+        "'min' must be < 'max' (got min=0.1, max=0.1)",
+    ),
+    (
+        "empty range log_uniform",
+        space_text(params={"training.optimizer.lr": {"distribution": "log_uniform", "min": 0.01, "max": 0.01}}),
+        "training.optimizer.lr:",
+        "params.training.optimizer.lr",
+        "'min' must be < 'max' (got min=0.01, max=0.01)",
+    ),
+    (
+        "inverted range uniform",
+        space_text(params={"training.optimizer.weight_decay": {"distribution": "uniform", "min": 0.2, "max": 0.1}}),
+        "training.optimizer.weight_decay:",
+        "params.training.optimizer.weight_decay",
+        "'min' must be < 'max' (got min=0.2, max=0.1)",
+    ),
+    (
+        "inverted range log_uniform",
+        space_text(params={"training.optimizer.lr": {"distribution": "log_uniform", "min": 0.1, "max": 0.01}}),
+        "training.optimizer.lr:",
+        "params.training.optimizer.lr",
+        "'min' must be < 'max' (got min=0.1, max=0.01)",
+    ),
+    (
+        "inverted range int_uniform",
+        space_text(params={"model.config.width": {"distribution": "int_uniform", "min": 32, "max": 8}}),
+        "model.config.width:",
+        "params.model.config.width",
+        "'min' must be <= 'max' (got min=32, max=8)",
+    ),
+    (
+        "inverted range int_log_uniform",
+        space_text(params={"model.config.width": {"distribution": "int_log_uniform", "min": 32, "max": 8}}),
+        "model.config.width:",
+        "params.model.config.width",
+        "'min' must be <= 'max' (got min=32, max=8)",
+    ),
+    (
+        "empty categorical",
+        space_text(params={"model.config.width": {"distribution": "categorical", "values": []}}),
+        "values: []",
+        "params.model.config.width.values",
+        "expected at least 1 item",
+    ),
     ("unknown sampler", space_text(sampler={"name": "tpee"}), "name: tpee", "sampler.name", "(did you mean 'tpe'?)"),
-    ("unknown pruner", space_text(pruner={"name": "medain"}), "name: medain", "pruner.name", "(did you mean 'median'?)"),
-    ("unknown dataset", space_text(data={"dataset": "mnist-1d", "batch_size": 64}), "dataset: mnist-1d", "data.dataset",
-     "did you mean 'mnist1d'"),
-    ("missing data file", space_text(data={"dataset": "missing.npz", "batch_size": 64}), "dataset: missing.npz",
-     "data.dataset", "data file 'missing.npz' not found"),
-    ("unknown model family", space_text(model={"family": "resnet"}), "family: resnet", "model.family",
-     "unknown model family 'resnet'"),
-    ("factory module not importable", space_text(model={"factory": f"{MISSING_MODULE}:build"}, params=LR),
-     "factory:", "model.factory", f"no module named '{MISSING_MODULE}'"),
-    ("factory file missing", space_text(model={"factory": "missing_models.py:build"}, params=LR), "factory:",
-     "model.factory", "file 'missing_models.py' does not exist"),
-    ("factory function missing", space_text(model={"factory": "factories.py:nope"}, params=LR), "factory:",
-     "model.factory", "has no attribute 'nope'; callables defined there: exits, random_width, three_outputs"),
-    ("factory not module:function", space_text(model={"factory": "factories.random_width"}, params=LR), "factory:",
-     "model.factory", "expected 'module:function'"),
-    ("negative epochs", space_text(training={"epochs": -1, "optimizer": OPTIMIZER}), "epochs: -1", "training.epochs",
-     "expected a value >= 1, got -1"),
-    ("zero array size", space_text(array={"size": 0}), "size: 0", "array.size", "expected an integer >= 1 or 'auto', got 0"),
-    ("negative n_trials", space_text(budget={"n_trials": -1}), "n_trials: -1", "budget.n_trials", "expected a value >= 1, got -1"),
+    (
+        "unknown pruner",
+        space_text(pruner={"name": "medain"}),
+        "name: medain",
+        "pruner.name",
+        "(did you mean 'median'?)",
+    ),
+    (
+        "unknown dataset",
+        space_text(data={"dataset": "mnist-1d", "batch_size": 64}),
+        "dataset: mnist-1d",
+        "data.dataset",
+        "did you mean 'mnist1d'",
+    ),
+    (
+        "missing data file",
+        space_text(data={"dataset": "missing.npz", "batch_size": 64}),
+        "dataset: missing.npz",
+        "data.dataset",
+        "data file 'missing.npz' not found",
+    ),
+    (
+        "unknown model family",
+        space_text(model={"family": "resnet"}),
+        "family: resnet",
+        "model.family",
+        "unknown model family 'resnet'",
+    ),
+    (
+        "factory module not importable",
+        space_text(model={"factory": f"{MISSING_MODULE}:build"}, params=LR),
+        "factory:",
+        "model.factory",
+        f"no module named '{MISSING_MODULE}'",
+    ),
+    (
+        "factory file missing",
+        space_text(model={"factory": "missing_models.py:build"}, params=LR),
+        "factory:",
+        "model.factory",
+        "file 'missing_models.py' does not exist",
+    ),
+    (
+        "factory function missing",
+        space_text(model={"factory": "factories.py:nope"}, params=LR),
+        "factory:",
+        "model.factory",
+        "has no attribute 'nope'; callables defined there: exits, random_width, three_outputs",
+    ),
+    (
+        "factory not module:function",
+        space_text(model={"factory": "factories.random_width"}, params=LR),
+        "factory:",
+        "model.factory",
+        "expected 'module:function'",
+    ),
+    (
+        "negative epochs",
+        space_text(training={"epochs": -1, "optimizer": OPTIMIZER}),
+        "epochs: -1",
+        "training.epochs",
+        "expected a value >= 1, got -1",
+    ),
+    (
+        "zero array size",
+        space_text(array={"size": 0}),
+        "size: 0",
+        "array.size",
+        "expected an integer >= 1 or 'auto', got 0",
+    ),
+    (
+        "negative n_trials",
+        space_text(budget={"n_trials": -1}),
+        "n_trials: -1",
+        "budget.n_trials",
+        "expected a value >= 1, got -1",
+    ),
     ("negative seed", space_text(seed=-1), "seed: -1", "seed", "expected a value >= 0, got -1"),
-    ("zero batch size", space_text(data={"dataset": "digits", "batch_size": 0}), "batch_size: 0", "data.batch_size",
-     "expected a value >= 1, got 0"),
-    ("negative lr", space_text(training={"epochs": 1, "optimizer": {"name": "adam", "lr": -0.1}}), "lr: -0.1",
-     "training.optimizer.lr", "expected a value > 0.0, got -0.1"),
-    ("val_acc with val_fraction 0", space_text(data={"dataset": "digits", "batch_size": 64, "val_fraction": 0}),
-     "val_fraction: 0", "data.val_fraction", "the study's metric 'val_acc' needs validation data"),
+    (
+        "zero batch size",
+        space_text(data={"dataset": "digits", "batch_size": 0}),
+        "batch_size: 0",
+        "data.batch_size",
+        "expected a value >= 1, got 0",
+    ),
+    (
+        "negative lr",
+        space_text(training={"epochs": 1, "optimizer": {"name": "adam", "lr": -0.1}}),
+        "lr: -0.1",
+        "training.optimizer.lr",
+        "expected a value > 0.0, got -0.1",
+    ),
+    (
+        "val_acc with val_fraction 0",
+        space_text(data={"dataset": "digits", "batch_size": 64, "val_fraction": 0}),
+        "val_fraction: 0",
+        "data.val_fraction",
+        "the study's metric 'val_acc' needs validation data",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("text", "fragment", "key", "message"), [c[1:] for c in SPACE_CASES],
-                         ids=[c[0] for c in SPACE_CASES])
+@pytest.mark.parametrize(
+    ("text", "fragment", "key", "message"), [c[1:] for c in SPACE_CASES], ids=[c[0] for c in SPACE_CASES]
+)
 def test_bad_search_space_files(env, text, fragment, key, message):
     path = env.tmp / "space.yaml"
     path.write_text(text)
@@ -241,29 +414,91 @@ def test_bad_search_space_files(env, text, fragment, key, message):
 
 
 # ------------------------------------------------------------ stability config files
-STABILITY = ["stability", "{tmp}/config.yaml", "--seeds", "2", "--storage", "{journal}", "--out", "{tmp}/report",
-             "--threads", "1", "--quiet"]
+STABILITY = [
+    "stability",
+    "{tmp}/config.yaml",
+    "--seeds",
+    "2",
+    "--storage",
+    "{journal}",
+    "--out",
+    "{tmp}/report",
+    "--threads",
+    "1",
+    "--quiet",
+]
 
 CONFIG_CASES = [
     # (id, the file, the line's fragment, the key, what the message says); the file is tests/test_stability.py's TINY
-    ("yaml syntax", TINY.replace("epochs: 2", "epochs: 2: 3"), "epochs: 2: 3", "", "mapping values are not allowed here"),
-    ("unknown key", TINY.replace("epochs: 2", "epoch: 2"), "epoch: 2", "epoch", "unknown key 'epoch' (did you mean 'epochs'?)"),
-    ("type: epochs a word", TINY.replace("epochs: 2", "epochs: two"), "epochs: two", "epochs", "expected an integer, got 'two'"),
-    ("type: channels a word", TINY.replace("channels: [4]", "channels: four"), "channels: four", "model_config",
-     "key 'channels': Input should be a valid list"),
-    ("negative epochs", TINY.replace("epochs: 2", "epochs: -1"), "epochs: -1", "epochs", "expected a value >= 1, got -1"),
-    ("negative lr", TINY.replace("lr: 0.01", "lr: -0.01"), "lr: -0.01", "hparams.lr", "expected a value > 0.0, got -0.01"),
-    ("zero batch size", TINY.replace("batch_size: 50", "batch_size: 0"), "batch_size: 0", "data.batch_size",
-     "expected a value >= 1, got 0"),
-    ("unknown dataset", TINY.replace("dataset: mnist1d", "dataset: imagenet"), "dataset: imagenet", "dataset",
-     "unknown dataset 'imagenet'"),
-    ("unknown model family", TINY.replace("model: cnn1d", "model: resnet"), "model: resnet", "model",
-     "unknown model family 'resnet'"),
+    (
+        "yaml syntax",
+        TINY.replace("epochs: 2", "epochs: 2: 3"),
+        "epochs: 2: 3",
+        "",
+        "mapping values are not allowed here",
+    ),
+    (
+        "unknown key",
+        TINY.replace("epochs: 2", "epoch: 2"),
+        "epoch: 2",
+        "epoch",
+        "unknown key 'epoch' (did you mean 'epochs'?)",
+    ),
+    (
+        "type: epochs a word",
+        TINY.replace("epochs: 2", "epochs: two"),
+        "epochs: two",
+        "epochs",
+        "expected an integer, got 'two'",
+    ),
+    (
+        "type: channels a word",
+        TINY.replace("channels: [4]", "channels: four"),
+        "channels: four",
+        "model_config",
+        "key 'channels': Input should be a valid list",
+    ),
+    (
+        "negative epochs",
+        TINY.replace("epochs: 2", "epochs: -1"),
+        "epochs: -1",
+        "epochs",
+        "expected a value >= 1, got -1",
+    ),
+    (
+        "negative lr",
+        TINY.replace("lr: 0.01", "lr: -0.01"),
+        "lr: -0.01",
+        "hparams.lr",
+        "expected a value > 0.0, got -0.01",
+    ),
+    (
+        "zero batch size",
+        TINY.replace("batch_size: 50", "batch_size: 0"),
+        "batch_size: 0",
+        "data.batch_size",
+        "expected a value >= 1, got 0",
+    ),
+    (
+        "unknown dataset",
+        TINY.replace("dataset: mnist1d", "dataset: imagenet"),
+        "dataset: imagenet",
+        "dataset",
+        "unknown dataset 'imagenet'",
+    ),
+    (
+        "unknown model family",
+        TINY.replace("model: cnn1d", "model: resnet"),
+        "model: resnet",
+        "model",
+        "unknown model family 'resnet'",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("text", "fragment", "key", "message"), [c[1:] for c in CONFIG_CASES],
-                         ids=[c[0] for c in CONFIG_CASES])
+@pytest.mark.parametrize(
+    ("text", "fragment", "key", "message"), [c[1:] for c in CONFIG_CASES], ids=[c[0] for c in CONFIG_CASES]
+)
 def test_bad_stability_config_files(env, text, fragment, key, message):
     path = env.tmp / "config.yaml"
     path.write_text(text)
@@ -272,22 +507,43 @@ def test_bad_stability_config_files(env, text, fragment, key, message):
 
 # ------------------------------------------------------------ options, user code, storages, folders
 TRAIN = ["train", "--model", "mlp", "--dataset", "digits", "--seeds", "2", "--epochs", "1", "--threads", "1"]
-UNREACHABLE = [("postgresql", "postgresql://nobody@127.0.0.1:1/x", "cannot open storage 'postgresql://nobody@127.0.0.1:1/x'"),
-               ("sqlite in a missing folder", "sqlite:////nonexistent_dir/x.db", "folder '/nonexistent_dir' does not exist"),
-               ("a folder", "{tmp}", "cannot use '{tmp}' as storage: it is a folder"),
-               ("below a file", "{afile}/x.journal", "cannot use journal file '{afile}/x.journal' as storage")]
+UNREACHABLE = [
+    ("postgresql", "postgresql://nobody@127.0.0.1:1/x", "cannot open storage 'postgresql://nobody@127.0.0.1:1/x'"),
+    ("sqlite in a missing folder", "sqlite:////nonexistent_dir/x.db", "folder '/nonexistent_dir' does not exist"),
+    ("a folder", "{tmp}", "cannot use '{tmp}' as storage: it is a folder"),
+    ("below a file", "{afile}/x.journal", "cannot use journal file '{afile}/x.journal' as storage"),
+]
 
 OPTION_CASES = [
     # (id, the command after `hfta-nas` ({tmp}, {journal}, {afile} filled in), what the message says)
     # search
     *[(f"search --storage {name}", [*SEARCH, "--storage", url], message) for name, url, message in UNREACHABLE],
-    ("search --out below a file", [*SEARCH, "--out", "{afile}/out"],
-     "--out '{afile}/out': cannot create a folder there, '{afile}' is a file"),
-    ("search --dry-run --out below a file", [*SEARCH, "--dry-run", "--out", "{afile}/out"], "cannot create a folder there"),
-    ("search --sampler unknown", [*SEARCH, "--sampler", "tpee"], "--sampler: expected one of tpe, random, cmaes, gp, grid, nsga2, got 'tpee' (did you mean 'tpe'?)"),
-    ("search --pruner unknown", [*SEARCH, "--pruner", "medain"], "--pruner: expected one of none, median, successive_halving, hyperband, got 'medain' (did you mean 'median'?)"),
+    (
+        "search --out below a file",
+        [*SEARCH, "--out", "{afile}/out"],
+        "--out '{afile}/out': cannot create a folder there, '{afile}' is a file",
+    ),
+    (
+        "search --dry-run --out below a file",
+        [*SEARCH, "--dry-run", "--out", "{afile}/out"],
+        "cannot create a folder there",
+    ),
+    (
+        "search --sampler unknown",
+        [*SEARCH, "--sampler", "tpee"],
+        "--sampler: expected one of tpe, random, cmaes, gp, grid, nsga2, got 'tpee' (did you mean 'tpe'?)",
+    ),
+    (
+        "search --pruner unknown",
+        [*SEARCH, "--pruner", "medain"],
+        "--pruner: expected one of none, median, successive_halving, hyperband, got 'medain' (did you mean 'median'?)",
+    ),
     ("search --array-size 0", [*SEARCH, "--array-size", "0"], "array size must be a positive integer or 'auto', got 0"),
-    ("search --array-size -2", [*SEARCH, "--array-size", "-2"], "array size must be a positive integer or 'auto', got -2"),
+    (
+        "search --array-size -2",
+        [*SEARCH, "--array-size", "-2"],
+        "array size must be a positive integer or 'auto', got -2",
+    ),
     ("search --array-size a word", [*SEARCH, "--array-size", "many"], "expected an integer or 'auto', got 'many'"),
     ("search --n-trials -1", [*SEARCH, "--n-trials", "-1"], "n_trials must be a positive number, got -1"),
     ("search --n-trials 0", [*SEARCH, "--n-trials", "0"], "n_trials must be a positive number, got 0"),
@@ -296,71 +552,175 @@ OPTION_CASES = [
     ("search --threads 0", [*SEARCH, "--threads", "0"], "Invalid value for '--threads': 0 is not in the range x>=1"),
     ("search --workers 0", [*SEARCH, "--workers", "0"], "Invalid value for '--workers': 0 is not in the range x>=1"),
     ("search --device unknown", [*SEARCH, "--device", "tpu"], "unknown device 'tpu'"),
-    ("search --storage a device", [*SEARCH, "--storage", "/dev/null"], "cannot use '/dev/null' as storage: it is not a regular file"),
-    ("search --dry-run --storage a device", [*SEARCH, "--dry-run", "--storage", "/dev/null"],
-     "cannot use '/dev/null' as storage: it is not a regular file"),
-    ("search --dry-run --storage a folder", [*SEARCH, "--dry-run", "--storage", "{tmp}"], "cannot use '{tmp}' as storage: it is a folder"),
-    ("search --storage unknown scheme", [*SEARCH, "--storage", "foo://bar"], "cannot open storage 'foo://bar': unknown URL scheme 'foo'"),
+    (
+        "search --storage a device",
+        [*SEARCH, "--storage", "/dev/null"],
+        "cannot use '/dev/null' as storage: it is not a regular file",
+    ),
+    (
+        "search --dry-run --storage a device",
+        [*SEARCH, "--dry-run", "--storage", "/dev/null"],
+        "cannot use '/dev/null' as storage: it is not a regular file",
+    ),
+    (
+        "search --dry-run --storage a folder",
+        [*SEARCH, "--dry-run", "--storage", "{tmp}"],
+        "cannot use '{tmp}' as storage: it is a folder",
+    ),
+    (
+        "search --storage unknown scheme",
+        [*SEARCH, "--storage", "foo://bar"],
+        "cannot open storage 'foo://bar': unknown URL scheme 'foo'",
+    ),
     ("search --timeout nan", [*SEARCH, "--timeout", "nan"], "timeout must be a positive number, got nan"),
     ("search --timeout inf", [*SEARCH, "--timeout", "inf"], "timeout must be a positive number, got inf"),
-    ("search --study-name outside runs", [*SEARCH_NO_OUT, "--study-name", "../../escape"],
-     "study name '../../escape' cannot name the default output folder runs/<study name>"),
-    ("search --study-name too long", [*SEARCH_NO_OUT, "--study-name", "x" * 300], "(300 characters)' cannot name the default"),
-    ("search --out a name too long", [*SEARCH, "--out", "{tmp}/" + "y" * 300], "expected at most 255 bytes per folder name"),
-    ("search a missing file", ["search", "{tmp}/nope.yaml", "--storage", "{journal}"], "{tmp}/nope.yaml: file not found"),
+    (
+        "search --study-name outside runs",
+        [*SEARCH_NO_OUT, "--study-name", "../../escape"],
+        "study name '../../escape' cannot name the default output folder runs/<study name>",
+    ),
+    (
+        "search --study-name too long",
+        [*SEARCH_NO_OUT, "--study-name", "x" * 300],
+        "(300 characters)' cannot name the default",
+    ),
+    (
+        "search --out a name too long",
+        [*SEARCH, "--out", "{tmp}/" + "y" * 300],
+        "expected at most 255 bytes per folder name",
+    ),
+    (
+        "search a missing file",
+        ["search", "{tmp}/nope.yaml", "--storage", "{journal}"],
+        "{tmp}/nope.yaml: file not found",
+    ),
     ("search a folder", ["search", "{tmp}", "--storage", "{journal}"], "is a directory"),
     # stability
     *[(f"stability --storage {name}", [*STABILITY, "--storage", url], message) for name, url, message in UNREACHABLE],
     ("stability --seeds 0", [*STABILITY, "--seeds", "0"], "--seeds must be an integer from 1 to 100,000, got 0"),
     ("stability --seeds -1", [*STABILITY, "--seeds", "-1"], "--seeds must be an integer from 1 to 100,000, got -1"),
-    ("stability --seeds too many", [*STABILITY, "--seeds", str(10**12)], "--seeds must be an integer from 1 to 100,000"),
-    ("stability --metric unknown", [*STABILITY, "--metric", "acc"],
-     "--metric: unknown metric 'acc' (did you mean 'val_acc'?); expected one of test_acc"),
-    ("stability a pipe as config", ["stability", "{tmp}/pipe.yaml", "--storage", "{journal}"],
-     "{tmp}/pipe.yaml: is not a regular file (a pipe, device or socket)"),
-    ("search a pipe as space", ["search", "{tmp}/pipe.yaml", "--storage", "{journal}"],
-     "{tmp}/pipe.yaml: is not a regular file (a pipe, device or socket)"),
-    ("stability --out below a file", [*STABILITY, "--out", "{afile}/report"],
-     "--out '{afile}/report': cannot create a folder there, '{afile}' is a file"),
-    ("stability --artifact-dir below a file", [*STABILITY, "--artifact-dir", "{afile}/artifacts"],
-     "--artifact-dir '{afile}/artifacts': cannot create a folder there"),
+    (
+        "stability --seeds too many",
+        [*STABILITY, "--seeds", str(10**12)],
+        "--seeds must be an integer from 1 to 100,000",
+    ),
+    (
+        "stability --metric unknown",
+        [*STABILITY, "--metric", "acc"],
+        "--metric: unknown metric 'acc' (did you mean 'val_acc'?); expected one of test_acc",
+    ),
+    (
+        "stability a pipe as config",
+        ["stability", "{tmp}/pipe.yaml", "--storage", "{journal}"],
+        "{tmp}/pipe.yaml: is not a regular file (a pipe, device or socket)",
+    ),
+    (
+        "search a pipe as space",
+        ["search", "{tmp}/pipe.yaml", "--storage", "{journal}"],
+        "{tmp}/pipe.yaml: is not a regular file (a pipe, device or socket)",
+    ),
+    (
+        "stability --out below a file",
+        [*STABILITY, "--out", "{afile}/report"],
+        "--out '{afile}/report': cannot create a folder there, '{afile}' is a file",
+    ),
+    (
+        "stability --artifact-dir below a file",
+        [*STABILITY, "--artifact-dir", "{afile}/artifacts"],
+        "--artifact-dir '{afile}/artifacts': cannot create a folder there",
+    ),
     ("stability --array-size 0", [*STABILITY, "--array-size", "0"], "--array-size must be a positive integer, got 0"),
     ("stability --vary unknown", [*STABILITY, "--vary", "weights"], "--vary takes"),
-    ("stability --format unknown", [*STABILITY, "--format", "pdf"], "expected a comma-separated subset of html, md, csv, json, tex, got 'pdf'"),
+    (
+        "stability --format unknown",
+        [*STABILITY, "--format", "pdf"],
+        "expected a comma-separated subset of html, md, csv, json, tex, got 'pdf'",
+    ),
     ("stability --device unknown", [*STABILITY, "--device", "tpu"], "unknown device 'tpu'"),
-    ("stability --threads 0", [*STABILITY, "--threads", "0"], "Invalid value for '--threads': 0 is not in the range x>=1"),
-    ("stability --top-k 0", ["stability", "--study", "tiny", "--top-k", "0", "--storage", "{journal}", "--out", "{tmp}/r"],
-     "--top-k must be at least 1, got 0"),
-    ("stability --study unknown", ["stability", "--study", "nope", "--storage", "{journal}", "--out", "{tmp}/r"],
-     "no study named 'nope' in this storage (studies: tiny)"),
-    ("stability a missing file", ["stability", "{tmp}/nope.yaml", "--storage", "{journal}"], "{tmp}/nope.yaml: file not found"),
-    ("stability compare one config", ["stability", "compare", "{tmp}/config.yaml", "--storage", "{journal}"],
-     "compare needs at least two configurations"),
+    (
+        "stability --threads 0",
+        [*STABILITY, "--threads", "0"],
+        "Invalid value for '--threads': 0 is not in the range x>=1",
+    ),
+    (
+        "stability --top-k 0",
+        ["stability", "--study", "tiny", "--top-k", "0", "--storage", "{journal}", "--out", "{tmp}/r"],
+        "--top-k must be at least 1, got 0",
+    ),
+    (
+        "stability --study unknown",
+        ["stability", "--study", "nope", "--storage", "{journal}", "--out", "{tmp}/r"],
+        "no study named 'nope' in this storage (studies: tiny)",
+    ),
+    (
+        "stability a missing file",
+        ["stability", "{tmp}/nope.yaml", "--storage", "{journal}"],
+        "{tmp}/nope.yaml: file not found",
+    ),
+    (
+        "stability compare one config",
+        ["stability", "compare", "{tmp}/config.yaml", "--storage", "{journal}"],
+        "compare needs at least two configurations",
+    ),
     # train
     ("train --epochs -1", [*TRAIN, "--epochs", "-1"], "epochs must be a non-negative integer, got -1"),
     ("train --seeds 0", [*TRAIN, "--seeds", "0"], "Invalid value for --seeds: the number of slots must be >= 1, got 0"),
     ("train --batch-size 0", [*TRAIN, "--batch-size", "0"], "batch_size must be a positive integer, got 0"),
     ("train --threads 0", [*TRAIN, "--threads", "0"], "Invalid value for '--threads': 0 is not in the range x>=1"),
-    ("train --lr a word", [*TRAIN, "--lr", "fast"], "expected a number or comma-separated numbers (one per slot), got 'fast'"),
+    (
+        "train --lr a word",
+        [*TRAIN, "--lr", "fast"],
+        "expected a number or comma-separated numbers (one per slot), got 'fast'",
+    ),
     ("train --model unknown family", [*TRAIN, "--model", "resnet"], "unknown model 'resnet'"),
     ("train --dataset unknown", [*TRAIN, "--dataset", "imagenet"], "unknown data source 'imagenet'"),
     ("train --device unknown", [*TRAIN, "--device", "tpu"], "unknown device 'tpu'"),
-    ("train factory module not importable", [*TRAIN, "--model", f"{MISSING_MODULE}:build"],
-     f"model factory '{MISSING_MODULE}:build': no module named '{MISSING_MODULE}'"),
-    ("train factory function missing", [*TRAIN, "--model", "factories.py:nope"],
-     "model factory 'factories.py:nope': module 'factories.py' has no attribute 'nope'; callables defined there: exits, random_width, three_outputs"),
-    ("train factory of different shapes", [*TRAIN, "--model", "factories.py:random_width"],
-     "the model factory built different models on different calls (one per seed): parameter '1.weight' has shape"),
+    (
+        "train factory module not importable",
+        [*TRAIN, "--model", f"{MISSING_MODULE}:build"],
+        f"model factory '{MISSING_MODULE}:build': no module named '{MISSING_MODULE}'",
+    ),
+    (
+        "train factory function missing",
+        [*TRAIN, "--model", "factories.py:nope"],
+        "model factory 'factories.py:nope': module 'factories.py' has no attribute 'nope'; callables defined there: exits, random_width, three_outputs",
+    ),
+    (
+        "train factory of different shapes",
+        [*TRAIN, "--model", "factories.py:random_width"],
+        "the model factory built different models on different calls (one per seed): parameter '1.weight' has shape",
+    ),
     # report, dashboard
-    ("report a folder without results", ["report", "{tmp}"], "'{tmp}' holds no stability results (expected result/seeds.csv"),
-    ("report --study unknown", ["report", "--study", "nope", "--storage", "{journal}"], "no stability study named 'nope'"),
-    ("dashboard --storage sqlite in a missing folder", ["dashboard", "--storage", "sqlite:////nonexistent_dir/x.db"],
-     "no storage at '/nonexistent_dir/x.db'"),
-    ("dashboard --storage a missing journal", ["dashboard", "--storage", "{tmp}/typo.journal"],
-     "no storage at '{tmp}/typo.journal': nothing has been searched or studied there yet"),
-    ("dashboard --storage a folder", ["dashboard", "--storage", "{tmp}"], "it is a folder; expected a journal file path"),
-    ("dashboard --port out of range", ["dashboard", "--storage", "{journal}", "--port", "70000"],
-     "Invalid value for '--port': 70000 is not in the range 1<=x<=65535"),
+    (
+        "report a folder without results",
+        ["report", "{tmp}"],
+        "'{tmp}' holds no stability results (expected result/seeds.csv",
+    ),
+    (
+        "report --study unknown",
+        ["report", "--study", "nope", "--storage", "{journal}"],
+        "no stability study named 'nope'",
+    ),
+    (
+        "dashboard --storage sqlite in a missing folder",
+        ["dashboard", "--storage", "sqlite:////nonexistent_dir/x.db"],
+        "no storage at '/nonexistent_dir/x.db'",
+    ),
+    (
+        "dashboard --storage a missing journal",
+        ["dashboard", "--storage", "{tmp}/typo.journal"],
+        "no storage at '{tmp}/typo.journal': nothing has been searched or studied there yet",
+    ),
+    (
+        "dashboard --storage a folder",
+        ["dashboard", "--storage", "{tmp}"],
+        "it is a folder; expected a journal file path",
+    ),
+    (
+        "dashboard --port out of range",
+        ["dashboard", "--storage", "{journal}", "--port", "70000"],
+        "Invalid value for '--port': 70000 is not in the range 1<=x<=65535",
+    ),
 ]
 
 
@@ -373,33 +733,62 @@ def test_bad_options_storages_folders_and_factories(env, args, message):
 
 FACTORY_CASES = [
     # user code that is found but misbehaves: a config file names it (a space file is covered above)
-    ("stability factory module not importable", f"model: {MISSING_MODULE}:build", [],
-     f"configuration 'config': model factory '{MISSING_MODULE}:build': no module named '{MISSING_MODULE}'", "bytes"),
-    ("stability factory function missing", "model: factories.py:nope", [],
-     "has no attribute 'nope'; callables defined there: exits, random_width, three_outputs", "bytes"),
+    (
+        "stability factory module not importable",
+        f"model: {MISSING_MODULE}:build",
+        [],
+        f"configuration 'config': model factory '{MISSING_MODULE}:build': no module named '{MISSING_MODULE}'",
+        "bytes",
+    ),
+    (
+        "stability factory function missing",
+        "model: factories.py:nope",
+        [],
+        "has no attribute 'nope'; callables defined there: exits, random_width, three_outputs",
+        "bytes",
+    ),
     # models of different shapes are found only when the array is built: the stability study
     # (and the search's asked trials) exist by then, but no finished trial changes
-    ("stability factory of different shapes", "model: factories.py:random_width", [],
-     "the model factory built different models on different calls (one per seed)", "trials"),
-    ("search factory of different shapes", None, SEARCH,
-     "the model factory built different models on different calls (one per seed)", "trials"),
+    (
+        "stability factory of different shapes",
+        "model: factories.py:random_width",
+        [],
+        "the model factory built different models on different calls (one per seed)",
+        "trials",
+    ),
+    (
+        "search factory of different shapes",
+        None,
+        SEARCH,
+        "the model factory built different models on different calls (one per seed)",
+        "trials",
+    ),
     # found before anything trains: the asked trial is failed as not trained, nothing is left RUNNING
-    ("search factory with too few outputs", "three_outputs", SEARCH,
-     "the model returns outputs of shape [2, 3] for a batch of 2, but the loss (cross-entropy) needs [2, 10, ...]",
-     "trials"),
+    (
+        "search factory with too few outputs",
+        "three_outputs",
+        SEARCH,
+        "the model returns outputs of shape [2, 3] for a batch of 2, but the loss (cross-entropy) needs [2, 10, ...]",
+        "trials",
+    ),
     ("search factory calling sys.exit", "exits", SEARCH, "called sys.exit(0)", "trials"),
 ]
 
 
-@pytest.mark.parametrize(("model_line", "args", "message", "stored_check"), [c[1:] for c in FACTORY_CASES],
-                         ids=[c[0] for c in FACTORY_CASES])
+@pytest.mark.parametrize(
+    ("model_line", "args", "message", "stored_check"), [c[1:] for c in FACTORY_CASES], ids=[c[0] for c in FACTORY_CASES]
+)
 def test_bad_user_factories(env, model_line, args, message, stored_check):
     factory = model_line if model_line in ("three_outputs", "exits") else "random_width"
-    (env.tmp / "space.yaml").write_text(space_text(model={"factory": f"factories.py:{factory}"}, params=LR,
-                                                   training={"epochs": 1, "optimizer": OPTIMIZER}))
+    (env.tmp / "space.yaml").write_text(
+        space_text(
+            model={"factory": f"factories.py:{factory}"}, params=LR, training={"epochs": 1, "optimizer": OPTIMIZER}
+        )
+    )
     if model_line is not None and factory == "random_width":
         (env.tmp / "config.yaml").write_text(
-            f"{model_line}\ndataset: digits\noptimizer: adam\nhparams: {{lr: 0.01}}\nepochs: 1\n")
+            f"{model_line}\ndataset: digits\noptimizer: adam\nhparams: {{lr: 0.01}}\nepochs: 1\n"
+        )
     check_refused(env, args or STABILITY, message, stored_check=stored_check)
 
 
@@ -481,9 +870,15 @@ def test_the_near_valid_strategy_starts_from_valid_spaces():
 
 
 def test_a_user_factory_that_raises_is_reported_where_it_failed(env):
-    (env.tmp / "broken.py").write_text("def build(input_shape, num_classes):\n    raise ValueError('no such layer: Conv5d')\n")
-    check_refused(env, ["train", "--model", "broken.py:build", *TRAIN[3:]],
-                  "model factory build raised ValueError: no such layer: Conv5d", "broken.py:2")
+    (env.tmp / "broken.py").write_text(
+        "def build(input_shape, num_classes):\n    raise ValueError('no such layer: Conv5d')\n"
+    )
+    check_refused(
+        env,
+        ["train", "--model", "broken.py:build", *TRAIN[3:]],
+        "model factory build raised ValueError: no such layer: Conv5d",
+        "broken.py:2",
+    )
 
 
 def test_a_journal_damaged_before_its_end_is_refused_and_kept(env):
@@ -502,11 +897,17 @@ def test_a_journal_damaged_before_its_end_is_refused_and_kept(env):
 
 def test_a_changed_distribution_on_a_stored_study_is_refused_before_anything_is_written(env):
     """The stored study 'tiny' searched model.config.width as categorical [16, 32]."""
-    params = {**yaml.safe_load(space_text())["params"],
-              "model.config.width": {"distribution": "int_uniform", "min": 8, "max": 64}}
+    params = {
+        **yaml.safe_load(space_text())["params"],
+        "model.config.width": {"distribution": "int_uniform", "min": 8, "max": 64},
+    }
     (env.tmp / "space.yaml").write_text(space_text(params=params))
-    check_refused(env, SEARCH, "study 'tiny' has trials where 'model.config.width' is CategoricalDistribution",
-                  "a study keeps one kind of distribution per parameter")
+    check_refused(
+        env,
+        SEARCH,
+        "study 'tiny' has trials where 'model.config.width' is CategoricalDistribution",
+        "a study keeps one kind of distribution per parameter",
+    )
 
 
 def test_a_busy_dashboard_port_is_one_line(env):
@@ -514,17 +915,50 @@ def test_a_busy_dashboard_port_is_one_line(env):
 
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        check_refused(env, ["dashboard", "--storage", "{journal}", "--port", str(port)],
-                      f"cannot serve the dashboard on 127.0.0.1:{port}: Address already in use")
+        check_refused(
+            env,
+            ["dashboard", "--storage", "{journal}", "--port", str(port)],
+            f"cannot serve the dashboard on 127.0.0.1:{port}: Address already in use",
+        )
     assert not (env.tmp / "artifacts").exists()
 
 
 # ------------------------------------------------------------ property: the search command's options
-_TEXTS = st.one_of(st.text(max_size=12), st.sampled_from(["", "-1", "0", "nan", "inf", "1e309", "auto", "3", "tpe",
-                                                         "median", "cuda", "cpu", "../x", "/dev/null", "a://b"]))
-SEARCH_OPTIONS = {"--n-trials": _TEXTS, "--timeout": _TEXTS, "--array-size": _TEXTS, "--seed": _TEXTS,
-                  "--sampler": _TEXTS, "--pruner": _TEXTS, "--threads": _TEXTS, "--device": _TEXTS,
-                  "--dtype": _TEXTS, "--study-name": _TEXTS, "--storage": _TEXTS}
+_TEXTS = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "",
+            "-1",
+            "0",
+            "nan",
+            "inf",
+            "1e309",
+            "auto",
+            "3",
+            "tpe",
+            "median",
+            "cuda",
+            "cpu",
+            "../x",
+            "/dev/null",
+            "a://b",
+        ]
+    ),
+)
+SEARCH_OPTIONS = {
+    "--n-trials": _TEXTS,
+    "--timeout": _TEXTS,
+    "--array-size": _TEXTS,
+    "--seed": _TEXTS,
+    "--sampler": _TEXTS,
+    "--pruner": _TEXTS,
+    "--threads": _TEXTS,
+    "--device": _TEXTS,
+    "--dtype": _TEXTS,
+    "--study-name": _TEXTS,
+    "--storage": _TEXTS,
+}
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -534,8 +968,9 @@ def test_any_search_options_plan_or_give_one_line_and_exit_2(tmp_path_factory, o
     `error:` line (exit 2), never a traceback; a dry run creates no file either way."""
     folder = tmp_path_factory.mktemp("fuzz")
     space = folder / "space.yaml"
-    space.write_text(space_text(array={"size": 2, "step_cost": {"fixed_s": 0.001, "per_gmac_s": 0.1}},
-                                budget={"n_trials": 2}))
+    space.write_text(
+        space_text(array={"size": 2, "step_cost": {"fixed_s": 0.001, "per_gmac_s": 0.1}}, budget={"n_trials": 2})
+    )
     args = ["search", str(space), "--dry-run", "--quiet"]
     for option, value in options.items():
         if option == "--storage" and value and not value.startswith(("/", "a://")):
@@ -545,15 +980,29 @@ def test_any_search_options_plan_or_give_one_line_and_exit_2(tmp_path_factory, o
     assert result.exit_code in (0, 2), (args, result.output, result.exception)
     assert "Traceback" not in result.output, (args, result.output)
     if result.exit_code == 2:
-        assert any(line.startswith(("error: ", "Error: ")) for line in result.output.splitlines()), (args, result.output)
+        assert any(line.startswith(("error: ", "Error: ")) for line in result.output.splitlines()), (
+            args,
+            result.output,
+        )
     assert [p.name for p in folder.iterdir()] == ["space.yaml"], (args, sorted(folder.iterdir()))
 
 
 # --------------------------------------------------------- property: the stability command's options
-STABILITY_OPTIONS = {"--seeds": _TEXTS, "--seed": _TEXTS, "--vary": _TEXTS, "--array-size": _TEXTS,
-                     "--device": _TEXTS, "--dtype": _TEXTS, "--threads": _TEXTS, "--storage": _TEXTS,
-                     "--format": _TEXTS, "--plot-format": _TEXTS, "--metric": _TEXTS, "--bootstrap-seed": _TEXTS,
-                     "--out": _TEXTS}
+STABILITY_OPTIONS = {
+    "--seeds": _TEXTS,
+    "--seed": _TEXTS,
+    "--vary": _TEXTS,
+    "--array-size": _TEXTS,
+    "--device": _TEXTS,
+    "--dtype": _TEXTS,
+    "--threads": _TEXTS,
+    "--storage": _TEXTS,
+    "--format": _TEXTS,
+    "--plot-format": _TEXTS,
+    "--metric": _TEXTS,
+    "--bootstrap-seed": _TEXTS,
+    "--out": _TEXTS,
+}
 
 
 class _ReachedTraining(HftaNasError):
@@ -570,8 +1019,10 @@ def test_any_stability_options_reach_training_or_give_one_line_and_exit_2(tmp_pa
 
     folder = tmp_path_factory.mktemp("fuzz")
     config = folder / "tiny.yaml"
-    config.write_text("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
-                      "hparams: {lr: 0.05}\nepochs: 1\ndata: {batch_size: 20}\n")
+    config.write_text(
+        "model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
+        "hparams: {lr: 0.05}\nepochs: 1\ndata: {batch_size: 20}\n"
+    )
     args = ["stability", str(config), "--quiet", "--storage", str(folder / "s.journal"), "--out", str(folder / "out")]
     for option, value in options.items():
         if option in ("--storage", "--out") and value and not value.startswith(("/", "a://")):

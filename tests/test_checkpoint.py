@@ -16,8 +16,13 @@ EPOCHS = 4
 def model(width: int, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Conv1d(2, width, 3, padding=1, bias=False), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(0.3),
-        nn.MaxPool1d(2), nn.Flatten(), nn.Linear(width * 6, 3),
+        nn.Conv1d(2, width, 3, padding=1, bias=False),
+        nn.BatchNorm1d(width),
+        nn.ReLU(),
+        nn.Dropout(0.3),
+        nn.MaxPool1d(2),
+        nn.Flatten(),
+        nn.Linear(width * 6, 3),
     )
 
 
@@ -110,8 +115,15 @@ def test_switch(monkeypatch):
 
 def test_train_continues_only_a_checkpoint_of_the_same_call(tiny_data, tmp_path):
     path = tmp_path / "train.pt"
-    common = dict(model=lambda: model(4, 0), dataset=tiny_data, seeds=[1, 2], epochs=3, batch_size=16,
-                  dtype="float64", checkpoint=path)
+    common = dict(
+        model=lambda: model(4, 0),
+        dataset=tiny_data,
+        seeds=[1, 2],
+        epochs=3,
+        batch_size=16,
+        dtype="float64",
+        checkpoint=path,
+    )
 
     def killed_after_epoch_1(report, trainer):
         if report.epoch == 2:  # epoch 1's checkpoint is written, epoch 2's not yet
@@ -154,8 +166,15 @@ def test_only_retries_claim_a_checkpoint(tmp_path):
     study.enqueue_trial(fresh.params, user_attrs={"retry_of": fresh.number})
     retry = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
     trainer = {"epoch": 1, "slot_ids": [fresh.number], "results": {fresh.number: {"status": "running"}}}
-    save(tmp_path / "c.pt", {"trainer": trainer, "slots": {fresh.number: {"origin": fresh.number, "params": fresh.params}},
-                             "device": "cpu", "dtype": "torch.float32"})
+    save(
+        tmp_path / "c.pt",
+        {
+            "trainer": trainer,
+            "slots": {fresh.number: {"origin": fresh.number, "params": fresh.params}},
+            "device": "cpu",
+            "dtype": "torch.float32",
+        },
+    )
     as_proposal = lambda trial: Proposal(trial, None, {}, None, 0)  # noqa: E731 - claim reads the trial only
     claims, rest = claim(tmp_path, [as_proposal(fresh)], "cpu", "torch.float32", dict)
     assert not claims and len(rest) == 1

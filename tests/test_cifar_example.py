@@ -25,7 +25,7 @@ def test_the_data_script_is_cifar_shaped_and_deterministic():
     x, y = make_data().make(50, seed=3)
     again, _ = make_data().make(50, seed=3)
     assert x.shape == (50, 3, 32, 32) and x.dtype == np.float32 and set(np.unique(y)) <= set(range(10))
-    assert np.array_equal(x, again) and 0 <= x.min() and x.max() <= 1
+    assert np.array_equal(x, again) and x.min() >= 0 and x.max() <= 1
 
 
 def test_the_example_searches_and_seed_tests_in_a_tiny_mode(tmp_path, monkeypatch):
@@ -35,16 +35,45 @@ def test_the_example_searches_and_seed_tests_in_a_tiny_mode(tmp_path, monkeypatc
     np.savez(data, x=x, y=y)
     journal, out = str(tmp_path / "c.journal"), tmp_path / "out"
     tiny = ["--set", f"data.dataset={data}", "--set", "training.epochs=1", "--set", "array.size=2"]
-    result = CliRunner().invoke(main, ["search", str(EXAMPLE / "space.yaml"), "--n-trials", "2", "--storage", journal,
-                                       "--out", str(out), "--quiet", "--json", *tiny])
+    result = CliRunner().invoke(
+        main,
+        [
+            "search",
+            str(EXAMPLE / "space.yaml"),
+            "--n-trials",
+            "2",
+            "--storage",
+            journal,
+            "--out",
+            str(out),
+            "--quiet",
+            "--json",
+            *tiny,
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["trials"] == {"COMPLETE": 2}
     best = (out / "best_config.yaml").read_text()
     for setting in ("augment:", "shift: 4", "flip: true", "label_smoothing: 0.1", "clip_norm:"):
         assert setting in best, setting
-    result = CliRunner().invoke(main, ["stability", str(out / "best_config.yaml"), "--seeds", "2", "--storage", journal,
-                                       "--out", str(tmp_path / "report"), "--json", "--format", "csv", "--plot-format",
-                                       "png"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "stability",
+            str(out / "best_config.yaml"),
+            "--seeds",
+            "2",
+            "--storage",
+            journal,
+            "--out",
+            str(tmp_path / "report"),
+            "--json",
+            "--format",
+            "csv",
+            "--plot-format",
+            "png",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["configs"][0]["n"] == 2 and 0 <= summary["configs"][0]["mean"] <= 1

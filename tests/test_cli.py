@@ -26,33 +26,72 @@ def test_train_help_documents_defaults():
 
 
 def test_train_json_reports_every_slot():
-    result = run("train", "--dataset", "digits", "--model", "mlp", "--config", "width=16", "--seeds", "3,1,4",
-                 "--lr", "1e-2,3e-3,1e-3", "--epochs", "2", "--json", "--threads", "1")
+    result = run(
+        "train",
+        "--dataset",
+        "digits",
+        "--model",
+        "mlp",
+        "--config",
+        "width=16",
+        "--seeds",
+        "3,1,4",
+        "--lr",
+        "1e-2,3e-3,1e-3",
+        "--epochs",
+        "2",
+        "--json",
+        "--threads",
+        "1",
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert [row["init_seed"] for row in summary["slots"]] == [3, 1, 4]
-    assert all(row["status"] == "completed" and row["epochs"] == 2 and 0 <= row["val_acc"] <= 1 for row in summary["slots"])
+    assert all(
+        row["status"] == "completed" and row["epochs"] == 2 and 0 <= row["val_acc"] <= 1 for row in summary["slots"]
+    )
     assert summary["samples_per_second"] > 0
 
 
 def test_train_with_schedule_and_separate_seed_sources():
-    result = run("train", "--dataset", "digits", "--model", "mlp", "--seeds", "2", "--data-seeds", "5,6",
-                 "--dropout-seeds", "7,8", "--schedule", "step", "--schedule-arg", "step_size=1", "--epochs", "1", "--json")
+    result = run(
+        "train",
+        "--dataset",
+        "digits",
+        "--model",
+        "mlp",
+        "--seeds",
+        "2",
+        "--data-seeds",
+        "5,6",
+        "--dropout-seeds",
+        "7,8",
+        "--schedule",
+        "step",
+        "--schedule-arg",
+        "step_size=1",
+        "--epochs",
+        "1",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)["slots"]
     assert [(r["data_seed"], r["dropout_seed"]) for r in rows] == [(5, 7), (6, 8)]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--dataset", "imagenet"], "imagenet"),
-    (["--model", "no_such_module:build"], "no_such_module"),
-    (["--model", "resnet"], "unknown model 'resnet'"),
-    (["--lr", "1e-3,2e-3", "--seeds", "3"], "has 2 values but the array has 3 slots"),
-    (["--config", "depth=-1", "--model", "mlp"], "depth"),
-    (["--epochs", "-1"], "epochs must be a non-negative integer"),
-    (["--lr", "fast"], "expected a number"),
-    (["--seeds", "0"], "must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--dataset", "imagenet"], "imagenet"),
+        (["--model", "no_such_module:build"], "no_such_module"),
+        (["--model", "resnet"], "unknown model 'resnet'"),
+        (["--lr", "1e-3,2e-3", "--seeds", "3"], "has 2 values but the array has 3 slots"),
+        (["--config", "depth=-1", "--model", "mlp"], "depth"),
+        (["--epochs", "-1"], "epochs must be a non-negative integer"),
+        (["--lr", "fast"], "expected a number"),
+        (["--seeds", "0"], "must be >= 1"),
+    ],
+)
 def test_user_errors_exit_2_without_traceback(args, message):
     result = run("train", "--dataset", "digits", "--model", "mlp", "--epochs", "1", *args)  # later options win
     assert result.exit_code == 2, result.output
@@ -69,7 +108,17 @@ def test_printed_commands_never_wrap_in_a_narrow_terminal_or_a_pipe(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(space_text(budget={"n_trials": 2}))
     journal = tmp_path / "a-rather-long-folder-name-for-the-journal" / "study.journal"
-    args = ["search", str(space), "--storage", str(journal), "--out", str(tmp_path / "out"), "--quiet", "--threads", "1"]
+    args = [
+        "search",
+        str(space),
+        "--storage",
+        str(journal),
+        "--out",
+        str(tmp_path / "out"),
+        "--quiet",
+        "--threads",
+        "1",
+    ]
     for env in ({"COLUMNS": "60"}, {}):
         result = CliRunner().invoke(main, args, env=env)
         assert result.exit_code == 0, result.output
@@ -77,27 +126,51 @@ def test_printed_commands_never_wrap_in_a_narrow_terminal_or_a_pipe(tmp_path):
         assert expected in result.output.splitlines(), result.output
     assert "nothing to train this run" in result.output and "0 arrays" not in result.output
     # the space file is the study's artifact (shown readably by the dashboard), uploaded once for both runs
-    study = optuna.load_study(study_name="tiny", storage=optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(journal))))
+    study = optuna.load_study(
+        study_name="tiny",
+        storage=optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal))),
+    )
     [artifact] = optuna.artifacts.get_all_artifact_meta(study)
     assert artifact.filename == "space.yaml"
     assert (journal.parent / "artifacts" / artifact.artifact_id).read_text() == space.read_text()
     assert "space_text" not in study.user_attrs
 
     config = tmp_path / "tiny.yaml"
-    config.write_text("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
-                      "hparams: {lr: 0.05}\nepochs: 1\ndata: {batch_size: 50}\n")
-    result = CliRunner().invoke(main, ["stability", str(config), "--seeds", "2", "--storage", str(journal), "--out",
-                                       str(tmp_path / "report"), "--format", "html", "--plot-format", "png",
-                                       "--quiet", "--threads", "1"], env={"COLUMNS": "60"})
+    config.write_text(
+        "model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
+        "hparams: {lr: 0.05}\nepochs: 1\ndata: {batch_size: 50}\n"
+    )
+    result = CliRunner().invoke(
+        main,
+        [
+            "stability",
+            str(config),
+            "--seeds",
+            "2",
+            "--storage",
+            str(journal),
+            "--out",
+            str(tmp_path / "report"),
+            "--format",
+            "html",
+            "--plot-format",
+            "png",
+            "--quiet",
+            "--threads",
+            "1",
+        ],
+        env={"COLUMNS": "60"},
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     dashboard = next(line for line in lines if line.startswith("dashboard: "))
     assert dashboard.endswith(str(tmp_path / "a-rather-long-folder-name-for-the-journal" / "artifacts")), lines
     assert "1 array of 2 slots" in result.output and "array(s)" not in result.output
     # beside the journal: the study and its report's artifacts; lock files hidden, no checkpoint folder left
-    assert sorted(p.name for p in journal.parent.iterdir() if not p.name.startswith(".")) == ["artifacts",
-                                                                                              "study.journal"]
+    assert sorted(p.name for p in journal.parent.iterdir() if not p.name.startswith(".")) == [
+        "artifacts",
+        "study.journal",
+    ]
 
 
 # ------------------------------------------------------------------------------- dashboard
@@ -137,8 +210,18 @@ def test_n_more_trains_that_many_more_trials_than_the_study_counts(tmp_path):
 
     space = tmp_path / "space.yaml"
     space.write_text(space_text(budget={"n_trials": 2}))
-    args = ["search", str(space), "--storage", str(tmp_path / "s.journal"), "--out", str(tmp_path / "out"), "--quiet",
-            "--threads", "1", "--json"]
+    args = [
+        "search",
+        str(space),
+        "--storage",
+        str(tmp_path / "s.journal"),
+        "--out",
+        str(tmp_path / "out"),
+        "--quiet",
+        "--threads",
+        "1",
+        "--json",
+    ]
     assert CliRunner().invoke(main, args).exit_code == 0
     result = CliRunner().invoke(main, [*args, "--n-more", "2"])
     assert result.exit_code == 0, result.output
@@ -153,19 +236,48 @@ def test_piped_runs_print_plain_progress_lines_with_an_eta(tmp_path):
     from tests.test_search import space_text
 
     config = tmp_path / "tiny.yaml"
-    config.write_text("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
-                      "hparams: {lr: 0.05}\nepochs: 20\ndata: {batch_size: 50}\n")
-    result = CliRunner().invoke(main, ["stability", str(config), "--seeds", "2", "--storage", str(tmp_path / "s.journal"),
-                                       "--out", str(tmp_path / "r"), "--format", "csv", "--plot-format", "png",
-                                       "--threads", "1"])
+    config.write_text(
+        "model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\noptimizer: sgd\n"
+        "hparams: {lr: 0.05}\nepochs: 20\ndata: {batch_size: 50}\n"
+    )
+    result = CliRunner().invoke(
+        main,
+        [
+            "stability",
+            str(config),
+            "--seeds",
+            "2",
+            "--storage",
+            str(tmp_path / "s.journal"),
+            "--out",
+            str(tmp_path / "r"),
+            "--format",
+            "csv",
+            "--plot-format",
+            "png",
+            "--threads",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stderr.splitlines() if line.startswith("tiny (2 slots): epoch ")]
     assert len(lines) == 10 and lines[-1].startswith("tiny (2 slots): epoch 20/20") and "ETA" in lines[0]
 
     space = tmp_path / "space.yaml"
     space.write_text(space_text(budget={"n_trials": 4}))
-    result = CliRunner().invoke(main, ["search", str(space), "--storage", str(tmp_path / "s.journal"), "--out",
-                                       str(tmp_path / "o"), "--threads", "1"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "search",
+            str(space),
+            "--storage",
+            str(tmp_path / "s.journal"),
+            "--out",
+            str(tmp_path / "o"),
+            "--threads",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert any("complete" in line and "ETA" in line for line in result.stderr.splitlines()), result.stderr
 
@@ -178,9 +290,27 @@ def test_printed_commands_quote_paths_with_spaces(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(space_text(budget={"n_trials": 1}))
     journal = tmp_path / "my runs" / "study.journal"
-    result = CliRunner().invoke(main, ["search", str(space), "--storage", str(journal), "--study-name", "my study",
-                                       "--out", str(tmp_path / "my out"), "--quiet", "--threads", "1"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "search",
+            str(space),
+            "--storage",
+            str(journal),
+            "--study-name",
+            "my study",
+            "--out",
+            str(tmp_path / "my out"),
+            "--quiet",
+            "--threads",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if line.startswith("dashboard: "))
-    assert shlex.split(line.removeprefix("dashboard: ")) == ["optuna-dashboard", str(journal), "--artifact-dir",
-                                                             str(journal.parent / "artifacts")]
+    assert shlex.split(line.removeprefix("dashboard: ")) == [
+        "optuna-dashboard",
+        str(journal),
+        "--artifact-dir",
+        str(journal.parent / "artifacts"),
+    ]

@@ -14,8 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hfta_nas.data import DATASETS, Dataset, EpochOrder, gather, load_dataset
-from hfta_nas.data import _datasets
+from hfta_nas.data import DATASETS, Dataset, EpochOrder, _datasets, gather, load_dataset
 from hfta_nas.errors import HftaNasError
 
 
@@ -193,11 +192,15 @@ def write_module(directory, name: str, body: str) -> None:
 
 
 def test_factory_returning_tensors(tmp_path, monkeypatch):
-    write_module(tmp_path, "tensor_factory_mod", """
+    write_module(
+        tmp_path,
+        "tensor_factory_mod",
+        """
         import torch
         def make():
             return torch.arange(60.0).reshape(30, 2), torch.arange(30) % 2
-    """)
+    """,
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "tensor_factory_mod", raising=False)
     data = load_dataset("tensor_factory_mod:make")
@@ -206,13 +209,17 @@ def test_factory_returning_tensors(tmp_path, monkeypatch):
 
 
 def test_factory_returning_splits_from_current_directory(tmp_path, monkeypatch):
-    write_module(tmp_path, "cwd_splits_mod", """
+    write_module(
+        tmp_path,
+        "cwd_splits_mod",
+        """
         import numpy as np
         def splits():
             x = np.ones((4, 3))
             y = np.array([0, 1, 1, 0])
             return {"x_train": x, "y_train": y, "x_val": x, "y_val": y, "x_test": x, "y_test": y}
-    """)
+    """,
+    )
     monkeypatch.chdir(tmp_path)  # not on sys.path: found because it is in the current directory
     monkeypatch.delitem(sys.modules, "cwd_splits_mod", raising=False)
     path_before = list(sys.path)
@@ -231,7 +238,9 @@ def write_npz(tmp_path, **arrays) -> str:
 
 
 def test_unknown_source_lists_accepted_forms():
-    with pytest.raises(HftaNasError, match=r"unknown data source 'mnist2d'.*mnist1d.*digits.*npz.*csv.*module:function"):
+    with pytest.raises(
+        HftaNasError, match=r"unknown data source 'mnist2d'.*mnist1d.*digits.*npz.*csv.*module:function"
+    ):
         load_dataset("mnist2d")
     with pytest.raises(HftaNasError, match="Did you mean 'digits'"):
         load_dataset("digit")
@@ -247,7 +256,10 @@ def test_missing_file_is_named(tmp_path):
 @pytest.mark.parametrize(
     ("frame", "message"),
     [
-        (pd.DataFrame({"a": [1.0, 2.0], "klass": [0, 1]}), r"no label column.*'label' or 'y' or 'target'.*\['a', 'klass'\]"),
+        (
+            pd.DataFrame({"a": [1.0, 2.0], "klass": [0, 1]}),
+            r"no label column.*'label' or 'y' or 'target'.*\['a', 'klass'\]",
+        ),
         (pd.DataFrame({"a": [1.0, 2.0], "y": [0, 1], "label": [0, 1]}), r"several label columns \['label', 'y'\]"),
         (pd.DataFrame({"a": ["red", "blue"], "label": [0, 1]}), r"feature column 'a' is not numeric"),
         (pd.DataFrame({"a": [1.0, None], "label": [0, 1]}), r"feature columns \['a'\] have missing values"),
@@ -263,13 +275,17 @@ def test_bad_csv(tmp_path, frame, message):
 def test_factory_errors(tmp_path, monkeypatch):
     with pytest.raises(HftaNasError, match=r"could not import module 'no_such_module_xyz'.*No module named"):
         load_dataset("no_such_module_xyz:make")
-    write_module(tmp_path, "factory_errors_mod", """
+    write_module(
+        tmp_path,
+        "factory_errors_mod",
+        """
         VALUE = 3
         def broken():
             raise RuntimeError("disk on fire")
         def wrong():
             return 42
-    """)
+    """,
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "factory_errors_mod", raising=False)
     with pytest.raises(HftaNasError, match=r"module 'factory_errors_mod' .* has no function 'missing'"):
@@ -355,7 +371,9 @@ def loader_epochs(x, y, seed, batch_size, drop_last, epochs) -> list[list[tuple[
 def loader_orders(n, seed, batch_size=4, drop_last=False, epochs=3) -> list[torch.Tensor]:
     """DataLoader's sample order per epoch (the indices it visits, concatenated)."""
     index = torch.arange(n)
-    return [torch.cat([b for b, _ in epoch]) for epoch in loader_epochs(index, index, seed, batch_size, drop_last, epochs)]
+    return [
+        torch.cat([b for b, _ in epoch]) for epoch in loader_epochs(index, index, seed, batch_size, drop_last, epochs)
+    ]
 
 
 def flat(steps: list[torch.Tensor]) -> torch.Tensor:

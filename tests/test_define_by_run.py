@@ -22,9 +22,14 @@ COST = {"fixed_s": 1e-3, "per_gmac_s": 0.1}  # pinned: both runs pack alike what
 
 def test_the_same_space_as_yaml_and_as_python_gives_the_same_trials(tmp_path):
     text = space_text(array={"size": 3, "step_cost": COST}, pruner={"name": "median"})
-    run_search(parse_space(text, source=str(tmp_path / "space.yaml")), storage=str(tmp_path / "yaml.journal"),
-               out_dir=tmp_path / "out")
-    from_yaml = optuna.load_study(study_name="tiny", storage=hfta_nas.search.open_storage(str(tmp_path / "yaml.journal"))[0])
+    run_search(
+        parse_space(text, source=str(tmp_path / "space.yaml")),
+        storage=str(tmp_path / "yaml.journal"),
+        out_dir=tmp_path / "out",
+    )
+    from_yaml = optuna.load_study(
+        study_name="tiny", storage=hfta_nas.search.open_storage(str(tmp_path / "yaml.journal"))[0]
+    )
 
     digits = load_dataset("digits")
 
@@ -61,20 +66,35 @@ def test_a_freed_slot_takes_a_trial_of_another_architecture_that_fits(tmp_path):
         model = model_factory("mlp", {"depth": 1, "width": width}, input_shape=digits.input_shape, num_classes=10)
         return hfta_nas.Candidate(model, hparams={"lr": 3e-3}, epochs=3, batch_size=64)
 
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0), pruner=PruneTrialZero())
-    summary = hfta_nas.optimize(study, build, digits, n_trials=3, array_size=2, seed=5, dtype="float64",
-                                step_cost=StepCost(1.0, 0.0))  # launch-bound: one array of two
+    study = optuna.create_study(
+        direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0), pruner=PruneTrialZero()
+    )
+    summary = hfta_nas.optimize(
+        study, build, digits, n_trials=3, array_size=2, seed=5, dtype="float64", step_cost=StepCost(1.0, 0.0)
+    )  # launch-bound: one array of two
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.PRUNED, TrialState.COMPLETE, TrialState.COMPLETE]
     refill = trials[2]
-    assert refill.user_attrs["refilled_after"] == 0 and refill.user_attrs["array_id"] == trials[0].user_attrs["array_id"]
+    assert (
+        refill.user_attrs["refilled_after"] == 0 and refill.user_attrs["array_id"] == trials[0].user_attrs["array_id"]
+    )
     assert refill.user_attrs["architecture"] != trials[0].user_attrs["architecture"]
     assert len(summary.arrays) == 1 and summary.architectures_trained == summary.architectures_proposed == 3
     # the narrow model padded into the wide slot trains exactly as it trains alone
     seeds = trial_seeds(5, 2)
-    alone = hfta_nas.train("mlp", model_config={"depth": 1, "width": refill.params["narrow"]}, dataset="digits",
-                           seeds=[seeds["init"]], data_seeds=[seeds["data"]], dropout_seeds=[seeds["dropout"]],
-                           optimizer="adam", hparams={"lr": 3e-3}, epochs=3, batch_size=64, dtype="float64")
+    alone = hfta_nas.train(
+        "mlp",
+        model_config={"depth": 1, "width": refill.params["narrow"]},
+        dataset="digits",
+        seeds=[seeds["init"]],
+        data_seeds=[seeds["data"]],
+        dropout_seeds=[seeds["dropout"]],
+        optimizer="adam",
+        hparams={"lr": 3e-3},
+        epochs=3,
+        batch_size=64,
+        dtype="float64",
+    )
     assert refill.value == pytest.approx(alone.results[0].final["val_acc"], abs=1e-12)
 
 
@@ -118,10 +138,17 @@ def test_a_stopped_array_whose_slot_was_refilled_continues_with_its_envelope_reb
 
     def run(folder, on_event=None):
         storage = hfta_nas.search.open_storage(str(folder / "s.journal"))[0]
-        study = optuna.create_study(study_name="s", storage=storage, direction="maximize", load_if_exists=True,
-                                    sampler=optuna.samplers.RandomSampler(seed=3), pruner=PruneTrialOneAtItsFirstEpoch())
-        hfta_nas.optimize(study, build, digits, n_trials=5, array_size=3, seed=7, step_cost=StepCost(**COST),
-                          on_event=on_event)
+        study = optuna.create_study(
+            study_name="s",
+            storage=storage,
+            direction="maximize",
+            load_if_exists=True,
+            sampler=optuna.samplers.RandomSampler(seed=3),
+            pruner=PruneTrialOneAtItsFirstEpoch(),
+        )
+        hfta_nas.optimize(
+            study, build, digits, n_trials=5, array_size=3, seed=7, step_cost=StepCost(**COST), on_event=on_event
+        )
         return {t.number: t for t in study.get_trials(deepcopy=False)}
 
     reference = run(tmp_path / "ref")
@@ -141,6 +168,8 @@ def test_a_stopped_array_whose_slot_was_refilled_continues_with_its_envelope_reb
     for number in resumed.trials:
         original = reference[trials[number].user_attrs["retry_of"]]
         assert trials[number].params == original.params
-        assert (trials[number].values, trials[number].intermediate_values) == (original.values,
-                                                                               original.intermediate_values)
+        assert (trials[number].values, trials[number].intermediate_values) == (
+            original.values,
+            original.intermediate_values,
+        )
     assert {reference[trials[n].user_attrs["retry_of"]].number for n in resumed.trials} == {0, 2, 3}

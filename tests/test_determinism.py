@@ -37,8 +37,11 @@ def run_twice(make_args, tmp_path: Path) -> list[str]:
     command = [sys.executable, str(script)] if script.exists() else [sys.executable, str(ROOT / "cli.py")]
     processes = []
     for run, hash_seed in (("a", "1"), ("b", "2")):
-        env = dict(os.environ, PYTHONHASHSEED=hash_seed,
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        env = dict(
+            os.environ,
+            PYTHONHASHSEED=hash_seed,
+            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        )
         with open(tmp_path / f"{run}.out", "wb") as out, open(tmp_path / f"{run}.err", "wb") as err:
             processes.append(subprocess.Popen([*command, *make_args(run)], cwd=ROOT, env=env, stdout=out, stderr=err))
     outputs = []
@@ -57,35 +60,58 @@ def run_twice(make_args, tmp_path: Path) -> list[str]:
 
 def search_space() -> str:
     """Tiny, with a pruner (successive halving prunes a trial here), dropout and two widths."""
-    return yaml.safe_dump({
-        "study": {"name": "same", "metrics": ["val_acc"]},
-        "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 2}},
-        "pruner": {"name": "successive_halving", "kwargs": {"min_resource": 1, "reduction_factor": 2}},
-        "budget": {"n_trials": 6},
-        "array": {"size": 3, "step_cost": {"fixed_s": 1e-4, "per_gmac_s": 0.1}},  # the packing too, not a timing
-        "data": {"dataset": "digits", "batch_size": 64},
-        "training": {"epochs": 3, "optimizer": {"name": "adam", "lr": 1e-3}},
-        "model": {"family": "mlp", "config": {"depth": 1, "dropout": 0.2}},
-        "seed": 11,
-        "params": {
-            "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
-            "model.config.width": {"distribution": "categorical", "values": [16, 32]},
-        },
-    })
+    return yaml.safe_dump(
+        {
+            "study": {"name": "same", "metrics": ["val_acc"]},
+            "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 2}},
+            "pruner": {"name": "successive_halving", "kwargs": {"min_resource": 1, "reduction_factor": 2}},
+            "budget": {"n_trials": 6},
+            "array": {"size": 3, "step_cost": {"fixed_s": 1e-4, "per_gmac_s": 0.1}},  # the packing too, not a timing
+            "data": {"dataset": "digits", "batch_size": 64},
+            "training": {"epochs": 3, "optimizer": {"name": "adam", "lr": 1e-3}},
+            "model": {"family": "mlp", "config": {"depth": 1, "dropout": 0.2}},
+            "seed": 11,
+            "params": {
+                "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
+                "model.config.width": {"distribution": "categorical", "values": [16, 32]},
+            },
+        }
+    )
 
 
 def _trials(journal: Path) -> list[tuple]:
     study = optuna.load_study(study_name="same", storage=open_storage(str(journal))[0])
-    return [(t.number, t.state.name, t.params, t.intermediate_values, t.values,
-             {k: v for k, v in t.user_attrs.items() if k not in _RUN_SPECIFIC})
-            for t in study.get_trials(deepcopy=False)]
+    return [
+        (
+            t.number,
+            t.state.name,
+            t.params,
+            t.intermediate_values,
+            t.values,
+            {k: v for k, v in t.user_attrs.items() if k not in _RUN_SPECIFIC},
+        )
+        for t in study.get_trials(deepcopy=False)
+    ]
 
 
 def test_search_twice_gives_identical_trials(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(search_space())
-    run_twice(lambda run: ["search", str(space), "--threads", "1", "--storage", str(tmp_path / f"{run}.journal"),
-                           "--out", str(tmp_path / run), "--quiet", "--json"], tmp_path)
+    run_twice(
+        lambda run: [
+            "search",
+            str(space),
+            "--threads",
+            "1",
+            "--storage",
+            str(tmp_path / f"{run}.journal"),
+            "--out",
+            str(tmp_path / run),
+            "--quiet",
+            "--json",
+        ],
+        tmp_path,
+    )
     first, second = (_trials(tmp_path / f"{run}.journal") for run in "ab")
     assert len(first) >= 6 and any(t[3] for t in first)
     assert first == second  # params, intermediate values, values, seeds, slots, epochs: all exactly equal
@@ -108,10 +134,27 @@ data: {batch_size: 32}
 def test_stability_twice_gives_identical_per_seed_metrics(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(STABILITY_CONFIG)
-    texts = run_twice(lambda run: ["stability", str(config), "--seeds", "4", "--threads", "1",
-                                   "--storage", str(tmp_path / f"{run}.journal"), "--out", str(tmp_path / run),
-                                   "--format", "csv,json", "--plot-format", "svg", "--json"], tmp_path)
-    summaries = [json.loads(text[text.index("{"):]) for text in texts]
+    texts = run_twice(
+        lambda run: [
+            "stability",
+            str(config),
+            "--seeds",
+            "4",
+            "--threads",
+            "1",
+            "--storage",
+            str(tmp_path / f"{run}.journal"),
+            "--out",
+            str(tmp_path / run),
+            "--format",
+            "csv,json",
+            "--plot-format",
+            "svg",
+            "--json",
+        ],
+        tmp_path,
+    )
+    summaries = [json.loads(text[text.index("{") :]) for text in texts]
     seed_rows, curves = [], []
     for run in "ab":
         with open(tmp_path / run / "seeds.csv", newline="") as stream:
@@ -131,9 +174,18 @@ def test_train_twice_gives_bit_identical_parameters():
 
     def once(global_seed):
         torch.manual_seed(global_seed)  # the caller's global RNG state must not matter
-        return hfta_nas.train("mlp", model_config={"width": 16, "depth": 1, "dropout": 0.2}, dataset=data,
-                              seeds=[0, 1, 2], data_seeds=[3, 4, 5], dropout_seeds=[6, 7, 8], optimizer="adam",
-                              hparams={"lr": [1e-3, 3e-3, 1e-2]}, epochs=2, batch_size=64)
+        return hfta_nas.train(
+            "mlp",
+            model_config={"width": 16, "depth": 1, "dropout": 0.2},
+            dataset=data,
+            seeds=[0, 1, 2],
+            data_seeds=[3, 4, 5],
+            dropout_seeds=[6, 7, 8],
+            optimizer="adam",
+            hparams={"lr": [1e-3, 3e-3, 1e-2]},
+            epochs=2,
+            batch_size=64,
+        )
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the commands run (--threads 1): results are reproducible per thread count

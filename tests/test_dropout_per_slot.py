@@ -46,18 +46,33 @@ def issue_repro(width):  # Sequential(Linear(64,16), ReLU, Dropout(0.3), Linear(
 
 
 def cnn(channels, kind=nn.Dropout1d, kernel=3):
-    return nn.Sequential(nn.Conv1d(2, channels, kernel, padding=kernel // 2), nn.ReLU(), kind(0.4), nn.Flatten(),
-                         nn.Linear(channels * 12, CLASSES))
+    return nn.Sequential(
+        nn.Conv1d(2, channels, kernel, padding=kernel // 2),
+        nn.ReLU(),
+        kind(0.4),
+        nn.Flatten(),
+        nn.Linear(channels * 12, CLASSES),
+    )
 
 
 def cnn2d(channels):
-    return nn.Sequential(nn.Conv2d(2, channels, 3, padding=1), nn.ReLU(), nn.Dropout2d(0.4), nn.Flatten(),
-                         nn.Linear(channels * 16, CLASSES))
+    return nn.Sequential(
+        nn.Conv2d(2, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.Dropout2d(0.4),
+        nn.Flatten(),
+        nn.Linear(channels * 16, CLASSES),
+    )
 
 
 def cnn3d(channels):
-    return nn.Sequential(nn.Conv3d(1, channels, 3, padding=1), nn.ReLU(), nn.Dropout3d(0.4), nn.Flatten(),
-                         nn.Linear(channels * 2 * 3 * 4, CLASSES))
+    return nn.Sequential(
+        nn.Conv3d(1, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.Dropout3d(0.4),
+        nn.Flatten(),
+        nn.Linear(channels * 2 * 3 * 4, CLASSES),
+    )
 
 
 class Recurrent(nn.Module):
@@ -129,7 +144,11 @@ ENVELOPES = {
     "mlp-width": (lambda: mlp(8), [lambda: mlp(32), lambda: mlp(16)], floats(2, 12)),
     "mlp-depth": (lambda: mlp(16, depth=1), [lambda: mlp(16, depth=3)], floats(2, 12)),
     "mlp-depth-shifts-the-dropout": (lambda: mlp_dropout_last(1), [lambda: mlp_dropout_last(3)], floats(2, 12)),
-    "mlp-width-and-depth": (lambda: mlp(8, depth=2), [lambda: mlp(32, depth=3), lambda: mlp(8, depth=1)], floats(2, 12)),
+    "mlp-width-and-depth": (
+        lambda: mlp(8, depth=2),
+        [lambda: mlp(32, depth=3), lambda: mlp(8, depth=1)],
+        floats(2, 12),
+    ),
     "residual-blocks-skipped": (lambda: ResidualNet(8, 1), [lambda: ResidualNet(16, 3)], floats(2, 12)),
     "per-slot-rate": (lambda: mlp(16, p=0.2), [lambda: mlp(16, p=0.5), lambda: mlp(24, p=0.0)], floats(2, 12)),
     "conv-channels-dropout1d": (lambda: cnn(4), [lambda: cnn(12)], floats(2, 12)),
@@ -212,12 +231,20 @@ def test_a_padded_slot_trains_through_its_masks_as_alone(case):
 def test_a_slot_trains_to_the_same_weights_alone_and_padded():
     """Forward and backward through the masks: SGD steps of the slot alone and padded end equal."""
     model = seeded(lambda: mlp(8, depth=2), 1)
-    arrays_ = {"alone": ModelArray([copy.deepcopy(model)], dropout_seeds=[7], dtype=torch.float64),
-               "padded": ModelArray([seeded(lambda: mlp(32, depth=3), 2), copy.deepcopy(model)], dropout_seeds=[5, 7],
-                                    dtype=torch.float64)}
+    arrays_ = {
+        "alone": ModelArray([copy.deepcopy(model)], dropout_seeds=[7], dtype=torch.float64),
+        "padded": ModelArray(
+            [seeded(lambda: mlp(32, depth=3), 2), copy.deepcopy(model)], dropout_seeds=[5, 7], dtype=torch.float64
+        ),
+    }
     generator = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(N, 2, 12, dtype=torch.float64, generator=generator),
-                torch.randint(CLASSES, (N,), generator=generator)) for _ in range(STEPS)]
+    batches = [
+        (
+            torch.randn(N, 2, 12, dtype=torch.float64, generator=generator),
+            torch.randint(CLASSES, (N,), generator=generator),
+        )
+        for _ in range(STEPS)
+    ]
     from hfta_nas.optim import OPTIMIZERS
 
     for name, array in arrays_.items():
@@ -289,8 +316,9 @@ def test_the_vmap_and_vmap_free_paths_draw_the_same_masks(case):
     }[case]
     native = ModelArray([seeded(f, i) for i, f in enumerate(factories)], dropout_seeds=[3, 4, 5], dtype=torch.float64)
     assert native._native is not None
-    vmapped = _vmapped(ModelArray([seeded(f, i) for i, f in enumerate(factories)], dropout_seeds=[3, 4, 5],
-                                  dtype=torch.float64))
+    vmapped = _vmapped(
+        ModelArray([seeded(f, i) for i, f in enumerate(factories)], dropout_seeds=[3, 4, 5], dtype=torch.float64)
+    )
     x = torch.randn(N, 2, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     for a, b in zip(train_mode_outputs(native, x), train_mode_outputs(vmapped, x)):
         assert torch.equal(a, b)

@@ -62,25 +62,39 @@ def mlp(width, depth, act=nn.Tanh):
 def cnn1d(channels, kernel):
     c1, c2 = channels
     return nn.Sequential(
-        nn.Conv1d(2, c1, kernel, padding=kernel // 2), nn.ReLU(), nn.MaxPool1d(2),
-        nn.Conv1d(c1, c2, kernel, padding=kernel // 2), nn.ReLU(), nn.MaxPool1d(2),
-        nn.Flatten(), nn.Linear(c2 * 3, CLASSES),
+        nn.Conv1d(2, c1, kernel, padding=kernel // 2),
+        nn.ReLU(),
+        nn.MaxPool1d(2),
+        nn.Conv1d(c1, c2, kernel, padding=kernel // 2),
+        nn.ReLU(),
+        nn.MaxPool1d(2),
+        nn.Flatten(),
+        nn.Linear(c2 * 3, CLASSES),
     )
 
 
 def bn_cnn(channels):
     # No conv bias before BatchNorm: its true gradient is zero (see conv_bn_model in test_trainer.py).
     return nn.Sequential(
-        nn.Conv1d(2, channels, 3, padding=1, bias=False), nn.BatchNorm1d(channels), nn.ReLU(), nn.MaxPool1d(2),
-        nn.Flatten(), nn.Linear(channels * 6, CLASSES),
+        nn.Conv1d(2, channels, 3, padding=1, bias=False),
+        nn.BatchNorm1d(channels),
+        nn.ReLU(),
+        nn.MaxPool1d(2),
+        nn.Flatten(),
+        nn.Linear(channels * 6, CLASSES),
     )
 
 
 def norm_net(channels, hidden):
     # Softplus(0) and Sigmoid(0) are not 0: padded channels / features are non-zero after them.
     return nn.Sequential(
-        nn.Conv1d(2, channels, 3, padding=1), nn.GroupNorm(2, channels), nn.Softplus(),
-        nn.Flatten(), nn.Linear(channels * 12, hidden), nn.LayerNorm(hidden), nn.Sigmoid(),
+        nn.Conv1d(2, channels, 3, padding=1),
+        nn.GroupNorm(2, channels),
+        nn.Softplus(),
+        nn.Flatten(),
+        nn.Linear(channels * 12, hidden),
+        nn.LayerNorm(hidden),
+        nn.Sigmoid(),
         nn.Linear(hidden, CLASSES),
     )
 
@@ -149,26 +163,55 @@ def token_inputs(slots, n, generator):
 # name -> (one builder per slot, input maker); every slot differs in size from the others
 WORKLOADS = {
     "mlp": ([lambda: mlp(16, 1), lambda: mlp(24, 2), lambda: mlp(32, 3), lambda: mlp(24, 3)], float_inputs),
-    "cnn1d": ([lambda: cnn1d((16, 16), 3), lambda: cnn1d((32, 32), 5), lambda: cnn1d((16, 32), 7),
-               lambda: cnn1d((32, 16), 3)], float_inputs),
+    "cnn1d": (
+        [
+            lambda: cnn1d((16, 16), 3),
+            lambda: cnn1d((32, 32), 5),
+            lambda: cnn1d((16, 32), 7),
+            lambda: cnn1d((32, 16), 3),
+        ],
+        float_inputs,
+    ),
     "bn_cnn": ([lambda: bn_cnn(4), lambda: bn_cnn(8), lambda: bn_cnn(6)], float_inputs),
     "norms": ([lambda: norm_net(4, 8), lambda: norm_net(8, 12), lambda: norm_net(6, 16)], float_inputs),
-    "gru": ([lambda: RecurrentNet(nn.GRU, 8, 1), lambda: RecurrentNet(nn.GRU, 12, 2),
-             lambda: RecurrentNet(nn.GRU, 10, 1)], float_inputs),
-    "lstm": ([lambda: RecurrentNet(nn.LSTM, 8, 2), lambda: RecurrentNet(nn.LSTM, 12, 1),
-              lambda: RecurrentNet(nn.LSTM, 10, 2)], float_inputs),
-    "transformer": ([lambda: TinyTransformer(8, 16, 1), lambda: TinyTransformer(12, 24, 2),
-                     lambda: TinyTransformer(16, 20, 2)], token_inputs),
-    "transformer_nobias": ([lambda: TinyTransformer(8, 16, 1, bias=False), lambda: TinyTransformer(12, 24, 2, bias=False),
-                            lambda: TinyTransformer(16, 20, 2, bias=False)], token_inputs),
+    "gru": (
+        [lambda: RecurrentNet(nn.GRU, 8, 1), lambda: RecurrentNet(nn.GRU, 12, 2), lambda: RecurrentNet(nn.GRU, 10, 1)],
+        float_inputs,
+    ),
+    "lstm": (
+        [
+            lambda: RecurrentNet(nn.LSTM, 8, 2),
+            lambda: RecurrentNet(nn.LSTM, 12, 1),
+            lambda: RecurrentNet(nn.LSTM, 10, 2),
+        ],
+        float_inputs,
+    ),
+    "transformer": (
+        [lambda: TinyTransformer(8, 16, 1), lambda: TinyTransformer(12, 24, 2), lambda: TinyTransformer(16, 20, 2)],
+        token_inputs,
+    ),
+    "transformer_nobias": (
+        [
+            lambda: TinyTransformer(8, 16, 1, bias=False),
+            lambda: TinyTransformer(12, 24, 2, bias=False),
+            lambda: TinyTransformer(16, 20, 2, bias=False),
+        ],
+        token_inputs,
+    ),
     "net": ([lambda: Net(16, 1), lambda: Net(24, 3), lambda: Net(32, 2)], float_inputs),
     # hidden layers narrower than the 24 inputs (as an MLP on images would have)
     "mlp_narrow": ([lambda: mlp(8, 1), lambda: mlp(12, 2), lambda: mlp(16, 3)], float_inputs),
     # the widest slot is the shallowest: the layers it skips are sized to its width too
     "wide_shallow": ([lambda: mlp(32, 1), lambda: mlp(8, 3), lambda: mlp(16, 2)], float_inputs),
     "wide_shallow_transformer": ([lambda: TinyTransformer(16, 20, 1), lambda: TinyTransformer(8, 16, 3)], token_inputs),
-    "inplace_relu": ([lambda: mlp(16, 2, lambda: nn.ReLU(inplace=True)), lambda: mlp(24, 2, lambda: nn.ReLU(inplace=True)),
-                      lambda: mlp(16, 2, nn.Tanh)], float_inputs),
+    "inplace_relu": (
+        [
+            lambda: mlp(16, 2, lambda: nn.ReLU(inplace=True)),
+            lambda: mlp(24, 2, lambda: nn.ReLU(inplace=True)),
+            lambda: mlp(16, 2, nn.Tanh),
+        ],
+        float_inputs,
+    ),
 }
 
 
@@ -250,8 +293,10 @@ def train_both(workload, opt_name, hparams=None, schedule=True):
     opt, sched = array_optimizer(arr, opt_name, hparams, schedule)
     run_array(arr, opt, sched, batches)
     hp = per_slot(hparams or OPTIMIZERS[opt_name], len(models))
-    refs = [run_plain(model, opt_name, {k: v[b] for k, v in hp.items()}, b if schedule else None, slot_batches(batches, b))
-            for b, model in enumerate(models)]
+    refs = [
+        run_plain(model, opt_name, {k: v[b] for k, v in hp.items()}, b if schedule else None, slot_batches(batches, b))
+        for b, model in enumerate(models)
+    ]
     return arr, opt, refs
 
 
@@ -272,8 +317,9 @@ def assert_slot_equals(arr, slot, model, rtol=RTOL):
     assert list(state) == list(model.state_dict())
     for key, expected in model.state_dict().items():
         scale = expected.abs().max().item() if expected.is_floating_point() else 0.0
-        torch.testing.assert_close(state[key], expected, rtol=rtol, atol=rtol * scale,
-                                   msg=lambda m: f"slot {slot} {key}: {m}")
+        torch.testing.assert_close(
+            state[key], expected, rtol=rtol, atol=rtol * scale, msg=lambda m: f"slot {slot} {key}: {m}"
+        )
 
 
 def assert_eval_outputs_equal(arr, models, slots, make_x, rtol=RTOL):
@@ -285,7 +331,9 @@ def assert_eval_outputs_equal(arr, models, slots, make_x, rtol=RTOL):
         for slot in slots:
             expected = models[slot].eval()(x)
             scale = expected.abs().max().item()
-            torch.testing.assert_close(out[slot], expected, rtol=rtol, atol=rtol * scale, msg=lambda m: f"slot {slot}: {m}")
+            torch.testing.assert_close(
+                out[slot], expected, rtol=rtol, atol=rtol * scale, msg=lambda m: f"slot {slot}: {m}"
+            )
     arr.train()
 
 
@@ -366,8 +414,12 @@ def test_inplace_activations_train_like_plain_pytorch():
         assert_slot_equals(arr, slot, ref)
 
 
-ACT_DROP = [lambda: act_drop_mlp(16, nn.ReLU(), 0.0), lambda: act_drop_mlp(24, nn.GELU(), 0.0),
-            lambda: act_drop_mlp(16, nn.Tanh(), 0.3), lambda: act_drop_mlp(32, nn.Softplus(), 0.0)]
+ACT_DROP = [
+    lambda: act_drop_mlp(16, nn.ReLU(), 0.0),
+    lambda: act_drop_mlp(24, nn.GELU(), 0.0),
+    lambda: act_drop_mlp(16, nn.Tanh(), 0.3),
+    lambda: act_drop_mlp(32, nn.Softplus(), 0.0),
+]
 
 
 def test_per_slot_activation_and_dropout_rate_train_like_plain_pytorch():
@@ -391,7 +443,9 @@ def test_per_slot_activation_and_dropout_rate_train_like_plain_pytorch():
 def test_per_slot_dropout_rate_drops_its_share_of_units():
     """A unit is dropped (0) or kept and scaled by 1/(1-p): p=0.5 drops about half, p=0 none, each slot its own."""
     rates, hidden, units = [0.5, 0.0, 0.2], [4, 8, 6], 512
-    models = [nn.Sequential(nn.Linear(1, h), nn.Linear(h, units), nn.Dropout(p)).double() for h, p in zip(hidden, rates)]
+    models = [
+        nn.Sequential(nn.Linear(1, h), nn.Linear(h, units), nn.Dropout(p)).double() for h, p in zip(hidden, rates)
+    ]
     for model in models:
         nn.init.zeros_(model[1].weight)
         nn.init.ones_(model[1].bias)  # every unit is 1 before dropout
@@ -435,8 +489,13 @@ def test_slot_state_dict_loads_into_own_model_and_to_module_works():
         made = arr.to_module(slot, builder().double())
         for key, value in own.state_dict().items():
             assert torch.equal(made.state_dict()[key], value), key
-    assert_eval_outputs_equal(arr, [arr.to_module(b, f().double()) for b, f in enumerate(WORKLOADS["bn_cnn"][0])],
-                              range(len(arr)), float_inputs, rtol=1e-12)
+    assert_eval_outputs_equal(
+        arr,
+        [arr.to_module(b, f().double()) for b, f in enumerate(WORKLOADS["bn_cnn"][0])],
+        range(len(arr)),
+        float_inputs,
+        rtol=1e-12,
+    )
 
 
 def test_load_slot_round_trips_and_touches_no_other_slot():
@@ -487,8 +546,13 @@ def test_replace_slot_with_smaller_model_trains_like_it_alone():
     for slot in (0, 1, 3):
         ref = run_plain(models[slot], "Adam", {k: v[slot] for k, v in hp.items()}, slot, slot_batches(batches, slot))
         assert_slot_equals(arr, slot, ref)
-    ref = run_plain(newcomer, "Adam", {**{k: v[2] for k, v in hp.items()}, "lr": 5e-3}, 2,
-                    slot_batches(batches[STEPS_PER_EPOCH:], 2))
+    ref = run_plain(
+        newcomer,
+        "Adam",
+        {**{k: v[2] for k, v in hp.items()}, "lr": 5e-3},
+        2,
+        slot_batches(batches[STEPS_PER_EPOCH:], 2),
+    )
     assert_slot_equals(arr, 2, ref)
     values = arr.flat.detach()[arr._padded]
     assert (values == 0).all() and not torch.signbit(values).any()
@@ -569,33 +633,74 @@ class Tempered(nn.Module):
 CONSTRUCTION_REFUSALS = {
     "user_int_that_is_no_size": (lambda: [Clipped(8, 1), Clipped(16, 100)], ["'<root>'", "'bound'"]),
     "hidden_setting_at_equal_shapes": (lambda: [Tempered(1.0), Tempered(0.1)], ["'temperature'"]),
-    "pool_kernels": (lambda: [named(fc=nn.Conv1d(2, 4, 3, padding=1), pool=nn.MaxPool1d(2, stride=1)),
-                              named(fc=nn.Conv1d(2, 8, 3, padding=1), pool=nn.MaxPool1d(3, stride=1))],
-                     ["'pool'", "kernel_size"]),
-    "frozen_parameter": (lambda: [named(fc=nn.Linear(4, 8).requires_grad_(False)), named(fc=nn.Linear(4, 12))],
-                         ["'fc.weight'", "requires_grad=False"]),
-    "even_kernel_difference": (lambda: [named(conv=nn.Conv1d(2, 4, 3, padding=1)), named(conv=nn.Conv1d(2, 4, 4, padding=2))],
-                               ["'conv'", "odd"]),
-    "padding_changes_geometry": (lambda: [named(conv=nn.Conv1d(2, 4, 3)), named(conv=nn.Conv1d(2, 4, 5))],
-                                 ["'conv'", "geometry"]),
-    "different_layer_types": (lambda: [NormBlock(8, nn.BatchNorm1d(8)), NormBlock(12, nn.LayerNorm(12))],
-                              ["'norm'", "BatchNorm1d", "LayerNorm"]),
-    "batchnorm_eps": (lambda: [named(fc=nn.Linear(4, 8), bn=nn.BatchNorm1d(8)),
-                               named(fc=nn.Linear(4, 12), bn=nn.BatchNorm1d(12, eps=1e-3))], ["'bn'", "eps"]),
+    "pool_kernels": (
+        lambda: [
+            named(fc=nn.Conv1d(2, 4, 3, padding=1), pool=nn.MaxPool1d(2, stride=1)),
+            named(fc=nn.Conv1d(2, 8, 3, padding=1), pool=nn.MaxPool1d(3, stride=1)),
+        ],
+        ["'pool'", "kernel_size"],
+    ),
+    "frozen_parameter": (
+        lambda: [named(fc=nn.Linear(4, 8).requires_grad_(False)), named(fc=nn.Linear(4, 12))],
+        ["'fc.weight'", "requires_grad=False"],
+    ),
+    "even_kernel_difference": (
+        lambda: [named(conv=nn.Conv1d(2, 4, 3, padding=1)), named(conv=nn.Conv1d(2, 4, 4, padding=2))],
+        ["'conv'", "odd"],
+    ),
+    "padding_changes_geometry": (
+        lambda: [named(conv=nn.Conv1d(2, 4, 3)), named(conv=nn.Conv1d(2, 4, 5))],
+        ["'conv'", "geometry"],
+    ),
+    "different_layer_types": (
+        lambda: [NormBlock(8, nn.BatchNorm1d(8)), NormBlock(12, nn.LayerNorm(12))],
+        ["'norm'", "BatchNorm1d", "LayerNorm"],
+    ),
+    "batchnorm_eps": (
+        lambda: [
+            named(fc=nn.Linear(4, 8), bn=nn.BatchNorm1d(8)),
+            named(fc=nn.Linear(4, 12), bn=nn.BatchNorm1d(12, eps=1e-3)),
+        ],
+        ["'bn'", "eps"],
+    ),
     "linear_bias": (lambda: [named(fc=nn.Linear(4, 8)), named(fc=nn.Linear(4, 12, bias=False))], ["fc.bias"]),
-    "bidirectional_gru_hidden": (lambda: [named(rnn=nn.GRU(2, 8, bidirectional=True)),
-                                          named(rnn=nn.GRU(2, 12, bidirectional=True))], ["'rnn'", "bidirectional"]),
-    "attention_heads": (lambda: [named(attn=nn.MultiheadAttention(16, 2)), named(attn=nn.MultiheadAttention(24, 4))],
-                        ["'attn'", "num_heads"]),
-    "grouped_conv_channels": (lambda: [named(conv=nn.Conv1d(4, 8, 3, padding=1, groups=2)),
-                                       named(conv=nn.Conv1d(4, 16, 3, padding=1, groups=2))], ["'conv'", "grouped"]),
-    "extra_conv_pool_block": (lambda: [
-        named(features=nn.Sequential(nn.Conv1d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool1d(2),
-                                     nn.Conv1d(4, 4, 3, padding=1), nn.ReLU(), nn.MaxPool1d(2)),
-              flat=nn.Flatten(), head=nn.Linear(12, CLASSES)),
-        named(features=nn.Sequential(nn.Conv1d(2, 8, 3, padding=1), nn.ReLU(), nn.MaxPool1d(2)),
-              flat=nn.Flatten(), head=nn.Linear(48, CLASSES)),
-    ], ["'features'", "depth"]),
+    "bidirectional_gru_hidden": (
+        lambda: [named(rnn=nn.GRU(2, 8, bidirectional=True)), named(rnn=nn.GRU(2, 12, bidirectional=True))],
+        ["'rnn'", "bidirectional"],
+    ),
+    "attention_heads": (
+        lambda: [named(attn=nn.MultiheadAttention(16, 2)), named(attn=nn.MultiheadAttention(24, 4))],
+        ["'attn'", "num_heads"],
+    ),
+    "grouped_conv_channels": (
+        lambda: [
+            named(conv=nn.Conv1d(4, 8, 3, padding=1, groups=2)),
+            named(conv=nn.Conv1d(4, 16, 3, padding=1, groups=2)),
+        ],
+        ["'conv'", "grouped"],
+    ),
+    "extra_conv_pool_block": (
+        lambda: [
+            named(
+                features=nn.Sequential(
+                    nn.Conv1d(2, 4, 3, padding=1),
+                    nn.ReLU(),
+                    nn.MaxPool1d(2),
+                    nn.Conv1d(4, 4, 3, padding=1),
+                    nn.ReLU(),
+                    nn.MaxPool1d(2),
+                ),
+                flat=nn.Flatten(),
+                head=nn.Linear(12, CLASSES),
+            ),
+            named(
+                features=nn.Sequential(nn.Conv1d(2, 8, 3, padding=1), nn.ReLU(), nn.MaxPool1d(2)),
+                flat=nn.Flatten(),
+                head=nn.Linear(48, CLASSES),
+            ),
+        ],
+        ["'features'", "depth"],
+    ),
 }
 
 
@@ -621,8 +726,10 @@ def test_bad_arguments_to_slot_access_are_clear_errors():
 @pytest.mark.filterwarnings("ignore:dropout option adds dropout after all but last recurrent layer")
 def test_single_layer_recurrent_ignores_dropout_like_torch():
     """torch applies GRU dropout between layers only: a 1-layer GRU's dropout setting does not matter."""
-    models = [named(rnn=nn.GRU(2, 8, num_layers=1, dropout=0.0, batch_first=True)),
-              named(rnn=nn.GRU(2, 12, num_layers=3, dropout=0.3, batch_first=True))]
+    models = [
+        named(rnn=nn.GRU(2, 8, num_layers=1, dropout=0.0, batch_first=True)),
+        named(rnn=nn.GRU(2, 12, num_layers=3, dropout=0.3, batch_first=True)),
+    ]
     assert ModelArray(models).fits(named(rnn=nn.GRU(2, 6, num_layers=1, dropout=0.5, batch_first=True)))
 
 
@@ -751,10 +858,14 @@ def test_verification_runs_once_per_slot_and_again_for_a_replaced_slot(monkeypat
 
 
 # --------------------------------------------------------- 6. padding_cost()
-@pytest.mark.parametrize("builders", [
-    [lambda: mlp(16, 1), lambda: mlp(24, 2), lambda: mlp(32, 3)],
-    [lambda: cnn1d((16, 16), 3), lambda: cnn1d((16, 32), 5), lambda: cnn1d((32, 32), 7)],
-], ids=["mlp", "cnn1d"])
+@pytest.mark.parametrize(
+    "builders",
+    [
+        [lambda: mlp(16, 1), lambda: mlp(24, 2), lambda: mlp(32, 3)],
+        [lambda: cnn1d((16, 16), 3), lambda: cnn1d((16, 32), 5), lambda: cnn1d((32, 32), 7)],
+    ],
+    ids=["mlp", "cnn1d"],
+)
 def test_padding_cost_counts_equal_torch_flop_counter(builders):
     """The last slot is the largest in every size: what each slot executes is that model."""
     models = build(builders)

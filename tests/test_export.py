@@ -12,8 +12,9 @@ from optuna.trial import TrialState
 from tests.test_search import load_study, search, space_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-TEXT = space_text(budget={"n_trials": 4}, array={"size": 2},
-                  training={"epochs": 1, "optimizer": {"name": "adam", "lr": 1e-3}})
+TEXT = space_text(
+    budget={"n_trials": 4}, array={"size": 2}, training={"epochs": 1, "optimizer": {"name": "adam", "lr": 1e-3}}
+)
 
 
 def best_number(tmp_path) -> int:
@@ -81,8 +82,9 @@ def test_a_trial_taken_over_while_its_worker_was_paused_is_not_told_twice(tmp_pa
     worker (here: failed from outside after the first epoch); its slot stops, the search goes on."""
     from hfta_nas.search import EpochEnded, open_storage
 
-    text = space_text(budget={"n_trials": 2}, array={"size": 2},
-                      training={"epochs": 3, "optimizer": {"name": "adam", "lr": 1e-3}})
+    text = space_text(
+        budget={"n_trials": 2}, array={"size": 2}, training={"epochs": 3, "optimizer": {"name": "adam", "lr": 1e-3}}
+    )
     taken: list[int] = []
 
     def take_over(event):

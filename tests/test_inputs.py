@@ -51,7 +51,9 @@ def test_keyword_inputs_and_flags_reach_every_slot():
     mask[1, 2, 2:] = True
     out = arr(tokens, pad_mask=mask, mean_pool=False)
     for slot, model in enumerate(alone):
-        torch.testing.assert_close(out[slot], model(tokens[slot], pad_mask=mask[slot], mean_pool=False), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            out[slot], model(tokens[slot], pad_mask=mask[slot], mean_pool=False), rtol=1e-12, atol=1e-12
+        )
     shared = arr(tokens[0], pad_mask=mask[0], shared_input=True)
     for slot, model in enumerate(alone):
         torch.testing.assert_close(shared[slot], model(tokens[0], pad_mask=mask[0]), rtol=1e-12, atol=1e-12)
@@ -60,8 +62,10 @@ def test_keyword_inputs_and_flags_reach_every_slot():
 def test_dict_and_tuple_inputs_are_split_by_slot():
     alone = models(TwoInputs, [3, 4])
     arr = ModelArray(alone, dtype=torch.float64)
-    batch = {"image": torch.randn(2, 7, 5, dtype=torch.float64),
-             "meta": (torch.randn(2, 7, 3, dtype=torch.float64), torch.randn(2, 7, 4, dtype=torch.float64))}
+    batch = {
+        "image": torch.randn(2, 7, 5, dtype=torch.float64),
+        "meta": (torch.randn(2, 7, 3, dtype=torch.float64), torch.randn(2, 7, 4, dtype=torch.float64)),
+    }
     out = arr(batch)
     for slot, model in enumerate(alone):
         own = {"image": batch["image"][slot], "meta": (batch["meta"][0][slot], batch["meta"][1][slot])}

@@ -15,14 +15,32 @@ from hfta_nas.search import open_storage
 from tests.test_search import space_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-TINY = {"budget": {"n_trials": 2}, "array": {"size": 2}, "training": {"epochs": 1, "optimizer": {"name": "adam", "lr": 1e-3}}}
+TINY = {
+    "budget": {"n_trials": 2},
+    "array": {"size": 2},
+    "training": {"epochs": 1, "optimizer": {"name": "adam", "lr": 1e-3}},
+}
 
 
 def run_search_command(folder, n_trials):
     space = folder / "space.yaml"
     space.write_text(space_text(**TINY))
-    return CliRunner().invoke(main, ["search", str(space), "--storage", str(folder / "study.journal"), "--out",
-                                     str(folder / "out"), "--n-trials", str(n_trials), "--threads", "1", "--quiet"])
+    return CliRunner().invoke(
+        main,
+        [
+            "search",
+            str(space),
+            "--storage",
+            str(folder / "study.journal"),
+            "--out",
+            str(folder / "out"),
+            "--n-trials",
+            str(n_trials),
+            "--threads",
+            "1",
+            "--quiet",
+        ],
+    )
 
 
 def trials(journal):

@@ -59,8 +59,14 @@ def finish(args: list[str], log: Path, timeout: float = 120) -> subprocess.Compl
     return subprocess.CompletedProcess(args, process.returncode, log.read_text(errors="replace"), "")
 
 
-def kill_when(process: subprocess.Popen, journal: Path, ready, log: Path, timeout: float = 90,
-              sent: signal.Signals = signal.SIGKILL) -> list:
+def kill_when(
+    process: subprocess.Popen,
+    journal: Path,
+    ready,
+    log: Path,
+    timeout: float = 90,
+    sent: signal.Signals = signal.SIGKILL,
+) -> list:
     """Poll the journal until `ready(trials)` holds, send `sent` (SIGKILL) to the process, return
     the trials as the killed run left them (read after it ended)."""
     storage = None
@@ -68,8 +74,10 @@ def kill_when(process: subprocess.Popen, journal: Path, ready, log: Path, timeou
     try:
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise AssertionError(f"the command ended (exit {process.returncode}) before it could be killed:\n"
-                                     f"{log.read_text(errors='replace')[-3000:]}")
+                raise AssertionError(
+                    f"the command ended (exit {process.returncode}) before it could be killed:\n"
+                    f"{log.read_text(errors='replace')[-3000:]}"
+                )
             if journal.exists() and journal.stat().st_size:
                 storage = storage or open_storage(str(journal))[0]
                 if ready([t for trials in stored_trials(storage).values() for t in trials]):
@@ -108,15 +116,19 @@ def stored_trials(storage) -> dict[str, list]:
 
 # -------------------------------------------------------------------- search
 def search_space(epochs: int = EPOCHS) -> str:
-    return tiny_space_text(study={"name": "killed", "metrics": ["val_acc"]}, budget={"n_trials": N_TRIALS},
-                           training={"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}})
+    return tiny_space_text(
+        study={"name": "killed", "metrics": ["val_acc"]},
+        budget={"n_trials": N_TRIALS},
+        training={"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
+    )
 
 
 def _mid_second_array(trials) -> bool:
     """Finished trials to keep and an array in the middle of its epochs: a RUNNING
     trial that has reported some epochs but not all."""
-    return (any(t.state == TrialState.COMPLETE for t in trials)
-            and any(t.state == TrialState.RUNNING and 0 < len(t.intermediate_values) < EPOCHS for t in trials))
+    return any(t.state == TrialState.COMPLETE for t in trials) and any(
+        t.state == TrialState.RUNNING and 0 < len(t.intermediate_values) < EPOCHS for t in trials
+    )
 
 
 def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_killed_ones(tmp_path):
@@ -125,7 +137,9 @@ def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_k
     journal, out = tmp_path / "s.journal", tmp_path / "out"
     args = ["search", str(space), "--threads", "1", "--storage", str(journal), "--out", str(out), "--quiet"]
 
-    before = kill_when(start(args, tmp_path / "first.log"), journal, _mid_second_array, tmp_path / "first.log")["killed"]
+    before = kill_when(start(args, tmp_path / "first.log"), journal, _mid_second_array, tmp_path / "first.log")[
+        "killed"
+    ]
     before = {t.number: t for t in before}
     finished = {n: t for n, t in before.items() if t.state.is_finished()}
     killed = {n: t for n, t in before.items() if t.state == TrialState.RUNNING}
@@ -151,8 +165,12 @@ def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_k
     # what the killed run finished is kept as it was
     for number, old in finished.items():
         new = by_number[number]
-        assert (new.state, new.values, new.params, new.intermediate_values) == (old.state, old.values, old.params,
-                                                                                old.intermediate_values)
+        assert (new.state, new.values, new.params, new.intermediate_values) == (
+            old.state,
+            old.values,
+            old.params,
+            old.intermediate_values,
+        )
     # what it was training is failed as interrupted, and its parameters trained again
     retried = [t for t in trials if t.number > max(before)]
     for number, old in killed.items():
@@ -162,7 +180,9 @@ def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_k
         assert again, f"trial {number} ({old.params}) was not retried"
         if number in covered:  # continued from the checkpoint: the epochs trained before the kill are kept, not redone
             assert again[0].user_attrs.get("resumed_from_epoch", 0) >= 1, again[0].user_attrs
-            kept = {step: value for step, value in again[0].intermediate_values.items() if step in old.intermediate_values}
+            kept = {
+                step: value for step, value in again[0].intermediate_values.items() if step in old.intermediate_values
+            }
             assert kept == old.intermediate_values
     # the budget counts finished work only, exactly n_trials of it
     counted = [t for t in trials if not str(t.user_attrs.get("fail_reason", "")).startswith(NOT_COUNTED)]
@@ -183,12 +203,16 @@ def test_search_stopped_by_ctrl_c_leaves_nothing_running_and_the_next_run_trains
     process = start(args, tmp_path / "first.log")
     stopped = kill_when(process, journal, _mid_second_array, tmp_path / "first.log", sent=signal.SIGINT)["killed"]
     assert process.returncode == 130, (tmp_path / "first.log").read_text()[-2000:]
-    assert "interrupted" in (tmp_path / "first.log").read_text() and "Traceback" not in (tmp_path / "first.log").read_text()
+    assert (
+        "interrupted" in (tmp_path / "first.log").read_text()
+        and "Traceback" not in (tmp_path / "first.log").read_text()
+    )
     assert not [t.number for t in stopped if t.state == TrialState.RUNNING]  # told at Ctrl-C, not left for a re-run
     interrupted = [t for t in stopped if t.user_attrs.get("outcome") == "interrupted"]
     queued = [t for t in stopped if t.state == TrialState.WAITING]
     assert interrupted and sorted(map(repr, (t.params for t in interrupted))) == sorted(
-        map(repr, (t.system_attrs["fixed_params"] for t in queued)))  # each queued again with its parameters
+        map(repr, (t.system_attrs["fixed_params"] for t in queued))
+    )  # each queued again with its parameters
 
     done = finish(args, tmp_path / "second.log")
     assert done.returncode == 0, done.stdout[-3000:]
@@ -216,14 +240,34 @@ def test_stability_killed_mid_run_reuses_the_stored_seeds_and_completes_the_repo
     config = tmp_path / "tiny.yaml"
     config.write_text(STABILITY_CONFIG)
     journal, out = tmp_path / "s.journal", tmp_path / "report"
-    args = ["stability", str(config), "--seeds", "4", "--array-size", "2", "--threads", "1", "--storage", str(journal),
-            "--out", str(out), "--format", "csv,json", "--plot-format", "svg", "--json"]
+    args = [
+        "stability",
+        str(config),
+        "--seeds",
+        "4",
+        "--array-size",
+        "2",
+        "--threads",
+        "1",
+        "--storage",
+        str(journal),
+        "--out",
+        str(out),
+        "--format",
+        "csv,json",
+        "--plot-format",
+        "svg",
+        "--json",
+    ]
 
     # the first array of 2 seeds is stored once it has trained; kill once the second has
     # checkpointed an epoch (it saves one at every epoch's end)
-    studies = kill_when(start(args, tmp_path / "first.log"), journal,
-                        lambda trials: len(trials) >= 2 and any((tmp_path / "checkpoints").rglob("*.pt")),
-                        tmp_path / "first.log")
+    studies = kill_when(
+        start(args, tmp_path / "first.log"),
+        journal,
+        lambda trials: len(trials) >= 2 and any((tmp_path / "checkpoints").rglob("*.pt")),
+        tmp_path / "first.log",
+    )
     (study_name,) = [name for name in studies if name.startswith("stability:")]
     before = studies[study_name]
     assert len(before) == 2, "the kill came after the whole study was stored: nothing was left to resume"
@@ -231,7 +275,7 @@ def test_stability_killed_mid_run_reuses_the_stored_seeds_and_completes_the_repo
 
     done = finish(args, tmp_path / "second.log")
     assert done.returncode == 0, done.stdout[-3000:]
-    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    summary = json.loads(done.stdout[done.stdout.index("{") :])
     assert summary["reused_seeds"] == 2
     assert [a["size"] for a in summary["arrays"]] == [2]  # only the missing seeds were trained
     assert summary["arrays"][0]["resumed_epoch"] >= 1  # ... from the killed array's last checkpointed epoch

@@ -12,8 +12,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("hfta_nas", "search_spaces", "stability")
-MAY_IMPORT = {"hfta_nas": {"hfta_nas"}, "search_spaces": {"hfta_nas", "search_spaces"},
-              "stability": {"hfta_nas", "search_spaces", "stability"}, "cli": {"hfta_nas", "search_spaces", "stability"}}
+MAY_IMPORT = {
+    "hfta_nas": {"hfta_nas"},
+    "search_spaces": {"hfta_nas", "search_spaces"},
+    "stability": {"hfta_nas", "search_spaces", "stability"},
+    "cli": {"hfta_nas", "search_spaces", "stability"},
+}
 
 
 def modules() -> dict[str, Path]:
@@ -28,9 +32,13 @@ def modules() -> dict[str, Path]:
 def imports(path: Path, known: set[str]) -> list[str]:
     """Modules of this project that `path` imports (a `from m import name` of a submodule counts as it)."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
-                   for statement in block.body for n in ast.walk(statement)}  # annotations only: not imported at run time
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+        for statement in block.body
+        for n in ast.walk(statement)
+    }  # annotations only: not imported at run time
     found = []
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -38,7 +46,9 @@ def imports(path: Path, known: set[str]) -> list[str]:
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found += [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names]
+            found += [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
+            ]
     return [name for name in found if name.split(".")[0] in (*PACKAGES, "cli")]
 
 
@@ -67,7 +77,7 @@ def test_no_import_cycles():
         stack.append(node)
         for nxt in sorted(graph[node]):
             if nxt in on_stack:
-                cycle = stack[stack.index(nxt):] + [nxt]
+                cycle = stack[stack.index(nxt) :] + [nxt]
                 if not any(part in PACKAGES for part in cycle):  # loops through a package __init__ are re-exports
                     cycles.append(" -> ".join(cycle))
             elif nxt not in done:

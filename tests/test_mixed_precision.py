@@ -14,7 +14,7 @@ from tests.test_trainer import BATCH, DATA_SEEDS, INIT_SEEDS, conv_bn_model
 # float32 with scales near its limit and the loss times 100: scaled gradients overflow in some
 # slots and steps and not in others (as float16's do at 2^16), so slots skip steps and back off
 # at different times, and the comparison with torch is exact to float32 rounding.
-INIT_SCALE, GROWTH_INTERVAL, EPOCHS, LOUD = 2.0 ** 120, 2, 3, 100.0
+INIT_SCALE, GROWTH_INTERVAL, EPOCHS, LOUD = 2.0**120, 2, 3, 100.0
 LR = [0.1, 0.05, 0.2, 0.02]
 
 
@@ -32,15 +32,19 @@ def test_per_slot_loss_scaling_equals_a_grad_scaler_per_model(tiny_data):
         scaler.step()
         skipped += scaler.found_inf.long()
         scaler.update()
-    assert 0 < skipped.min() and len(set(skipped.tolist())) > 1, f"slots should skip different steps: {skipped}"
+    assert skipped.min() > 0 and len(set(skipped.tolist())) > 1, f"slots should skip different steps: {skipped}"
 
     for slot in range(4):
         torch.manual_seed(INIT_SEEDS[slot])
         model = conv_bn_model()
         alone = torch.optim.SGD(model.parameters(), lr=LR[slot], momentum=0.9)
         reference = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
-        loader = DataLoader(TensorDataset(tiny_data.x_train.float(), tiny_data.y_train), batch_size=BATCH, shuffle=True,
-                            generator=torch.Generator().manual_seed(DATA_SEEDS[slot]))
+        loader = DataLoader(
+            TensorDataset(tiny_data.x_train.float(), tiny_data.y_train),
+            batch_size=BATCH,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(DATA_SEEDS[slot]),
+        )
         for _ in range(EPOCHS):
             for x, y in loader:
                 alone.zero_grad()
@@ -57,8 +61,11 @@ def test_bf16_autocast_reaches_the_fused_layers():
     models = []
     for seed in range(3):
         torch.manual_seed(seed)
-        models.append(nn.Sequential(nn.Conv1d(1, 64, 3, padding=1), nn.BatchNorm1d(64), nn.ReLU(), nn.Flatten(),
-                                    nn.Linear(64 * 64, 5)))
+        models.append(
+            nn.Sequential(
+                nn.Conv1d(1, 64, 3, padding=1), nn.BatchNorm1d(64), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 64, 5)
+            )
+        )
     arr = ModelArray(models)
     x = torch.randn(3, 20, 1, 64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -72,8 +79,18 @@ def test_bf16_autocast_reaches_the_fused_layers():
 
 
 def test_the_trainer_trains_in_bf16_and_fp16(tiny_data):
-    runs = {precision: hfta_nas.train(conv_bn_model, dataset=tiny_data, seeds=[0, 1, 2], epochs=3, batch_size=16,
-                                      dtype="float32", precision=precision) for precision in ("float32", "bf16", "fp16")}
+    runs = {
+        precision: hfta_nas.train(
+            conv_bn_model,
+            dataset=tiny_data,
+            seeds=[0, 1, 2],
+            epochs=3,
+            batch_size=16,
+            dtype="float32",
+            precision=precision,
+        )
+        for precision in ("float32", "bf16", "fp16")
+    }
     for precision in ("bf16", "fp16"):
         for slot in range(3):
             low, full = runs[precision].results[slot].final, runs["float32"].results[slot].final
@@ -89,8 +106,13 @@ def test_precision_is_a_setting_of_spaces_and_configs(tmp_path):
     from search_spaces import ResolvedConfig
     from tests.test_search import search, space_text
 
-    summary = search(tmp_path, space_text(budget={"n_trials": 2}, training={"epochs": 1, "precision": "bf16",
-                                                                             "optimizer": {"name": "adam", "lr": 1e-3}}))
+    summary = search(
+        tmp_path,
+        space_text(
+            budget={"n_trials": 2},
+            training={"epochs": 1, "precision": "bf16", "optimizer": {"name": "adam", "lr": 1e-3}},
+        ),
+    )
     assert summary.trials == {"COMPLETE": 2}
     exported = ResolvedConfig.from_file(tmp_path / "out" / "best_config.yaml")
     assert exported.precision == "bf16" and exported.train_kwargs()["precision"] == "bf16"

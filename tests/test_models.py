@@ -203,7 +203,9 @@ def test_count_parameters():
 
 def test_accepts_tuples_lists_and_numpy_scalars():
     np = pytest.importorskip("numpy")
-    model = build_model("cnn1d", {"channels": (4, np.int64(6)), "dropout": np.float64(0.1)}, input_shape=[1, 40], num_classes=3)
+    model = build_model(
+        "cnn1d", {"channels": (4, np.int64(6)), "dropout": np.float64(0.1)}, input_shape=[1, 40], num_classes=3
+    )
     assert model.conv1.out_channels == 6
 
 
@@ -287,7 +289,14 @@ def test_config_must_be_a_mapping():
 
 @pytest.mark.parametrize(
     "family,input_shape",
-    [("cnn1d", TABULAR), ("cnn1d", DIGITS), ("cnn2d", MNIST1D), ("bn_cnn", TABULAR), ("gru", TABULAR), ("gru", (3, 8, 8))],
+    [
+        ("cnn1d", TABULAR),
+        ("cnn1d", DIGITS),
+        ("cnn2d", MNIST1D),
+        ("bn_cnn", TABULAR),
+        ("gru", TABULAR),
+        ("gru", (3, 8, 8)),
+    ],
 )
 def test_input_shape_of_wrong_rank(family, input_shape):
     with pytest.raises(HftaNasError) as info:

@@ -6,12 +6,11 @@ import logging
 import pytest
 import torch
 
-from hfta_nas.search import ArraySizeChosen, ArraySplit, ArrayStarted
-
 from hfta_nas import train
 from hfta_nas._oom import ArrayOutOfMemory, estimate_array_bytes, parse_bytes, train_in_halves
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
+from hfta_nas.search import ArraySizeChosen, ArraySplit, ArrayStarted
 from stability._configs import LabelledConfig
 from stability._runner import run_stability
 from tests.conftest import synthetic_dataset
@@ -51,6 +50,7 @@ def test_halves_are_retried_down_to_one_and_a_model_too_big_alone_is_reported():
 
 def test_the_cpu_allocators_out_of_memory_is_split_too():
     """On the CPU, torch reports exhausted memory as a plain RuntimeError from its allocator."""
+
     def train_part(part):
         if len(part) > 1:
             torch.empty(2**62, dtype=torch.uint8)  # the real allocator's error, not a hand-written one
@@ -69,8 +69,16 @@ def test_train_refuses_an_array_over_the_budget_before_allocating():
     data = synthetic_dataset(n_train=40, shape=(64,), classes=10)
     factory = resolve_model("mlp", {"width": 8, "depth": 1}, input_shape=(64,), num_classes=10)
     four = estimate_array_bytes(factory, (64,), batch_size=20, slots=4, dtype=torch.float64, optimizer="sgd")
-    kwargs = dict(model="mlp", model_config={"width": 8, "depth": 1}, dataset=data, optimizer="sgd",
-                  hparams={"lr": 0.05}, epochs=1, batch_size=20, dtype="float64")
+    kwargs = dict(
+        model="mlp",
+        model_config={"width": 8, "depth": 1},
+        dataset=data,
+        optimizer="sgd",
+        hparams={"lr": 0.05},
+        epochs=1,
+        batch_size=20,
+        dtype="float64",
+    )
     with pytest.raises(ArrayOutOfMemory, match="an array of 4 models needs about"):
         train(seeds=[0, 1, 2, 3], memory_budget=four - 1, **kwargs)
     assert train(seeds=[0, 1, 2, 3], memory_budget=four, **kwargs).results
@@ -84,8 +92,12 @@ def test_a_stability_run_over_the_budget_splits_and_matches_the_unsplit_run(monk
     monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", str(two))
     events = []
     with caplog.at_level(logging.WARNING, logger="hfta_nas"):
-        split, _ = run_stability([LabelledConfig("m", config)], n_seeds=4, dtype="float64",
-                                 on_event=lambda kind, info: events.append((kind, info)))
+        split, _ = run_stability(
+            [LabelledConfig("m", config)],
+            n_seeds=4,
+            dtype="float64",
+            on_event=lambda kind, info: events.append((kind, info)),
+        )
     assert [a["size"] for a in split.metadata["arrays"]] == [2, 2]
     assert [info["size"] for kind, info in events if kind == "split"] == [4]
     assert "out of memory" in caplog.text
@@ -109,7 +121,9 @@ def test_a_search_array_over_the_budget_is_split_and_every_trial_trains(tmp_path
     params = {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2}}
     text = space_text(params=params, model={"family": "mlp", "config": {"depth": 1, "width": 16}})
     data = load_dataset("digits")
-    factory = resolve_model("mlp", {"depth": 1, "width": 16}, input_shape=data.input_shape, num_classes=data.num_classes)
+    factory = resolve_model(
+        "mlp", {"depth": 1, "width": 16}, input_shape=data.input_shape, num_classes=data.num_classes
+    )
     one = estimate_array_bytes(factory, data.input_shape, batch_size=64, slots=1, dtype=torch.float32, optimizer="adam")
     monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", str(one))  # only arrays of one model fit
     events = []
@@ -173,7 +187,9 @@ def test_a_search_with_array_size_auto_sizes_each_shape(tmp_path, monkeypatch):
     from tests.test_search import load_study, search
 
     data = load_dataset("digits")
-    factory = resolve_model("mlp", {"depth": 1, "width": 32}, input_shape=data.input_shape, num_classes=data.num_classes)
+    factory = resolve_model(
+        "mlp", {"depth": 1, "width": 32}, input_shape=data.input_shape, num_classes=data.num_classes
+    )
     two = estimate_array_bytes(factory, data.input_shape, batch_size=64, slots=2, dtype=torch.float32, optimizer="adam")
     monkeypatch.setenv("HFTA_NAS_MEMORY_BUDGET", str(two))  # width 32: two fit; width 16: more
     events = []

@@ -17,7 +17,10 @@ def make_model():
 
 def batches(steps, dtype):
     g = torch.Generator().manual_seed(0)
-    return [(torch.randn(len(SEEDS), 5, 6, generator=g, dtype=dtype), torch.randint(0, 3, (len(SEEDS), 5), generator=g)) for _ in range(steps)]
+    return [
+        (torch.randn(len(SEEDS), 5, 6, generator=g, dtype=dtype), torch.randint(0, 3, (len(SEEDS), 5), generator=g))
+        for _ in range(steps)
+    ]
 
 
 def train_array(opt_cls, per_slot, shared, dtype, steps=12, schedule=None):
@@ -62,15 +65,41 @@ def assert_slots_match(arr, models, rtol):
 
 CASES = [
     ("SGD", {"lr": [0.1, 0.05, 0.2]}, {}),
-    ("SGD", {"lr": [0.1, 0.05, 0.2], "momentum": [0.0, 0.9, 0.5], "dampening": [0.0, 0.1, 0.3], "weight_decay": [0.0, 1e-2, 1e-3]}, {}),
+    (
+        "SGD",
+        {
+            "lr": [0.1, 0.05, 0.2],
+            "momentum": [0.0, 0.9, 0.5],
+            "dampening": [0.0, 0.1, 0.3],
+            "weight_decay": [0.0, 1e-2, 1e-3],
+        },
+        {},
+    ),
     ("SGD", {"lr": [0.1, 0.05, 0.2], "momentum": [0.9, 0.8, 0.5]}, {"nesterov": True}),
     ("Adam", {"lr": [1e-2, 3e-3, 3e-2], "weight_decay": [0.0, 0.1, 0.01]}, {}),
-    ("Adam", {"lr": [1e-2, 3e-3, 3e-2], "betas": ([0.9, 0.8, 0.5], [0.999, 0.99, 0.9]), "eps": [1e-8, 1e-6, 1e-3]}, {"amsgrad": True}),
+    (
+        "Adam",
+        {"lr": [1e-2, 3e-3, 3e-2], "betas": ([0.9, 0.8, 0.5], [0.999, 0.99, 0.9]), "eps": [1e-8, 1e-6, 1e-3]},
+        {"amsgrad": True},
+    ),
     ("Adam", {"lr": [1e-2, 3e-3, 3e-2]}, {"maximize": True}),
     ("AdamW", {"lr": [1e-2, 3e-3, 3e-2], "weight_decay": [0.0, 0.1, 0.01]}, {}),
     ("RMSprop", {"lr": [1e-2, 3e-3, 3e-2], "alpha": [0.99, 0.9, 0.5]}, {}),
-    ("RMSprop", {"lr": [1e-2, 3e-3, 3e-2], "momentum": [0.0, 0.9, 0.5], "weight_decay": [0.0, 0.1, 0.0]}, {"centered": True}),
-    ("Adagrad", {"lr": [1e-2, 3e-2, 1e-1], "lr_decay": [0.0, 0.1, 0.01], "initial_accumulator_value": [0.0, 0.1, 1.0], "weight_decay": [0.0, 0.1, 0.0]}, {}),
+    (
+        "RMSprop",
+        {"lr": [1e-2, 3e-3, 3e-2], "momentum": [0.0, 0.9, 0.5], "weight_decay": [0.0, 0.1, 0.0]},
+        {"centered": True},
+    ),
+    (
+        "Adagrad",
+        {
+            "lr": [1e-2, 3e-2, 1e-1],
+            "lr_decay": [0.0, 0.1, 0.01],
+            "initial_accumulator_value": [0.0, 0.1, 1.0],
+            "weight_decay": [0.0, 0.1, 0.0],
+        },
+        {},
+    ),
 ]
 
 
@@ -96,6 +125,7 @@ def _torch_schedule(kind, args, warmup):
             return main()
         warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=a["warmup_start_factor"], total_iters=w)
         return torch.optim.lr_scheduler.SequentialLR(opt, [warm, main()], milestones=[w])
+
     return build
 
 
@@ -110,7 +140,13 @@ SCHEDULES = [
 @pytest.mark.parametrize("kinds", SCHEDULES, ids=["-".join(k) for k in SCHEDULES])
 @pytest.mark.parametrize("warmup", [[0, 0, 0], [3, 0, 2]], ids=["nowarmup", "warmup"])
 def test_schedule_lr_sequence_matches_torch(kinds, warmup):
-    args = {"step_size": [2, 3, 1], "gamma": [0.5, 0.9, 0.7], "t_max": [5, 7, 4], "eta_min": [0.0, 1e-3, 1e-2], "warmup_start_factor": [0.1, 0.5, 0.25]}
+    args = {
+        "step_size": [2, 3, 1],
+        "gamma": [0.5, 0.9, 0.7],
+        "t_max": [5, 7, 4],
+        "eta_min": [0.0, 1e-3, 1e-2],
+        "warmup_start_factor": [0.1, 0.5, 0.25],
+    }
     lrs = [0.1, 0.05, 0.2]
     arr = hfta_nas.ModelArray.from_factory(make_model, seeds=SEEDS, dtype=torch.float64)
     opt = hfta_nas.optim.SGD(arr, lr=lrs)
@@ -130,10 +166,21 @@ def test_schedule_lr_sequence_matches_torch(kinds, warmup):
 def test_training_with_schedule_matches_torch():
     per_slot = {"lr": [0.1, 0.05, 0.2], "momentum": [0.9, 0.0, 0.5]}
     kinds = ["step", "cosine", "exponential"]
-    args = {"step_size": [2, 3, 1], "gamma": [0.5, 0.9, 0.7], "t_max": [5, 7, 4], "eta_min": [0.0, 1e-3, 1e-2], "warmup_start_factor": [0.1, 0.5, 0.25]}
+    args = {
+        "step_size": [2, 3, 1],
+        "gamma": [0.5, 0.9, 0.7],
+        "t_max": [5, 7, 4],
+        "eta_min": [0.0, 1e-3, 1e-2],
+        "warmup_start_factor": [0.1, 0.5, 0.25],
+    }
     warmup = [2, 0, 3]
-    arr = train_array(hfta_nas.optim.SGD, per_slot, {}, torch.float64, schedule={"kind": kinds, "warmup_steps": warmup, **args})
-    refs = [train_reference(b, torch.optim.SGD, per_slot, {}, torch.float64, schedule=_torch_schedule(kinds, args, warmup)) for b in range(3)]
+    arr = train_array(
+        hfta_nas.optim.SGD, per_slot, {}, torch.float64, schedule={"kind": kinds, "warmup_steps": warmup, **args}
+    )
+    refs = [
+        train_reference(b, torch.optim.SGD, per_slot, {}, torch.float64, schedule=_torch_schedule(kinds, args, warmup))
+        for b in range(3)
+    ]
     assert_slots_match(arr, refs, 1e-10)
 
 

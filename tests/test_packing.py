@@ -28,7 +28,9 @@ def proposals(configs, family="cnn1d"):
         factory = model_factory(family, config, input_shape=DATA.input_shape, num_classes=DATA.num_classes)
         candidate = Candidate(factory, data=DATA, batch_size=50).checked(None)
         shell = meta_shell(candidate)
-        made.append(Proposal(trial, candidate, trial_seeds(0, trial.number), shell, model_macs(shell, example_input(candidate))))
+        made.append(
+            Proposal(trial, candidate, trial_seeds(0, trial.number), shell, model_macs(shell, example_input(candidate)))
+        )
     return made
 
 

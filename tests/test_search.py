@@ -13,10 +13,8 @@ from optuna.trial import TrialState
 
 import hfta_nas
 from cli import main
-from hfta_nas.search import study_text
-from hfta_nas.search import open_storage, trial_seeds
-from search_spaces import run_search
-from search_spaces import parse_space
+from hfta_nas.search import open_storage, study_text, trial_seeds
+from search_spaces import parse_space, run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -62,8 +60,18 @@ def test_every_trial_is_told_with_its_attributes(tmp_path):
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     for trial in study.trials:
         attrs = trial.user_attrs
-        for key in ("array_id", "slot", "architecture", "seed_init", "seed_data", "seed_dropout", "epochs_run",
-                    "train_seconds", "train_start", "train_end"):
+        for key in (
+            "array_id",
+            "slot",
+            "architecture",
+            "seed_init",
+            "seed_data",
+            "seed_dropout",
+            "epochs_run",
+            "train_seconds",
+            "train_start",
+            "train_end",
+        ):
             assert key in attrs, key
         assert attrs["epochs_run"] == 2
         assert sorted(trial.intermediate_values) == [1, 2]
@@ -73,7 +81,11 @@ def test_every_trial_is_told_with_its_attributes(tmp_path):
     assert "model" in study_text(study, "space_text") and "torch" in study.user_attrs["versions"]
     assert "space_text" not in study.user_attrs
     # every architecture the sampler proposed trained, in arrays of at most array.size slots
-    assert summary.architectures_trained == summary.architectures_proposed == len({t.params["model.config.width"] for t in study.trials})
+    assert (
+        summary.architectures_trained
+        == summary.architectures_proposed
+        == len({t.params["model.config.width"] for t in study.trials})
+    )
     by_array = {}
     for trial in study.trials:
         by_array.setdefault(trial.user_attrs["array_id"], []).append(trial.number)
@@ -89,9 +101,17 @@ def test_a_trial_equals_its_candidate_trained_alone(tmp_path):
     seeds = trial_seeds(7, trial.number)
     assert seeds == {s: trial.user_attrs[f"seed_{s}"] for s in ("init", "data", "dropout")}
     alone = hfta_nas.train(
-        "mlp", model_config={"depth": 1, "width": trial.params["model.config.width"]}, dataset="digits",
-        seeds=[seeds["init"]], data_seeds=[seeds["data"]], dropout_seeds=[seeds["dropout"]],
-        optimizer="adam", hparams={"lr": trial.params["training.optimizer.lr"]}, epochs=2, batch_size=64, dtype="float64",
+        "mlp",
+        model_config={"depth": 1, "width": trial.params["model.config.width"]},
+        dataset="digits",
+        seeds=[seeds["init"]],
+        data_seeds=[seeds["data"]],
+        dropout_seeds=[seeds["dropout"]],
+        optimizer="adam",
+        hparams={"lr": trial.params["training.optimizer.lr"]},
+        epochs=2,
+        batch_size=64,
+        dtype="float64",
     )
     assert trial.value == pytest.approx(alone.results[0].final["val_acc"], abs=1e-12)
     assert trial.intermediate_values[1] == pytest.approx(alone.results[0].history[0]["val_acc"], abs=1e-12)
@@ -132,14 +152,23 @@ def test_trials_left_running_by_a_killed_run_are_failed_and_retried(tmp_path):
     assert study.trials[orphan.number].state == TrialState.FAIL
     assert "interrupted" in study.trials[orphan.number].user_attrs["fail_reason"]
     assert sum(s == TrialState.COMPLETE for s in states) == 4  # the retry does not eat the budget
-    retried = [t for t in study.trials if t.number > orphan.number and t.params.get("training.optimizer.lr") == orphan.params["training.optimizer.lr"]]
+    retried = [
+        t
+        for t in study.trials
+        if t.number > orphan.number and t.params.get("training.optimizer.lr") == orphan.params["training.optimizer.lr"]
+    ]
     assert retried and retried[0].user_attrs["retry_of"] == orphan.number
-    assert retried[0].user_attrs["seed_init"] == trial_seeds(7, orphan.number)["init"]  # it ends as the orphan would have
+    assert (
+        retried[0].user_attrs["seed_init"] == trial_seeds(7, orphan.number)["init"]
+    )  # it ends as the orphan would have
 
 
 def test_pruned_slots_are_refilled_with_new_trials(tmp_path):
-    text = space_text(pruner={"name": "successive_halving", "kwargs": {"min_resource": 1, "reduction_factor": 3}},
-                      training={"epochs": 3, "optimizer": {"name": "adam", "lr": 1e-3}}, budget={"n_trials": 9})
+    text = space_text(
+        pruner={"name": "successive_halving", "kwargs": {"min_resource": 1, "reduction_factor": 3}},
+        training={"epochs": 3, "optimizer": {"name": "adam", "lr": 1e-3}},
+        budget={"n_trials": 9},
+    )
     summary = search(tmp_path, text)
     study = load_study(tmp_path)
     states = [t.state for t in study.trials]
@@ -150,8 +179,11 @@ def test_pruned_slots_are_refilled_with_new_trials(tmp_path):
 
 
 def test_diverging_trials_fail_with_a_reason(tmp_path):
-    text = space_text(params={"training.optimizer.lr": {"distribution": "categorical", "values": [1e-3, 1e12]}},
-                      training={"epochs": 2, "optimizer": {"name": "sgd", "lr": 1e-3}}, budget={"n_trials": 6})
+    text = space_text(
+        params={"training.optimizer.lr": {"distribution": "categorical", "values": [1e-3, 1e12]}},
+        training={"epochs": 2, "optimizer": {"name": "sgd", "lr": 1e-3}},
+        budget={"n_trials": 6},
+    )
     search(tmp_path, text)
     study = load_study(tmp_path)
     for trial in study.trials:
@@ -162,32 +194,44 @@ def test_diverging_trials_fail_with_a_reason(tmp_path):
 
 
 def test_multi_objective_search_has_a_pareto_front(tmp_path):
-    text = space_text(study={"name": "tiny", "metrics": ["val_acc", "params"], "directions": ["maximize", "minimize"]},
-                      sampler={"name": "nsga2", "kwargs": {"population_size": 4}})
+    text = space_text(
+        study={"name": "tiny", "metrics": ["val_acc", "params"], "directions": ["maximize", "minimize"]},
+        sampler={"name": "nsga2", "kwargs": {"population_size": 4}},
+    )
     summary = search(tmp_path, text)
     study = load_study(tmp_path)
     assert all(len(t.values) == 2 for t in study.trials)
     widths = {t.params["model.config.width"]: t.values[1] for t in study.trials}
-    assert all(widths[w] == hfta_nas.models.count_parameters(hfta_nas.models.build_model(
-        "mlp", {"depth": 1, "width": w}, input_shape=(1, 8, 8), num_classes=10)) for w in widths)
+    assert all(
+        widths[w]
+        == hfta_nas.models.count_parameters(
+            hfta_nas.models.build_model("mlp", {"depth": 1, "width": w}, input_shape=(1, 8, 8), num_classes=10)
+        )
+        for w in widths
+    )
     assert summary.best and all(set(b["values"]) == {"val_acc", "params"} for b in summary.best)
 
 
 def test_cli_search_json_and_dashboard_hint(tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text(space_text(budget={"n_trials": 3}))
-    result = CliRunner().invoke(main, ["search", str(path), "--storage", str(tmp_path / "s.journal"), "--out", str(tmp_path / "o"), "--json"])
+    result = CliRunner().invoke(
+        main, ["search", str(path), "--storage", str(tmp_path / "s.journal"), "--out", str(tmp_path / "o"), "--json"]
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["trials"] == {"COMPLETE": 3}
     assert summary["dashboard"] == f"optuna-dashboard {tmp_path / 's.journal'} --artifact-dir {tmp_path / 'artifacts'}"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot open storage"),
-    (["--array-size", "many"], "expected an integer or 'auto'"),
-    (["--n-trials", "0"], "n_trials must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot open storage"),
+        (["--array-size", "many"], "expected an integer or 'auto'"),
+        (["--n-trials", "0"], "n_trials must be a positive number"),
+    ],
+)
 def test_cli_search_errors_exit_2(tmp_path, args, message):
     path = tmp_path / "space.yaml"
     path.write_text(space_text())
@@ -198,23 +242,34 @@ def test_cli_search_errors_exit_2(tmp_path, args, message):
 
 def test_cli_search_bad_yaml_names_the_line(tmp_path):
     path = tmp_path / "space.yaml"
-    path.write_text("study:\n  name: x\nparams:\n  training.optimizer.lr: {distribution: log_uniform, min: 0.1, max: 0.01}\n")
+    path.write_text(
+        "study:\n  name: x\nparams:\n  training.optimizer.lr: {distribution: log_uniform, min: 0.1, max: 0.01}\n"
+    )
     result = CliRunner().invoke(main, ["search", str(path)])
     assert result.exit_code == 2 and "space.yaml:4" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("pruner", ["none", "median"])
-def test_a_search_stopped_mid_array_continues_it_from_its_checkpoint_bit_identically(tmp_path, every_epoch_checkpoints, pruner):
+def test_a_search_stopped_mid_array_continues_it_from_its_checkpoint_bit_identically(
+    tmp_path, every_epoch_checkpoints, pruner
+):
     """Ctrl-C in epoch 3 of the second array, then the same search again: the retried trials
     take their slots from the epoch-2 checkpoint and end with the values (every epoch's, to the
     bit) that the same trials have in a search that was never stopped."""
     from hfta_nas.search import ArrayResumed, EpochEnded
 
-    text = space_text(budget={"n_trials": 6}, training={"epochs": 5, "optimizer": {"name": "adam", "lr": 1e-3}},
-                      pruner={"name": pruner, **({"kwargs": {"n_startup_trials": 1}} if pruner == "median" else {})})
+    text = space_text(
+        budget={"n_trials": 6},
+        training={"epochs": 5, "optimizer": {"name": "adam", "lr": 1e-3}},
+        pruner={"name": pruner, **({"kwargs": {"n_startup_trials": 1}} if pruner == "median" else {})},
+    )
     reference = search(tmp_path / "ref", text)
-    ref_trials = {t.number: t for t in optuna.load_study(study_name="tiny", storage=open_storage(
-        str(tmp_path / "ref" / "study.journal"))[0]).trials}
+    ref_trials = {
+        t.number: t
+        for t in optuna.load_study(
+            study_name="tiny", storage=open_storage(str(tmp_path / "ref" / "study.journal"))[0]
+        ).trials
+    }
 
     def stop_in_epoch_3_of_array_2(event):
         if isinstance(event, EpochEnded) and event.array == 2 and event.epoch == 3:
@@ -235,12 +290,17 @@ def test_a_search_stopped_mid_array_continues_it_from_its_checkpoint_bit_identic
         original = ref_trials[retry.user_attrs["retry_of"]]
         assert retry.params == original.params
         assert (retry.state, retry.values, retry.intermediate_values) == (
-            original.state, original.values, original.intermediate_values)
+            original.state,
+            original.values,
+            original.intermediate_values,
+        )
     assert not list((tmp_path / "checkpoints").rglob("*.pt"))  # removed when the array ended
     assert reference.trials == {"COMPLETE": 6} or pruner == "median"
 
 
-def test_a_stop_between_the_tells_of_an_arrays_last_epoch_still_continues_from_the_checkpoint(tmp_path, every_epoch_checkpoints):
+def test_a_stop_between_the_tells_of_an_arrays_last_epoch_still_continues_from_the_checkpoint(
+    tmp_path, every_epoch_checkpoints
+):
     """Ctrl-C right after the first slot of array 1 is told COMPLETE in its last epoch: the others are
     retried, and the re-run continues the epoch-3 checkpoint with the told slot training on untold
     beside them (as it did), so the retries end with the values of a search never stopped."""
@@ -248,8 +308,12 @@ def test_a_stop_between_the_tells_of_an_arrays_last_epoch_still_continues_from_t
 
     text = space_text(budget={"n_trials": 3}, training={"epochs": 4, "optimizer": {"name": "adam", "lr": 1e-3}})
     search(tmp_path / "ref", text)
-    reference = {t.number: t for t in optuna.load_study(study_name="tiny", storage=open_storage(
-        str(tmp_path / "ref" / "study.journal"))[0]).trials}
+    reference = {
+        t.number: t
+        for t in optuna.load_study(
+            study_name="tiny", storage=open_storage(str(tmp_path / "ref" / "study.journal"))[0]
+        ).trials
+    }
 
     def stop_after_the_first_completion(event):
         if isinstance(event, TrialEnded) and event.state == "COMPLETE":
@@ -264,6 +328,8 @@ def test_a_stop_between_the_tells_of_an_arrays_last_epoch_still_continues_from_t
     trials = {t.number: t for t in load_study(tmp_path).trials}
     for number in resumed.trials:
         original = reference[trials[number].user_attrs["retry_of"]]
-        assert (trials[number].values, trials[number].intermediate_values) == (original.values,
-                                                                               original.intermediate_values)
+        assert (trials[number].values, trials[number].intermediate_values) == (
+            original.values,
+            original.intermediate_values,
+        )
     assert sum(t.state == TrialState.COMPLETE for t in trials.values()) == 3

@@ -12,8 +12,16 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from cli import _SearchProgress, main
-from hfta_nas.search import (ArrayEnded, ArrayStarted, EpochEnded, SearchStarted, TrialEnded, cost_from_dict,
-                             open_storage, optimize)
+from hfta_nas.search import (
+    ArrayEnded,
+    ArrayStarted,
+    EpochEnded,
+    SearchStarted,
+    TrialEnded,
+    cost_from_dict,
+    open_storage,
+    optimize,
+)
 from search_spaces import candidate_builder, open_space_study, parse_space, plan_search, run_search
 from tests.test_search import space_text as tiny_space_text
 
@@ -54,13 +62,19 @@ def test_every_trial_trains_as_the_sampler_proposed_it(tmp_path):
     trials = load(tmp_path).trials
     assert len(trials) == 12 and all(t.state == TrialState.COMPLETE for t in trials)
     assert not any("fixed_params" in t.system_attrs for t in trials)  # nothing enqueued: every value is the sampler's
-    assert summary.architectures_trained == summary.architectures_proposed == len({t.params["model.config.width"] for t in trials})
+    assert (
+        summary.architectures_trained
+        == summary.architectures_proposed
+        == len({t.params["model.config.width"] for t in trials})
+    )
     by_array = {}
     for trial in trials:
         by_array.setdefault(trial.user_attrs["array_id"], []).append(trial)
     assert len(by_array) == len(summary.arrays) and all(len(m) <= 4 for m in by_array.values())
     for members in by_array.values():  # a trial's architecture attribute names its width
-        assert len({t.user_attrs["architecture"] for t in members}) == len({t.params["model.config.width"] for t in members})
+        assert len({t.user_attrs["architecture"] for t in members}) == len(
+            {t.params["model.config.width"] for t in members}
+        )
 
 
 def test_a_plan_covers_the_budget_once(tmp_path):
@@ -91,7 +105,9 @@ def test_dry_run_writes_nothing_and_its_first_round_is_the_real_one(tmp_path):
     for array in plan.arrays:
         for planned in array.trials:
             assert trials[planned["number"]].params == pytest.approx(planned["params"])
-            assert planned["seeds"] == {s: trials[planned["number"]].user_attrs[f"seed_{s}"] for s in ("init", "data", "dropout")}
+            assert planned["seeds"] == {
+                s: trials[planned["number"]].user_attrs[f"seed_{s}"] for s in ("init", "data", "dropout")
+            }
 
 
 def test_dry_run_of_an_existing_study_leaves_it_as_it_was(tmp_path):
@@ -124,22 +140,48 @@ def test_cli_dry_run_prints_the_plan(tmp_path):
 def test_cli_overrides_sampler_pruner_and_seed(tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text(space_text(budget={"n_trials": 4}, sampler={"name": "tpe", "kwargs": {"n_startup_trials": 2}}))
-    result = CliRunner().invoke(main, ["search", str(path), "--storage", storage(tmp_path), "--out", str(tmp_path / "o"),
-                                       "--sampler", "random", "--pruner", "hyperband", "--seed", "11", "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "search",
+            str(path),
+            "--storage",
+            storage(tmp_path),
+            "--out",
+            str(tmp_path / "o"),
+            "--sampler",
+            "random",
+            "--pruner",
+            "hyperband",
+            "--seed",
+            "11",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     study = load(tmp_path)
-    assert (study.user_attrs["sampler"], study.user_attrs["pruner"], study.user_attrs["seed"]) == ("random", "hyperband", 11)
+    assert (study.user_attrs["sampler"], study.user_attrs["pruner"], study.user_attrs["seed"]) == (
+        "random",
+        "hyperband",
+        11,
+    )
     from hfta_nas.search import trial_seeds
 
     assert study.trials[0].user_attrs["seed_init"] == trial_seeds(11, 0)["init"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--sampler", "rnd"], "--sampler: expected one of tpe, random, cmaes, gp, grid, nsga2, got 'rnd' (did you mean 'random'?)"),
-    (["--pruner", "early"], "--pruner: expected one of none, median, successive_halving, hyperband, got 'early'"),
-    (["--seed", "-1"], "--seed: expected an integer >= 0"),
-    (["--sampler", "grid"], "the grid sampler needs a finite set of values"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--sampler", "rnd"],
+            "--sampler: expected one of tpe, random, cmaes, gp, grid, nsga2, got 'rnd' (did you mean 'random'?)",
+        ),
+        (["--pruner", "early"], "--pruner: expected one of none, median, successive_halving, hyperband, got 'early'"),
+        (["--seed", "-1"], "--seed: expected an integer >= 0"),
+        (["--sampler", "grid"], "the grid sampler needs a finite set of values"),
+    ],
+)
 def test_cli_bad_overrides_exit_2(tmp_path, args, message):
     path = tmp_path / "space.yaml"
     path.write_text(space_text())
@@ -151,9 +193,13 @@ def test_cli_bad_overrides_exit_2(tmp_path, args, message):
 
 def test_cli_overrides_are_checked_against_the_study(tmp_path):
     path = tmp_path / "space.yaml"
-    path.write_text(space_text(study={"name": "mo", "metrics": ["val_acc", "params"], "directions": ["maximize", "minimize"]}))
-    for args, message in ((["--pruner", "median"], "Optuna prunes single-objective studies only"),
-                          (["--sampler", "cmaes"], "optimises a single metric")):
+    path.write_text(
+        space_text(study={"name": "mo", "metrics": ["val_acc", "params"], "directions": ["maximize", "minimize"]})
+    )
+    for args, message in (
+        (["--pruner", "median"], "Optuna prunes single-objective studies only"),
+        (["--sampler", "cmaes"], "optimises a single metric"),
+    ):
         result = CliRunner().invoke(main, ["search", str(path), "--storage", storage(tmp_path), "--dry-run", *args])
         assert result.exit_code == 2 and message in result.output and "with " + " ".join(args) in result.output
 
@@ -173,7 +219,9 @@ def test_cli_quiet_shows_no_progress_but_the_summary(tmp_path):
 
 def test_progress_status_counts_best_arrays_occupancy_and_throughput():
     progress = _SearchProgress(enabled=False)
-    progress.event(SearchStarted("s", "f", "d", 2, 10, None, {"COMPLETE": 1, "PRUNED": 1}, ["val_acc"], ["maximize"], [[0.5]]))
+    progress.event(
+        SearchStarted("s", "f", "d", 2, 10, None, {"COMPLETE": 1, "PRUNED": 1}, ["val_acc"], ["maximize"], [[0.5]])
+    )
     assert progress.status() == "1 complete, 1 pruned, 0 failed | best val_acc 0.5 | 0 arrays running"
     progress.event(ArrayStarted(1, [2, 3, 4], 4, 2, 300, 400, 1.0))
     progress.event(EpochEnded(1, 1, 3, 4, 0.75, 0.75, 1500.0))
@@ -181,8 +229,10 @@ def test_progress_status_counts_best_arrays_occupancy_and_throughput():
     progress.event(TrialEnded(3, "COMPLETE", [0.75]))
     progress.event(TrialEnded(4, "COMPLETE", [0.25]))
     progress.event(TrialEnded(5, "FAIL", reason="non-finite"))
-    assert progress.status().startswith("3 complete, 2 pruned, 1 failed | best val_acc 0.75 (trial 3) | "
-                                        "1 array running (3/4 slots) | mean occupancy 75% | 1,500 samples/s | ETA ")
+    assert progress.status().startswith(
+        "3 complete, 2 pruned, 1 failed | best val_acc 0.75 (trial 3) | "
+        "1 array running (3/4 slots) | mean occupancy 75% | 1,500 samples/s | ETA "
+    )
     assert progress.status().endswith(" s")  # 4 of this run's 8 trials ended: as long again at this pace
     progress.event(ArrayEnded(1, 0.7))
     assert "0 arrays running | mean occupancy 70%" in progress.status()

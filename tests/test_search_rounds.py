@@ -18,20 +18,31 @@ def _build(digits, widths=(8, 16, 32, 64)):
         lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
         model = model_factory("mlp", {"depth": 1, "width": width}, input_shape=digits.input_shape, num_classes=10)
         return hfta_nas.Candidate(model, hparams={"lr": lr}, epochs=2, batch_size=256)
+
     return build
 
 
 def _study(seed=0, pruner=None):
-    return optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4),
-                               pruner=pruner or optuna.pruners.NopPruner())
+    return optuna.create_study(
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4),
+        pruner=pruner or optuna.pruners.NopPruner(),
+    )
 
 
 def test_arrays_start_full_enough_while_trials_can_still_be_asked(tmp_path):
     digits = load_dataset("digits")
     started = []
-    summary = hfta_nas.optimize(_study(), _build(digits, widths=(8, 64)), digits, n_trials=24, array_size=4, seed=1,
-                                step_cost=ARITHMETIC_BOUND, on_event=lambda e: isinstance(e, ArrayStarted) and
-                                started.append(e))
+    summary = hfta_nas.optimize(
+        _study(),
+        _build(digits, widths=(8, 64)),
+        digits,
+        n_trials=24,
+        array_size=4,
+        seed=1,
+        step_cost=ARITHMETIC_BOUND,
+        on_event=lambda e: isinstance(e, ArrayStarted) and started.append(e),
+    )
     assert summary.trials == {"COMPLETE": 24}
     size = 4
     full_enough = [len(e.trials) >= _optimize.TARGET_OCCUPANCY * size for e in started]
@@ -42,8 +53,9 @@ def test_arrays_start_full_enough_while_trials_can_still_be_asked(tmp_path):
 def test_every_proposal_trains_even_when_its_array_never_fills(tmp_path):
     digits = load_dataset("digits")
     # four widths, arithmetic-bound: the policy keeps shapes apart, so arrays of 4 rarely fill
-    summary = hfta_nas.optimize(_study(), _build(digits), digits, n_trials=10, array_size=4, seed=1,
-                                step_cost=ARITHMETIC_BOUND)
+    summary = hfta_nas.optimize(
+        _study(), _build(digits), digits, n_trials=10, array_size=4, seed=1, step_cost=ARITHMETIC_BOUND
+    )
     assert summary.trials == {"COMPLETE": 10}  # none left waiting for a fuller array
 
 
@@ -53,7 +65,9 @@ def test_a_fixed_seed_gives_the_same_trials_with_refills(tmp_path):
     def run():
         study = _study(seed=5, pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0))
         hfta_nas.optimize(study, _build(digits), digits, n_trials=14, array_size=4, seed=3, step_cost=ARITHMETIC_BOUND)
-        return [(t.number, t.state, t.params, t.intermediate_values, t.values) for t in study.get_trials(deepcopy=False)]
+        return [
+            (t.number, t.state, t.params, t.intermediate_values, t.values) for t in study.get_trials(deepcopy=False)
+        ]
 
     first, second = run(), run()
     assert first == second

@@ -8,6 +8,7 @@ import warnings
 import optuna
 import pytest
 import yaml
+from conftest import synthetic_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -23,7 +24,6 @@ from search_spaces import (
     load_space,
     parse_space,
 )
-from conftest import synthetic_dataset
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -56,12 +56,16 @@ def space() -> SearchSpace:
 
 # ------------------------------------------------------------ shipped spaces
 def test_every_shipped_space_loads():
-    assert {"mnist1d_mlp", "mnist1d_cnn", "digits_cnn", "mnist1d_multiobjective", "mnist1d_user_factory"} <= set(SHIPPED_SPACES)
+    assert {"mnist1d_mlp", "mnist1d_cnn", "digits_cnn", "mnist1d_multiobjective", "mnist1d_user_factory"} <= set(
+        SHIPPED_SPACES
+    )
     for name, path in SHIPPED_SPACES.items():
         space = load_space(path)
         assert space.source == str(path) and space.text == path.read_text()
         assert space.searched, name
-        study = optuna.create_study(sampler=space.make_sampler(), pruner=space.make_pruner(), directions=space.directions)
+        study = optuna.create_study(
+            sampler=space.make_sampler(), pruner=space.make_pruner(), directions=space.directions
+        )
         config = space.resolve(space.suggest(study.ask()))
         # each a few minutes on a laptop CPU: diabetes' 265 training samples are 9 steps an epoch
         assert config.epochs <= (40 if config.dataset == "diabetes" else 10) and space.budget.n_trials <= 32
@@ -141,7 +145,13 @@ def test_resolve_merges_at_dotted_paths(space):
     assert config.hparams["lr"] == 0.01 and isinstance(config.hparams["lr"], float)
     assert config.hparams["weight_decay"] == 0.05 and config.hparams["beta1"] == 0.9
     assert config.hparams["amsgrad"] is False
-    assert config.data == {"batch_size": 50, "val_fraction": 0.1, "test_fraction": 0.1, "split_seed": 0, "num_samples": None}
+    assert config.data == {
+        "batch_size": 50,
+        "val_fraction": 0.1,
+        "test_fraction": 0.1,
+        "split_seed": 0,
+        "num_samples": None,
+    }
     assert config.dataset == "mnist1d" and config.epochs == 4 and isinstance(config.epochs, int)
     assert config.schedule["kind"] == "cosine" and config.schedule["t_max"] == 4  # t_max defaults to epochs
     kwargs = config.train_kwargs()
@@ -189,9 +199,9 @@ def test_resolved_config_round_trips_through_yaml(space, tmp_path):
 def test_resolved_config_keeps_its_origin():
     import numpy as np
 
-    config = parse_space("model: mlp\nparams:\n  model.config.width: {distribution: int_uniform, min: 4, max: 8}").resolve(
-        {"model.config.width": np.int64(6)}
-    )
+    config = parse_space(
+        "model: mlp\nparams:\n  model.config.width: {distribution: int_uniform, min: 4, max: 8}"
+    ).resolve({"model.config.width": np.int64(6)})
     assert type(config.model_config["width"]) is int
     text = config.to_yaml(study="s", trial=3, values={"val_acc": np.float64(0.75)}, seeds={"init": 1, "data": 2})
     again = ResolvedConfig.from_yaml(text)
@@ -248,8 +258,12 @@ def test_tpe_defaults_and_overrides():
 
 @pytest.mark.parametrize(
     ("name", "cls"),
-    [("random", optuna.samplers.RandomSampler), ("nsga2", optuna.samplers.NSGAIISampler),
-     ("gp", optuna.samplers.GPSampler), ("tpe", optuna.samplers.TPESampler)],
+    [
+        ("random", optuna.samplers.RandomSampler),
+        ("nsga2", optuna.samplers.NSGAIISampler),
+        ("gp", optuna.samplers.GPSampler),
+        ("tpe", optuna.samplers.TPESampler),
+    ],
 )
 def test_sampler_classes(name, cls):
     assert type(parse_space(f"sampler: {name}").make_sampler()) is cls
@@ -268,9 +282,13 @@ def test_cmaes_needs_its_package():
 
 @pytest.mark.parametrize(
     ("text", "cls"),
-    [("pruner: none", optuna.pruners.NopPruner), ("pruner: median", optuna.pruners.MedianPruner),
-     ("pruner: successive_halving", optuna.pruners.SuccessiveHalvingPruner),
-     ("pruner: hyperband", optuna.pruners.HyperbandPruner), ("params: {}", optuna.pruners.MedianPruner)],
+    [
+        ("pruner: none", optuna.pruners.NopPruner),
+        ("pruner: median", optuna.pruners.MedianPruner),
+        ("pruner: successive_halving", optuna.pruners.SuccessiveHalvingPruner),
+        ("pruner: hyperband", optuna.pruners.HyperbandPruner),
+        ("params: {}", optuna.pruners.MedianPruner),
+    ],
 )
 def test_pruner_classes(text, cls):
     assert type(parse_space(text).make_pruner()) is cls
@@ -306,42 +324,127 @@ ERRORS = [
     # (name, text, line, key, fragment of the message)
     ("yaml syntax", "params:\n  a: [1, 2\n  b: 3\n", 3, "", "YAML syntax error at column"),
     ("unknown top key", "study: {}\nsmapler: tpe\n", 2, "smapler", "did you mean 'sampler'"),
-    ("unknown param path", "params:\n  training.optimiser.lr: 0.1\n", 2, "params.training.optimiser.lr",
-     "did you mean 'training.optimizer.lr'"),
-    ("unknown optimizer argument", "params:\n  training.optimizer.lrate: 0.1\n", 2,
-     "params.training.optimizer.lrate", "optimizer 'adam' has no argument 'lrate'"),
-    ("min > max", "params:\n  training.optimizer.lr:\n    distribution: log_uniform\n    min: 0.1\n    max: 0.01\n",
-     2, "params.training.optimizer.lr", "'min' must be < 'max' (got min=0.1, max=0.01)"),
-    ("int min > max", "params:\n\n  model.config.kernel_size: {distribution: int_uniform, min: 9, max: 3}\n", 3,
-     "params.model.config.kernel_size", "'min' must be <= 'max'"),
-    ("log_uniform min <= 0", "params:\n  training.optimizer.lr: {distribution: log_uniform, min: 0, max: 1}\n", 2,
-     "params.training.optimizer.lr", "log_uniform needs 'min' > 0"),
-    ("unknown distribution", "params:\n  training.optimizer.lr: {distribution: normal, min: 0, max: 1}\n", 2,
-     "params.training.optimizer.lr.distribution", "unknown distribution 'normal'"),
-    ("foreign distribution", "params:\n  model.config.kernel_size: {distribution: randint, min: 3, max: 9}\n", 2,
-     "params.model.config.kernel_size.distribution", "did you mean int_uniform (note: here 'max' is included)"),
-    ("empty categorical", "params:\n  model.config.channels:\n    distribution: categorical\n    values: []\n", 4,
-     "params.model.config.channels.values", "expected at least 1 item"),
+    (
+        "unknown param path",
+        "params:\n  training.optimiser.lr: 0.1\n",
+        2,
+        "params.training.optimiser.lr",
+        "did you mean 'training.optimizer.lr'",
+    ),
+    (
+        "unknown optimizer argument",
+        "params:\n  training.optimizer.lrate: 0.1\n",
+        2,
+        "params.training.optimizer.lrate",
+        "optimizer 'adam' has no argument 'lrate'",
+    ),
+    (
+        "min > max",
+        "params:\n  training.optimizer.lr:\n    distribution: log_uniform\n    min: 0.1\n    max: 0.01\n",
+        2,
+        "params.training.optimizer.lr",
+        "'min' must be < 'max' (got min=0.1, max=0.01)",
+    ),
+    (
+        "int min > max",
+        "params:\n\n  model.config.kernel_size: {distribution: int_uniform, min: 9, max: 3}\n",
+        3,
+        "params.model.config.kernel_size",
+        "'min' must be <= 'max'",
+    ),
+    (
+        "log_uniform min <= 0",
+        "params:\n  training.optimizer.lr: {distribution: log_uniform, min: 0, max: 1}\n",
+        2,
+        "params.training.optimizer.lr",
+        "log_uniform needs 'min' > 0",
+    ),
+    (
+        "unknown distribution",
+        "params:\n  training.optimizer.lr: {distribution: normal, min: 0, max: 1}\n",
+        2,
+        "params.training.optimizer.lr.distribution",
+        "unknown distribution 'normal'",
+    ),
+    (
+        "foreign distribution",
+        "params:\n  model.config.kernel_size: {distribution: randint, min: 3, max: 9}\n",
+        2,
+        "params.model.config.kernel_size.distribution",
+        "did you mean int_uniform (note: here 'max' is included)",
+    ),
+    (
+        "empty categorical",
+        "params:\n  model.config.channels:\n    distribution: categorical\n    values: []\n",
+        4,
+        "params.model.config.channels.values",
+        "expected at least 1 item",
+    ),
     ("unknown sampler", "sampler:\n  name: tpee\n", 2, "sampler.name", "did you mean 'tpe'"),
     ("unknown pruner", "pruner: {name: medain}\n", 1, "pruner.name", "did you mean 'median'"),
-    ("bad sampler kwarg", "sampler:\n  name: tpe\n  kwargs:\n    n_startup_trial: 5\n", 4,
-     "sampler.kwargs.n_startup_trial", "valid arguments: consider_prior"),
-    ("sampler kwarg type", "sampler: {name: nsga2, kwargs: {population_size: many}}\n", 1,
-     "sampler.kwargs.population_size", "expected an integer"),
-    ("sampler seed kwarg", "sampler: {name: random, kwargs: {seed: 1}}\n", 1, "sampler.kwargs.seed", "top-level 'seed'"),
-    ("bad pruner kwarg", "pruner:\n  name: median\n  kwargs: {warmup: 2}\n", 3, "pruner.kwargs.warmup",
-     "did you mean 'n_warmup_steps'"),
-    ("multi-objective without directions", "study:\n  metrics: [val_acc, params]\n", 1, "study",
-     "missing key 'directions'"),
-    ("directions of the wrong length", "study:\n  metrics: [val_acc, params]\n  directions: [maximize]\n", 3,
-     "study.directions", "expected 2 direction(s)"),
-    ("multi-objective with a pruner",
-     "study: {metrics: [val_acc, params], directions: [maximize, minimize]}\npruner: median\n", 2, "pruner.name",
-     "Optuna prunes single-objective studies only"),
-    ("unknown metric", "study: {metrics: [accuracy]}\n", 1, "study.metrics[0]", "metric 'accuracy' is not measured here; measured: train_loss, train_acc, val_loss, val_acc"),
-    ("grid with a continuous param",
-     "sampler: grid\nparams:\n  training.optimizer.lr: {distribution: log_uniform, min: 0.001, max: 0.1}\n", 3,
-     "params.training.optimizer.lr", "grid sampler needs a finite set of values"),
+    (
+        "bad sampler kwarg",
+        "sampler:\n  name: tpe\n  kwargs:\n    n_startup_trial: 5\n",
+        4,
+        "sampler.kwargs.n_startup_trial",
+        "valid arguments: consider_prior",
+    ),
+    (
+        "sampler kwarg type",
+        "sampler: {name: nsga2, kwargs: {population_size: many}}\n",
+        1,
+        "sampler.kwargs.population_size",
+        "expected an integer",
+    ),
+    (
+        "sampler seed kwarg",
+        "sampler: {name: random, kwargs: {seed: 1}}\n",
+        1,
+        "sampler.kwargs.seed",
+        "top-level 'seed'",
+    ),
+    (
+        "bad pruner kwarg",
+        "pruner:\n  name: median\n  kwargs: {warmup: 2}\n",
+        3,
+        "pruner.kwargs.warmup",
+        "did you mean 'n_warmup_steps'",
+    ),
+    (
+        "multi-objective without directions",
+        "study:\n  metrics: [val_acc, params]\n",
+        1,
+        "study",
+        "missing key 'directions'",
+    ),
+    (
+        "directions of the wrong length",
+        "study:\n  metrics: [val_acc, params]\n  directions: [maximize]\n",
+        3,
+        "study.directions",
+        "expected 2 direction(s)",
+    ),
+    (
+        "multi-objective with a pruner",
+        "study: {metrics: [val_acc, params], directions: [maximize, minimize]}\npruner: median\n",
+        2,
+        "pruner.name",
+        "Optuna prunes single-objective studies only",
+    ),
+    (
+        "unknown metric",
+        "study: {metrics: [accuracy]}\n",
+        1,
+        "study.metrics[0]",
+        "metric 'accuracy' is not measured here; measured: train_loss, train_acc, val_loss, val_acc",
+    ),
+    (
+        "grid with a continuous param",
+        "sampler: grid\nparams:\n  training.optimizer.lr: {distribution: log_uniform, min: 0.001, max: 0.1}\n",
+        3,
+        "params.training.optimizer.lr",
+        "grid sampler needs a finite set of values",
+    ),
     ("epochs not a number", "training:\n  epochs: ten\n", 2, "training.epochs", "expected an integer, got 'ten'"),
     ("negative epochs", "training:\n  epochs: -2\n", 2, "training.epochs", "expected a value >= 1"),
     ("float epochs", "training:\n  epochs: 2.5\n", 2, "training.epochs", "expected an integer"),
@@ -349,51 +452,136 @@ ERRORS = [
     ("comment-only file", "# nothing\n", None, "", "the file is empty"),
     ("top level not a mapping", "- params\n", 1, "", "expected a mapping of sections"),
     ("section not a mapping", "budget: 12\n", 1, "budget", "expected a mapping"),
-    ("duplicate key", "training: {epochs: 2}\nseed: 1\ntraining: {epochs: 3}\n", 3, "training",
-     "duplicate key 'training' (first given on line 1)"),
-    ("step does not reach max", "params:\n  model.config.kernel_size: {distribution: int_uniform, min: 3, max: 10, step: 2}\n",
-     2, "params.model.config.kernel_size", "set max to 9 or 11"),
-    ("float step does not divide", "params:\n  model.config.dropout: {distribution: uniform, min: 0, max: 0.5, step: 0.2}\n",
-     2, "params.model.config.dropout", "does not divide"),
-    ("family config key", "model:\n  family: cnn1d\n  config: {kernal_size: 3}\n", 3, "model.config.kernal_size",
-     "did you mean 'kernel_size'"),
-    ("family config param key", "model: mlp\nparams:\n  model.config.channels: [8]\n", 3, "params.model.config.channels",
-     "model family 'mlp': unknown key 'channels'"),
-    ("config value does not fit the data",
-     "model: {family: cnn1d, config: {pool: max, padding: valid}}\nparams:\n"
-     "  model.config.kernel_size: {distribution: int_uniform, min: 3, max: 39}\n", 3,
-     "params.model.config.kernel_size", "'max'"),
-    ("uniform for an integer setting", "params:\n  data.batch_size: {distribution: uniform, min: 16, max: 64}\n", 2,
-     "params.data.batch_size", "use int_uniform"),
-    ("lr choice not positive", "params:\n  training.optimizer.lr: {distribution: categorical, values: [0.1, 0]}\n", 2,
-     "params.training.optimizer.lr", "'values[1]' = 0: expected a value > 0"),
-    ("equal categorical choices", "params:\n  model.config.kernel_size: {distribution: categorical, values: [3, 3.0]}\n",
-     2, "params.model.config.kernel_size", "Optuna cannot tell them apart"),
-    ("distribution key missing", "params:\n  training.optimizer.lr: {min: 0.1, max: 1}\n", 2,
-     "params.training.optimizer.lr", "missing key 'distribution'"),
-    ("foreign distribution key", "params:\n  training.optimizer.lr: {distribution: uniform, low: 0.1, high: 1}\n", 2,
-     "params.training.optimizer.lr.low", "did you mean 'min'"),
-    ("section as a param", "params:\n  training.optimizer: {name: sgd}\n", 2, "params.training.optimizer",
-     "is a section, not one setting"),
+    (
+        "duplicate key",
+        "training: {epochs: 2}\nseed: 1\ntraining: {epochs: 3}\n",
+        3,
+        "training",
+        "duplicate key 'training' (first given on line 1)",
+    ),
+    (
+        "step does not reach max",
+        "params:\n  model.config.kernel_size: {distribution: int_uniform, min: 3, max: 10, step: 2}\n",
+        2,
+        "params.model.config.kernel_size",
+        "set max to 9 or 11",
+    ),
+    (
+        "float step does not divide",
+        "params:\n  model.config.dropout: {distribution: uniform, min: 0, max: 0.5, step: 0.2}\n",
+        2,
+        "params.model.config.dropout",
+        "does not divide",
+    ),
+    (
+        "family config key",
+        "model:\n  family: cnn1d\n  config: {kernal_size: 3}\n",
+        3,
+        "model.config.kernal_size",
+        "did you mean 'kernel_size'",
+    ),
+    (
+        "family config param key",
+        "model: mlp\nparams:\n  model.config.channels: [8]\n",
+        3,
+        "params.model.config.channels",
+        "model family 'mlp': unknown key 'channels'",
+    ),
+    (
+        "config value does not fit the data",
+        "model: {family: cnn1d, config: {pool: max, padding: valid}}\nparams:\n"
+        "  model.config.kernel_size: {distribution: int_uniform, min: 3, max: 39}\n",
+        3,
+        "params.model.config.kernel_size",
+        "'max'",
+    ),
+    (
+        "uniform for an integer setting",
+        "params:\n  data.batch_size: {distribution: uniform, min: 16, max: 64}\n",
+        2,
+        "params.data.batch_size",
+        "use int_uniform",
+    ),
+    (
+        "lr choice not positive",
+        "params:\n  training.optimizer.lr: {distribution: categorical, values: [0.1, 0]}\n",
+        2,
+        "params.training.optimizer.lr",
+        "'values[1]' = 0: expected a value > 0",
+    ),
+    (
+        "equal categorical choices",
+        "params:\n  model.config.kernel_size: {distribution: categorical, values: [3, 3.0]}\n",
+        2,
+        "params.model.config.kernel_size",
+        "Optuna cannot tell them apart",
+    ),
+    (
+        "distribution key missing",
+        "params:\n  training.optimizer.lr: {min: 0.1, max: 1}\n",
+        2,
+        "params.training.optimizer.lr",
+        "missing key 'distribution'",
+    ),
+    (
+        "foreign distribution key",
+        "params:\n  training.optimizer.lr: {distribution: uniform, low: 0.1, high: 1}\n",
+        2,
+        "params.training.optimizer.lr.low",
+        "did you mean 'min'",
+    ),
+    (
+        "section as a param",
+        "params:\n  training.optimizer: {name: sgd}\n",
+        2,
+        "params.training.optimizer",
+        "is a section, not one setting",
+    ),
     ("non-searchable param", "params:\n  budget.n_trials: 3\n", 2, "params.budget.n_trials", "cannot be params"),
     ("dataset as a param", "params:\n  data.dataset: digits\n", 2, "params.data.dataset", "same data"),
     ("unknown dataset", "data:\n  dataset: mnist-1d\n", 2, "data.dataset", "did you mean 'mnist1d'"),
     ("unknown family", "model:\n  family: cnn\n", 2, "model.family", "unknown model family 'cnn'"),
     ("family and factory", "model:\n  family: mlp\n  factory: a:b\n", 1, "model", "exactly one of"),
     ("bad factory", "model:\n  factory: my_models.build\n", 2, "model.factory", "expected 'module:function'"),
-    ("optimizer argument of another optimizer",
-     "training:\n  optimizer: {name: sgd, momentum: 0.9}\nparams:\n"
-     "  training.optimizer.name: {distribution: categorical, values: [sgd, adam]}\n", 2,
-     "training.optimizer.momentum", "optimizer 'adam'"),
+    (
+        "optimizer argument of another optimizer",
+        "training:\n  optimizer: {name: sgd, momentum: 0.9}\nparams:\n"
+        "  training.optimizer.name: {distribution: categorical, values: [sgd, adam]}\n",
+        2,
+        "training.optimizer.momentum",
+        "optimizer 'adam'",
+    ),
     ("unknown optimizer", "training:\n  optimizer: adamm\n", 2, "training.optimizer.name", "did you mean 'adam'"),
-    ("unknown schedule kind", "training:\n  schedule: {kind: cosin}\n", 2, "training.schedule.kind", "did you mean 'cosine'"),
-    ("unknown schedule argument", "training:\n  schedule:\n    kind: step\n    stepsize: 2\n", 4,
-     "training.schedule.stepsize", "did you mean 'step_size'"),
-    ("schedule without kind", "params:\n  training.schedule.t_max: 5\n", 2, "params.training.schedule.t_max",
-     "a schedule needs 'kind'"),
+    (
+        "unknown schedule kind",
+        "training:\n  schedule: {kind: cosin}\n",
+        2,
+        "training.schedule.kind",
+        "did you mean 'cosine'",
+    ),
+    (
+        "unknown schedule argument",
+        "training:\n  schedule:\n    kind: step\n    stepsize: 2\n",
+        4,
+        "training.schedule.stepsize",
+        "did you mean 'step_size'",
+    ),
+    (
+        "schedule without kind",
+        "params:\n  training.schedule.t_max: 5\n",
+        2,
+        "params.training.schedule.t_max",
+        "a schedule needs 'kind'",
+    ),
     ("array size", "array:\n  size: 0\n", 2, "array.size", "an integer >= 1 or 'auto'"),
     ("no budget", "budget: {n_trials: null}\n", 1, "budget", "never stop"),
-    ("num_samples for digits", "model: mlp\ndata:\n  dataset: digits\n  num_samples: 100\n", 4, "data.num_samples", "only applies"),
+    (
+        "num_samples for digits",
+        "model: mlp\ndata:\n  dataset: digits\n  num_samples: 100\n",
+        4,
+        "data.num_samples",
+        "only applies",
+    ),
     ("fractions", "data: {val_fraction: 0.6, test_fraction: 0.5}\n", 1, "data", "must be < 1"),
     ("bad character", "params:\n  a: \x07\n", 2, "", "not allowed"),
     ("recursive alias", "a: &x [1, *x]\n", 1, "", "recursive"),
@@ -455,15 +643,60 @@ def test_space_is_frozen(space):
 
 
 # --------------------------------------------------------------- property
-KEYS = ["study", "sampler", "pruner", "budget", "array", "data", "training", "model", "seed", "params", "name",
-        "metrics", "kwargs", "n_trials", "size", "dataset", "batch_size", "epochs", "optimizer", "schedule", "kind",
-        "lr", "family", "factory", "config", "distribution", "min", "max", "step", "values", "training.optimizer.lr",
-        "model.config.channels", "model.config.kernel_size", "training.optimizer.name", "tpe", "grid", "uniform",
-        "log_uniform", "int_uniform", "categorical", "cnn1d", "mlp", "adam", "cosine"]
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 100), st.floats(), st.sampled_from(KEYS), st.text(max_size=4))
-_values = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                         st.dictionaries(st.sampled_from(KEYS), inner, max_size=3)),
-                       max_leaves=12)
+KEYS = [
+    "study",
+    "sampler",
+    "pruner",
+    "budget",
+    "array",
+    "data",
+    "training",
+    "model",
+    "seed",
+    "params",
+    "name",
+    "metrics",
+    "kwargs",
+    "n_trials",
+    "size",
+    "dataset",
+    "batch_size",
+    "epochs",
+    "optimizer",
+    "schedule",
+    "kind",
+    "lr",
+    "family",
+    "factory",
+    "config",
+    "distribution",
+    "min",
+    "max",
+    "step",
+    "values",
+    "training.optimizer.lr",
+    "model.config.channels",
+    "model.config.kernel_size",
+    "training.optimizer.name",
+    "tpe",
+    "grid",
+    "uniform",
+    "log_uniform",
+    "int_uniform",
+    "categorical",
+    "cnn1d",
+    "mlp",
+    "adam",
+    "cosine",
+]
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 100), st.floats(), st.sampled_from(KEYS), st.text(max_size=4)
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(KEYS), inner, max_size=3)),
+    max_leaves=12,
+)
 
 
 def _space_or_space_error(text: str) -> None:

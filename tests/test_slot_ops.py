@@ -7,9 +7,7 @@ import torch
 from torch import nn
 
 import hfta_nas
-from hfta_nas import ModelArray
-from hfta_nas import _slot_ops
-
+from hfta_nas import ModelArray, _slot_ops
 from tests.test_array import LAYERS, SEEDS, N, per_model
 
 
@@ -99,8 +97,12 @@ def test_sequential_models_skip_vmap_with_the_same_results():
 
 DROPOUTS = {
     "dropout": (lambda: nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 2), nn.Dropout(0.1)), (6,)),
-    "channel-dropout": (lambda: nn.Sequential(
-        nn.Conv1d(2, 4, 3), nn.ReLU(), nn.Dropout1d(0.3), nn.Flatten(), nn.Dropout(1.0), nn.Linear(4 * 5, 2)), (2, 7)),
+    "channel-dropout": (
+        lambda: nn.Sequential(
+            nn.Conv1d(2, 4, 3), nn.ReLU(), nn.Dropout1d(0.3), nn.Flatten(), nn.Dropout(1.0), nn.Linear(4 * 5, 2)
+        ),
+        (2, 7),
+    ),
 }
 
 
@@ -151,7 +153,9 @@ def assert_double_backward_matches(factory, per_slot_shape, loss=lambda out: out
         (expected,) = torch.autograd.grad(loss(model(xs)), xs, create_graph=True)
         torch.testing.assert_close(grad_x[slot], expected)
         expected.pow(2).sum().backward()
-        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()])
+        grads = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()]
+        )
         torch.testing.assert_close(arr.gradient()[slot], grads)
 
 
@@ -161,16 +165,39 @@ def test_double_backward_through_the_batched_linear():
 
 CONV_RELU = {
     # Linear/Conv -> ReLU pairs run fused in the vmap-free path (_ConvLoop, _BatchedLinear with relu)
-    "conv1d-relu-linear-relu": (lambda: nn.Sequential(
-        nn.Conv1d(2, 4, 5, padding=2), nn.ReLU(), nn.Conv1d(4, 4, 3, padding="same", dilation=2), nn.ReLU(inplace=True),
-        nn.Flatten(), nn.Linear(4 * 9, 6), nn.ReLU(), nn.Linear(6, 3)), (2, 9)),
+    "conv1d-relu-linear-relu": (
+        lambda: nn.Sequential(
+            nn.Conv1d(2, 4, 5, padding=2),
+            nn.ReLU(),
+            nn.Conv1d(4, 4, 3, padding="same", dilation=2),
+            nn.ReLU(inplace=True),
+            nn.Flatten(),
+            nn.Linear(4 * 9, 6),
+            nn.ReLU(),
+            nn.Linear(6, 3),
+        ),
+        (2, 9),
+    ),
     # torch pads the input itself: asymmetric 'same' (even kernel) and a non-zero padding mode
-    "conv1d-same-even-circular": (lambda: nn.Sequential(
-        nn.Conv1d(2, 3, 4, padding="same"), nn.ReLU(), nn.Conv1d(3, 3, 3, padding=1, padding_mode="circular"), nn.ReLU()),
-        (2, 8)),
-    "conv2d-stride-groups-relu": (lambda: nn.Sequential(
-        nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2), nn.ReLU(), nn.Conv2d(6, 2, (2, 1), bias=False), nn.ReLU(),
-        nn.Flatten()), (4, 7, 6)),
+    "conv1d-same-even-circular": (
+        lambda: nn.Sequential(
+            nn.Conv1d(2, 3, 4, padding="same"),
+            nn.ReLU(),
+            nn.Conv1d(3, 3, 3, padding=1, padding_mode="circular"),
+            nn.ReLU(),
+        ),
+        (2, 8),
+    ),
+    "conv2d-stride-groups-relu": (
+        lambda: nn.Sequential(
+            nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2),
+            nn.ReLU(),
+            nn.Conv2d(6, 2, (2, 1), bias=False),
+            nn.ReLU(),
+            nn.Flatten(),
+        ),
+        (4, 7, 6),
+    ),
 }
 
 
@@ -192,11 +219,23 @@ def test_double_backward_through_the_convolution_loop(conv_loop_everywhere):
 
 BATCH_NORMS = {
     # BatchNorm runs one native_batch_norm per slot in the vmap-free path (_BatchNormLoop)
-    "conv2d-bn-relu": (lambda: nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4, momentum=0.3),
-        nn.Flatten(), nn.Linear(4 * 4 * 4, 3)), (3, 6, 6)),
+    "conv2d-bn-relu": (
+        lambda: nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.Conv2d(4, 4, 3),
+            nn.BatchNorm2d(4, momentum=0.3),
+            nn.Flatten(),
+            nn.Linear(4 * 4 * 4, 3),
+        ),
+        (3, 6, 6),
+    ),
     "linear-bn1d-relu": (lambda: nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, 2)), (6,)),
-    "conv1d-bn1d-no-affine": (lambda: nn.Sequential(nn.Conv1d(2, 3, 3), nn.BatchNorm1d(3, affine=False), nn.Tanh()), (2, 7)),
+    "conv1d-bn1d-no-affine": (
+        lambda: nn.Sequential(nn.Conv1d(2, 3, 3), nn.BatchNorm1d(3, affine=False), nn.Tanh()),
+        (2, 7),
+    ),
     "bn3d": (lambda: nn.Sequential(nn.Conv3d(2, 3, 2), nn.BatchNorm3d(3), nn.ReLU()), (2, 3, 4, 4)),
     "bn-no-running-stats": (lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, track_running_stats=False)), (4,)),
 }
@@ -277,14 +316,34 @@ def test_double_backward_through_the_batch_norm_loop():
 
 
 POOLING = {
-    "conv1d-relu-maxpool": (lambda: nn.Sequential(
-        nn.Conv1d(1, 4, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2), nn.Conv1d(4, 4, 3), nn.ReLU(), nn.AvgPool1d(2, ceil_mode=True),
-        nn.AdaptiveMaxPool1d(3), nn.Flatten(), nn.Linear(12, 3)), (1, 20)),
-    "conv2d-pools": (lambda: nn.Sequential(
-        nn.Conv2d(2, 3, 3, padding=1), nn.MaxPool2d(2, stride=1, padding=1, dilation=2), nn.AvgPool2d(2, count_include_pad=False, padding=1),
-        nn.AdaptiveAvgPool2d((2, 1)), nn.Flatten()), (2, 7, 6)),
-    "conv3d-pools": (lambda: nn.Sequential(nn.Conv3d(2, 2, 2), nn.MaxPool3d(2), nn.AvgPool3d(1), nn.AdaptiveAvgPool3d(1)),
-                     (2, 5, 5, 5)),
+    "conv1d-relu-maxpool": (
+        lambda: nn.Sequential(
+            nn.Conv1d(1, 4, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool1d(2),
+            nn.Conv1d(4, 4, 3),
+            nn.ReLU(),
+            nn.AvgPool1d(2, ceil_mode=True),
+            nn.AdaptiveMaxPool1d(3),
+            nn.Flatten(),
+            nn.Linear(12, 3),
+        ),
+        (1, 20),
+    ),
+    "conv2d-pools": (
+        lambda: nn.Sequential(
+            nn.Conv2d(2, 3, 3, padding=1),
+            nn.MaxPool2d(2, stride=1, padding=1, dilation=2),
+            nn.AvgPool2d(2, count_include_pad=False, padding=1),
+            nn.AdaptiveAvgPool2d((2, 1)),
+            nn.Flatten(),
+        ),
+        (2, 7, 6),
+    ),
+    "conv3d-pools": (
+        lambda: nn.Sequential(nn.Conv3d(2, 2, 2), nn.MaxPool3d(2), nn.AvgPool3d(1), nn.AdaptiveAvgPool3d(1)),
+        (2, 5, 5, 5),
+    ),
 }
 
 
@@ -298,7 +357,9 @@ def test_pooling_runs_in_the_vmap_free_path_with_the_same_results(name, conv_loo
 
 def test_pooling_of_unbatched_per_slot_inputs(conv_loop_everywhere):
     factory, shape = POOLING["conv3d-pools"]
-    assert_matches_separate_models(factory, torch.randn(len(SEEDS), *shape, dtype=torch.float64))  # [C, D, H, W] per slot
+    assert_matches_separate_models(
+        factory, torch.randn(len(SEEDS), *shape, dtype=torch.float64)
+    )  # [C, D, H, W] per slot
 
 
 def test_max_pooling_with_indices_takes_the_vmap_path():
@@ -331,7 +392,8 @@ def test_a_refusal_midway_leaves_no_trace_of_the_layers_that_ran(monkeypatch):
     # BatchNorm and dropout have run; their running stats and counters must not move twice.
     monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 4000)
     factory = lambda: nn.Sequential(  # noqa: E731
-        nn.Conv1d(1, 8, 3), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Conv1d(8, 2, 1), nn.Flatten())
+        nn.Conv1d(1, 8, 3), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Conv1d(8, 2, 1), nn.Flatten()
+    )
     arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
     vmapped = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
     vmapped._native = None
@@ -349,7 +411,8 @@ def test_reused_buffers_never_overwrite_a_tensor_still_in_use(conv_loop_everywhe
     # Two forwards before one backward: the first graph still holds its outputs, so the
     # second may not reuse their memory; after backward the memory is reused.
     factory = lambda: nn.Sequential(  # noqa: E731
-        nn.Conv1d(2, 4, 3), nn.ReLU(), nn.BatchNorm1d(4), nn.Flatten(), nn.Linear(4 * 5, 6), nn.ReLU(), nn.Linear(6, 3))
+        nn.Conv1d(2, 4, 3), nn.ReLU(), nn.BatchNorm1d(4), nn.Flatten(), nn.Linear(4 * 5, 6), nn.ReLU(), nn.Linear(6, 3)
+    )
     arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
     x1, x2 = (torch.randn(len(SEEDS), N, 2, 7, dtype=torch.float64) for _ in range(2))
     out1 = arr(x1)

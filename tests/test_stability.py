@@ -42,8 +42,10 @@ def tiny_config(tmp_path):
 
 
 def mlp_config(**changes):
-    config = ResolvedConfig.from_yaml("model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\n"
-                                      "optimizer: sgd\nhparams: {lr: 0.05}\nepochs: 2\ndata: {batch_size: 20}\n")
+    config = ResolvedConfig.from_yaml(
+        "model: mlp\nmodel_config: {width: 8, depth: 1}\ndataset: digits\n"
+        "optimizer: sgd\nhparams: {lr: 0.05}\nepochs: 2\ndata: {batch_size: 20}\n"
+    )
     return dataclasses.replace(config, **changes)
 
 
@@ -85,7 +87,9 @@ def test_vary_data_keeps_initial_weights_equal_across_slots_and_changes_only_the
     config = mlp_config()
     data = synthetic_dataset(n_train=40, shape=(64,), classes=10)
     plans = plan(4, vary=("data",))
-    factory = resolve_model(config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes)
+    factory = resolve_model(
+        config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes
+    )
     array = ModelArray.from_factory(factory, [p.seeds["init"] for p in plans], dtype=torch.float64)
     first = array.slot_state_dict(0)
     for slot in range(1, 4):
@@ -108,7 +112,16 @@ def test_every_slot_ends_as_if_trained_alone():
 
 
 def test_diverged_seeds_are_counted_not_dropped(tmp_path):
-    config = mlp_config(hparams={"lr": 1e20, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False, "maximize": False})
+    config = mlp_config(
+        hparams={
+            "lr": 1e20,
+            "momentum": 0.0,
+            "dampening": 0.0,
+            "weight_decay": 0.0,
+            "nesterov": False,
+            "maximize": False,
+        }
+    )
     storage, location = open_storage(str(tmp_path / "s.journal"))
     result, _ = run_stability([LabelledConfig("hot", config)], n_seeds=3, storage=storage, storage_location=location)
     assert len(result.seeds) == 3
@@ -123,8 +136,13 @@ def test_a_rerun_reuses_stored_seeds_and_trains_only_new_ones(tmp_path):
     storage, location = open_storage(str(tmp_path / "s.journal"))
     first, _ = run_stability([LabelledConfig("m", config)], n_seeds=3, storage=storage, storage_location=location)
     events = []
-    second, _ = run_stability([LabelledConfig("m", config)], n_seeds=4, storage=storage, storage_location=location,
-                              on_event=lambda kind, info: events.append((kind, info)))
+    second, _ = run_stability(
+        [LabelledConfig("m", config)],
+        n_seeds=4,
+        storage=storage,
+        storage_location=location,
+        on_event=lambda kind, info: events.append((kind, info)),
+    )
     assert second.metadata["reused_seeds"] == 3
     assert [info["size"] for kind, info in events if kind == "array"] == [1]
     assert second.seeds["test_acc"].tolist()[:3] == first.seeds["test_acc"].tolist()
@@ -156,8 +174,12 @@ def test_protocol_metadata_records_what_reproduces_the_run():
 
 # ------------------------------------------------------------------ configs
 def test_a_space_file_with_params_gives_the_same_config_as_resolve():
-    values = ["training.optimizer.lr=3e-3", "training.optimizer.weight_decay=1e-4",
-              "model.config.channels=[32, 32]", "model.config.kernel_size=5"]
+    values = [
+        "training.optimizer.lr=3e-3",
+        "training.optimizer.weight_decay=1e-4",
+        "model.config.channels=[32, 32]",
+        "model.config.kernel_size=5",
+    ]
     config = load_config(SHIPPED_SPACES["mnist1d_cnn"], parse_params(values))
     assert config.hparams["lr"] == 3e-3 and config.model_config["channels"] == [32, 32]
 
@@ -195,6 +217,7 @@ def test_stability_command_writes_every_format_and_stores_the_seeds(tmp_path, ti
     study = optuna.load_study(study_name=name, storage=storage)
     assert len(study.trials) == 4
     from optuna.artifacts import get_all_artifact_meta
+
     assert [m.filename for m in get_all_artifact_meta(study)] == ["report.html"]
     assert summary["dashboard"].startswith(f"optuna-dashboard {journal}")
 
@@ -204,7 +227,9 @@ def test_stability_command_writes_every_format_and_stores_the_seeds(tmp_path, ti
     from_folder = cli("report", out, "--format", "md,json", "--json")
     assert from_folder.exit_code == 0, from_folder.output
     assert json.loads(from_folder.output)["configs"][0]["mean"] == pytest.approx(row["mean"], rel=1e-12)
-    from_study = cli("report", "--study", name, "--storage", journal, "--out", tmp_path / "again", "--format", "csv", "--json")
+    from_study = cli(
+        "report", "--study", name, "--storage", journal, "--out", tmp_path / "again", "--format", "csv", "--json"
+    )
     assert from_study.exit_code == 0, from_study.output
     assert json.loads(from_study.output)["configs"][0]["mean"] == pytest.approx(row["mean"], rel=1e-12)
 
@@ -212,8 +237,23 @@ def test_stability_command_writes_every_format_and_stores_the_seeds(tmp_path, ti
 def test_compare_two_configs_reports_the_comparison(tmp_path, tiny_config):
     other = tmp_path / "slow.yaml"
     other.write_text(TINY.replace("lr: 0.01", "lr: 0.001"))
-    result = cli("stability", "compare", tiny_config, other, "--seeds", 4, "--out", tmp_path / "cmp",
-                 "--storage", tmp_path / "s.journal", "--format", "json,md", "--plot-format", "png", "--json")
+    result = cli(
+        "stability",
+        "compare",
+        tiny_config,
+        other,
+        "--seeds",
+        4,
+        "--out",
+        tmp_path / "cmp",
+        "--storage",
+        tmp_path / "s.journal",
+        "--format",
+        "json,md",
+        "--plot-format",
+        "png",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     (comparison,) = json.loads(result.output)["comparisons"]
     assert {comparison["a"], comparison["b"]} == {"tiny", "slow"}
@@ -221,17 +261,49 @@ def test_compare_two_configs_reports_the_comparison(tmp_path, tiny_config):
 
 
 def test_decompose_reports_a_share_per_source(tmp_path, tiny_config):
-    result = cli("stability", tiny_config, "--seeds", 3, "--vary", "init,data", "--decompose", "--out", tmp_path / "d",
-                 "--storage", tmp_path / "s.journal", "--format", "json", "--plot-format", "png", "--json")
+    result = cli(
+        "stability",
+        tiny_config,
+        "--seeds",
+        3,
+        "--vary",
+        "init,data",
+        "--decompose",
+        "--out",
+        tmp_path / "d",
+        "--storage",
+        tmp_path / "s.journal",
+        "--format",
+        "json",
+        "--plot-format",
+        "png",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     sources = {row["source"] for row in json.loads(result.output)["decomposition"]}
     assert {"init", "data"} <= sources
 
 
 def test_decompose_grid_reports_init_data_and_their_interaction(tmp_path, tiny_config):
-    result = cli("stability", tiny_config, "--seeds", 4, "--vary", "init,data", "--out", tmp_path / "g",
-                 "--storage", tmp_path / "s.journal", "--format", "json,md", "--plot-format", "png", "--json",
-                 "--decompose", "grid")
+    result = cli(
+        "stability",
+        tiny_config,
+        "--seeds",
+        4,
+        "--vary",
+        "init,data",
+        "--out",
+        tmp_path / "g",
+        "--storage",
+        tmp_path / "s.journal",
+        "--format",
+        "json,md",
+        "--plot-format",
+        "png",
+        "--json",
+        "--decompose",
+        "grid",
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)["decomposition"]
     assert {row["method"] for row in rows} == {"grid"}
@@ -241,8 +313,9 @@ def test_decompose_grid_reports_init_data_and_their_interaction(tmp_path, tiny_c
 
 
 def test_a_single_varied_source_cannot_be_decomposed(tmp_path, tiny_config):
-    result = cli("stability", tiny_config, "--seeds", 2, "--vary", "data", "--decompose", "--storage",
-                 tmp_path / "s.journal")
+    result = cli(
+        "stability", tiny_config, "--seeds", 2, "--vary", "data", "--decompose", "--storage", tmp_path / "s.journal"
+    )
     assert result.exit_code == 2 and "vary at least two" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "s.journal").exists() or "stability:" not in (tmp_path / "s.journal").read_text()
 
@@ -253,12 +326,29 @@ def test_top_k_trials_of_a_search_are_rerun_across_seeds(tmp_path):
         "study: {name: tiny-search}\nbudget: {n_trials: 3}\narray: {size: 3}\n"
         "data: {dataset: digits, batch_size: 50}\ntraining: {epochs: 1, optimizer: {name: adam}}\n"
         "model: {family: mlp, config: {width: 8, depth: 1}}\n"
-        "params:\n  training.optimizer.lr: {distribution: log_uniform, min: 1.0e-3, max: 1.0e-1}\n")
+        "params:\n  training.optimizer.lr: {distribution: log_uniform, min: 1.0e-3, max: 1.0e-1}\n"
+    )
     journal = tmp_path / "s.journal"
     searched = cli("search", space, "--storage", journal, "--out", tmp_path / "best", "--json")
     assert searched.exit_code == 0, searched.output
-    result = cli("stability", "--study", "tiny-search", "--top-k", 2, "--storage", journal, "--seeds", 3,
-                 "--out", tmp_path / "top", "--format", "json", "--plot-format", "png", "--json")
+    result = cli(
+        "stability",
+        "--study",
+        "tiny-search",
+        "--top-k",
+        2,
+        "--storage",
+        journal,
+        "--seeds",
+        3,
+        "--out",
+        tmp_path / "top",
+        "--format",
+        "json",
+        "--plot-format",
+        "png",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert len(summary["configs"]) == 2 and all(c["config"].startswith("trial ") for c in summary["configs"])
@@ -271,25 +361,44 @@ def test_the_exported_best_config_is_accepted(tmp_path):
         "study: {name: tiny-export}\nbudget: {n_trials: 2}\narray: {size: 2}\n"
         "data: {dataset: digits, batch_size: 50}\ntraining: {epochs: 1, optimizer: {name: adam}}\n"
         "model: {family: mlp, config: {width: 8, depth: 1}}\n"
-        "params:\n  training.optimizer.lr: {distribution: log_uniform, min: 1.0e-3, max: 1.0e-1}\n")
+        "params:\n  training.optimizer.lr: {distribution: log_uniform, min: 1.0e-3, max: 1.0e-1}\n"
+    )
     searched = cli("search", space, "--storage", tmp_path / "s.journal", "--out", tmp_path / "best", "--json")
     assert searched.exit_code == 0, searched.output
     exported = json.loads(searched.output)["exported"]["config"]
-    result = cli("stability", exported, "--seeds", 2, "--storage", tmp_path / "s.journal", "--out", tmp_path / "r",
-                 "--format", "csv", "--plot-format", "png", "--json")
+    result = cli(
+        "stability",
+        exported,
+        "--seeds",
+        2,
+        "--storage",
+        tmp_path / "s.journal",
+        "--out",
+        tmp_path / "r",
+        "--format",
+        "csv",
+        "--plot-format",
+        "png",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--seeds", "0"], "--seeds must be an integer from 1 to 100,000"),
-    (["--vary", "weights"], "--vary takes"),
-    (["--format", "pdf"], "expected a comma-separated subset of html, md, csv, json, tex"),
-    (["--storage", "postgresql://nobody@127.0.0.1:1/x"], "cannot open storage"),
-    (["--device", "tpu"], "unknown device"),
-    (["--array-size", "0"], "--array-size must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--seeds", "0"], "--seeds must be an integer from 1 to 100,000"),
+        (["--vary", "weights"], "--vary takes"),
+        (["--format", "pdf"], "expected a comma-separated subset of html, md, csv, json, tex"),
+        (["--storage", "postgresql://nobody@127.0.0.1:1/x"], "cannot open storage"),
+        (["--device", "tpu"], "unknown device"),
+        (["--array-size", "0"], "--array-size must be a positive integer"),
+    ],
+)
 def test_stability_user_errors_exit_2_without_traceback(tmp_path, tiny_config, args, message):
-    result = cli("stability", tiny_config, "--seeds", 2, "--out", tmp_path / "r", "--storage", tmp_path / "s.journal", *args)
+    result = cli(
+        "stability", tiny_config, "--seeds", 2, "--out", tmp_path / "r", "--storage", tmp_path / "s.journal", *args
+    )
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
 
@@ -321,8 +430,12 @@ def test_an_array_killed_mid_training_continues_from_its_last_epoch_bit_identica
     monkeypatch.setenv("HFTA_NAS_CHECKPOINT", checkpoints)
     config = dataclasses.replace(mlp_config(), epochs=5)
     labelled = [LabelledConfig("m", config)]
-    reference, _ = run_stability(labelled, n_seeds=3, storage=open_storage(str(tmp_path / "ref.journal"))[0],
-                                 storage_location=str(tmp_path / "ref.journal"))
+    reference, _ = run_stability(
+        labelled,
+        n_seeds=3,
+        storage=open_storage(str(tmp_path / "ref.journal"))[0],
+        storage_location=str(tmp_path / "ref.journal"),
+    )
 
     storage, location = open_storage(str(tmp_path / "s.journal"))
 
@@ -332,13 +445,20 @@ def test_an_array_killed_mid_training_continues_from_its_last_epoch_bit_identica
 
     with pytest.raises(_Killed):
         run_stability(labelled, n_seeds=3, storage=storage, storage_location=location, on_event=kill_in_epoch_4)
-    study_name = next(s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name.startswith("stability:"))
+    study_name = next(
+        s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name.startswith("stability:")
+    )
     folder = tmp_path / "checkpoints"
     assert len(list(folder.rglob("*.pt"))) == (1 if checkpoints == "on" else 0)
 
     epochs = []
-    resumed, _ = run_stability(labelled, n_seeds=3, storage=storage, storage_location=location,
-                               on_event=lambda kind, info: epochs.append(info["epoch"]) if kind == "epoch" else None)
+    resumed, _ = run_stability(
+        labelled,
+        n_seeds=3,
+        storage=storage,
+        storage_location=location,
+        on_event=lambda kind, info: epochs.append(info["epoch"]) if kind == "epoch" else None,
+    )
     assert epochs == ([4, 5] if checkpoints == "on" else [1, 2, 3, 4, 5])
     assert resumed.metadata["arrays"][0]["resumed_epoch"] == (3 if checkpoints == "on" else 0)
     columns = ["seed_index", "status", "epochs", "test_acc", "test_loss", "val_acc", "val_loss", "train_loss"]
@@ -354,12 +474,20 @@ def test_configs_that_fuse_train_as_one_array_of_k_x_s_slots():
     fast, slow = mlp_config(), mlp_config(hparams={**mlp_config().hparams, "lr": 0.01})
     wider = dataclasses.replace(mlp_config(), model_config={"width": 12, "depth": 1})  # padded with the others
     adam = dataclasses.replace(mlp_config(), optimizer="adam", hparams={"lr": 1e-3})
-    labelled = [LabelledConfig("fast", fast), LabelledConfig("slow", slow), LabelledConfig("wider", wider),
-                LabelledConfig("adam", adam)]
+    labelled = [
+        LabelledConfig("fast", fast),
+        LabelledConfig("slow", slow),
+        LabelledConfig("wider", wider),
+        LabelledConfig("adam", adam),
+    ]
     events = []
-    fused, _ = run_stability(labelled, n_seeds=3, dtype="float64", on_event=lambda kind, info: events.append((kind, info)))
+    fused, _ = run_stability(
+        labelled, n_seeds=3, dtype="float64", on_event=lambda kind, info: events.append((kind, info))
+    )
     assert [(info["label"], info["size"]) for kind, info in events if kind == "array"] == [
-        ("fast, slow, wider", 9), ("adam", 3)]
+        ("fast, slow, wider", 9),
+        ("adam", 3),
+    ]
     for item in labelled:  # each equals its own array: slots are independent
         alone, _ = run_stability([item], n_seeds=3, dtype="float64")
         mine = fused.seeds[fused.seeds["config"] == item.label]
@@ -370,9 +498,25 @@ def test_configs_that_fuse_train_as_one_array_of_k_x_s_slots():
 def test_the_readme_worked_example_runs(tmp_path):
     """`hfta-nas stability compare examples/adam_vs_sgd/adam.yaml examples/adam_vs_sgd/sgd.yaml` (2 seeds here)."""
     root = Path(__file__).resolve().parents[1]
-    result = cli("stability", "compare", root / "examples/adam_vs_sgd/adam.yaml", root / "examples/adam_vs_sgd/sgd.yaml",
-                 "--seeds", 2, "--threads", 1, "--storage", tmp_path / "s.journal", "--out", tmp_path / "r",
-                 "--format", "json", "--plot-format", "png", "--json")
+    result = cli(
+        "stability",
+        "compare",
+        root / "examples/adam_vs_sgd/adam.yaml",
+        root / "examples/adam_vs_sgd/sgd.yaml",
+        "--seeds",
+        2,
+        "--threads",
+        1,
+        "--storage",
+        tmp_path / "s.journal",
+        "--out",
+        tmp_path / "r",
+        "--format",
+        "json",
+        "--plot-format",
+        "png",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert [row["config"] for row in summary["configs"]] == ["adam", "sgd"]
@@ -381,8 +525,24 @@ def test_the_readme_worked_example_runs(tmp_path):
 
 
 def test_vary_split_redraws_each_seeds_train_validation_partition(tmp_path, tiny_config):
-    result = cli("stability", tiny_config, "--seeds", 3, "--vary", "init,split", "--decompose", "--out", tmp_path / "s",
-                 "--storage", tmp_path / "s.journal", "--format", "csv,json", "--plot-format", "png", "--json")
+    result = cli(
+        "stability",
+        tiny_config,
+        "--seeds",
+        3,
+        "--vary",
+        "init,split",
+        "--decompose",
+        "--out",
+        tmp_path / "s",
+        "--storage",
+        tmp_path / "s.journal",
+        "--format",
+        "csv,json",
+        "--plot-format",
+        "png",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     seeds = pd.read_csv(tmp_path / "s" / "seeds.csv")
     main_design = seeds[seeds["design"] == "all"]
@@ -399,8 +559,13 @@ def test_vary_split_without_validation_data_is_refused_before_anything_is_stored
 
     config = mlp_config(data={**mlp_config().data, "val_fraction": 0.0})
     with pytest.raises(HftaNasError, match="--vary split re-draws the train/validation split"):
-        run_study(LabelledConfig("noval", config), seeds=2, vary="split", storage=str(tmp_path / "s.journal"),
-                  out_dir=tmp_path / "out")
+        run_study(
+            LabelledConfig("noval", config),
+            seeds=2,
+            vary="split",
+            storage=str(tmp_path / "s.journal"),
+            out_dir=tmp_path / "out",
+        )
     assert not (tmp_path / "s.journal").exists() and not (tmp_path / "out").exists()
 
 

@@ -27,21 +27,46 @@ def synthetic_result(decompose: bool = False, failed: int = 1) -> StabilityResul
         for design in designs:
             for index in range(8):
                 status = "failed" if design == "all" and config == "A" and index < failed else "completed"
-                row = {"config": config, "seed_index": index, "design": design, "seed_init": 100 + index,
-                       "seed_data": 200 + index, "seed_dropout": 300, "status": status,
-                       "reason": "diverged: loss is nan" if status == "failed" else "", "epochs": 3}
+                row = {
+                    "config": config,
+                    "seed_index": index,
+                    "design": design,
+                    "seed_init": 100 + index,
+                    "seed_data": 200 + index,
+                    "seed_dropout": 300,
+                    "status": status,
+                    "reason": "diverged: loss is nan" if status == "failed" else "",
+                    "epochs": 3,
+                }
                 for metric in METRICS:
                     value = centre + rng.normal(0, 0.01) if metric.endswith("_acc") else 0.5 + rng.normal(0, 0.05)
                     row[metric] = np.nan if status == "failed" else value
                 seeds.append(row)
                 for epoch in (1, 2, 3):
                     for metric in METRICS:
-                        curves.append({"config": config, "design": design, "seed_index": index, "epoch": epoch,
-                                       "metric": metric, "value": row[metric] if status == "completed" else np.nan})
-    metadata = {"command": "hfta-nas stability compare a.yaml b.yaml --seeds 8", "n_seeds": 8, "n_test": 1000,
-                "vary": ["init", "data", "dropout"], "device": "cpu", "dtype": "float32", "bootstrap_seed": 3,
-                "configs": {"A": {}, "B_wide": {}}, "seeds_per_source": {"init": list(range(100, 108))},
-                "versions": {"torch": "x"}, "determinism": {"torch_threads": 1}}
+                        curves.append(
+                            {
+                                "config": config,
+                                "design": design,
+                                "seed_index": index,
+                                "epoch": epoch,
+                                "metric": metric,
+                                "value": row[metric] if status == "completed" else np.nan,
+                            }
+                        )
+    metadata = {
+        "command": "hfta-nas stability compare a.yaml b.yaml --seeds 8",
+        "n_seeds": 8,
+        "n_test": 1000,
+        "vary": ["init", "data", "dropout"],
+        "device": "cpu",
+        "dtype": "float32",
+        "bootstrap_seed": 3,
+        "configs": {"A": {}, "B_wide": {}},
+        "seeds_per_source": {"init": list(range(100, 108))},
+        "versions": {"torch": "x"},
+        "determinism": {"torch_threads": 1},
+    }
     return StabilityResult(pd.DataFrame(seeds), pd.DataFrame(curves), metadata)
 
 
@@ -104,8 +129,15 @@ def test_markdown_and_html_show_the_same_sections(written):
     _, _, out, _ = written
     markdown = (out / "report.md").read_text()
     page = (out / "report.html").read_text()
-    for heading in ("Protocol", "Distribution over seeds", "Comparisons", "Ranking with intervals", "Power",
-                    "Sources of variance", "Failed seeds (1 of 48)"):
+    for heading in (
+        "Protocol",
+        "Distribution over seeds",
+        "Comparisons",
+        "Ranking with intervals",
+        "Power",
+        "Sources of variance",
+        "Failed seeds (1 of 48)",
+    ):
         assert f"## {heading}" in markdown
         assert f"<h2>{heading}</h2>" in page
     assert "](plots/distribution.png)" in markdown
@@ -142,10 +174,12 @@ def test_latex_tables_fit_the_page_and_are_plain_ascii(written, tmp_path):
     assert "$\\pm$" in tex
     if shutil.which("pdflatex") is None:
         return
-    (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage{booktabs,graphicx}\\begin{document}\n"
-                                      f"{tex}\n\\end{{document}}\n")
-    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "doc.tex"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    (tmp_path / "doc.tex").write_text(
+        f"\\documentclass{{article}}\\usepackage{{booktabs,graphicx}}\\begin{{document}}\n{tex}\n\\end{{document}}\n"
+    )
+    done = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "doc.tex"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout[-2000:]
 
 
@@ -165,8 +199,11 @@ def test_a_result_file_cut_short_is_refused_not_reported_empty(tmp_path, file, c
     synthetic_result().save(tmp_path)
     text = (tmp_path / file).read_text()
     lines = text.splitlines(keepends=True)
-    kept = {"half": "".join(lines[: len(lines) // 2]), "header only": lines[0],
-            "mid-row": "".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 3]}[cut]
+    kept = {
+        "half": "".join(lines[: len(lines) // 2]),
+        "header only": lines[0],
+        "mid-row": "".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 3],
+    }[cut]
     (tmp_path / file).write_text(kept)
     with pytest.raises(HftaNasError, match=f"{file}' (holds|lacks)"):
         StabilityResult.load(tmp_path)
@@ -174,9 +211,12 @@ def test_a_result_file_cut_short_is_refused_not_reported_empty(tmp_path, file, c
 
 def test_a_single_config_without_decomposition_skips_what_it_cannot_show(tmp_path):
     result = synthetic_result(failed=0)
-    only_a = StabilityResult(result.seeds[result.seeds["config"] == "A"], result.curves[result.curves["config"] == "A"],
-                             result.metadata)
-    files = write_report(only_a, analyse(only_a, n_resamples=200), tmp_path, formats=("md", "csv"), plot_formats=("png",))
+    only_a = StabilityResult(
+        result.seeds[result.seeds["config"] == "A"], result.curves[result.curves["config"] == "A"], result.metadata
+    )
+    files = write_report(
+        only_a, analyse(only_a, n_resamples=200), tmp_path, formats=("md", "csv"), plot_formats=("png",)
+    )
     names = {p.name for p in files["plots"]}
     assert names == {"distribution.png", "ecdf.png", "curves.png"}
     markdown = (tmp_path / "report.md").read_text()
@@ -186,8 +226,9 @@ def test_a_single_config_without_decomposition_skips_what_it_cannot_show(tmp_pat
 
 def test_every_seed_failed_still_gives_a_report(tmp_path):
     result = synthetic_result(failed=8)
-    only_a = StabilityResult(result.seeds[result.seeds["config"] == "A"], result.curves[result.curves["config"] == "A"],
-                             result.metadata)
+    only_a = StabilityResult(
+        result.seeds[result.seeds["config"] == "A"], result.curves[result.curves["config"] == "A"], result.metadata
+    )
     files = write_report(only_a, analyse(only_a, n_resamples=200), tmp_path, formats=("json", "html"))
     assert "plots" not in files  # nothing completed: no distribution to draw
     document = json.loads((tmp_path / "report.json").read_text())
@@ -195,10 +236,13 @@ def test_every_seed_failed_still_gives_a_report(tmp_path):
     assert "Failed seeds (8 of 8)" in (tmp_path / "report.html").read_text()
 
 
-@pytest.mark.parametrize("formats,plot_formats,message", [
-    (("pdf",), ("png",), "--format: unknown 'pdf'; expected a comma-separated subset of html, md, csv, json, tex"),
-    (("md",), ("jpg",), "--plot-format: unknown 'jpg'"),
-])
+@pytest.mark.parametrize(
+    "formats,plot_formats,message",
+    [
+        (("pdf",), ("png",), "--format: unknown 'pdf'; expected a comma-separated subset of html, md, csv, json, tex"),
+        (("md",), ("jpg",), "--plot-format: unknown 'jpg'"),
+    ],
+)
 def test_unknown_formats_are_refused(tmp_path, formats, plot_formats, message):
     result = synthetic_result()
     with pytest.raises(HftaNasError, match=re.escape(message)):

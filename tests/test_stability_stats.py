@@ -62,12 +62,29 @@ def test_summarize_matches_scipy_and_numpy(no_warnings):
     shapiro = stats.shapiro(x)
     floor = math.sqrt(mean * (1 - mean) / 1000)
     expected = {
-        "n": 25, "n_failed": 2, "mean": mean, "std": std, "sem": std / 5, "ci_t_low": t_low, "ci_t_high": t_high,
-        "ci_bca_low": boot.confidence_interval.low, "ci_bca_high": boot.confidence_interval.high,
-        "median": med, "q1": q1, "q3": q3, "iqr": stats.iqr(x), "iqm": stats.trim_mean(x, 0.25),
-        "min": x.min(), "max": x.max(), "range": x.max() - x.min(), "cv": std / mean,
-        "normality_stat": shapiro.statistic, "normality_p": shapiro.pvalue, "n_outliers": 1,
-        "noise_floor_std": floor, "variance_ratio": std**2 / floor**2,
+        "n": 25,
+        "n_failed": 2,
+        "mean": mean,
+        "std": std,
+        "sem": std / 5,
+        "ci_t_low": t_low,
+        "ci_t_high": t_high,
+        "ci_bca_low": boot.confidence_interval.low,
+        "ci_bca_high": boot.confidence_interval.high,
+        "median": med,
+        "q1": q1,
+        "q3": q3,
+        "iqr": stats.iqr(x),
+        "iqm": stats.trim_mean(x, 0.25),
+        "min": x.min(),
+        "max": x.max(),
+        "range": x.max() - x.min(),
+        "cv": std / mean,
+        "normality_stat": shapiro.statistic,
+        "normality_p": shapiro.pvalue,
+        "n_outliers": 1,
+        "noise_floor_std": floor,
+        "variance_ratio": std**2 / floor**2,
     }
     for key, value in expected.items():
         assert close(row[key], value), key
@@ -124,8 +141,11 @@ def test_expected_best_of_k_is_exact():
 def test_compare_matches_scipy(no_warnings):
     a, b = sample(12, seed=1), sample(15, seed=2) - 0.005
     row = _stats.compare(a, b, bootstrap_seed=5)
-    assert list(row) == [c for c in COMPARISON_COLUMNS
-                         if c not in ("metric", "a", "b", "better", "welch_p_holm", "mwu_p_holm", "aso_confidence")]
+    assert list(row) == [
+        c
+        for c in COMPARISON_COLUMNS
+        if c not in ("metric", "a", "b", "better", "welch_p_holm", "mwu_p_holm", "aso_confidence")
+    ]
     welch = stats.ttest_ind(a, b, equal_var=False)
     mwu = stats.mannwhitneyu(a, b, alternative="two-sided")
     pooled = math.sqrt((11 * a.var(ddof=1) + 14 * b.var(ddof=1)) / 25)
@@ -175,8 +195,10 @@ def test_newcombe_interval_solves_its_score_equation_and_survives_separation():
 def test_newcombe_interval_holds_its_level_on_a_shift():
     rng = np.random.default_rng(0)
     truth = stats.norm.cdf(0.5 / math.sqrt(2))  # P(A > B) for A ~ N(0.5, 1), B ~ N(0, 1)
-    hits = [low <= truth <= high for low, high in
-            (_stats.prob_greater_interval(rng.normal(0.5, 1, 8), rng.normal(0, 1, 8)) for _ in range(400))]
+    hits = [
+        low <= truth <= high
+        for low, high in (_stats.prob_greater_interval(rng.normal(0.5, 1, 8), rng.normal(0, 1, 8)) for _ in range(400))
+    ]
     assert 0.91 <= np.mean(hits) <= 0.99
 
 
@@ -231,8 +253,10 @@ ASO_REFERENCE = {  # name: (ratio, default, fine)
 def aso_pairs():
     b = np.random.default_rng(2).standard_normal(20)
     pairs = {f"shift{s}": (np.random.default_rng(1).standard_normal(20) + s, b) for s in (0.0, 0.5, 1.0)}
-    pairs["unequal"] = (np.random.default_rng(3).standard_normal(15) + 0.5,
-                        np.random.default_rng(4).standard_normal(25))
+    pairs["unequal"] = (
+        np.random.default_rng(3).standard_normal(15) + 0.5,
+        np.random.default_rng(4).standard_normal(25),
+    )
     pairs["dominating"], pairs["dominated"] = (b + 10.0, b), (b - 10.0, b)
     return pairs
 
@@ -289,8 +313,10 @@ def test_holm_properties(p):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=20),
-       st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=20))
+@given(
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=20),
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=20),
+)
 def test_best_of_k_and_violation_ratio_properties(a, b):
     best = list(_stats.best_of_k(a).values())
     assert all(later >= earlier - 1e-9 * (1 + abs(earlier)) for earlier, later in zip(best, best[1:]))
@@ -410,16 +436,38 @@ def hand_built_result(decompose=True):
             failed = (config, design, i) == ("A", "all", 2)
             final = {m: np.nan for m in METRICS}
             if not failed:
-                final.update(test_acc=0.9 + shift + rng.normal(0, 0.01), test_loss=0.3 - shift + rng.normal(0, 0.02),
-                             train_acc=0.95 + shift + rng.normal(0, 0.01), train_loss=0.2 + rng.normal(0, 0.02))
-            seeds.append({"config": config, "seed_index": i, "design": design,
-                          "seed_init": 100 + i, "seed_data": 200 + i, "seed_dropout": 300,
-                          "status": "failed" if failed else "completed",
-                          "reason": "loss is nan" if failed else "", "epochs": 2 if failed else 3, **final})
+                final.update(
+                    test_acc=0.9 + shift + rng.normal(0, 0.01),
+                    test_loss=0.3 - shift + rng.normal(0, 0.02),
+                    train_acc=0.95 + shift + rng.normal(0, 0.01),
+                    train_loss=0.2 + rng.normal(0, 0.02),
+                )
+            seeds.append(
+                {
+                    "config": config,
+                    "seed_index": i,
+                    "design": design,
+                    "seed_init": 100 + i,
+                    "seed_data": 200 + i,
+                    "seed_dropout": 300,
+                    "status": "failed" if failed else "completed",
+                    "reason": "loss is nan" if failed else "",
+                    "epochs": 2 if failed else 3,
+                    **final,
+                }
+            )
             for epoch in range(1, (2 if failed else 3) + 1):
                 for metric in ("test_acc", "test_loss"):
-                    curves.append({"config": config, "design": design, "seed_index": i, "epoch": epoch,
-                                   "metric": metric, "value": 0.5 + 0.1 * epoch + rng.normal(0, 0.01)})
+                    curves.append(
+                        {
+                            "config": config,
+                            "design": design,
+                            "seed_index": i,
+                            "epoch": epoch,
+                            "metric": metric,
+                            "value": 0.5 + 0.1 * epoch + rng.normal(0, 0.01),
+                        }
+                    )
     seeds = pd.DataFrame(seeds, columns=[*SEED_COLUMNS, *METRICS])
     curves = pd.DataFrame(curves, columns=list(CURVE_COLUMNS))
     return StabilityResult(seeds, curves, {"n_test": 2000, "bootstrap_seed": 4})
@@ -486,8 +534,12 @@ def test_analyse_comparisons_ranking_power(analysed):
     assert (acc["aso_confidence"] == 1 - 0.05 / 3).all() and (acc["better"] == "higher").all()
     assert (an.comparisons.query("metric == 'test_loss'")["better"] == "lower").all()
     main = result.seeds.query("design == 'all' and status == 'completed'")
-    direct = _stats.compare(main.query("config == 'A'")["test_acc"], main.query("config == 'B'")["test_acc"],
-                            bootstrap_seed=4, aso_confidence=1 - 0.05 / 3)
+    direct = _stats.compare(
+        main.query("config == 'A'")["test_acc"],
+        main.query("config == 'B'")["test_acc"],
+        bootstrap_seed=4,
+        aso_confidence=1 - 0.05 / 3,
+    )
     for key, value in direct.items():
         assert close(acc.iloc[0][key], value), key
     for metric, best_first in (("test_acc", False), ("test_loss", True)):

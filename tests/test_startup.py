@@ -36,7 +36,8 @@ def loaded_after(code: str, cwd: Path = ROOT) -> dict:
 def run_cli(*args: str, cwd: Path = ROOT) -> dict:
     """`hfta-nas ARGS` in a fresh interpreter (cli.main as the console script runs it): exit code, stdout,
     stderr and the modules loaded."""
-    return loaded_after(f"""
+    return loaded_after(
+        f"""
         import contextlib, io
         from cli import main
         out, err = io.StringIO(), io.StringIO()
@@ -47,7 +48,9 @@ def run_cli(*args: str, cwd: Path = ROOT) -> dict:
             except SystemExit as exit:
                 code = exit.code
         result = {{"code": code, "output": out.getvalue(), "errors": err.getvalue()}}
-    """, cwd=cwd)
+    """,
+        cwd=cwd,
+    )
 
 
 def present(modules: list[str], roots: tuple[str, ...]) -> list[str]:
@@ -56,8 +59,16 @@ def present(modules: list[str], roots: tuple[str, ...]) -> list[str]:
 
 
 # `bench` is not here: its --help is the benchmark script's own (argparse), which imports torch.
-HELPS = [(), ("train",), ("search",), ("dashboard",), ("stability",), ("stability", "run"), ("stability", "compare"),
-         ("report",)]
+HELPS = [
+    (),
+    ("train",),
+    ("search",),
+    ("dashboard",),
+    ("stability",),
+    ("stability", "run"),
+    ("stability", "compare"),
+    ("report",),
+]
 
 
 @pytest.mark.parametrize("command", HELPS, ids=lambda c: " ".join(c) or "hfta-nas")
@@ -109,8 +120,21 @@ def test_search_dry_run_imports_no_statistics_or_plots(tmp_path):
 
     load_dataset("mnist1d")  # generated once into the session's cache: generating it imports mnist1d's plotting
     space = ROOT / "search_spaces" / "mnist1d_cnn.yaml"
-    done = run_cli("search", str(space), "--dry-run", "--json", "--storage", str(tmp_path / "s.journal"),
-                   "--n-trials", "2", "--set", "training.epochs=1", "--set", "array.size=2", cwd=tmp_path)
+    done = run_cli(
+        "search",
+        str(space),
+        "--dry-run",
+        "--json",
+        "--storage",
+        str(tmp_path / "s.journal"),
+        "--n-trials",
+        "2",
+        "--set",
+        "training.epochs=1",
+        "--set",
+        "array.size=2",
+        cwd=tmp_path,
+    )
     assert done["result"]["code"] == 0, done["result"]["output"]
     assert sum(len(a["trials"]) for a in json.loads(done["result"]["output"])["arrays"]) == 2
     assert present(done["modules"], ("stability", *STATS_AND_PLOTS)) == []

@@ -44,8 +44,17 @@ def test_costs_round_trip_through_their_dicts():
 def test_a_measured_curve_stops_doubling_past_its_knee_and_keeps_the_global_random_state():
     factory = model_factory("mlp", {"depth": 1, "width": 8}, input_shape=(4,), num_classes=3)
     before = torch.random.get_rng_state()
-    curve = measure_step_cost(factory, 100, input_shape=(4,), num_classes=3, batch_size=8, dtype=torch.float32,
-                              optimizer="sgd", device=torch.device("cpu"), slots=4)
+    curve = measure_step_cost(
+        factory,
+        100,
+        input_shape=(4,),
+        num_classes=3,
+        batch_size=8,
+        dtype=torch.float32,
+        optimizer="sgd",
+        device=torch.device("cpu"),
+        slots=4,
+    )
     assert torch.equal(torch.random.get_rng_state(), before)
     assert curve.sizes[0] == 1 and list(curve.sizes) == sorted(curve.sizes) and curve.sizes[-1] <= 4
     assert all(s > 0 for s in curve.step_s) and 0.0 <= curve.fixed_share <= 1.0 and curve.array_s > 0

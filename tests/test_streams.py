@@ -44,7 +44,8 @@ def module(tmp_path, monkeypatch, arrays):
         "def items():\n"
         "    return Items()\n"
         "def dict_items():\n"
-        "    return Items(dict_inputs=True)\n")
+        "    return Items(dict_inputs=True)\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     yield sys.modules.get("my_data")
@@ -77,8 +78,16 @@ def test_streamed_sources_train_exactly_as_the_data_in_memory(module, arrays, tm
     runs = {}
     for name, source in (("memory", str(tmp_path / "arrays.npz")), ("npy", str(folder)), ("dataset", "my_data:items")):
         data = load_dataset(source, dtype=torch.float64)
-        runs[name] = hfta_nas.train("cnn1d", model_config={"channels": [4]}, dataset=data, seeds=SEEDS, epochs=2,
-                                    batch_size=16, dtype="float64", shared_order=shared)
+        runs[name] = hfta_nas.train(
+            "cnn1d",
+            model_config={"channels": [4]},
+            dataset=data,
+            seeds=SEEDS,
+            epochs=2,
+            batch_size=16,
+            dtype="float64",
+            shared_order=shared,
+        )
     for name in ("npy", "dataset"):
         assert [r.history for r in runs[name].results.values()] == [r.history for r in runs["memory"].results.values()]
         for slot in range(len(SEEDS)):
@@ -90,12 +99,21 @@ def test_a_shared_order_reads_each_sample_once_per_epoch(module):
     data = load_dataset("my_data:items", val_fraction=0.0, test_fraction=0.0, dtype=torch.float64)
     items = sys.modules["my_data"].Items
     before = items.reads
-    hfta_nas.train("cnn1d", model_config={"channels": [4]}, dataset=data, seeds=SEEDS, epochs=1, batch_size=16,
-                   dtype="float64", shared_order=True)
+    hfta_nas.train(
+        "cnn1d",
+        model_config={"channels": [4]},
+        dataset=data,
+        seeds=SEEDS,
+        epochs=1,
+        batch_size=16,
+        dtype="float64",
+        shared_order=True,
+    )
     assert items.reads - before == 90  # x and y of a batch read together, once for all slots
     before = items.reads
-    hfta_nas.train("cnn1d", model_config={"channels": [4]}, dataset=data, seeds=SEEDS, epochs=1, batch_size=16,
-                   dtype="float64")
+    hfta_nas.train(
+        "cnn1d", model_config={"channels": [4]}, dataset=data, seeds=SEEDS, epochs=1, batch_size=16, dtype="float64"
+    )
     assert items.reads - before == 90 * len(SEEDS)  # one order per slot: each slot's samples
 
 

@@ -58,15 +58,18 @@ def _build(digits):
         width = trial.suggest_categorical("width", [16, 32])
         depth = trial.suggest_int("depth", 1, 2)
         dropout = trial.suggest_float("dropout", 0.0, 0.3)
-        model = model_factory("mlp", {"depth": depth, "width": width, "dropout": dropout},
-                              input_shape=digits.input_shape, num_classes=10)
+        model = model_factory(
+            "mlp", {"depth": depth, "width": width, "dropout": dropout}, input_shape=digits.input_shape, num_classes=10
+        )
         return hfta_nas.Candidate(model, hparams={"lr": 1e-2}, epochs=2, batch_size=128)
+
     return build
 
 
 def _search(digits, n_trials=6, seed=0):
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed),
-                                pruner=optuna.pruners.NopPruner())
+    study = optuna.create_study(
+        direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed), pruner=optuna.pruners.NopPruner()
+    )
     return hfta_nas.optimize(study, _build(digits), digits, n_trials=n_trials, array_size=4, seed=seed)
 
 

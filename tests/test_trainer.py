@@ -24,8 +24,15 @@ def conv_bn_model():
     # No conv bias before BatchNorm: its true gradient is zero, so its float
     # noise (~1e-17) is all that adaptive optimizers would amplify.
     return nn.Sequential(
-        nn.Conv1d(2, 4, 3, padding=1, bias=False), nn.BatchNorm1d(4), nn.ReLU(), nn.MaxPool1d(2),
-        nn.Flatten(), nn.Linear(4 * 6, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, 3),
+        nn.Conv1d(2, 4, 3, padding=1, bias=False),
+        nn.BatchNorm1d(4),
+        nn.ReLU(),
+        nn.MaxPool1d(2),
+        nn.Flatten(),
+        nn.Linear(4 * 6, 8),
+        nn.LayerNorm(8),
+        nn.GELU(),
+        nn.Linear(8, 3),
     )
 
 
@@ -36,8 +43,15 @@ OPTIMIZERS = {
     "RMSprop": {"lr": [1e-3, 3e-3, 1e-2, 1e-3], "momentum": [0.0, 0.5, 0.9, 0.0]},
     "Adagrad": {"lr": [1e-2, 3e-2, 1e-1, 1e-2], "lr_decay": [0.0, 0.01, 0.1, 0.0]},
 }
-SCHEDULE = {"kind": ["step", "cosine", "exponential", "constant"], "step_size": [1, 2, 1, 1], "gamma": [0.5, 0.5, 0.8, 0.5],
-            "t_max": [3, 3, 3, 3], "eta_min": [0.0, 1e-4, 0.0, 0.0], "warmup_steps": [0, 1, 0, 2], "warmup_start_factor": [0.5, 0.2, 0.5, 0.1]}
+SCHEDULE = {
+    "kind": ["step", "cosine", "exponential", "constant"],
+    "step_size": [1, 2, 1, 1],
+    "gamma": [0.5, 0.5, 0.8, 0.5],
+    "t_max": [3, 3, 3, 3],
+    "eta_min": [0.0, 1e-4, 0.0, 0.0],
+    "warmup_steps": [0, 1, 0, 2],
+    "warmup_start_factor": [0.5, 0.2, 0.5, 0.1],
+}
 
 
 def torch_schedule(opt, slot):
@@ -61,8 +75,12 @@ def train_plain(slot, data, opt_name, hparams, dtype, factory=conv_bn_model, sch
     model = factory().to(dtype)
     opt = getattr(torch.optim, opt_name)(model.parameters(), **{k: v[slot] for k, v in hparams.items()})
     sched = torch_schedule(opt, slot) if schedule else None
-    loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=BATCH, shuffle=True,
-                        generator=torch.Generator().manual_seed(DATA_SEEDS[slot]))
+    loader = DataLoader(
+        TensorDataset(data.x_train, data.y_train),
+        batch_size=BATCH,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(DATA_SEEDS[slot]),
+    )
     for _ in range(EPOCHS):
         model.train()
         for x, y in loader:
@@ -75,7 +93,9 @@ def train_plain(slot, data, opt_name, hparams, dtype, factory=conv_bn_model, sch
     return model
 
 
-def train_array(data, opt_name, hparams, dtype, factory=conv_bn_model, schedule=True, seeds=INIT_SEEDS, data_seeds=DATA_SEEDS):
+def train_array(
+    data, opt_name, hparams, dtype, factory=conv_bn_model, schedule=True, seeds=INIT_SEEDS, data_seeds=DATA_SEEDS
+):
     arr = ModelArray.from_factory(factory, seeds=seeds, dtype=dtype)
     opt = getattr(hfta_nas.optim, opt_name)(arr, **hparams)
     sched = LRSchedule(opt, **SCHEDULE) if schedule else None
@@ -90,7 +110,9 @@ def assert_equivalent(arr, models, rtol):
         assert list(state) == list(model.state_dict())
         for key, expected in model.state_dict().items():
             scale = expected.abs().max().item() if expected.is_floating_point() else 0.0
-            torch.testing.assert_close(state[key], expected, rtol=rtol, atol=rtol * scale, msg=lambda m: f"slot {slot} {key}: {m}")
+            torch.testing.assert_close(
+                state[key], expected, rtol=rtol, atol=rtol * scale, msg=lambda m: f"slot {slot} {key}: {m}"
+            )
 
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
@@ -117,7 +139,9 @@ def test_reported_metrics_equal_plain_evaluation(tiny_data):
             logits = slot_model(arr, slot)(tiny_data.x_val)
         final = results[slot].final
         assert final["val_loss"] == pytest.approx(F.cross_entropy(logits, tiny_data.y_val).item(), rel=1e-12)
-        assert final["val_acc"] == pytest.approx((logits.argmax(1) == tiny_data.y_val).double().mean().item(), rel=1e-12)
+        assert final["val_acc"] == pytest.approx(
+            (logits.argmax(1) == tiny_data.y_val).double().mean().item(), rel=1e-12
+        )
         assert len(results[slot].history) == EPOCHS and "test_acc" in final
 
 
@@ -148,8 +172,15 @@ def test_diverging_slot_fails_alone(tiny_data):
         for key, value in arr_sane.slot_state_dict(slot).items():
             assert torch.equal(arr_crazy.slot_state_dict(slot)[key], value), key
     without = [0, 2, 3]
-    arr_without, _ = train_array(tiny_data, "SGD", {"lr": [0.05, 0.02, 0.1]}, torch.float64, schedule=False,
-                                 seeds=[INIT_SEEDS[b] for b in without], data_seeds=[DATA_SEEDS[b] for b in without])
+    arr_without, _ = train_array(
+        tiny_data,
+        "SGD",
+        {"lr": [0.05, 0.02, 0.1]},
+        torch.float64,
+        schedule=False,
+        seeds=[INIT_SEEDS[b] for b in without],
+        data_seeds=[DATA_SEEDS[b] for b in without],
+    )
     for new, old in enumerate(without):
         for key, value in arr_without.slot_state_dict(new).items():
             torch.testing.assert_close(arr_crazy.slot_state_dict(old)[key], value, rtol=1e-12, atol=1e-12)
@@ -177,7 +208,9 @@ def test_drop_and_replace_equal_a_fresh_array_of_survivors(tiny_data):
     survivors = ModelArray.from_factory(conv_bn_model, seeds=[INIT_SEEDS[0], INIT_SEEDS[3]], dtype=torch.float64)
     s_opt = hfta_nas.optim.Adam(survivors, lr=[hp["lr"][0], hp["lr"][3]])
     s_sched = LRSchedule(s_opt, "step", step_size=1, gamma=0.5)
-    ArrayTrainer(survivors, s_opt, tiny_data, batch_size=BATCH, data_seeds=[DATA_SEEDS[0], DATA_SEEDS[3]], schedule=s_sched).fit(3)
+    ArrayTrainer(
+        survivors, s_opt, tiny_data, batch_size=BATCH, data_seeds=[DATA_SEEDS[0], DATA_SEEDS[3]], schedule=s_sched
+    ).fit(3)
     for new, old in [(0, 0), (1, 2)]:
         for key, value in survivors.slot_state_dict(new).items():
             torch.testing.assert_close(arr.slot_state_dict(old)[key], value, rtol=1e-12, atol=1e-12)
@@ -229,18 +262,40 @@ def test_per_slot_splits_equal_training_each_slot_on_its_own_split(tiny_data):
     from hfta_nas.data import pooled, slot_splits
 
     seeds, split_seeds = [3, 1, 4], [11, None, 12]
-    run = hfta_nas.train(conv_bn_model, dataset=tiny_data, seeds=seeds, data_seeds=DATA_SEEDS[:3],
-                         dropout_seeds=seeds, split_seeds=split_seeds, epochs=2, batch_size=BATCH, dtype="float64")
+    run = hfta_nas.train(
+        conv_bn_model,
+        dataset=tiny_data,
+        seeds=seeds,
+        data_seeds=DATA_SEEDS[:3],
+        dropout_seeds=seeds,
+        split_seeds=split_seeds,
+        epochs=2,
+        batch_size=BATCH,
+        dtype="float64",
+    )
     pool, splits = pooled(tiny_data), slot_splits(tiny_data, split_seeds)
     assert splits.train.shape == (3, len(tiny_data.y_train)) and splits.val.shape == (3, len(tiny_data.y_val))
     assert not torch.equal(splits.val[0], splits.val[2])  # two seeds, two partitions
     for b in range(3):
-        own = replace(tiny_data, x_train=pool.x_train[splits.train[b]], y_train=pool.y_train[splits.train[b]],
-                      x_val=pool.x_train[splits.val[b]], y_val=pool.y_train[splits.val[b]])
+        own = replace(
+            tiny_data,
+            x_train=pool.x_train[splits.train[b]],
+            y_train=pool.y_train[splits.train[b]],
+            x_val=pool.x_train[splits.val[b]],
+            y_val=pool.y_train[splits.val[b]],
+        )
         if split_seeds[b] is None:  # the data's own split, row for row
             assert torch.equal(own.x_train, tiny_data.x_train) and torch.equal(own.x_val, tiny_data.x_val)
-        alone = hfta_nas.train(conv_bn_model, dataset=own, seeds=[seeds[b]], data_seeds=[DATA_SEEDS[b]],
-                               dropout_seeds=[seeds[b]], epochs=2, batch_size=BATCH, dtype="float64")
+        alone = hfta_nas.train(
+            conv_bn_model,
+            dataset=own,
+            seeds=[seeds[b]],
+            data_seeds=[DATA_SEEDS[b]],
+            dropout_seeds=[seeds[b]],
+            epochs=2,
+            batch_size=BATCH,
+            dtype="float64",
+        )
         for mine, reference in zip(run.results[b].history, alone.results[0].history):
             for key in ("train_loss", "val_loss", "val_acc", "test_loss", "test_acc"):
                 assert mine[key] == pytest.approx(reference[key], rel=1e-10, abs=1e-12), (b, key)

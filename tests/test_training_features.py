@@ -16,15 +16,30 @@ CLIP_NORMS = [0.05, float("inf"), 0.5, 0.01]  # inf: this slot does not clip
 CLIP_VALUES = [0.01, 0.002, float("inf"), 0.05]
 
 
-def plain(slot, data, opt_name, hparams, *, epochs=3, clip_norm=None, clip_value=None, accumulate=1,
-          stopping=None, factory=conv_bn_model):
+def plain(
+    slot,
+    data,
+    opt_name,
+    hparams,
+    *,
+    epochs=3,
+    clip_norm=None,
+    clip_value=None,
+    accumulate=1,
+    stopping=None,
+    factory=conv_bn_model,
+):
     """One model alone: a shuffling DataLoader, torch.optim, torch.nn.utils.clip_grad_*_; returns
     (model, epochs trained)."""
     torch.manual_seed(INIT_SEEDS[slot])
     model = factory().double()
     opt = getattr(torch.optim, opt_name)(model.parameters(), **{k: v[slot] for k, v in hparams.items()})
-    loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=BATCH, shuffle=True,
-                        generator=torch.Generator().manual_seed(DATA_SEEDS[slot]))
+    loader = DataLoader(
+        TensorDataset(data.x_train, data.y_train),
+        batch_size=BATCH,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(DATA_SEEDS[slot]),
+    )
     best, since = None, 0
     for epoch in range(1, epochs + 1):
         model.train()
@@ -54,13 +69,19 @@ def plain(slot, data, opt_name, hparams, *, epochs=3, clip_norm=None, clip_value
 def array_run(data, opt_name, hparams, *, epochs=3, accumulate=1, stopping=None, factory=conv_bn_model):
     arr = ModelArray.from_factory(factory, seeds=INIT_SEEDS, dtype=torch.float64)
     opt = getattr(hfta_nas.optim, opt_name)(arr, **hparams)
-    trainer = ArrayTrainer(arr, opt, data, batch_size=BATCH, data_seeds=DATA_SEEDS, accumulate=accumulate,
-                           early_stopping=stopping)
+    trainer = ArrayTrainer(
+        arr, opt, data, batch_size=BATCH, data_seeds=DATA_SEEDS, accumulate=accumulate, early_stopping=stopping
+    )
     return arr, trainer.fit(epochs)
 
 
-@pytest.mark.parametrize("opt_name, hparams", [("SGD", {"lr": [0.5, 0.5, 0.2, 1.0], "momentum": [0.9, 0.0, 0.5, 0.9]}),
-                                               ("Adam", {"lr": [1e-2, 3e-3, 3e-2, 1e-3]})])
+@pytest.mark.parametrize(
+    "opt_name, hparams",
+    [
+        ("SGD", {"lr": [0.5, 0.5, 0.2, 1.0], "momentum": [0.9, 0.0, 0.5, 0.9]}),
+        ("Adam", {"lr": [1e-2, 3e-3, 3e-2, 1e-3]}),
+    ],
+)
 def test_per_slot_clip_norm_equals_clip_grad_norm_on_each_model(tiny_data, opt_name, hparams):
     arr, _ = array_run(tiny_data, opt_name, {**hparams, "clip_norm": CLIP_NORMS})
     refs = [plain(b, tiny_data, opt_name, hparams, clip_norm=CLIP_NORMS)[0] for b in range(4)]
@@ -82,15 +103,27 @@ def test_clip_norm_of_slots_of_different_sizes_ignores_the_padding():
     """Padded into one envelope, each slot's norm is still its own model's."""
     data = synthetic_dataset(n_train=48, shape=(10,))
     widths = [4, 16, 9]
-    run = hfta_nas.train("mlp", slot_model_configs=[{"width": w, "depth": 2} for w in widths], dataset=data,
-                         seeds=[0, 1, 2], optimizer="sgd", hparams={"lr": 0.5, "clip_norm": 0.05}, epochs=2,
-                         batch_size=16, dtype="float64")
+    run = hfta_nas.train(
+        "mlp",
+        slot_model_configs=[{"width": w, "depth": 2} for w in widths],
+        dataset=data,
+        seeds=[0, 1, 2],
+        optimizer="sgd",
+        hparams={"lr": 0.5, "clip_norm": 0.05},
+        epochs=2,
+        batch_size=16,
+        dtype="float64",
+    )
     for slot, width in enumerate(widths):
         torch.manual_seed(slot)
         model = run.slot_factories[slot]().double()
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=16, shuffle=True,
-                            generator=torch.Generator().manual_seed(slot))
+        loader = DataLoader(
+            TensorDataset(data.x_train, data.y_train),
+            batch_size=16,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(slot),
+        )
         for _ in range(2):
             for x, y in loader:
                 opt.zero_grad()
@@ -122,7 +155,7 @@ def test_early_stopping_stops_each_slot_where_it_would_alone(tiny_data):
         assert results[slot].status == "completed"
         stopped.append(epochs < 12)
         if epochs < 12:
-            assert "early stopped: val_loss did not improve for 2 epochs" == results[slot].reason
+            assert results[slot].reason == "early stopped: val_loss did not improve for 2 epochs"
     assert any(stopped) and not all(stopped), "the case should mix stopped and full-length slots"
 
 

@@ -33,12 +33,25 @@ def test_the_shipped_sweep_gives_the_same_trials_as_the_equivalent_space(tmp_pat
     studies = {}
     for name in ("sweep", "equivalent"):
         storage = str(tmp_path / f"{name}.journal")
-        result = CliRunner().invoke(main, ["search", str(EXAMPLE / f"{name}.yaml"), "--n-trials", "3", "--storage",
-                                           storage, "--quiet", "--threads", "1"])
+        result = CliRunner().invoke(
+            main,
+            [
+                "search",
+                str(EXAMPLE / f"{name}.yaml"),
+                "--n-trials",
+                "3",
+                "--storage",
+                storage,
+                "--quiet",
+                "--threads",
+                "1",
+            ],
+        )
         assert result.exit_code == 0, result.output
-        studies[name] = optuna.load_study(study_name="wandb-sweep-cnn",
-                                          storage=optuna.storages.JournalStorage(
-                                              optuna.storages.journal.JournalFileBackend(storage)))
+        studies[name] = optuna.load_study(
+            study_name="wandb-sweep-cnn",
+            storage=optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage)),
+        )
         if name == "sweep":
             assert "is a W&B sweep file, read as:" in result.output
             assert "parameters.channels: categorical -> params.model.config.channels" in result.output
@@ -49,28 +62,47 @@ def test_the_shipped_sweep_gives_the_same_trials_as_the_equivalent_space(tmp_pat
     assert [t.intermediate_values for t in sweep_trials] == [t.intermediate_values for t in equivalent_trials]
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("lr: {min: 0.001, max: 0.1}", {"distribution": "uniform", "min": 0.001, "max": 0.1}),
-    ("lr: {min: 0.05, max: 0.15, q: 0.05}", {"distribution": "uniform", "min": 0.05, "max": 0.15, "step": 0.05}),
-    ("lr: {distribution: q_uniform, min: 0.05, max: 0.15, q: 0.05}",
-     {"distribution": "uniform", "min": 0.05, "max": 0.15, "step": 0.05}),
-    ("lr: {distribution: log_uniform_values, min: 0.001, max: 0.1}",
-     {"distribution": "log_uniform", "min": 0.001, "max": 0.1}),
-    ("lr: {distribution: log_uniform, min: -6.0, max: -2.0}",
-     {"distribution": "log_uniform", "min": math.exp(-6), "max": math.exp(-2)}),
-    ("epochs: {min: 1, max: 4}", {"distribution": "int_uniform", "min": 1, "max": 4, "step": 1}),
-    ("epochs: {distribution: int_uniform, min: 1, max: 5, q: 2}", {"distribution": "int_uniform", "min": 1, "max": 5, "step": 2}),
-    ("optimizer: {values: [adam, sgd]}", {"distribution": "categorical", "values": ["adam", "sgd"]}),
-    ("optimizer: {distribution: categorical, values: [adam]}", {"distribution": "categorical", "values": ["adam"]}),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("lr: {min: 0.001, max: 0.1}", {"distribution": "uniform", "min": 0.001, "max": 0.1}),
+        ("lr: {min: 0.05, max: 0.15, q: 0.05}", {"distribution": "uniform", "min": 0.05, "max": 0.15, "step": 0.05}),
+        (
+            "lr: {distribution: q_uniform, min: 0.05, max: 0.15, q: 0.05}",
+            {"distribution": "uniform", "min": 0.05, "max": 0.15, "step": 0.05},
+        ),
+        (
+            "lr: {distribution: log_uniform_values, min: 0.001, max: 0.1}",
+            {"distribution": "log_uniform", "min": 0.001, "max": 0.1},
+        ),
+        (
+            "lr: {distribution: log_uniform, min: -6.0, max: -2.0}",
+            {"distribution": "log_uniform", "min": math.exp(-6), "max": math.exp(-2)},
+        ),
+        ("epochs: {min: 1, max: 4}", {"distribution": "int_uniform", "min": 1, "max": 4, "step": 1}),
+        (
+            "epochs: {distribution: int_uniform, min: 1, max: 5, q: 2}",
+            {"distribution": "int_uniform", "min": 1, "max": 5, "step": 2},
+        ),
+        ("optimizer: {values: [adam, sgd]}", {"distribution": "categorical", "values": ["adam", "sgd"]}),
+        ("optimizer: {distribution: categorical, values: [adam]}", {"distribution": "categorical", "values": ["adam"]}),
+    ],
+)
 def test_each_wandb_distribution_maps_to_ours(spec, expected):
     space = parse_space(sweep(spec), "s.yaml")
     [(path, param)] = space.params.items()
-    assert path == {"lr": "training.optimizer.lr", "epochs": "training.epochs", "optimizer": "training.optimizer.name"}[spec.split(":")[0]]
+    assert (
+        path
+        == {"lr": "training.optimizer.lr", "epochs": "training.epochs", "optimizer": "training.optimizer.name"}[
+            spec.split(":")[0]
+        ]
+    )
     read = {key: value for key, value in param.model_dump().items() if value is not None}
     assert read.keys() == expected.keys()
-    assert all(read[key] == pytest.approx(value) if isinstance(value, float) else read[key] == value
-               for key, value in expected.items())
+    assert all(
+        read[key] == pytest.approx(value) if isinstance(value, float) else read[key] == value
+        for key, value in expected.items()
+    )
 
 
 def test_names_nesting_constants_and_the_rest_of_the_file():
@@ -98,7 +130,11 @@ parameters:
     assert space.pruner.name == "none"  # no early_terminate: W&B stops no run early
     assert space.seed == 3 and space.data.dataset == "digits" and space.model.family == "cnn2d"
     assert list(space.searched) == ["training.optimizer.lr", "model.config.channels"]
-    assert space.fixed == {"training.optimizer.name": "sgd", "training.optimizer.momentum": 0.9, "training.schedule.kind": "cosine"}
+    assert space.fixed == {
+        "training.optimizer.name": "sgd",
+        "training.optimizer.momentum": 0.9,
+        "training.schedule.kind": "cosine",
+    }
     assert "metric: accuracy maximize -> study.metrics: [val_acc], directions: [maximize]" in space.notes
     assert "array: kept (an hfta-nas section)" in space.notes
 
@@ -109,22 +145,42 @@ def test_a_missing_goal_is_wandbs_minimize_and_says_so():
     assert any("(W&B's default goal)" in note for note in space.notes)
 
 
-@pytest.mark.parametrize("text, line, key, words", [
-    (sweep("lr: {distribution: normal, mu: 0, sigma: 1}"), 3, "parameters.lr.distribution", "not supported"),
-    (sweep("optimizer: {values: [adam, sgd], probabilities: [0.9, 0.1]}"), 3, "parameters.optimizer.probabilities",
-     "weighted choices"),
-    (sweep("lr: {min: 0.1}"), 3, "parameters.lr", "'min' and 'max'"),
-    (sweep("lr: {values: [0.1]}\nlearning_rate: {values: [0.2]}"), 4, "parameters.learning_rate", "give it once"),
-    (sweep("lr: {values: [0.1]}", head="method: hyperopt\n"), 1, "method", "bayes, random, grid"),
-    (sweep("lr: {values: [0.1]}", head="method: random\nearly_terminate: {type: envelope}\n"), 2, "early_terminate",
-     "hyperband"),
-    (sweep("lr: {values: [0.1]}", head="method: random\nagent: 3\n"), 2, "agent", "unknown sweep key"),
-    # found by our own checks after translation: named by the sweep key, at its line, with what it was read as
-    (sweep("lr: {values: [0.1]}\nwidth: {values: [8, 16]}"), 4, "parameters.width",
-     "(read as params 'model.config.width') model family 'cnn1d': unknown key 'width'"),
-    (sweep("lr: {min: 0.5, max: 0.1}"), 3, "parameters.lr", "(read as params 'training.optimizer.lr')"),
-    ("method: random\nmetric: {name: f1}\nparameters: {lr: {values: [0.1]}}\n", 2, "metric.name", "is not measured here"),
-])
+@pytest.mark.parametrize(
+    "text, line, key, words",
+    [
+        (sweep("lr: {distribution: normal, mu: 0, sigma: 1}"), 3, "parameters.lr.distribution", "not supported"),
+        (
+            sweep("optimizer: {values: [adam, sgd], probabilities: [0.9, 0.1]}"),
+            3,
+            "parameters.optimizer.probabilities",
+            "weighted choices",
+        ),
+        (sweep("lr: {min: 0.1}"), 3, "parameters.lr", "'min' and 'max'"),
+        (sweep("lr: {values: [0.1]}\nlearning_rate: {values: [0.2]}"), 4, "parameters.learning_rate", "give it once"),
+        (sweep("lr: {values: [0.1]}", head="method: hyperopt\n"), 1, "method", "bayes, random, grid"),
+        (
+            sweep("lr: {values: [0.1]}", head="method: random\nearly_terminate: {type: envelope}\n"),
+            2,
+            "early_terminate",
+            "hyperband",
+        ),
+        (sweep("lr: {values: [0.1]}", head="method: random\nagent: 3\n"), 2, "agent", "unknown sweep key"),
+        # found by our own checks after translation: named by the sweep key, at its line, with what it was read as
+        (
+            sweep("lr: {values: [0.1]}\nwidth: {values: [8, 16]}"),
+            4,
+            "parameters.width",
+            "(read as params 'model.config.width') model family 'cnn1d': unknown key 'width'",
+        ),
+        (sweep("lr: {min: 0.5, max: 0.1}"), 3, "parameters.lr", "(read as params 'training.optimizer.lr')"),
+        (
+            "method: random\nmetric: {name: f1}\nparameters: {lr: {values: [0.1]}}\n",
+            2,
+            "metric.name",
+            "is not measured here",
+        ),
+    ],
+)
 def test_what_cannot_be_read_is_an_error_at_the_sweeps_line(text, line, key, words):
     with pytest.raises(SpaceError) as caught:
         parse_space(text, "s.yaml")

@@ -22,9 +22,8 @@ from optuna.trial import TrialState
 
 from hfta_nas.search import counts, open_storage
 from hfta_nas.search._ledger import RETRY_OF
-from search_spaces import run_search
 from hfta_nas.search._storage import study_lock
-from search_spaces import parse_space
+from search_spaces import parse_space, run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -33,21 +32,23 @@ ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
 def space_text(n_trials, epochs, name="workers"):
-    return yaml.safe_dump({
-        "study": {"name": name, "metrics": ["val_acc"]},
-        "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 2}},
-        "pruner": {"name": "none"},
-        "budget": {"n_trials": n_trials},
-        "array": {"size": 2},
-        "data": {"dataset": "digits", "batch_size": 64},
-        "training": {"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
-        "model": {"family": "mlp", "config": {"depth": 1}},
-        "seed": 7,
-        "params": {
-            "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
-            "model.config.width": {"distribution": "categorical", "values": [16, 32]},
-        },
-    })
+    return yaml.safe_dump(
+        {
+            "study": {"name": name, "metrics": ["val_acc"]},
+            "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 2}},
+            "pruner": {"name": "none"},
+            "budget": {"n_trials": n_trials},
+            "array": {"size": 2},
+            "data": {"dataset": "digits", "batch_size": 64},
+            "training": {"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
+            "model": {"family": "mlp", "config": {"depth": 1}},
+            "seed": 7,
+            "params": {
+                "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
+                "model.config.width": {"distribution": "categorical", "values": [16, 32]},
+            },
+        }
+    )
 
 
 def hfta_nas_command():
@@ -82,9 +83,25 @@ def test_workers_share_one_journal_study_and_its_budget(tmp_path):
     space.write_text(space_text(n_trials=10, epochs=2))
     journal = tmp_path / "study.journal"
     result = subprocess.run(
-        [*hfta_nas_command(), "search", str(space), "--workers", "4", "--threads", "1", "--storage", str(journal),
-         "--out", str(tmp_path / "out"), "--json"],
-        cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=300,
+        [
+            *hfta_nas_command(),
+            "search",
+            str(space),
+            "--workers",
+            "4",
+            "--threads",
+            "1",
+            "--storage",
+            str(journal),
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
@@ -107,9 +124,26 @@ def test_workers_stop_and_tell_their_trials_when_their_parent_is_killed(tmp_path
     workers SIGINT, and each stops as on Ctrl-C, its trials told and queued again."""
     space, journal = tmp_path / "space.yaml", tmp_path / "study.journal"
     space.write_text(space_text(n_trials=40, epochs=30))
-    parent = subprocess.Popen([*hfta_nas_command(), "search", str(space), "--workers", "2", "--threads", "1",
-                               "--storage", str(journal), "--out", str(tmp_path / "out"), "--quiet"],
-                              cwd=tmp_path, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        [
+            *hfta_nas_command(),
+            "search",
+            str(space),
+            "--workers",
+            "2",
+            "--threads",
+            "1",
+            "--storage",
+            str(journal),
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+        ],
+        cwd=tmp_path,
+        env=worker_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline, workers = time.monotonic() + 120, set()
     try:
         while time.monotonic() < deadline and len(workers) < 2:
@@ -154,8 +188,16 @@ def test_simultaneous_first_opens_of_a_fresh_sqlite_file_all_succeed(tmp_path):
     """Several workers started at once on a new SQLite file raced to create its tables
     ("table studies already exists"); they now create them one at a time."""
     url, at = f"sqlite:///{tmp_path / 'fresh.db'}", time.time() + 8
-    processes = [subprocess.Popen([sys.executable, "-c", FIRST_OPEN, url, str(at)], env=worker_env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(8)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_OPEN, url, str(at)],
+            env=worker_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(8)
+    ]
     outputs = [(p.wait(timeout=120), p.stdout.read()) for p in processes]
     assert all(code == 0 for code, _ in outputs), [out[-500:] for code, out in outputs if code]
     assert [s.study_name for s in optuna.get_all_study_summaries(open_storage(url)[0])] == ["first"]
@@ -209,10 +251,28 @@ def test_postgres_workers_and_a_second_study_never_hang_or_overshoot_round_after
         for name, workers in zip(names, (3, 1)):
             space = tmp_path / f"{name}.yaml"
             space.write_text(space_text(n_trials=n_trials, epochs=1, name=name))
-            commands.append([*base, "search", str(space), "--threads", "1", "--storage", postgres_url, "--workers",
-                             str(workers), "--out", str(tmp_path / name), "--quiet"])
-        processes = [subprocess.Popen(c, cwd=tmp_path, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True) for c in commands]
+            commands.append(
+                [
+                    *base,
+                    "search",
+                    str(space),
+                    "--threads",
+                    "1",
+                    "--storage",
+                    postgres_url,
+                    "--workers",
+                    str(workers),
+                    "--out",
+                    str(tmp_path / name),
+                    "--quiet",
+                ]
+            )
+        processes = [
+            subprocess.Popen(
+                c, cwd=tmp_path, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            for c in commands
+        ]
         try:
             outputs = [p.communicate(timeout=150)[0] for p in processes]
         finally:
@@ -222,7 +282,9 @@ def test_postgres_workers_and_a_second_study_never_hang_or_overshoot_round_after
                     process.wait()
         assert [p.returncode for p in processes] == [0, 0], (round_, [o[-2000:] for o in outputs])
         for name in names:
-            trials = optuna.load_study(study_name=name, storage=open_storage(postgres_url)[0]).get_trials(deepcopy=False)
+            trials = optuna.load_study(study_name=name, storage=open_storage(postgres_url)[0]).get_trials(
+                deepcopy=False
+            )
             assert_study_ended(trials, n_trials)
 
 
@@ -230,8 +292,19 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
     n_trials, name = 8, "workers"
     space = tmp_path / "space.yaml"
     space.write_text(space_text(n_trials=n_trials, epochs=8, name=name))
-    argv = [*hfta_nas_command(), "search", str(space), "--threads", "1", "--storage", postgres_url,
-            "--study-name", name, "--out", str(tmp_path / "out")]  # not --quiet: array and retry lines in the logs
+    argv = [
+        *hfta_nas_command(),
+        "search",
+        str(space),
+        "--threads",
+        "1",
+        "--storage",
+        postgres_url,
+        "--study-name",
+        name,
+        "--out",
+        str(tmp_path / "out"),
+    ]  # not --quiet: array and retry lines in the logs
     # A dead worker on this host is seen at once (its pid is gone); a short heartbeat makes the
     # survivors look again every 2 s and labels held trials sooner, with a grace (3 intervals)
     # that a live but busy worker on this shared CPU still meets.
@@ -261,7 +334,11 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
                     break
             if victim is not None:
                 os.kill(victim, signal.SIGKILL)
-                held = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if pid_of(t) == victim]
+                held = [
+                    t.number
+                    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if pid_of(t) == victim
+                ]
         assert victim is not None, "no worker was seen mid-array: " + _logs(tmp_path)
         assert pids[victim].wait(timeout=30) == -signal.SIGKILL
         finish_by = time.monotonic() + 180
@@ -271,7 +348,9 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
                     returncode = process.wait(timeout=max(1.0, finish_by - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     returncode = None
-                assert returncode == 0, f"survivor {process.pid}: {returncode}\n{_trials(postgres_url, name)}\n{_logs(tmp_path)}"
+                assert returncode == 0, (
+                    f"survivor {process.pid}: {returncode}\n{_trials(postgres_url, name)}\n{_logs(tmp_path)}"
+                )
     finally:
         for process in processes:
             if process.poll() is None:
@@ -291,8 +370,14 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
         assert pid_of(trial) == victim and "exited" in trial.user_attrs["interrupted_because"], trial.user_attrs
     for number in held:
         original = by_number[number]
-        retries = [t for t in trials if t.number > number and t.params == original.params and pid_of(t) not in (None, victim)
-                   and t.user_attrs.get(RETRY_OF) == number]  # same parameters, and the seeds of the trial it retries
+        retries = [
+            t
+            for t in trials
+            if t.number > number
+            and t.params == original.params
+            and pid_of(t) not in (None, victim)
+            and t.user_attrs.get(RETRY_OF) == number
+        ]  # same parameters, and the seeds of the trial it retries
         assert retries, f"trial {number} of the killed worker was not retried"
         assert any(t in counted(trials) for t in retries)
     survivors = {p.pid for p in processes} - {victim}
@@ -322,16 +407,21 @@ def test_a_worker_killed_before_its_first_heartbeat_is_retried_at_once(tmp_path)
     sees at once that its process is gone (no wait for the no-heartbeat grace)."""
     space, journal = tmp_path / "space.yaml", tmp_path / "study.journal"
     space.write_text(space_text(n_trials=2, epochs=2))
-    script = KILL_AFTER_FIRST_ASK.format(root=str(ROOT), space=str(space), storage=str(journal), out=str(tmp_path / "out"))
-    killed = subprocess.run([sys.executable, "-c", script], env=worker_env(), capture_output=True, text=True, timeout=120)
+    script = KILL_AFTER_FIRST_ASK.format(
+        root=str(ROOT), space=str(space), storage=str(journal), out=str(tmp_path / "out")
+    )
+    killed = subprocess.run(
+        [sys.executable, "-c", script], env=worker_env(), capture_output=True, text=True, timeout=120
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     study = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0])
     [orphan] = study.get_trials(deepcopy=False)
     assert orphan.state == TrialState.RUNNING and "heartbeat" not in orphan.user_attrs
 
     started = time.monotonic()
-    summary = run_search(parse_space(space.read_text(), source=str(space)), storage=str(journal), out_dir=tmp_path / "out",
-                         timeout=30)  # without the worker label the orphan would hold the budget for 120 s
+    summary = run_search(
+        parse_space(space.read_text(), source=str(space)), storage=str(journal), out_dir=tmp_path / "out", timeout=30
+    )  # without the worker label the orphan would hold the budget for 120 s
     assert time.monotonic() - started < 30
     trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
     assert_study_ended(trials, 2)
@@ -347,11 +437,16 @@ def _trials(url, name):
         study = optuna.load_study(study_name=name, storage=open_storage(url)[0])
     except Exception as error:  # for a failure message only
         return f"(study not readable: {error})"
-    rows = [f"{t.number} {t.state.name} worker={t.user_attrs.get('worker')} host={t.user_attrs.get('worker_host')} "
-            f"epochs={t.user_attrs.get('epochs_run')} beat={t.user_attrs.get('heartbeat')} start={t.datetime_start} "
-            f"reason={t.user_attrs.get('fail_reason')} because={t.user_attrs.get('interrupted_because')}" for t in study.trials]
+    rows = [
+        f"{t.number} {t.state.name} worker={t.user_attrs.get('worker')} host={t.user_attrs.get('worker_host')} "
+        f"epochs={t.user_attrs.get('epochs_run')} beat={t.user_attrs.get('heartbeat')} start={t.datetime_start} "
+        f"reason={t.user_attrs.get('fail_reason')} because={t.user_attrs.get('interrupted_because')}"
+        for t in study.trials
+    ]
     return "\n".join([f"now={time.time()}", *rows])
 
 
 def _logs(tmp_path):
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("worker*.log")))
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("worker*.log"))
+    )

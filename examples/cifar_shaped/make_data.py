@@ -37,7 +37,7 @@ def make(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     x = np.empty((samples, 3, SIZE, SIZE), dtype=np.float32)
     for i, label in enumerate(y):
         dy, dx = rng.integers(0, 2 * SHIFT + 1, size=2)
-        image = patterns[label, :, dy:dy + SIZE, dx:dx + SIZE]
+        image = patterns[label, :, dy : dy + SIZE, dx : dx + SIZE]
         if rng.random() < 0.5:
             image = image[:, :, ::-1]
         image = image * rng.uniform(0.6, 1.4, size=(3, 1, 1)) + rng.normal(0, 0.35, size=image.shape)

@@ -8,10 +8,16 @@ def build_cnn(width: int = 32, dropout: float = 0.0, input_shape=(3, 32, 32), nu
     channels = input_shape[0]
 
     def block(inputs: int, outputs: int) -> nn.Sequential:
-        return nn.Sequential(nn.Conv2d(inputs, outputs, 3, padding=1, bias=False), nn.BatchNorm2d(outputs), nn.ReLU(),
-                             nn.MaxPool2d(2))
+        return nn.Sequential(
+            nn.Conv2d(inputs, outputs, 3, padding=1, bias=False), nn.BatchNorm2d(outputs), nn.ReLU(), nn.MaxPool2d(2)
+        )
 
     return nn.Sequential(
-        block(channels, width), block(width, 2 * width), block(2 * width, 2 * width),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout), nn.Linear(2 * width, num_classes),
+        block(channels, width),
+        block(width, 2 * width),
+        block(2 * width, 2 * width),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(dropout),
+        nn.Linear(2 * width, num_classes),
     )

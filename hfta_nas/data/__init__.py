@@ -10,5 +10,17 @@ from hfta_nas.data._batches import EpochOrder, gather
 from hfta_nas.data._datasets import DATASETS, Dataset, check_source, load_dataset
 from hfta_nas.data._splits import SlotSplits, pooled, slot_splits
 
-__all__ = ["DATASETS", "Augmentation", "Augmented", "Dataset", "EpochOrder", "SlotAugmenter", "SlotSplits", "check_source",
-           "gather", "load_dataset", "pooled", "slot_splits"]
+__all__ = [
+    "DATASETS",
+    "Augmentation",
+    "Augmented",
+    "Dataset",
+    "EpochOrder",
+    "SlotAugmenter",
+    "SlotSplits",
+    "check_source",
+    "gather",
+    "load_dataset",
+    "pooled",
+    "slot_splits",
+]

@@ -84,8 +84,9 @@ class SlotAugmenter:
         return np.random.default_rng([int(seed), _STREAM])
 
     def _noise_generator(self, seed: int) -> torch.Generator:
-        return torch.Generator(device=self.device).manual_seed(int(np.random.SeedSequence([int(seed), _STREAM, 1])
-                                                                    .generate_state(1)[0]))
+        return torch.Generator(device=self.device).manual_seed(
+            int(np.random.SeedSequence([int(seed), _STREAM, 1]).generate_state(1)[0])
+        )
 
     # -------------------------------------------------------------- applying
     def __call__(self, x: torch.Tensor, y: torch.Tensor, shared: bool = False) -> Augmented:
@@ -95,16 +96,19 @@ class SlotAugmenter:
             return Augmented(out.x.squeeze(0), partner, out.strength)
         aug = self.augmentation
         if aug.spatial and x.dim() not in (4, 5):
-            raise HftaNasError(f"shift, flip and cutmix need 1-D [C, L] or 2-D [C, H, W] samples; these are "
-                               f"{list(x.shape[2:])} (use noise or mixup for other inputs).")
+            raise HftaNasError(
+                f"shift, flip and cutmix need 1-D [C, L] or 2-D [C, H, W] samples; these are "
+                f"{list(x.shape[2:])} (use noise or mixup for other inputs)."
+            )
         if aug.shift:
             x = self._shift(x, aug.shift)
         if aug.flip:
             flips = torch.as_tensor(np.stack([rng.random(x.shape[1]) < 0.5 for rng in self.rngs]), device=x.device)
             x = torch.where(flips.reshape(*flips.shape, *[1] * (x.dim() - 2)), x.flip(-1), x)
         if aug.noise:
-            noise = torch.stack([torch.randn(x.shape[1:], generator=g, device=x.device, dtype=x.dtype)
-                                 for g in self.noise])
+            noise = torch.stack(
+                [torch.randn(x.shape[1:], generator=g, device=x.device, dtype=x.dtype) for g in self.noise]
+            )
             x = x + aug.noise * noise
         use_mixup, use_cutmix = aug.mixup > 0, aug.cutmix > 0
         if not (use_mixup or use_cutmix):
@@ -116,13 +120,15 @@ class SlotAugmenter:
     def _shift(self, x: torch.Tensor, pad: int) -> torch.Tensor:
         spatial = x.shape[3:]
         padded = F.pad(x, [pad, pad] * len(spatial))
-        offsets = torch.as_tensor(np.stack([rng.integers(0, 2 * pad + 1, size=(x.shape[1], len(spatial)))
-                                            for rng in self.rngs]), device=x.device)  # [B, N, d]
+        offsets = torch.as_tensor(
+            np.stack([rng.integers(0, 2 * pad + 1, size=(x.shape[1], len(spatial))) for rng in self.rngs]),
+            device=x.device,
+        )  # [B, N, d]
         for axis, size in enumerate(spatial):  # crop one axis at a time: gather its window
             dim = 3 + axis
             window = offsets[..., axis, None] + torch.arange(size, device=x.device)  # [B, N, size]
             shape = [*window.shape[:2], 1, *[1] * axis, size, *[1] * (len(spatial) - axis - 1)]
-            index = window.reshape(shape).expand(*padded.shape[:dim], size, *padded.shape[dim + 1:])
+            index = window.reshape(shape).expand(*padded.shape[:dim], size, *padded.shape[dim + 1 :])
             padded = padded.gather(dim, index)
         return padded
 
@@ -178,8 +184,10 @@ class SlotAugmenter:
         self.noise[slot] = self._noise_generator(seed)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rngs": [rng.bit_generator.state for rng in self.rngs],
-                "noise": [g.get_state().to("cpu") for g in self.noise]}
+        return {
+            "rngs": [rng.bit_generator.state for rng in self.rngs],
+            "noise": [g.get_state().to("cpu") for g in self.noise],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for rng, saved in zip(self.rngs, state["rngs"]):

@@ -140,13 +140,18 @@ class EpochOrder:
 
     def state_dict(self) -> dict[str, Any]:
         """Where every order stands (seeds, generator states, epochs drawn), for a checkpoint."""
-        return {"seeds": list(self._seeds), "generators": [g.get_state() for g in self._generators],
-                "epochs": list(self._epochs)}
+        return {
+            "seeds": list(self._seeds),
+            "generators": [g.get_state() for g in self._generators],
+            "epochs": list(self._epochs),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where `state_dict()` of an order with as many slots stood."""
         if len(state["seeds"]) != len(self._generators):
-            raise HftaNasError(f"the saved data order has {len(state['seeds'])} slots, this one {len(self._generators)}.")
+            raise HftaNasError(
+                f"the saved data order has {len(state['seeds'])} slots, this one {len(self._generators)}."
+            )
         self._seeds = [_seed(seed) for seed in state["seeds"]]
         self._generators = [torch.Generator().set_state(g) for g in state["generators"]]
         self._epochs = list(state["epochs"])
@@ -209,7 +214,5 @@ def _seed(value: Any) -> int:
     seed = _as_int(value)
     # torch.Generator.manual_seed accepts exactly this range.
     if seed is None or not -(2**63) <= seed < 2**64:
-        raise HftaNasError(
-            f"data seed {value!r} is not an integer in [-2**63, 2**64); expected an int seed per slot"
-        )
+        raise HftaNasError(f"data seed {value!r} is not an integer in [-2**63, 2**64); expected an int seed per slot")
     return seed

@@ -75,9 +75,7 @@ class Dataset:
         """Shape of one sample, e.g. `(1, 40)` for mnist1d or `(1, 8, 8)` for digits."""
         return tuple(self.x_train.shape[1:])
 
-    def to(
-        self, device: str | torch.device | None = None, dtype: torch.dtype | None = None
-    ) -> Dataset:
+    def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Dataset:
         """A copy on `device` with x cast to the floating `dtype`; y stays int64 (regression targets: `dtype`)."""
         device = self.x_train.device if device is None else _resolve_device(device)
         dtype = self.x_train.dtype if dtype is None else _check_dtype(dtype)
@@ -158,9 +156,16 @@ def load_dataset(
     name, splits = _read_source(source, val_fraction, test_fraction, split_seed, num_samples, task)
     if isinstance(splits, StreamedSource):  # read batch by batch (hfta_nas.data._streamed)
         parts, num_classes = streamed_parts(
-            splits, val_fraction=val_fraction, test_fraction=test_fraction, split_seed=split_seed,
-            device=resolved_device, dtype=dtype, task=task,
-            check_labels=_labels if task == "classification" else _targets, permuted_parts=_permuted_parts)
+            splits,
+            val_fraction=val_fraction,
+            test_fraction=test_fraction,
+            split_seed=split_seed,
+            device=resolved_device,
+            dtype=dtype,
+            task=task,
+            check_labels=_labels if task == "classification" else _targets,
+            permuted_parts=_permuted_parts,
+        )
         return Dataset(name=name, num_classes=num_classes, task=task, **parts)
     if task == "regression":
         num_classes = 1 if splits["y_train"].ndim == 1 else int(splits["y_train"].shape[1])
@@ -188,9 +193,7 @@ def _read_source(
 ) -> tuple[str, dict[str, np.ndarray]]:
     """The dataset's name and its six validated, split numpy arrays."""
     if not isinstance(source, (str, os.PathLike)):
-        raise HftaNasError(
-            f"data source must be a string, got {type(source).__name__}; expected {_ACCEPTED_FORMS}"
-        )
+        raise HftaNasError(f"data source must be a string, got {type(source).__name__}; expected {_ACCEPTED_FORMS}")
     text = os.fspath(source)
     builtin = text.strip().lower()
     if num_samples is not None and builtin != "mnist1d":
@@ -201,10 +204,15 @@ def _read_source(
 
     if builtin in DATASETS and (builtin in REGRESSION_DATASETS) != (task == "regression"):
         kind = "regression" if builtin in REGRESSION_DATASETS else "classification"
-        raise HftaNasError(f"the built-in dataset {builtin!r} is a {kind} dataset, not one for {task}: "
-                           + ("use a regression loss (mse, mae, huber)" if kind == "regression" else
-                              "a regression loss needs a .npz/.csv file or 'module:function' with numeric targets, "
-                              "or the built-in 'diabetes'"))
+        raise HftaNasError(
+            f"the built-in dataset {builtin!r} is a {kind} dataset, not one for {task}: "
+            + (
+                "use a regression loss (mse, mae, huber)"
+                if kind == "regression"
+                else "a regression loss needs a .npz/.csv file or 'module:function' with numeric targets, "
+                "or the built-in 'diabetes'"
+            )
+        )
     if builtin == "diabetes":
         x, y = _diabetes()
         arrays = _validated({"x": x, "y": y}, "the diabetes dataset", "regression")
@@ -309,8 +317,12 @@ def _read_mnist1d_cache(path: Path, num_samples: int) -> tuple[np.ndarray, ...] 
     except Exception:  # missing, truncated or foreign: generate again
         return None
     x, y, x_test, y_test = arrays
-    whole = (len(x) == len(y) and len(x_test) == len(y_test) and len(y) + len(y_test) == num_samples
-             and x.ndim == x_test.ndim == 3)
+    whole = (
+        len(x) == len(y)
+        and len(x_test) == len(y_test)
+        and len(y) + len(y_test) == num_samples
+        and x.ndim == x_test.ndim == 3
+    )
     return arrays if whole else None
 
 
@@ -319,9 +331,7 @@ def _mnist1d_splits(num_samples: int | None, val_fraction: float, split_seed: in
         num_samples = _MNIST1D_SAMPLES
     num_samples = _check_int(num_samples, "num_samples")
     if num_samples < 10:
-        raise HftaNasError(
-            f"num_samples must be at least 10 (one sample per mnist1d class), got {num_samples}"
-        )
+        raise HftaNasError(f"num_samples must be at least 10 (one sample per mnist1d class), got {num_samples}")
     x, y, x_test, y_test = _generate_mnist1d(num_samples)
     train, val = _permuted_parts(len(y), {"val_fraction": val_fraction}, split_seed)
     return {
@@ -377,9 +387,7 @@ def _read_csv(path: Path, where: str, task: str = "classification") -> dict[str,
         )
     features = frame.drop(columns=labels[0])
     if features.shape[1] == 0:
-        raise HftaNasError(
-            f"{where} has only the label column {labels[0]!r}; expected feature columns besides it"
-        )
+        raise HftaNasError(f"{where} has only the label column {labels[0]!r}; expected feature columns besides it")
     for column in features.columns:
         if not pd.api.types.is_numeric_dtype(features[column]):
             raise HftaNasError(
@@ -388,9 +396,7 @@ def _read_csv(path: Path, where: str, task: str = "classification") -> dict[str,
             )
     missing = [str(column) for column in features.columns if features[column].isna().any()]
     if missing:
-        raise HftaNasError(
-            f"{where}: feature columns {missing} have missing values; expected a number in every cell"
-        )
+        raise HftaNasError(f"{where}: feature columns {missing} have missing values; expected a number in every cell")
     # Checked here so that a bad label is reported under its column's name.
     y = frame[labels[0]].to_numpy()
     y = _labels(y, where, labels[0]) if task == "classification" else _targets(y, where, labels[0])
@@ -470,12 +476,13 @@ def _call_factory(source: str) -> tuple[dict[str, Any], str]:
         try:
             result = function()
         except Exception as exc:
-            raise HftaNasError(
-                f"{where}: {module_name}.{function_name}() raised {type(exc).__name__}: {exc}"
-            ) from exc
+            raise HftaNasError(f"{where}: {module_name}.{function_name}() raised {type(exc).__name__}: {exc}") from exc
     where = f"{where} ({module_name}.{function_name}() result)"
-    if is_map_dataset(result) or (isinstance(result, Mapping) and set(result) == {"train", "val", "test"}
-                                  and all(is_map_dataset(v) for v in result.values())):
+    if is_map_dataset(result) or (
+        isinstance(result, Mapping)
+        and set(result) == {"train", "val", "test"}
+        and all(is_map_dataset(v) for v in result.values())
+    ):
         return StreamedSource(result, where), where  # type: ignore[return-value]
     if isinstance(result, (tuple, list)) and len(result) == 2:
         return {"x": result[0], "y": result[1]}, where
@@ -503,8 +510,7 @@ def _pick_arrays(arrays: Mapping[str, Any], where: str) -> dict[str, Any]:
     y_key = next((key for key in ("y", "Y") if key in arrays), None)
     if x_key is None or y_key is None:
         raise HftaNasError(
-            f"{where} has arrays {keys}; expected 'x' (or 'X') and 'y', "
-            f"or the predefined splits {list(_SPLIT_KEYS)}"
+            f"{where} has arrays {keys}; expected 'x' (or 'X') and 'y', or the predefined splits {list(_SPLIT_KEYS)}"
         )
     return {"x": arrays[x_key], "y": arrays[y_key]}
 
@@ -529,9 +535,7 @@ def _validated(arrays: dict[str, Any], where: str, task: str = "classification")
         raise HftaNasError(f"{where}: {pairs[0][0]!r} is empty; expected at least one training sample")
     shapes = {key: out[key].shape[1:] for key, _ in pairs}
     if len(set(shapes.values())) > 1:
-        raise HftaNasError(
-            f"{where}: the splits have different sample shapes {shapes}; expected the same shape in all"
-        )
+        raise HftaNasError(f"{where}: the splits have different sample shapes {shapes}; expected the same shape in all")
     return out
 
 
@@ -566,8 +570,10 @@ def _targets(value: Any, where: str, key: str) -> np.ndarray:
     """Regression targets: numbers, one or several per sample; NaN marks a missing target."""
     y = _as_numpy(value, where, key)
     if y.ndim not in (1, 2) or y.dtype.kind not in "biuf":
-        raise HftaNasError(f"{where}: targets {key!r} have shape {y.shape} and dtype {y.dtype}; expected numbers, "
-                           "shape [num_samples] or [num_samples, num_targets] (NaN for a missing target)")
+        raise HftaNasError(
+            f"{where}: targets {key!r} have shape {y.shape} and dtype {y.dtype}; expected numbers, "
+            "shape [num_samples] or [num_samples, num_targets] (NaN for a missing target)"
+        )
     y = y.astype(np.float64)
     if np.isinf(y).any():
         raise HftaNasError(f"{where}: targets {key!r} hold infinite values; expected finite numbers or NaN (missing)")
@@ -661,7 +667,6 @@ def _resolve_device(device: str | torch.device) -> torch.device:
         torch.empty(0, device=resolved)  # fails early, and clearly, when the backend is absent
     except (RuntimeError, TypeError, AssertionError) as exc:
         raise HftaNasError(
-            f"device {device!r} cannot be used ({exc}); "
-            "expected 'cpu' or an available accelerator such as 'cuda:0'"
+            f"device {device!r} cannot be used ({exc}); expected 'cpu' or an available accelerator such as 'cuda:0'"
         ) from exc
     return resolved

@@ -31,7 +31,7 @@ class SlotSplits:
     train: torch.Tensor  # [B, n_train]
     val: torch.Tensor  # [B, n_val]
 
-    def keep(self, slots: Sequence[int]) -> "SlotSplits":
+    def keep(self, slots: Sequence[int]) -> SlotSplits:
         index = torch.tensor(list(slots), device=self.train.device)
         return SlotSplits(self.train.index_select(0, index), self.val.index_select(0, index))
 
@@ -40,10 +40,17 @@ def pooled(data: Dataset) -> Dataset:
     """The data with its train and validation rows as one pool (`x_train`), `x_val` empty: slots
     index their own rows of the pool with `SlotSplits`."""
     if not all(isinstance(t, torch.Tensor) for t in (data.x_train, data.y_train, data.x_val, data.y_val)):
-        raise HftaNasError("per-slot train/validation splits (--vary split) need the data held in memory; a "
-                           "streamed source (a .npy folder, a map-style dataset) keeps its one split")
-    return replace(data, x_train=torch.cat([data.x_train, data.x_val]), y_train=torch.cat([data.y_train, data.y_val]),
-                   x_val=data.x_val[:0], y_val=data.y_val[:0])
+        raise HftaNasError(
+            "per-slot train/validation splits (--vary split) need the data held in memory; a "
+            "streamed source (a .npy folder, a map-style dataset) keeps its one split"
+        )
+    return replace(
+        data,
+        x_train=torch.cat([data.x_train, data.x_val]),
+        y_train=torch.cat([data.y_train, data.y_val]),
+        x_val=data.x_val[:0],
+        y_val=data.y_val[:0],
+    )
 
 
 def slot_splits(data: Dataset, split_seeds: Sequence[int | None]) -> SlotSplits:
@@ -52,8 +59,10 @@ def slot_splits(data: Dataset, split_seeds: Sequence[int | None]) -> SlotSplits:
     the validation rows first, then the train rows), None keeps the data's own split."""
     n_train, n_val = len(data.y_train), len(data.y_val)
     if n_val == 0:
-        raise HftaNasError("re-drawing the train/validation split per slot needs validation data; "
-                           "the data has none (val_fraction: 0?).")
+        raise HftaNasError(
+            "re-drawing the train/validation split per slot needs validation data; "
+            "the data has none (val_fraction: 0?)."
+        )
     trains, vals = [], []
     for seed in split_seeds:
         if seed is None:

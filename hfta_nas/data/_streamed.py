@@ -11,9 +11,10 @@ Splits are cut off a permutation drawn from `split_seed`, as for arrays.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,22 +43,32 @@ def npy_folder(folder: Path, where: str) -> StreamedSource:
         keys = list(_PAIR)
     else:
         found = sorted(p.name for p in folder.glob("*.npy")) or "no .npy files"
-        raise HftaNasError(f"{where} has {found}; expected x.npy and y.npy, or the six files "
-                           f"{', '.join(n + '.npy' for n in names)}")
+        raise HftaNasError(
+            f"{where} has {found}; expected x.npy and y.npy, or the six files {', '.join(n + '.npy' for n in names)}"
+        )
     arrays = {}
     for key in keys:
         try:  # the features stay on disk; labels are small and read whole
-            arrays[key] = np.load(folder / f"{key}.npy", mmap_mode="r" if key.startswith("x") else None,
-                                  allow_pickle=False)
+            arrays[key] = np.load(
+                folder / f"{key}.npy", mmap_mode="r" if key.startswith("x") else None, allow_pickle=False
+            )
         except Exception as error:  # noqa: BLE001 - a damaged or pickled file
             raise HftaNasError(f"{where}: {key}.npy could not be read ({type(error).__name__}: {error})") from error
     return StreamedSource(arrays, where)
 
 
-def streamed_parts(source: StreamedSource, *, val_fraction: float, test_fraction: float, split_seed: int,
-                   device: torch.device, dtype: torch.dtype, task: str,
-                   check_labels: Callable[[Any, str, str], np.ndarray],
-                   permuted_parts: Callable[..., list[np.ndarray]]) -> tuple[dict[str, Any], int]:
+def streamed_parts(
+    source: StreamedSource,
+    *,
+    val_fraction: float,
+    test_fraction: float,
+    split_seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    task: str,
+    check_labels: Callable[[Any, str, str], np.ndarray],
+    permuted_parts: Callable[..., list[np.ndarray]],
+) -> tuple[dict[str, Any], int]:
     """(the six x_* / y_* parts, Rows or label tensors, and num_classes) of `source`."""
     label_dtype = torch.int64 if task == "classification" else dtype
     fractions = {"val_fraction": val_fraction, "test_fraction": test_fraction}
@@ -71,8 +82,10 @@ def streamed_parts(source: StreamedSource, *, val_fraction: float, test_fraction
             pairs = {split: (payload[f"x_{split}"], payload[f"y_{split}"], None) for split in _SPLITS}
         for split, (x, y, rows) in pairs.items():
             if x.ndim < 2 or x.dtype.kind not in "biuf":
-                raise HftaNasError(f"{where}: x_{split} has shape {x.shape} and dtype {x.dtype}; expected numbers, "
-                                   "[num_samples, *sample_shape]")
+                raise HftaNasError(
+                    f"{where}: x_{split} has shape {x.shape} and dtype {x.dtype}; expected numbers, "
+                    "[num_samples, *sample_shape]"
+                )
             labels = check_labels(y if rows is None else y[rows], where, f"y_{split}")
             if len(labels) != (len(x) if rows is None else len(rows)):
                 raise HftaNasError(f"{where}: x and y of {split} have different sample counts")

@@ -67,7 +67,9 @@ class Rows:
 class ArrayRows(Rows):
     """Rows of a numpy array (a memory map reads only the rows asked for) at `positions` of it."""
 
-    def __init__(self, array: np.ndarray, positions: np.ndarray | None, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, array: np.ndarray, positions: np.ndarray | None, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.array = array
         self.positions = np.arange(len(array)) if positions is None else np.asarray(positions)
         super().__init__(len(self.positions), array.shape[1:], device, dtype)
@@ -80,8 +82,9 @@ class ArrayRows(Rows):
         return self._move(values)
 
     def to(self, device: Any = None, dtype: torch.dtype | None = None, **_: Any) -> ArrayRows:
-        return ArrayRows(self.array, self.positions, torch.device(device) if device is not None else self.device,
-                         dtype or self.dtype)
+        return ArrayRows(
+            self.array, self.positions, torch.device(device) if device is not None else self.device, dtype or self.dtype
+        )
 
 
 class _Reader:
@@ -113,15 +116,23 @@ def _stack(items: Sequence[Any]) -> Any:
         return {k: _stack([item[k] for item in items]) for k in first}
     if isinstance(first, (tuple, list)):
         return type(first)(_stack([item[i] for item in items]) for i in range(len(first)))
-    return torch.stack([torch.as_tensor(np.asarray(item) if not isinstance(item, torch.Tensor) else item)
-                        for item in items])
+    return torch.stack(
+        [torch.as_tensor(np.asarray(item) if not isinstance(item, torch.Tensor) else item) for item in items]
+    )
 
 
 class MapRows(Rows):
     """x (`part` 0) or y (`part` 1) of a map-style dataset's samples at `positions` of it."""
 
-    def __init__(self, reader: _Reader, part: int, positions: np.ndarray, sample_shape: tuple[int, ...],
-                 device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        reader: _Reader,
+        part: int,
+        positions: np.ndarray,
+        sample_shape: tuple[int, ...],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         self.reader, self.part, self.positions = reader, part, np.asarray(positions)
         super().__init__(len(self.positions), sample_shape, device, dtype)
 
@@ -130,18 +141,28 @@ class MapRows(Rows):
         return pytree.tree_map(self._move, values)
 
     def to(self, device: Any = None, dtype: torch.dtype | None = None, **_: Any) -> MapRows:
-        return MapRows(self.reader, self.part, self.positions, self.sample_shape,
-                       torch.device(device) if device is not None else self.device, dtype or self.dtype)
+        return MapRows(
+            self.reader,
+            self.part,
+            self.positions,
+            self.sample_shape,
+            torch.device(device) if device is not None else self.device,
+            dtype or self.dtype,
+        )
 
 
 def is_map_dataset(value: Any) -> bool:
     """A torch-style map dataset (indexable, sized), not arrays or tensors."""
-    return (hasattr(value, "__getitem__") and hasattr(value, "__len__")
-            and not isinstance(value, (np.ndarray, torch.Tensor, dict, tuple, list, str)))
+    return (
+        hasattr(value, "__getitem__")
+        and hasattr(value, "__len__")
+        and not isinstance(value, (np.ndarray, torch.Tensor, dict, tuple, list, str))
+    )
 
 
-def map_rows(dataset: Any, positions: np.ndarray, device: torch.device, dtype: torch.dtype,
-             label_dtype: torch.dtype, where: str) -> tuple[MapRows, MapRows]:
+def map_rows(
+    dataset: Any, positions: np.ndarray, device: torch.device, dtype: torch.dtype, label_dtype: torch.dtype, where: str
+) -> tuple[MapRows, MapRows]:
     """(x rows, y rows) of `dataset` at `positions`; its first item fixes the sample shape."""
     reader = _Reader(dataset)
     try:
@@ -149,8 +170,12 @@ def map_rows(dataset: Any, positions: np.ndarray, device: torch.device, dtype: t
     except HftaNasError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's dataset
-        raise HftaNasError(f"{where}: reading item {int(positions[0])} raised {type(error).__name__}: {error}") from error
+        raise HftaNasError(
+            f"{where}: reading item {int(positions[0])} raised {type(error).__name__}: {error}"
+        ) from error
     first_leaf = pytree.tree_leaves(x0)[0]
     shape = tuple(first_leaf.shape[1:])
-    return (MapRows(reader, 0, positions, shape, device, dtype),
-            MapRows(reader, 1, positions, tuple(y0.shape[1:]), device, label_dtype))
+    return (
+        MapRows(reader, 0, positions, shape, device, dtype),
+        MapRows(reader, 1, positions, tuple(y0.shape[1:]), device, label_dtype),
+    )

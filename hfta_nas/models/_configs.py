@@ -133,7 +133,9 @@ def _describe(family: str, schema: type[FamilyConfig], error: ValidationError) -
             message = item["msg"].removeprefix("Value error, ")
             got = item.get("input")
             problems.append(f"key '{key}': {message}; got {got!r} ({type(got).__name__})")
-    return f"model family '{family}': invalid config: {'; '.join(problems)}."  # one line: it becomes `file:line: key: ...`
+    return (
+        f"model family '{family}': invalid config: {'; '.join(problems)}."  # one line: it becomes `file:line: key: ...`
+    )
 
 
 def validate_config(family: str, schema: type[FamilyConfig], config: Mapping[str, Any] | None) -> FamilyConfig:

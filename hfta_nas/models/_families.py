@@ -135,7 +135,9 @@ def _build_conv(family: str) -> Callable[[ConvConfig, tuple[int, ...], int], nn.
         in_channels = input_shape[0]
         for i, out_channels in enumerate(cfg.channels):
             stride = cfg.stride if i == 0 else 1
-            layers[f"conv{i}"] = _CONV[dims](in_channels, out_channels, cfg.kernel_size, stride=stride, padding=_padding(cfg))
+            layers[f"conv{i}"] = _CONV[dims](
+                in_channels, out_channels, cfg.kernel_size, stride=stride, padding=_padding(cfg)
+            )
             if cfg.norm == "batch":
                 layers[f"norm{i}"] = _BATCH_NORM[dims](out_channels)
             elif cfg.norm == "group":

@@ -97,7 +97,8 @@ def load_factory(path: str) -> Callable[..., nn.Module]:
             target = getattr(target, part)
         except AttributeError:
             available = sorted(
-                n for n, v in vars(module).items()
+                n
+                for n, v in vars(module).items()
                 if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
             )
             listing = ", ".join(available) if available else "none"

@@ -33,7 +33,9 @@ def resolve_model(
     if isinstance(model, str) and model in FAMILIES:
         return model_factory(model, config, input_shape=input_shape, num_classes=num_classes)
     if isinstance(model, str) and ":" not in model:
-        raise HftaNasError(f"unknown model '{model}': expected a built-in family {list(FAMILIES)} or a user factory 'module:function'.")
+        raise HftaNasError(
+            f"unknown model '{model}': expected a built-in family {list(FAMILIES)} or a user factory 'module:function'."
+        )
     function = load_factory(model) if isinstance(model, str) else model
     if not callable(function):
         raise HftaNasError(f"model must be a family name, 'module:function' or a callable; got {type(model).__name__}.")
@@ -57,8 +59,10 @@ def _call_user_factory(function: Callable[..., nn.Module], kwargs: dict[str, Any
         raise HftaNasError(f"model factory {name} could not be called with {sorted(kwargs)}: {error}") from error
     except Exception as error:  # noqa: BLE001 - the user's code: say where it failed, without a traceback
         frame = traceback.extract_tb(error.__traceback__)[-1]
-        raise HftaNasError(f"model factory {name} raised {type(error).__name__}: {error} "
-                           f"(at {frame.filename}:{frame.lineno}, called with {sorted(kwargs)})") from error
+        raise HftaNasError(
+            f"model factory {name} raised {type(error).__name__}: {error} "
+            f"(at {frame.filename}:{frame.lineno}, called with {sorted(kwargs)})"
+        ) from error
     if not isinstance(built, nn.Module):
         raise HftaNasError(f"model factory {name} returned a {type(built).__name__}, not a torch.nn.Module.")
     return built

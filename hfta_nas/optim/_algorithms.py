@@ -33,7 +33,9 @@ class SGD(ArrayOptimizer):
 
     def _validate_all(self) -> None:
         super()._validate_all()
-        if self.options["nesterov"] and ((self.hparams["momentum"] <= 0).any() or (self.hparams["dampening"] != 0).any()):
+        if self.options["nesterov"] and (
+            (self.hparams["momentum"] <= 0).any() or (self.hparams["dampening"] != 0).any()
+        ):
             raise HftaNasError("SGD: nesterov momentum requires momentum > 0 and dampening = 0 in every slot.")
 
     def _fused_supported(self):
@@ -43,9 +45,16 @@ class SGD(ArrayOptimizer):
         momentum = hp["momentum"]
         buffers = [] if momentum == 0 else _blocks(self._state("momentum_buffer", param), runs)
         torch._fused_sgd_(
-            _blocks(param, runs), _blocks(grad, runs), buffers,
-            weight_decay=hp["weight_decay"], momentum=momentum, lr=hp["lr"], dampening=hp["dampening"],
-            nesterov=self.options["nesterov"], maximize=self.options["maximize"], is_first_step=step == 1,
+            _blocks(param, runs),
+            _blocks(grad, runs),
+            buffers,
+            weight_decay=hp["weight_decay"],
+            momentum=momentum,
+            lr=hp["lr"],
+            dampening=hp["dampening"],
+            nesterov=self.options["nesterov"],
+            maximize=self.options["maximize"],
+            is_first_step=step == 1,
         )
 
     def _update(self, param, grad, hp):
@@ -84,10 +93,19 @@ class Adam(ArrayOptimizer):
         blocks = [_blocks(self._state(name, param), runs) for name in states]
         kernel = torch._fused_adamw_ if self.decoupled_weight_decay else torch._fused_adam_
         kernel(
-            _blocks(param, runs), _blocks(grad, runs), blocks[0], blocks[1], blocks[2] if len(blocks) > 2 else [],
+            _blocks(param, runs),
+            _blocks(grad, runs),
+            blocks[0],
+            blocks[1],
+            blocks[2] if len(blocks) > 2 else [],
             [torch.tensor(step, dtype=torch.float32)] * len(runs),
-            lr=hp["lr"], beta1=hp["beta1"], beta2=hp["beta2"], weight_decay=hp["weight_decay"], eps=hp["eps"],
-            amsgrad=self.options["amsgrad"], maximize=self.options["maximize"],
+            lr=hp["lr"],
+            beta1=hp["beta1"],
+            beta2=hp["beta2"],
+            weight_decay=hp["weight_decay"],
+            eps=hp["eps"],
+            amsgrad=self.options["amsgrad"],
+            maximize=self.options["maximize"],
         )
 
     def _update(self, param, grad, hp):

@@ -86,14 +86,17 @@ class ArrayOptimizer:
         self.options = {name: bool(kwargs.pop(name, default)) for name, default in self.flags.items()}
         unknown = set(kwargs) - set(self.defaults) - {"betas"}
         if unknown:
-            raise HftaNasError(f"{type(self).__name__} got unknown arguments {sorted(unknown)}; it takes {sorted([*self.defaults, *self.flags])}.")
+            raise HftaNasError(
+                f"{type(self).__name__} got unknown arguments {sorted(unknown)}; it takes {sorted([*self.defaults, *self.flags])}."
+            )
         if "betas" in kwargs:  # torch.optim spelling: betas=(beta1, beta2), each may be per slot
             betas = kwargs.pop("betas")
             if not isinstance(betas, (tuple, list)) or len(betas) != 2:
                 raise HftaNasError(f"betas must be a pair (beta1, beta2), got {betas!r}.")
             kwargs["beta1"], kwargs["beta2"] = betas
         self.hparams = {
-            name: per_slot_tensor(kwargs.get(name, default), count, name, array.device) for name, default in self.defaults.items()
+            name: per_slot_tensor(kwargs.get(name, default), count, name, array.device)
+            for name, default in self.defaults.items()
         }
         self._validate_all()
         self.state: dict[str, torch.Tensor] = {}
@@ -125,7 +128,9 @@ class ArrayOptimizer:
     def _validate(self, name: str, values: torch.Tensor) -> None:
         if name in self.clipping:
             if torch.isnan(values).any() or (values <= 0).any():
-                raise HftaNasError(f"{type(self).__name__}: '{name}' must be > 0 (inf: no clipping), got {values.tolist()}.")
+                raise HftaNasError(
+                    f"{type(self).__name__}: '{name}' must be > 0 (inf: no clipping), got {values.tolist()}."
+                )
             return
         if not torch.isfinite(values).all() or (values < 0).any():
             raise HftaNasError(f"{type(self).__name__}: '{name}' must be finite and >= 0, got {values.tolist()}.")
@@ -137,7 +142,9 @@ class ArrayOptimizer:
             values["beta1"], values["beta2"] = values.pop("betas")
         for name, value in values.items():
             if name not in self.hparams:
-                raise HftaNasError(f"{type(self).__name__} has no hyper-parameter '{name}'; it has {sorted(self.hparams)}.")
+                raise HftaNasError(
+                    f"{type(self).__name__} has no hyper-parameter '{name}'; it has {sorted(self.hparams)}."
+                )
             updated = self.hparams[name].clone()
             updated[slot] = float(value)
             self._validate(name, updated)
@@ -224,8 +231,9 @@ class ArrayOptimizer:
             hp = dict(zip(names, key[:-1]))
             self._fused_update(runs, param, grad, hp, key[-1])
 
-    def _fused_update(self, runs: list[tuple[int, int]], param: torch.Tensor, grad: torch.Tensor,
-                      hp: dict[str, float], step: float) -> None:
+    def _fused_update(
+        self, runs: list[tuple[int, int]], param: torch.Tensor, grad: torch.Tensor, hp: dict[str, float], step: float
+    ) -> None:
         """Update the row blocks `param[a:b]` for (a, b) in `runs`, which share `hp` and `step`."""
         raise NotImplementedError
 

@@ -31,11 +31,20 @@ from hfta_nas.optim._optimizer import ArrayOptimizer
 class SlotGradScaler:
     """Per-slot dynamic loss scaling (see the module docstring); arguments as torch.amp.GradScaler's."""
 
-    def __init__(self, optimizer: ArrayOptimizer, *, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000) -> None:
+    def __init__(
+        self,
+        optimizer: ArrayOptimizer,
+        *,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+    ) -> None:
         if not (growth_factor > 1 and 0 < backoff_factor < 1 and init_scale > 0 and growth_interval >= 1):
-            raise HftaNasError("SlotGradScaler needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 "
-                               "and growth_interval >= 1.")
+            raise HftaNasError(
+                "SlotGradScaler needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 "
+                "and growth_interval >= 1."
+            )
         self.optimizer = optimizer
         count, device = len(optimizer.array), optimizer.array.device
         self.scales = torch.full((count,), float(init_scale), dtype=torch.float32, device=device)
@@ -72,17 +81,22 @@ class SlotGradScaler:
             return
         grown = self.growth_tracker + 1
         grow = ~self.found_inf & (grown >= self.growth_interval)
-        self.scales = torch.where(self.found_inf, self.scales * self.backoff_factor,
-                                  torch.where(grow, self.scales * self.growth_factor, self.scales))
+        self.scales = torch.where(
+            self.found_inf,
+            self.scales * self.backoff_factor,
+            torch.where(grow, self.scales * self.growth_factor, self.scales),
+        )
         self.growth_tracker = torch.where(self.found_inf | grow, torch.zeros_like(grown), grown)
         self.found_inf = None
 
     # ---------------------------------------------------- skipped slots put back
     def _rows(self, slots: list[int]) -> dict[str, Any]:
         optimizer = self.optimizer
-        return {"param": optimizer.array.flat.detach()[slots].clone(),
-                "state": {name: value[slots].clone() for name, value in optimizer.state.items()},
-                "steps": optimizer.steps[slots].clone()}
+        return {
+            "param": optimizer.array.flat.detach()[slots].clone(),
+            "state": {name: value[slots].clone() for name, value in optimizer.state.items()},
+            "steps": optimizer.steps[slots].clone(),
+        }
 
     def _restore(self, slots: list[int], saved: dict[str, Any]) -> None:
         optimizer = self.optimizer
@@ -94,7 +108,10 @@ class SlotGradScaler:
     # ------------------------------------------------------------ slot surgery
     def keep_slots(self, keep: Any) -> None:
         index = torch.tensor(list(keep), device=self.scales.device)
-        self.scales, self.growth_tracker = self.scales.index_select(0, index), self.growth_tracker.index_select(0, index)
+        self.scales, self.growth_tracker = (
+            self.scales.index_select(0, index),
+            self.growth_tracker.index_select(0, index),
+        )
 
     def reset_slot(self, slot: int) -> None:
         """A refilled slot starts with a fresh scaler, as a new GradScaler would."""

@@ -58,8 +58,12 @@ class LRSchedule:
         self.params = {
             name: per_slot_tensor(value, count, name, device)
             for name, value in dict(
-                step_size=step_size, gamma=gamma, t_max=t_max, eta_min=eta_min,
-                warmup_steps=warmup_steps, warmup_start_factor=warmup_start_factor,
+                step_size=step_size,
+                gamma=gamma,
+                t_max=t_max,
+                eta_min=eta_min,
+                warmup_steps=warmup_steps,
+                warmup_start_factor=warmup_start_factor,
             ).items()
         }
         self._validate()
@@ -79,8 +83,12 @@ class LRSchedule:
             "warmup_start_factor": (p["warmup_start_factor"] > 0) & (p["warmup_start_factor"] <= 1),
         }
         expected = {
-            "step_size": "a positive integer", "gamma": "> 0", "t_max": "> 0", "eta_min": ">= 0",
-            "warmup_steps": "a non-negative integer", "warmup_start_factor": "in (0, 1]",
+            "step_size": "a positive integer",
+            "gamma": "> 0",
+            "t_max": "> 0",
+            "eta_min": ">= 0",
+            "warmup_steps": "a non-negative integer",
+            "warmup_start_factor": "in (0, 1]",
         }
         for name, ok in checks.items():
             if not ok.all():
@@ -92,12 +100,14 @@ class LRSchedule:
         warmup = p["warmup_steps"]
         main = (position - warmup).clamp(min=0)
         base = self.base_lr
-        by_kind = torch.stack([
-            base,
-            base * p["gamma"] ** torch.floor(main / p["step_size"]),
-            base * p["gamma"] ** main,
-            p["eta_min"] + (base - p["eta_min"]) * (1 + torch.cos(math.pi * main / p["t_max"])) / 2,
-        ])
+        by_kind = torch.stack(
+            [
+                base,
+                base * p["gamma"] ** torch.floor(main / p["step_size"]),
+                base * p["gamma"] ** main,
+                p["eta_min"] + (base - p["eta_min"]) * (1 + torch.cos(math.pi * main / p["t_max"])) / 2,
+            ]
+        )
         scheduled = by_kind.gather(0, self.kind.unsqueeze(0)).squeeze(0)
         warming = position < warmup
         fraction = torch.where(warming, position / warmup.clamp(min=1), torch.ones_like(position))
@@ -148,8 +158,12 @@ class LRSchedule:
     def state_dict(self) -> dict[str, Any]:
         """Copies on the CPU (a checkpoint must not take device memory)."""
         cpu = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
-        return {"kind": cpu(self.kind), "params": {k: cpu(v) for k, v in self.params.items()},
-                "base_lr": cpu(self.base_lr), "position": cpu(self.position)}
+        return {
+            "kind": cpu(self.kind),
+            "params": {k: cpu(v) for k, v in self.params.items()},
+            "base_lr": cpu(self.base_lr),
+            "position": cpu(self.position),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Back onto the device of the optimizer's tensors, wherever the state was saved."""

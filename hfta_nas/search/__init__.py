@@ -32,10 +32,10 @@ from hfta_nas.search._storage import (
     artifact_folder,
     check_directions,
     checkpoint_folder,
-    counted_trials,
-    missing_storage_file,
     copy_of_stored_study,
+    counted_trials,
     dashboard_command,
+    missing_storage_file,
     open_storage,
 )
 from hfta_nas.search._study_texts import attach_study_file, set_study_text, study_text

@@ -42,8 +42,15 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas.models import count_parameters
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from hfta_nas.search._candidate import Proposal, example_input
-from hfta_nas.search._events import (ArrayFailed, ArrayResumed, ArraySplit, ArrayStarted, EpochEnded, SlotRefilled,
-                                     TrialEnded)
+from hfta_nas.search._events import (
+    ArrayFailed,
+    ArrayResumed,
+    ArraySplit,
+    ArrayStarted,
+    EpochEnded,
+    SlotRefilled,
+    TrialEnded,
+)
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
 from hfta_nas.search._packing import Pack, shape_key
@@ -103,8 +110,16 @@ Request = FreedSlot | Requeue
 class ArrayJob:
     """Trains one pack; see the module docstring."""
 
-    def __init__(self, ctx: JobContext, pack: Pack, number: int, array_size: int, *,
-                 resume: Claim | None = None, rebuild: Callable[[dict[str, Any]], Proposal] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: JobContext,
+        pack: Pack,
+        number: int,
+        array_size: int,
+        *,
+        resume: Claim | None = None,
+        rebuild: Callable[[dict[str, Any]], Proposal] | None = None,
+    ) -> None:
         self.ctx, self.number, self.array_size = ctx, number, array_size
         self.pack = pack
         self.first = pack.proposals[0].candidate
@@ -115,7 +130,7 @@ class ArrayJob:
         # per-epoch checkpoints (`_resume`): the file, the trial of every slot id it names, and the
         # claimed checkpoint of a stopped run this job continues (removed once this one is saved)
         # a random part: a restarted container may have the worker's hostname and pid again
-        name = f'{re.sub(r"[^A-Za-z0-9_.-]", "_", ctx.worker)}-{number}-{secrets.token_hex(4)}'
+        name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', ctx.worker)}-{number}-{secrets.token_hex(4)}"
         self.path = ctx.checkpoints / f"{name}.pt" if ctx.checkpoints is not None else None
         self.records: dict[int, dict[str, Any]] = {}
         self.resume, self.rebuild = resume, rebuild
@@ -131,32 +146,48 @@ class ArrayJob:
         largest = max(proposals, key=lambda p: p.useful_macs)
         while True:
             try:
-                check_budget(largest.candidate.model, self.first.data.input_shape, batch_size=self.first.batch_size,
-                             slots=len(proposals), dtype=self.ctx.dtype, optimizer=self.first.optimizer,
-                             device=self.ctx.device)
+                check_budget(
+                    largest.candidate.model,
+                    self.first.data.input_shape,
+                    batch_size=self.first.batch_size,
+                    slots=len(proposals),
+                    dtype=self.ctx.dtype,
+                    optimizer=self.first.optimizer,
+                    device=self.ctx.device,
+                )
                 return proposals
             except ArrayOutOfMemory as error:
                 if len(proposals) == 1:
                     self._fail(proposals[0], f"out of memory even alone: {error}")
                     return []
                 half = (len(proposals) + 1) // 2
-                log.warning("array of %d models out of memory (%s); training %d now, the rest in later arrays",
-                            len(proposals), error, half)
+                log.warning(
+                    "array of %d models out of memory (%s); training %d now, the rest in later arrays",
+                    len(proposals),
+                    error,
+                    half,
+                )
                 self.ctx.emit(ArraySplit(len(proposals), half, str(error)))
                 yield Requeue(proposals[half:], half)
                 proposals = proposals[:half]
 
     def _trainer(self, proposals: list[Proposal], slot_ids: list[int] | None = None) -> ArrayTrainer:
         models = [p.build() for p in proposals]
-        array = ModelArray(models, dropout_seeds=[p.seeds["dropout"] for p in proposals], device=self.ctx.device,
-                           dtype=self.ctx.dtype)
+        array = ModelArray(
+            models, dropout_seeds=[p.seeds["dropout"] for p in proposals], device=self.ctx.device, dtype=self.ctx.dtype
+        )
         candidates = [p.candidate for p in proposals]
         optimizer = OPTIMIZERS[self.first.optimizer](array, **per_slot_hparams(candidates))
-        return ArrayTrainer(array, optimizer, self.first.data.to(self.ctx.device, self.ctx.dtype),
-                            schedule=per_slot_schedule(optimizer, candidates),
-                            data_seeds=[p.seeds["data"] for p in proposals],
-                            slot_ids=slot_ids or [p.number for p in proposals], evaluate_test=self._needs_test(),
-                            **self.first.training_settings().trainer_kwargs())
+        return ArrayTrainer(
+            array,
+            optimizer,
+            self.first.data.to(self.ctx.device, self.ctx.dtype),
+            schedule=per_slot_schedule(optimizer, candidates),
+            data_seeds=[p.seeds["data"] for p in proposals],
+            slot_ids=slot_ids or [p.number for p in proposals],
+            evaluate_test=self._needs_test(),
+            **self.first.training_settings().trainer_kwargs(),
+        )
 
     def _needs_test(self) -> bool:
         """Whether any objective (or the early-stopping rule) reads the test split: else a search's
@@ -171,10 +202,17 @@ class ArrayJob:
 
     def _tell_start(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         trial = proposal.trial
-        for key, value in dict(array_id=self.array_id, slot=slot, architecture=shape_key(proposal), worker=self.ctx.worker,
-                               train_start=_now(),
-                               seed_init=proposal.seeds["init"], seed_data=proposal.seeds["data"],
-                               seed_dropout=proposal.seeds["dropout"], **extra).items():
+        for key, value in dict(
+            array_id=self.array_id,
+            slot=slot,
+            architecture=shape_key(proposal),
+            worker=self.ctx.worker,
+            train_start=_now(),
+            seed_init=proposal.seeds["init"],
+            seed_data=proposal.seeds["data"],
+            seed_dropout=proposal.seeds["dropout"],
+            **extra,
+        ).items():
             trial.set_user_attr(key, value)
         self.started[proposal.number] = time.monotonic()
         self.static[proposal.number] = static_metrics(proposal, self.ctx.metrics, self.ctx.device, self.ctx.dtype)
@@ -216,20 +254,35 @@ class ArrayJob:
         trainer = self._trainer(proposals)
         for slot, proposal in enumerate(proposals):
             self._start_slot(proposal, slot)
-        self.ctx.emit(ArrayStarted(self.number, [p.number for p in proposals], self.array_size, self.pack.architectures,
-                                   self.pack.useful_macs, self.pack.executed_macs, self.pack.seconds))
+        self.ctx.emit(
+            ArrayStarted(
+                self.number,
+                [p.number for p in proposals],
+                self.array_size,
+                self.pack.architectures,
+                self.pack.useful_macs,
+                self.pack.executed_macs,
+                self.pack.seconds,
+            )
+        )
         return trainer
 
     def _failed(self, trainer: ArrayTrainer, error: BaseException) -> Generator[Request, Proposal | None, None]:
         with self.ctx.account.phase("storage"):
-            running = [self.by_number[n] for n in trainer.slot_ids
-                       if n in self.by_number and self.ctx.ledger.is_running(self.by_number[n].trial)]
+            running = [
+                self.by_number[n]
+                for n in trainer.slot_ids
+                if n in self.by_number and self.ctx.ledger.is_running(self.by_number[n].trial)
+            ]
             if is_out_of_memory(error) and len(running) > 1:
                 yield self._retry_smaller(running, error)
                 return
             for proposal in running:
-                self._fail(proposal, f"array {self.array_id} failed: {type(error).__name__}: {error}",
-                           trainer.results[proposal.number].epochs)
+                self._fail(
+                    proposal,
+                    f"array {self.array_id} failed: {type(error).__name__}: {error}",
+                    trainer.results[proposal.number].epochs,
+                )
             self.ctx.emit(ArrayFailed(self.number, str(error)))
 
     # ------------------------------------------------------------ checkpoints
@@ -240,15 +293,23 @@ class ArrayJob:
         with self.ctx.account.phase("checkpoints"):
             started = time.monotonic()
             share = CHECKPOINT_SHARE
-            if share is not None and self.saved_at is not None and (started - self.saved_at) * share < self.save_seconds:
+            if (
+                share is not None
+                and self.saved_at is not None
+                and (started - self.saved_at) * share < self.save_seconds
+            ):
                 return
             self._save_now(trainer)
             self.saved_at = time.monotonic()
             self.save_seconds = self.saved_at - started
 
     def _save_now(self, trainer: ArrayTrainer) -> None:
-        state = {"trainer": trainer.state_dict(), "slots": self.records, "device": self.ctx.device.type,
-                 "dtype": str(self.ctx.dtype)}
+        state = {
+            "trainer": trainer.state_dict(),
+            "slots": self.records,
+            "device": self.ctx.device.type,
+            "dtype": str(self.ctx.dtype),
+        }
         if save_checkpoint(self.path, state) and self.previous not in (None, self.path):
             remove_checkpoint(self.previous)
             self.previous = None
@@ -267,14 +328,20 @@ class ArrayJob:
         self.records = {renames.get(sid, sid): record for sid, record in claim.state["slots"].items()}
         claimed = {p.number: p for p in claim.proposals.values()}
         try:
-            builders = {sid: claimed.get(sid) or self.rebuild(self.records[sid])
-                        for sid in {*state["initial_ids"], *state["slot_ids"]}}
+            builders = {
+                sid: claimed.get(sid) or self.rebuild(self.records[sid])
+                for sid in {*state["initial_ids"], *state["slot_ids"]}
+            }
             trainer = self._trainer([builders[sid] for sid in state["initial_ids"]], list(state["initial_ids"]))
             trainer.restore(state, build=lambda sid: (builders[sid].build(), slot_options(builders[sid], trainer)))
             trainer.array.verify(trainer.data.x_train[:2])  # padded slots against their own models, here
         except Exception as error:  # noqa: BLE001 - the user's build on stored params, a changed model, ...
-            log.warning("could not continue the checkpoint %s (%s: %s); its trials train from the start",
-                        claim.path, type(error).__name__, error)
+            log.warning(
+                "could not continue the checkpoint %s (%s: %s); its trials train from the start",
+                claim.path,
+                type(error).__name__,
+                error,
+            )
             if not is_out_of_memory(error):  # out of memory may pass; anything else will not
                 remove_checkpoint(claim.path)
             self.previous, self.records = None, {}
@@ -283,12 +350,23 @@ class ArrayJob:
         shells = [builders[sid].shell for sid in state["initial_ids"]]
         executed = len(claimed) * envelope_macs(shells, example_input(self.first))
         self.pack = Pack(list(claimed.values()), sum(p.useful_macs for p in claimed.values()), executed, 0.0)
-        self.ctx.emit(ArrayStarted(self.number, list(claimed), self.array_size, self.pack.architectures,
-                                   self.pack.useful_macs, self.pack.executed_macs, 0.0))
+        self.ctx.emit(
+            ArrayStarted(
+                self.number,
+                list(claimed),
+                self.array_size,
+                self.pack.architectures,
+                self.pack.useful_macs,
+                self.pack.executed_macs,
+                0.0,
+            )
+        )
         for number, proposal in claimed.items():
             self._start_slot(proposal, trainer.position_of(number), resumed_from_epoch=claim.epoch)
             for epoch, row in enumerate(trainer.results[number].history, start=1):  # the curve so far, told again
-                self._report(proposal, epoch, [row[m] if m in row else self.static[number][m] for m in self.ctx.metrics])
+                self._report(
+                    proposal, epoch, [row[m] if m in row else self.static[number][m] for m in self.ctx.metrics]
+                )
         self.ctx.emit(ArrayResumed(self.number, list(claimed), claim.epoch))
         return trainer
 
@@ -296,8 +374,13 @@ class ArrayJob:
         """Out of memory while training (CUDA): the running trials wait again, first in
         line, for arrays of half the size; epochs they report again repeat the same values."""
         half = max(1, (len(running) + 1) // 2)
-        log.warning("array of %d models out of memory while training (%s: %s); retrying them in arrays of %d",
-                    len(running), type(error).__name__, error, half)
+        log.warning(
+            "array of %d models out of memory while training (%s: %s); retrying them in arrays of %d",
+            len(running),
+            type(error).__name__,
+            error,
+            half,
+        )
         self.ctx.emit(ArraySplit(len(running), half, str(error)))
         for proposal in running:
             proposal.trial.set_user_attr("out_of_memory", f"{type(error).__name__}: {error}")
@@ -320,19 +403,32 @@ class ArrayJob:
             except optuna.exceptions.UpdateFinishedTrialError:
                 # This worker was paused (SIGSTOP, a suspended laptop) past the heartbeat grace: another
                 # worker failed the trial as stale and retries it. The slot stops; nothing is told twice.
-                ctx.emit(TrialEnded(number, "FAIL", reason="taken over: another worker retried it while this "
-                                                           "worker was paused"))
+                ctx.emit(
+                    TrialEnded(
+                        number, "FAIL", reason="taken over: another worker retried it while this worker was paused"
+                    )
+                )
                 if trainer.results[number].status == "running":
                     trainer.stop([number], reason="taken over")
         running = len(report.metrics) - len(report.failed)
         ctx.occupancy.append(len(report.metrics) / self.array_size)
         ctx.samples += len(report.metrics) * len(self.first.data.y_train)
         elapsed = max(time.monotonic() - ctx.started, 1e-9)
-        ctx.emit(EpochEnded(self.number, report.epoch, running, self.array_size, ctx.occupancy[-1],
-                            float(np.mean(ctx.occupancy)), ctx.samples / elapsed))
+        ctx.emit(
+            EpochEnded(
+                self.number,
+                report.epoch,
+                running,
+                self.array_size,
+                ctx.occupancy[-1],
+                float(np.mean(ctx.occupancy)),
+                ctx.samples / elapsed,
+            )
+        )
 
-    def _end_epoch_of(self, number: int, metrics: dict[str, float], report: EpochReport,
-                      trainer: ArrayTrainer) -> Generator[Request, Proposal | None, None]:
+    def _end_epoch_of(
+        self, number: int, metrics: dict[str, float], report: EpochReport, trainer: ArrayTrainer
+    ) -> Generator[Request, Proposal | None, None]:
         """Record one slot's epoch; tell its trial how it ended when it did (pruned, failed, completed)."""
         ctx, proposal, result = self.ctx, self.by_number[number], trainer.results[number]
         if number in report.failed:
@@ -388,7 +484,9 @@ class ArrayJob:
         if self.ctx.ledger.fail(proposal.trial, Outcome.FAILED, reason):
             self.ctx.emit(TrialEnded(proposal.number, "FAIL", reason=reason))
 
-    def _refill_or_stop(self, trainer: ArrayTrainer, ended: Proposal, why: str) -> Generator[Request, Proposal | None, None]:
+    def _refill_or_stop(
+        self, trainer: ArrayTrainer, ended: Proposal, why: str
+    ) -> Generator[Request, Proposal | None, None]:
         """Refill the slot of a pruned or failed trial while other slots train on, else drop it."""
         others = any(trainer.results[s].status == "running" for s in trainer.slot_ids if s != ended.number)
         key = ended.candidate.shared_settings()
@@ -409,22 +507,31 @@ class ArrayJob:
 def slot_options(proposal: Proposal, trainer: ArrayTrainer) -> dict[str, Any]:
     """`ArrayTrainer.replace`'s arguments for a proposal refilling a slot."""
     schedule = schedule_of(proposal.candidate) if trainer.schedule is not None else None
-    return dict(data_seed=proposal.seeds["data"], dropout_seed=proposal.seeds["dropout"],
-                hparams=proposal.candidate.slot_hparams(), schedule_params=schedule)
+    return dict(
+        data_seed=proposal.seeds["data"],
+        dropout_seed=proposal.seeds["dropout"],
+        hparams=proposal.candidate.slot_hparams(),
+        schedule_params=schedule,
+    )
 
 
 def renamed(state: dict[str, Any], renames: dict[int, int]) -> dict[str, Any]:
     """A trainer checkpoint with slot ids renamed (the trials a retry took over)."""
     new = lambda sid: renames.get(sid, sid)  # noqa: E731
-    return {**state, "initial_ids": [new(s) for s in state["initial_ids"]], "slot_ids": [new(s) for s in state["slot_ids"]],
-            "results": {new(sid): {**result, "slot_id": new(sid)} for sid, result in state["results"].items()}}
+    return {
+        **state,
+        "initial_ids": [new(s) for s in state["initial_ids"]],
+        "slot_ids": [new(s) for s in state["slot_ids"]],
+        "results": {new(sid): {**result, "slot_id": new(sid)} for sid, result in state["results"].items()},
+    }
 
 
 def per_slot_hparams(candidates: list[Any]) -> dict[str, Any]:
     """Per-slot lists of every hyper-parameter any slot sets (the optimizer's defaults fill
     the rest), and the flags the array shares."""
-    return OPTIMIZERS[candidates[0].optimizer].slot_arguments([c.slot_hparams() for c in candidates],
-                                                              candidates[0].flags())
+    return OPTIMIZERS[candidates[0].optimizer].slot_arguments(
+        [c.slot_hparams() for c in candidates], candidates[0].flags()
+    )
 
 
 def schedule_of(candidate: Any) -> dict[str, Any]:
@@ -442,7 +549,9 @@ def per_slot_schedule(optimizer: Any, candidates: list[Any]) -> LRSchedule | Non
     return LRSchedule(optimizer, [s["kind"] for s in schedules], **args)
 
 
-def static_metrics(proposal: Proposal, metrics: list[str], device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+def static_metrics(
+    proposal: Proposal, metrics: list[str], device: torch.device, dtype: torch.dtype
+) -> dict[str, float]:
     """Metric values that do not depend on training: the candidate's own, the parameter
     count and the latency (median of one-sample forwards, ms)."""
     values = {name: float(v) for name, v in proposal.candidate.metrics.items()}

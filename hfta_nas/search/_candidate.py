@@ -69,11 +69,13 @@ class Candidate:
     augmentation: Augmentation | None = None
     precision: str = "float32"
 
-    def checked(self, default_data: Dataset | None) -> "Candidate":
+    def checked(self, default_data: Dataset | None) -> Candidate:
         """This candidate with its data filled in; HftaNasError naming the first bad field."""
         if isinstance(self.model, nn.Module) or not callable(self.model):
-            raise HftaNasError("Candidate.model must be a function that returns a new model "
-                               f"(e.g. lambda: MyNet(...)), got {type(self.model).__name__}.")
+            raise HftaNasError(
+                "Candidate.model must be a function that returns a new model "
+                f"(e.g. lambda: MyNet(...)), got {type(self.model).__name__}."
+            )
         if self.optimizer not in OPTIMIZERS:
             raise HftaNasError(f"Candidate.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}.")
         known = {*OPTIMIZERS[self.optimizer].defaults, *OPTIMIZERS[self.optimizer].flags}
@@ -81,34 +83,55 @@ class Candidate:
             known.add("betas")
         unknown = sorted(set(self.hparams) - known)
         if unknown:
-            raise HftaNasError(f"optimizer '{self.optimizer}' has no hyper-parameter {unknown[0]!r}; "
-                               f"it has {', '.join(sorted(known))}.")
+            raise HftaNasError(
+                f"optimizer '{self.optimizer}' has no hyper-parameter {unknown[0]!r}; "
+                f"it has {', '.join(sorted(known))}."
+            )
         for name, value in (("epochs", self.epochs), ("batch_size", self.batch_size), ("accumulate", self.accumulate)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise HftaNasError(f"Candidate.{name} must be a positive integer, got {value!r}.")
         if self.schedule is not None and self.schedule.get("kind") not in SCHEDULE_KINDS:
-            raise HftaNasError(f"Candidate.schedule needs a 'kind' in {', '.join(SCHEDULE_KINDS)}, "
-                               f"got {dict(self.schedule)!r}.")
+            raise HftaNasError(
+                f"Candidate.schedule needs a 'kind' in {', '.join(SCHEDULE_KINDS)}, got {dict(self.schedule)!r}."
+            )
         if self.early_stopping is not None and not isinstance(self.early_stopping, EarlyStopping):
-            raise HftaNasError(f"Candidate.early_stopping must be an hfta_nas.EarlyStopping, got {self.early_stopping!r}.")
+            raise HftaNasError(
+                f"Candidate.early_stopping must be an hfta_nas.EarlyStopping, got {self.early_stopping!r}."
+            )
         data = self.data if self.data is not None else default_data
         if not isinstance(data, Dataset):
             raise HftaNasError("no data: give optimize(..., data=Dataset) or Candidate(data=Dataset).")
         for name, value in self.metrics.items():
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise HftaNasError(f"Candidate.metrics[{name!r}] must be a finite number, got {value!r}.")
-        return Candidate(self.model, self.optimizer, dict(self.hparams), dict(self.schedule) if self.schedule else None,
-                         self.epochs, self.batch_size, data, self.loss, dict(self.metrics), self.config, self.accumulate,
-                         self.early_stopping, self.augmentation, self.precision)
+        return Candidate(
+            self.model,
+            self.optimizer,
+            dict(self.hparams),
+            dict(self.schedule) if self.schedule else None,
+            self.epochs,
+            self.batch_size,
+            data,
+            self.loss,
+            dict(self.metrics),
+            self.config,
+            self.accumulate,
+            self.early_stopping,
+            self.augmentation,
+            self.precision,
+        )
 
     def training_settings(self) -> TrainingSettings:
         """The settings an array of this candidate trains with (shared by the array)."""
-        return TrainingSettings(self.batch_size, self.accumulate, self.early_stopping, self.loss, self.augmentation,
-                                self.precision)
+        return TrainingSettings(
+            self.batch_size, self.accumulate, self.early_stopping, self.loss, self.augmentation, self.precision
+        )
 
     def flags(self) -> dict[str, bool]:
         """The optimizer options one array shares (nesterov, amsgrad, ...), defaults filled in."""
-        return {name: bool(self.hparams.get(name, default)) for name, default in OPTIMIZERS[self.optimizer].flags.items()}
+        return {
+            name: bool(self.hparams.get(name, default)) for name, default in OPTIMIZERS[self.optimizer].flags.items()
+        }
 
     def slot_hparams(self) -> dict[str, float]:
         """The hyper-parameters an array keeps per slot; `betas` as beta1 / beta2."""
@@ -125,9 +148,19 @@ class Candidate:
 
     def stable_settings(self) -> tuple:
         """`shared_settings` by name instead of object identity (the same in every run)."""
-        return (getattr(self.data, "name", None), self.batch_size, self.epochs, self.optimizer,
-                tuple(sorted(self.flags().items())), self.schedule is not None, self.loss_name(), self.accumulate,
-                repr(self.early_stopping), repr(self.augmentation), self.precision)
+        return (
+            getattr(self.data, "name", None),
+            self.batch_size,
+            self.epochs,
+            self.optimizer,
+            tuple(sorted(self.flags().items())),
+            self.schedule is not None,
+            self.loss_name(),
+            self.accumulate,
+            repr(self.early_stopping),
+            repr(self.augmentation),
+            self.precision,
+        )
 
     def loss_name(self) -> Any:
         """The loss by name (an Objective's description, a function's qualified name; None: the default)."""
@@ -139,7 +172,9 @@ class Candidate:
 def trial_seeds(base_seed: int, trial_number: int) -> dict[str, int]:
     """Independent init / data / dropout seeds for a trial, from the search's seed."""
     states = np.random.SeedSequence([base_seed, trial_number]).spawn(3)
-    return {source: int(s.generate_state(1, dtype=np.uint32)[0]) for source, s in zip(("init", "data", "dropout"), states)}
+    return {
+        source: int(s.generate_state(1, dtype=np.uint32)[0]) for source, s in zip(("init", "data", "dropout"), states)
+    }
 
 
 @dataclass
@@ -165,9 +200,13 @@ class Proposal:
             model = self.candidate.model()
         built, promised = tensor_shapes(model), tensor_shapes(self.shell)
         if built != promised:
-            difference = next((f"{a} vs {b}" for a, b in zip(built, promised) if a != b), f"{len(built)} vs {len(promised)} tensors")
-            raise HftaNasError(f"the model factory built different models on different calls (one per seed): {difference}; "
-                               "a candidate's model function must build the same architecture every time")
+            difference = next(
+                (f"{a} vs {b}" for a, b in zip(built, promised) if a != b), f"{len(built)} vs {len(promised)} tensors"
+            )
+            raise HftaNasError(
+                f"the model factory built different models on different calls (one per seed): {difference}; "
+                "a candidate's model function must build the same architecture every time"
+            )
         return model
 
     @property
@@ -190,8 +229,10 @@ def meta_shell(candidate: Candidate) -> nn.Module:
             with torch.device("meta"):
                 model = candidate.model()
         except SystemExit as exit_:
-            raise HftaNasError(f"Candidate.model() called sys.exit({exit_.code!r}); a model function must "
-                               "return a model (or raise an error)") from None
+            raise HftaNasError(
+                f"Candidate.model() called sys.exit({exit_.code!r}); a model function must "
+                "return a model (or raise an error)"
+            ) from None
         except Exception:  # noqa: BLE001 - `.item()` or `int(t)` in a user's constructor
             try:
                 model = candidate.model()
@@ -217,15 +258,21 @@ def check_outputs(candidate: Candidate, shell: nn.Module, x: torch.Tensor) -> No
     except Exception:  # noqa: BLE001 - data-dependent code cannot run on the meta device
         return
     if not isinstance(out, torch.Tensor):
-        raise HftaNasError(f"the model must return one tensor of outputs per sample, but it returned a "
-                           f"{type(out).__name__}.")
+        raise HftaNasError(
+            f"the model must return one tensor of outputs per sample, but it returned a {type(out).__name__}."
+        )
     classes = candidate.data.num_classes
     built_in = candidate.loss.loss if isinstance(candidate.loss, Objective) else None
     if (candidate.loss is None or built_in == "cross_entropy") and (
-            out.dim() < 2 or out.shape[0] != len(x) or out.shape[1] != classes):
-        raise HftaNasError(f"the model returns outputs of shape {list(out.shape)} for a batch of {len(x)}, but the "
-                           f"loss (cross-entropy) needs "
-                           f"[{len(x)}, {classes}, ...]: one logit per class of the data ({classes} classes) in dimension 1.")
+        out.dim() < 2 or out.shape[0] != len(x) or out.shape[1] != classes
+    ):
+        raise HftaNasError(
+            f"the model returns outputs of shape {list(out.shape)} for a batch of {len(x)}, but the "
+            f"loss (cross-entropy) needs "
+            f"[{len(x)}, {classes}, ...]: one logit per class of the data ({classes} classes) in dimension 1."
+        )
     if built_in in REGRESSION_LOSSES and (out.dim() < 1 or out.shape[0] != len(x) or out[0].numel() != classes):
-        raise HftaNasError(f"the model returns outputs of shape {list(out.shape)} for a batch of {len(x)}, but the "
-                           f"loss ({built_in}) needs [{len(x)}, {classes}]: one output per target of the data.")
+        raise HftaNasError(
+            f"the model returns outputs of shape {list(out.shape)} for a batch of {len(x)}, but the "
+            f"loss ({built_in}) needs [{len(x)}, {classes}]: one output per target of the data."
+        )

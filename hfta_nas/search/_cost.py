@@ -99,20 +99,31 @@ class StepCurve:
 
     def describe(self) -> str:
         steps = ", ".join(f"{size}: {s * 1e3:.2f}" for size, s in zip(self.sizes, self.step_s))
-        return (f"ms per step by array size {{{steps}}}, {self.fixed_share:.0%} of a step fixed, "
-                f"{self.array_s * 1e3:.0f} ms per array; knee {self.knee}")
+        return (
+            f"ms per step by array size {{{steps}}}, {self.fixed_share:.0%} of a step fixed, "
+            f"{self.array_s * 1e3:.0f} ms per array; knee {self.knee}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"macs": self.macs, "sizes": list(self.sizes), "step_s": list(self.step_s),
-                "fixed_share": self.fixed_share, "array_s": self.array_s}
+        return {
+            "macs": self.macs,
+            "sizes": list(self.sizes),
+            "step_s": list(self.step_s),
+            "fixed_share": self.fixed_share,
+            "array_s": self.array_s,
+        }
 
 
 def cost_from_dict(stored: dict[str, Any]) -> StepCost | StepCurve:
     """A StepCost or StepCurve from its `as_dict()`."""
     if "sizes" in stored:
-        return StepCurve(int(stored["macs"]), tuple(int(s) for s in stored["sizes"]),
-                         tuple(float(s) for s in stored["step_s"]), float(stored["fixed_share"]),
-                         float(stored["array_s"]))
+        return StepCurve(
+            int(stored["macs"]),
+            tuple(int(s) for s in stored["sizes"]),
+            tuple(float(s) for s in stored["step_s"]),
+            float(stored["fixed_share"]),
+            float(stored["array_s"]),
+        )
     return StepCost(float(stored["fixed_s"]), float(stored["per_gmac_s"]))
 
 
@@ -125,16 +136,37 @@ def _interpolated(sizes: Sequence[int], seconds: Sequence[float], slots: int) ->
     return max(t0 + (t1 - t0) * (slots - s0) / (s1 - s0), 1e-9)
 
 
-def measure_step_cost(factory: Callable[[], nn.Module], macs_per_sample: int, *, input_shape: Sequence[int],
-                      num_classes: int, batch_size: int, dtype: torch.dtype, optimizer: str, device: torch.device,
-                      slots: int, smallest: tuple[Callable[[], nn.Module], int] | None = None) -> StepCurve:
+def measure_step_cost(
+    factory: Callable[[], nn.Module],
+    macs_per_sample: int,
+    *,
+    input_shape: Sequence[int],
+    num_classes: int,
+    batch_size: int,
+    dtype: torch.dtype,
+    optimizer: str,
+    device: torch.device,
+    slots: int,
+    smallest: tuple[Callable[[], nn.Module], int] | None = None,
+) -> StepCurve:
     """The StepCurve of arrays of `factory`'s models (`macs_per_sample` each) at sizes 1, 2, 4, ... up to
     `slots` (at least 2; the doubling stops two doublings past the knee: the curve is flat there);
     `smallest` (a factory and its multiply-adds) gives the share of a step that does not scale with
     the envelope. The global random state is left as it was."""
+
     def timed(size: int, make: Callable[[], nn.Module]) -> float:
-        return step_seconds(make, input_shape, num_classes, slots=size, batch_size=batch_size, dtype=dtype,
-                            optimizer=optimizer, device=device, min_steps=5, min_seconds=MIN_SECONDS)
+        return step_seconds(
+            make,
+            input_shape,
+            num_classes,
+            slots=size,
+            batch_size=batch_size,
+            dtype=dtype,
+            optimizer=optimizer,
+            device=device,
+            min_steps=5,
+            min_seconds=MIN_SECONDS,
+        )
 
     limit = max(2, slots)
     candidates = sorted({*(2**k for k in range(limit.bit_length()) if 2**k <= limit), limit})

@@ -34,8 +34,9 @@ WEIGHTS, CONFIG, STAGED = "best_weights.pt", "best_config.yaml", ".trials"
 class BestExport:
     """Stages and publishes the best trial by the first metric (see the module docstring)."""
 
-    def __init__(self, study: optuna.Study, out_dir: Path | None, metrics: list[str], directions: list[str],
-                 lock: Any = None) -> None:
+    def __init__(
+        self, study: optuna.Study, out_dir: Path | None, metrics: list[str], directions: list[str], lock: Any = None
+    ) -> None:
         # `lock`: the study's lock; every write into out_dir happens under it, so a temporary file
         # found there by `repair` was left by a process that died, never one being written
         self.study, self.out_dir, self.metrics, self.lock = study, out_dir, metrics, lock or contextlib.nullcontext()
@@ -50,7 +51,9 @@ class BestExport:
         key = (lambda t: (-t.values[0], t.number)) if self.maximize else (lambda t: (t.values[0], t.number))
         return min(done, key=key)
 
-    def offer(self, proposal: Proposal, values: list[float], weights: Mapping[str, torch.Tensor], study_name: str) -> None:
+    def offer(
+        self, proposal: Proposal, values: list[float], weights: Mapping[str, torch.Tensor], study_name: str
+    ) -> None:
         """Stage and publish the trial just told COMPLETE if it is the study's best."""
         best = self.best_trial()
         if self.out_dir is None or best is None or best.number != proposal.number:
@@ -94,8 +97,11 @@ class BestExport:
 
     def _note_published(self) -> None:
         assert self.out_dir is not None
-        self.files = {kind: str(self.out_dir / name) for kind, name in (("weights", WEIGHTS), ("config", CONFIG))
-                      if (self.out_dir / name).exists()}
+        self.files = {
+            kind: str(self.out_dir / name)
+            for kind, name in (("weights", WEIGHTS), ("config", CONFIG))
+            if (self.out_dir / name).exists()
+        }
 
 
 @contextlib.contextmanager
@@ -104,15 +110,21 @@ def _writing(out_dir: Path) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        raise HftaNasError(f"cannot write the best trial's weights and config to '{out_dir}': "
-                           f"{error.strerror or error}; free space or give another --out (the study keeps every "
-                           "trial: re-running the command writes them)") from error
+        raise HftaNasError(
+            f"cannot write the best trial's weights and config to '{out_dir}': "
+            f"{error.strerror or error}; free space or give another --out (the study keeps every "
+            "trial: re-running the command writes them)"
+        ) from error
 
 
 def _config_text(proposal: Proposal, values: list[float], metrics: list[str], study_name: str) -> str | None:
     """The candidate's config as YAML with where it came from, or None when it has none."""
-    origin: dict[str, Any] = {"seeds": proposal.seeds, "trial": proposal.number, "study": study_name,
-                              "values": dict(zip(metrics, values))}
+    origin: dict[str, Any] = {
+        "seeds": proposal.seeds,
+        "trial": proposal.number,
+        "study": study_name,
+        "values": dict(zip(metrics, values)),
+    }
     config = proposal.candidate.config
     if hasattr(config, "to_yaml"):
         return config.to_yaml(**origin)

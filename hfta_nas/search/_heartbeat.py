@@ -110,7 +110,9 @@ class Heartbeat:
     """A daemon thread that stamps the RUNNING trials in `held()` (trial ids) every
     `interval` seconds; use as a context manager around the worker's run."""
 
-    def __init__(self, study: optuna.Study, held: Callable[[], Iterable[int]], worker: str, interval: float | None = None) -> None:
+    def __init__(
+        self, study: optuna.Study, held: Callable[[], Iterable[int]], worker: str, interval: float | None = None
+    ) -> None:
         self.study, self.held, self.worker = study, held, worker
         self.interval = interval or heartbeat_interval()
         self.host = host_identity()
@@ -118,7 +120,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hfta-nas-heartbeat", daemon=True)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 

@@ -105,5 +105,8 @@ class Ledger:
                 return
             for _ in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 trial = self.study.ask()
-                self.fail(trial, Outcome.SURPLUS, "surplus: an enqueued trial (a retry) left over when the budget "
-                                                  "was full; never trained")
+                self.fail(
+                    trial,
+                    Outcome.SURPLUS,
+                    "surplus: an enqueued trial (a retry) left over when the budget was full; never trained",
+                )

@@ -31,32 +31,42 @@ from typing import Any
 
 import numpy as np
 import optuna
-import torch
 from optuna.trial import TrialState
 
 from hfta_nas._autosize import free_memory, memory_limit
 from hfta_nas._checkpoint import enabled as checkpoints_enabled
+from hfta_nas._objectives import as_objective
 from hfta_nas._probe import padding_fraction
-from hfta_nas._time_account import TimeAccount
 from hfta_nas._run import DTYPES, _checked_device
+from hfta_nas._time_account import TimeAccount
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
-from hfta_nas._objectives import as_objective
 from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, FreedSlot, JobContext, Request
 from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
-from hfta_nas.search._cost import (StepCost, StepCostCache, StepCurve, cost_from_dict, device_name,
-                                   measure_step_cost)
+from hfta_nas.search._cost import StepCost, StepCostCache, StepCurve, cost_from_dict, device_name, measure_step_cost
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome, counts
-from hfta_nas.search._packing import (Group, Pack, architecture_key, cost_key, pack_groups, shape_key,
-                                      structure_groups, structure_key)
 from hfta_nas.search._optuna_private import storage_of, trial_id
-from hfta_nas.search._shape_checks import ShapeChecks
-from hfta_nas.search._recovery import (interrupt_held, retry_stale_trials, told_despite_interrupts,
-                                      wait_for_other_workers)
+from hfta_nas.search._packing import (
+    Group,
+    Pack,
+    architecture_key,
+    cost_key,
+    pack_groups,
+    shape_key,
+    structure_groups,
+    structure_key,
+)
+from hfta_nas.search._recovery import (
+    interrupt_held,
+    retry_stale_trials,
+    told_despite_interrupts,
+    wait_for_other_workers,
+)
 from hfta_nas.search._resume import Claim, claim, prune
+from hfta_nas.search._shape_checks import ShapeChecks
 from hfta_nas.search._storage import checkpoint_folder, dashboard_command, storage_location, study_lock
 
 AUTO_CAP = 64  # the most models array_size="auto" puts in one array
@@ -90,15 +100,29 @@ class SearchSummary:
     @property
     def waste(self) -> float:
         """Padding's share of the multiply-adds this run's arrays executed."""
-        return padding_fraction(sum(a["useful_macs"] for a in self.arrays), sum(a["executed_macs"] for a in self.arrays))
+        return padding_fraction(
+            sum(a["useful_macs"] for a in self.arrays), sum(a["executed_macs"] for a in self.arrays)
+        )
 
 
-def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None = None, *,
-             n_trials: int | None = None, timeout: float | None = None, array_size: int | str = "auto",
-             metrics: Sequence[str] | None = None, seed: int = 0, device: str = "cpu", dtype: str = "float32",
-             out_dir: str | Path | None = None, on_event: Callable[[Any], None] | None = None,
-             max_waste: float | None = None, replicate: Sequence[str] | None = None,
-             step_cost: StepCost | StepCurve | None = None) -> SearchSummary:
+def optimize(
+    study: optuna.Study,
+    build: Callable[[optuna.Trial], Candidate],
+    data: Dataset | None = None,
+    *,
+    n_trials: int | None = None,
+    timeout: float | None = None,
+    array_size: int | str = "auto",
+    metrics: Sequence[str] | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    out_dir: str | Path | None = None,
+    on_event: Callable[[Any], None] | None = None,
+    max_waste: float | None = None,
+    replicate: Sequence[str] | None = None,
+    step_cost: StepCost | StepCurve | None = None,
+) -> SearchSummary:
     """Search with `study`'s sampler and pruner, training `build(trial)`'s candidates as arrays.
 
     - n_trials / timeout: the budget (trials in the study, across workers; seconds of this run).
@@ -113,16 +137,31 @@ def optimize(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], da
     - step_cost: a fixed cost model (a StepCost line, or a StepCurve a search measured: `plan().step_costs`
       through `cost_from_dict`) instead of measuring one, to repeat a packing exactly.
     """
-    return _Search(study, build, data, n_trials=n_trials, timeout=timeout, array_size=array_size, metrics=metrics,
-                   seed=seed, device=device, dtype=dtype, out_dir=out_dir, on_event=on_event, max_waste=max_waste,
-                   replicate=replicate, step_cost=step_cost).run()
+    return _Search(
+        study,
+        build,
+        data,
+        n_trials=n_trials,
+        timeout=timeout,
+        array_size=array_size,
+        metrics=metrics,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        out_dir=out_dir,
+        on_event=on_event,
+        max_waste=max_waste,
+        replicate=replicate,
+        step_cost=step_cost,
+    ).run()
 
 
 def check_options(n_trials: Any, timeout: Any, array_size: Any, max_waste: Any) -> None:
     """HftaNasError naming the first bad budget or array option."""
     for name, value in (("n_trials", n_trials), ("timeout", timeout)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+        ):
             raise HftaNasError(f"{name} must be a positive number, got {value!r}.")
     if array_size != "auto" and (isinstance(array_size, bool) or not isinstance(array_size, int) or array_size < 1):
         raise HftaNasError(f"array size must be a positive integer or 'auto', got {array_size!r}.")
@@ -133,9 +172,25 @@ def check_options(n_trials: Any, timeout: Any, array_size: Any, max_waste: Any) 
 class _Search:
     """One worker's run of `optimize`; see the module docstring."""
 
-    def __init__(self, study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None, *,
-                 n_trials, timeout, array_size, metrics, seed, device, dtype, out_dir, on_event, max_waste, replicate,
-                 step_cost) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        build: Callable[[optuna.Trial], Candidate],
+        data: Dataset | None,
+        *,
+        n_trials,
+        timeout,
+        array_size,
+        metrics,
+        seed,
+        device,
+        dtype,
+        out_dir,
+        on_event,
+        max_waste,
+        replicate,
+        step_cost,
+    ) -> None:
         check_options(n_trials, timeout, array_size, max_waste)
         if dtype not in DTYPES:
             raise HftaNasError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
@@ -144,8 +199,10 @@ class _Search:
         self.metrics = list(metrics or study.metric_names or ["val_acc"])
         self.directions = [d.name.lower() for d in study.directions]
         if len(self.metrics) != len(self.directions):
-            raise HftaNasError(f"the study has {len(self.directions)} objective(s) but {len(self.metrics)} metric(s) "
-                               f"were given ({', '.join(self.metrics)}).")
+            raise HftaNasError(
+                f"the study has {len(self.directions)} objective(s) but {len(self.metrics)} metric(s) "
+                f"were given ({', '.join(self.metrics)})."
+            )
         self.seed, self.device, self.dtype = seed, _checked_device(device), DTYPES[dtype]
         self.max_waste, self.replicate, self.fixed_cost = max_waste, list(replicate or []), step_cost
         self.emit = on_event or (lambda event: None)
@@ -171,9 +228,19 @@ class _Search:
     def run(self) -> SearchSummary:
         self.started = time.monotonic()
         self.account = TimeAccount()
-        self.ctx = JobContext(self.study.study_name, self.ledger, self.metrics, self.worker, self.device, self.dtype,
-                              BestExport(self.study, self.out_dir, self.metrics, self.directions, self.ledger.lock), self.emit,
-                              self.started, checkpoints=self._checkpoint_folder(), account=self.account)
+        self.ctx = JobContext(
+            self.study.study_name,
+            self.ledger,
+            self.metrics,
+            self.worker,
+            self.device,
+            self.dtype,
+            BestExport(self.study, self.out_dir, self.metrics, self.directions, self.ledger.lock),
+            self.emit,
+            self.started,
+            checkpoints=self._checkpoint_folder(),
+            account=self.account,
+        )
         with Heartbeat(self.study, lambda: list(self.asked), self.worker) as heartbeat:
             try:
                 with self.account.phase("storage"):
@@ -186,15 +253,17 @@ class _Search:
                         pool = self.next_pool()
                     if not pool:
                         with self.account.phase("waiting"):
-                            waited = wait_for_other_workers(self.ledger, self.worker, self.emit, self._time_left,
-                                                            heartbeat.interval)
+                            waited = wait_for_other_workers(
+                                self.ledger, self.worker, self.emit, self._time_left, heartbeat.interval
+                            )
                         if waited:
                             continue
                         break
                     # arrays a stopped run left mid-training
                     with self.account.phase("storage"):
-                        claims, pool = claim(self.ctx.checkpoints, pool, self.device.type, str(self.dtype),
-                                             self._ended_trials)
+                        claims, pool = claim(
+                            self.ctx.checkpoints, pool, self.device.type, str(self.dtype), self._ended_trials
+                        )
                     for resumed in claims:
                         self._train(Pack(list(resumed.proposals.values()), 0, 0, 0.0), resume=resumed)
                     for planned in self.next_arrays(pool):
@@ -219,13 +288,17 @@ class _Search:
             reason, raised = f"not trained: the search stopped on an error: {error}", error
         elif isinstance(error, SystemExit):  # user code (a model's forward, a loss) ended the process
             reason = f"not trained: user code called sys.exit({error.code!r})"
-            raised = HftaNasError(f"the search stopped: user code called sys.exit({error.code!r}) while an array "
-                                  "trained; its trials were failed (not counted), a re-run trains them")
+            raised = HftaNasError(
+                f"the search stopped: user code called sys.exit({error.code!r}) while an array "
+                "trained; its trials were failed (not counted), a re-run trains them"
+            )
             raised.__suppress_context__ = True
         elif isinstance(error, Exception):  # an error in the user's model or loss while training
             reason = f"not trained: the search stopped on an error: {type(error).__name__}: {error}"
-            raised = HftaNasError(f"the search stopped: training raised {type(error).__name__}: {error}; its trials "
-                                  "were failed (not counted against the budget), a re-run trains them")
+            raised = HftaNasError(
+                f"the search stopped: training raised {type(error).__name__}: {error}; its trials "
+                "were failed (not counted against the budget), a re-run trains them"
+            )
             raised.__cause__ = error
         else:
             return error
@@ -254,11 +327,20 @@ class _Search:
         job = ArrayJob(self.ctx, planned, number, size, resume=resume, rebuild=self._rebuilt)
         self.trained.update(shape_key(p) for p in planned.proposals)
         self._answer_requests(job.run())
-        self.arrays.append({"array": number, "trials": [p.number for p in planned.proposals], "array_size": size,
-                            "slots": len(planned.proposals), "architectures": planned.architectures,
-                            "useful_macs": planned.useful_macs, "executed_macs": planned.executed_macs,
-                            "waste": round(planned.waste, 4), "estimated_s": round(planned.seconds, 3),
-                            "seconds": round(time.monotonic() - started, 3)})
+        self.arrays.append(
+            {
+                "array": number,
+                "trials": [p.number for p in planned.proposals],
+                "array_size": size,
+                "slots": len(planned.proposals),
+                "architectures": planned.architectures,
+                "useful_macs": planned.useful_macs,
+                "executed_macs": planned.executed_macs,
+                "waste": round(planned.waste, 4),
+                "estimated_s": round(planned.seconds, 3),
+                "seconds": round(time.monotonic() - started, 3),
+            }
+        )
         self.emit(ArrayEnded(number, self._mean_occupancy()))
 
     def _answer_requests(self, requests: Generator[Request, Proposal | None, None]) -> None:
@@ -323,8 +405,12 @@ class _Search:
 
     def _ended_trials(self) -> dict[int, int]:
         """Trials told how they ended for good (not failed as interrupted) -> the epochs they trained."""
-        finished = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
-        return {t.number: int(t.user_attrs.get("epochs_run", len(t.intermediate_values))) for t in finished if counts(t)}
+        finished = self.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        )
+        return {
+            t.number: int(t.user_attrs.get("epochs_run", len(t.intermediate_values))) for t in finished if counts(t)
+        }
 
     def _rebuilt(self, record: dict[str, Any]) -> Proposal:
         """The proposal of a trial that is no longer asked (it ended before a checkpoint of its array), from
@@ -348,8 +434,10 @@ class _Search:
             split = metric.split("_", 1)[0]
             if metric in trained and split in ("val", "test") and len(getattr(candidate.data, f"y_{split}")) == 0:
                 name = {"val": "validation", "test": "test"}[split]
-                raise HftaNasError(f"metric '{metric}' needs {name} data, but the data has no {name} samples "
-                                   f"(a {split}_fraction of 0?); give the split samples or choose another metric.")
+                raise HftaNasError(
+                    f"metric '{metric}' needs {name} data, but the data has no {name} samples "
+                    f"(a {split}_fraction of 0?); give the split samples or choose another metric."
+                )
 
     def _replicate_round(self, pool: list[Proposal]) -> list[Proposal]:
         """One array: the first waiting (else a freely asked) trial and copies of its `replicate` params."""
@@ -412,8 +500,11 @@ class _Search:
                     return packs
                 pool.append(self._ask())
             packs = self.pack(pool)
-        now = [p for p in packs if self._full(p) or any(self.deferred.get(q.number, 0) >= MAX_DEFERRALS
-                                                         for q in p.proposals)]
+        now = [
+            p
+            for p in packs
+            if self._full(p) or any(self.deferred.get(q.number, 0) >= MAX_DEFERRALS for q in p.proposals)
+        ]
         later = [q for p in packs if p not in now for q in p.proposals]
         for proposal in later:
             self.deferred[proposal.number] = self.deferred.get(proposal.number, 0) + 1
@@ -425,19 +516,23 @@ class _Search:
 
     def _may_grow(self, pool: list[Proposal]) -> bool:
         """Whether a round may ask one more trial to fill its arrays."""
-        return (len(pool) + len(self.waiting) < POOL_ARRAYS * self.pool_size and self.ledger.remaining() > 0
-                and self._time_left())
+        return (
+            len(pool) + len(self.waiting) < POOL_ARRAYS * self.pool_size
+            and self.ledger.remaining() > 0
+            and self._time_left()
+        )
 
     def pack(self, pool: list[Proposal]) -> list[Pack]:
         """The packing policy's arrays for `pool`: the groups' array sizes and step costs are looked up
         (or measured) here, then `pack_groups` decides from those numbers alone."""
         with self.account.phase("packing"):
             groups = structure_groups(pool, self.shape_checks)
-        sized = [Group(g, self.max_slots(g), self._step_cost(g) if not self.replicate else StepCost(1.0, 0.0))
-                 for g in groups]
+        sized = [
+            Group(g, self.max_slots(g), self._step_cost(g) if not self.replicate else StepCost(1.0, 0.0))
+            for g in groups
+        ]
         with self.account.phase("packing"):
-            return pack_groups(sized, max_waste=self.max_waste if not self.replicate else 0.0,
-                               shapes=self.shape_checks)
+            return pack_groups(sized, max_waste=self.max_waste if not self.replicate else 0.0, shapes=self.shape_checks)
 
     def max_slots(self, group: list[Proposal]) -> int:
         key = structure_key(group[0])
@@ -450,7 +545,10 @@ class _Search:
         budget (so that the sampler sees results from at least three rounds)."""
         fits = self._memory_limit(group)
         curve = self._curve(group)
-        size, reason = min(curve.knee, fits), f"throughput knee of the measured step curve {dict(zip(curve.sizes, curve.step_s))}"
+        size, reason = (
+            min(curve.knee, fits),
+            f"throughput knee of the measured step curve {dict(zip(curve.sizes, curve.step_s))}",
+        )
         if fits < curve.knee:
             reason = f"memory: {fits} models fit"
         if self.n_trials is not None and size > max(2, math.ceil(self.n_trials / 3)):
@@ -465,9 +563,15 @@ class _Search:
         """How many of the group's largest models fit in this device's memory budget (at most AUTO_CAP)."""
         largest = max(group, key=lambda p: p.useful_macs).candidate
         with self.account.phase("cost"):
-            return memory_limit(largest.model, largest.data.input_shape, batch_size=largest.batch_size,
-                                dtype=self.dtype, optimizer=largest.optimizer, available=free_memory(self.device),
-                                cap=AUTO_CAP)
+            return memory_limit(
+                largest.model,
+                largest.data.input_shape,
+                batch_size=largest.batch_size,
+                dtype=self.dtype,
+                optimizer=largest.optimizer,
+                available=free_memory(self.device),
+                cap=AUTO_CAP,
+            )
 
     def _curve(self, group: list[Proposal]) -> StepCurve:
         """The group's structure's step curve: measured once per run, and per machine (on disk)."""
@@ -500,15 +604,23 @@ class _Search:
         smallest = min(group, key=lambda p: p.useful_macs)
         candidate = largest.candidate
         with self.account.phase("cost"):
-            cache_key = StepCostCache.key(f"{cost_key(largest)}:{largest.useful_macs}:{smallest.useful_macs}",
-                                          slots, self.device, self.dtype)
+            cache_key = StepCostCache.key(
+                f"{cost_key(largest)}:{largest.useful_macs}:{smallest.useful_macs}", slots, self.device, self.dtype
+            )
             cost = self.cost_cache.get(cache_key)
             if not isinstance(cost, StepCurve):
                 cost = measure_step_cost(
-                    candidate.model, largest.useful_macs, input_shape=candidate.data.input_shape,
-                    num_classes=candidate.data.num_classes, batch_size=candidate.batch_size, dtype=self.dtype,
-                    optimizer=candidate.optimizer, device=self.device, slots=slots,
-                    smallest=(smallest.candidate.model, smallest.useful_macs))
+                    candidate.model,
+                    largest.useful_macs,
+                    input_shape=candidate.data.input_shape,
+                    num_classes=candidate.data.num_classes,
+                    batch_size=candidate.batch_size,
+                    dtype=self.dtype,
+                    optimizer=candidate.optimizer,
+                    device=self.device,
+                    slots=slots,
+                    smallest=(smallest.candidate.model, smallest.useful_macs),
+                )
                 self.cost_cache.put(cache_key, cost)
         return cost
 
@@ -518,9 +630,20 @@ class _Search:
         return dict(Counter(t.state.name for t in self.study.get_trials(deepcopy=False)))
 
     def _announce(self) -> None:
-        self.emit(SearchStarted(self.study.study_name, self.location, dashboard_command(self.location),
-                                self.ledger.counted(ended_only=True), self.n_trials, self.timeout, self._states(),
-                                self.metrics, self.directions, [list(t.values) for t in self._best_trials()]))
+        self.emit(
+            SearchStarted(
+                self.study.study_name,
+                self.location,
+                dashboard_command(self.location),
+                self.ledger.counted(ended_only=True),
+                self.n_trials,
+                self.timeout,
+                self._states(),
+                self.metrics,
+                self.directions,
+                [list(t.values) for t in self._best_trials()],
+            )
+        )
 
     def _best_trials(self) -> list[optuna.trial.FrozenTrial]:
         if not self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -533,16 +656,35 @@ class _Search:
     def _summary(self) -> SearchSummary:
         with self.account.phase("storage"):
             best_trials = self._best_trials()
-        best = [{"number": t.number, "values": dict(zip(self.metrics, t.values)), "params": t.params,
-                 "seeds": {s: t.user_attrs.get(f"seed_{s}") for s in ("init", "data", "dropout")}}
-                for t in best_trials]
+        best = [
+            {
+                "number": t.number,
+                "values": dict(zip(self.metrics, t.values)),
+                "params": t.params,
+                "seeds": {s: t.user_attrs.get(f"seed_{s}") for s in ("init", "data", "dropout")},
+            }
+            for t in best_trials
+        ]
         with self.account.phase("storage"):
             states = self._states()
         seconds = time.monotonic() - self.started
-        return SearchSummary(self.study.study_name, self.location, dashboard_command(self.location), self.metrics,
-                             self.directions, states, best, self.arrays, self._mean_occupancy(),
-                             len(self.proposed), len(self.proposed & self.trained), seconds, self.ctx.samples / max(seconds, 1e-9),
-                             dict(self.ctx.export.files), self.account.report())
+        return SearchSummary(
+            self.study.study_name,
+            self.location,
+            dashboard_command(self.location),
+            self.metrics,
+            self.directions,
+            states,
+            best,
+            self.arrays,
+            self._mean_occupancy(),
+            len(self.proposed),
+            len(self.proposed & self.trained),
+            seconds,
+            self.ctx.samples / max(seconds, 1e-9),
+            dict(self.ctx.export.files),
+            self.account.report(),
+        )
 
 
 def _as_candidate(candidate: Any) -> Candidate:

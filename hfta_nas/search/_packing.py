@@ -23,7 +23,6 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
 from hfta_nas._probe import padding_fraction
 from hfta_nas.search._candidate import Proposal
 from hfta_nas.search._cost import StepCost, StepCurve
@@ -69,9 +68,17 @@ def cost_key(proposal: Proposal) -> str:
     a step costs the same however many there are). Stable across runs and searches."""
     candidate = proposal.candidate
     kinds = [type(m).__name__ for m in proposal.shell.modules()]
-    settings = (tuple(candidate.data.input_shape), candidate.data.num_classes, candidate.batch_size,
-                candidate.optimizer, tuple(sorted(candidate.flags().items())), candidate.loss_name(), candidate.accumulate,
-                repr(candidate.augmentation), candidate.precision)
+    settings = (
+        tuple(candidate.data.input_shape),
+        candidate.data.num_classes,
+        candidate.batch_size,
+        candidate.optimizer,
+        tuple(sorted(candidate.flags().items())),
+        candidate.loss_name(),
+        candidate.accumulate,
+        repr(candidate.augmentation),
+        candidate.precision,
+    )
     return hashlib.sha1(repr((kinds, settings)).encode()).hexdigest()[:12]
 
 
@@ -102,16 +109,23 @@ class Group:
     cost: StepCost | StepCurve
 
 
-def pack(proposals: Sequence[Proposal], *, max_slots: int, step_cost: StepCost | StepCurve,
-         max_waste: float | None = None, shapes: ShapeChecks | None = None) -> list[Pack]:
+def pack(
+    proposals: Sequence[Proposal],
+    *,
+    max_slots: int,
+    step_cost: StepCost | StepCurve,
+    max_waste: float | None = None,
+    shapes: ShapeChecks | None = None,
+) -> list[Pack]:
     """`pack_groups` with the same array size and step cost for every group."""
     shapes = shapes or ShapeChecks()
     groups = [Group(g, max_slots, step_cost) for g in structure_groups(proposals, shapes)]
     return pack_groups(groups, max_waste=max_waste, shapes=shapes)
 
 
-def pack_groups(groups: Sequence[Group], *, max_waste: float | None = None,
-                shapes: ShapeChecks | None = None) -> list[Pack]:
+def pack_groups(
+    groups: Sequence[Group], *, max_waste: float | None = None, shapes: ShapeChecks | None = None
+) -> list[Pack]:
     """The arrays for the groups' proposals, each proposal in exactly one, in the order they train
     (by their earliest trial). Numbers in, arrays out: nothing is measured or written here; `shapes`
     keeps envelopes' multiply-adds from one call to the next."""
@@ -122,8 +136,9 @@ def pack_groups(groups: Sequence[Group], *, max_waste: float | None = None,
     return sorted(packs, key=lambda p: min(q.number for q in p.proposals))
 
 
-def _cheapest_cut(group: list[Proposal], max_slots: int, cost: StepCost | StepCurve, max_waste: float | None,
-                  shapes: ShapeChecks) -> list[Pack]:
+def _cheapest_cut(
+    group: list[Proposal], max_slots: int, cost: StepCost | StepCurve, max_waste: float | None, shapes: ShapeChecks
+) -> list[Pack]:
     """Step 2 of the module docstring: the cheapest cut of the sorted group into runs."""
     ordered = sorted(group, key=lambda p: (p.useful_macs, p.number))
     input_shape = ordered[0].candidate.data.input_shape

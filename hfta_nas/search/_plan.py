@@ -73,35 +73,70 @@ class SearchPlan:
         return sum(a.estimated_s for a in self.arrays)
 
 
-def plan(study: optuna.Study, build: Callable[[optuna.Trial], Candidate], data: Dataset | None = None, *,
-         storage: str | None = None, max_arrays: int | None = None, **options: Any) -> SearchPlan:
+def plan(
+    study: optuna.Study,
+    build: Callable[[optuna.Trial], Candidate],
+    data: Dataset | None = None,
+    *,
+    storage: str | None = None,
+    max_arrays: int | None = None,
+    **options: Any,
+) -> SearchPlan:
     """The arrays `optimize(study, build, data, **options)` would train, by the same policy,
     without training; `study` is not changed (the plan asks in a copy)."""
-    copied = in_memory_study(study.study_name, list(study.directions), copy.deepcopy(study.sampler),
-                             copy.deepcopy(study.pruner), copy_of=study)  # its sampler's state too: the real run starts from it
+    copied = in_memory_study(
+        study.study_name,
+        list(study.directions),
+        copy.deepcopy(study.sampler),
+        copy.deepcopy(study.pruner),
+        copy_of=study,
+    )  # its sampler's state too: the real run starts from it
     search = _Search(copied, build, data, **{**_OPTION_DEFAULTS, **options})
     search.started = time.monotonic()
     if max_arrays is None and search.n_trials is None:
         max_arrays = UNBOUNDED_PLAN_ARRAYS
-    result = SearchPlan(study.study_name, storage or search.location, search.n_trials, search.ledger.counted(True),
-                        search.array_size, search.pool_size)
+    result = SearchPlan(
+        study.study_name,
+        storage or search.location,
+        search.n_trials,
+        search.ledger.counted(True),
+        search.array_size,
+        search.pool_size,
+    )
     while max_arrays is None or len(result.arrays) < max_arrays:
         pool = search.next_pool()
         if not pool:
             break
         for planned in search.next_arrays(pool):
-            result.arrays.append(PlannedArray(
-                len(result.arrays) + 1, planned.array_size or search.max_slots(planned.proposals),
-                [{"number": p.number, "params": dict(p.trial.params), "seeds": dict(p.seeds), "useful_macs": p.useful_macs}
-                 for p in planned.proposals],
-                planned.architectures, planned.useful_macs, planned.executed_macs, planned.seconds))
+            result.arrays.append(
+                PlannedArray(
+                    len(result.arrays) + 1,
+                    planned.array_size or search.max_slots(planned.proposals),
+                    [
+                        {
+                            "number": p.number,
+                            "params": dict(p.trial.params),
+                            "seeds": dict(p.seeds),
+                            "useful_macs": p.useful_macs,
+                        }
+                        for p in planned.proposals
+                    ],
+                    planned.architectures,
+                    planned.useful_macs,
+                    planned.executed_macs,
+                    planned.seconds,
+                )
+            )
     result.step_costs = {key: cost.as_dict() for key, cost in search.costs.items()}
     if search.n_trials is None:
-        result.note = (f"the budget is a timeout: the first {len(result.arrays)} arrays are shown; "
-                       "later arrays follow the sampler's proposals as results come in")
+        result.note = (
+            f"the budget is a timeout: the first {len(result.arrays)} arrays are shown; "
+            "later arrays follow the sampler's proposals as results come in"
+        )
     return result
 
 
 # optimize's own defaults, read from its signature so the plan cannot drift from the run
-_OPTION_DEFAULTS: dict[str, Any] = {name: p.default for name, p in inspect.signature(optimize).parameters.items()
-                                    if p.kind is p.KEYWORD_ONLY}
+_OPTION_DEFAULTS: dict[str, Any] = {
+    name: p.default for name, p in inspect.signature(optimize).parameters.items() if p.kind is p.KEYWORD_ONLY
+}

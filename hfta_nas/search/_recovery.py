@@ -64,8 +64,11 @@ def fail_and_retry(ledger: Ledger, trial: FrozenTrial | optuna.Trial, why: str, 
         return False
     frozen = storage_of(study).get_trial(held_id)
     original = frozen.user_attrs.get(RETRY_OF, frozen.number)  # a retry of a retry keeps the first seeds
-    study.enqueue_trial(frozen.params or frozen.system_attrs.get("fixed_params", {}),
-                        user_attrs={RETRY_OF: original}, skip_if_exists=False)
+    study.enqueue_trial(
+        frozen.params or frozen.system_attrs.get("fixed_params", {}),
+        user_attrs={RETRY_OF: original},
+        skip_if_exists=False,
+    )
     emit(TrialRetried(frozen.number, why))
     return True
 
@@ -86,8 +89,9 @@ def interrupt_held(ledger: Ledger, held: Collection[optuna.Trial], emit: Callabl
 WAIT_POLL_S = 0.25  # how often a worker with nothing to do looks whether the others are done (a storage read)
 
 
-def wait_for_other_workers(ledger: Ledger, worker: str, emit: Callable[[object], None],
-                           time_left: Callable[[], bool], interval: float) -> bool:
+def wait_for_other_workers(
+    ledger: Ledger, worker: str, emit: Callable[[object], None], time_left: Callable[[], bool], interval: float
+) -> bool:
     """This worker holds nothing and the budget is taken, but other workers' trials still
     run: wait, retrying any that go stale. True when there is budget again."""
     while time_left():

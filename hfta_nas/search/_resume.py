@@ -64,8 +64,9 @@ def _training(state: dict[str, Any]) -> list[int]:
     return [sid for sid in trainer["slot_ids"] if trainer["results"][sid]["status"] == "running"]
 
 
-def claim(folder: Path | None, pool: list[Proposal], device: str, dtype: str,
-          ended_trials: Callable[[], dict[int, int]]) -> tuple[list[Claim], list[Proposal]]:
+def claim(
+    folder: Path | None, pool: list[Proposal], device: str, dtype: str, ended_trials: Callable[[], dict[int, int]]
+) -> tuple[list[Claim], list[Proposal]]:
     """The checkpoints (saved on this kind of device, in this dtype) whose training slots each have
     their retry in `pool` or belong to a trial in `ended_trials()` (trial number -> the epochs it
     trained: it finished for good after the checkpoint), at least one retried; and the rest of the

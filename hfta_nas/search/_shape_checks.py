@@ -12,9 +12,8 @@ number of classes and the loss.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import hashlib
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -35,8 +34,10 @@ def architecture_key(shell: nn.Module) -> str:
 def compute_key(shell: nn.Module) -> str:
     """Equal for models that compute the same shapes with the same multiply-adds: module types
     and settings in order, and tensor shapes; dropout rates left out."""
-    parts = [f"{name}:{type(m).__name__}({'' if isinstance(m, _DropoutNd) else m.extra_repr()})"
-             for name, m in shell.named_modules()]
+    parts = [
+        f"{name}:{type(m).__name__}({'' if isinstance(m, _DropoutNd) else m.extra_repr()})"
+        for name, m in shell.named_modules()
+    ]
     text = repr(parts) + repr(tensor_shapes(shell))
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 

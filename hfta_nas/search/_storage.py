@@ -48,12 +48,16 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
         try:
             return _get_storage(_with_driver(location)), location
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
-            raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}; "
-                               "expected a database that can be reached (check the URL, the server and the credentials)") from error
+            raise HftaNasError(
+                f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}; "
+                "expected a database that can be reached (check the URL, the server and the credentials)"
+            ) from error
     scheme = location.partition("://")[0]
     if "://" in location and scheme.replace("+", "").isalnum():
-        raise HftaNasError(f"cannot open storage '{location}': unknown URL scheme '{scheme}'; expected sqlite:///FILE, "
-                           "postgresql://..., mysql://... or a journal file path.")
+        raise HftaNasError(
+            f"cannot open storage '{location}': unknown URL scheme '{scheme}'; expected sqlite:///FILE, "
+            "postgresql://..., mysql://... or a journal file path."
+        )
     path = _journal_path(location)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,19 +78,25 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
 
 
 def _damaged(location: str, error: BaseException) -> str:
-    return (f"cannot read journal file '{location}': a record before its end is damaged ({type(error).__name__}: "
-            f"{error}); expected an Optuna journal (restore it from a copy, or give another --storage)")
+    return (
+        f"cannot read journal file '{location}': a record before its end is damaged ({type(error).__name__}: "
+        f"{error}); expected an Optuna journal (restore it from a copy, or give another --storage)"
+    )
 
 
 def _journal_path(location: str) -> Path:
     """`location` as a journal file path: HftaNasError when it is a folder, a device, a pipe or a socket."""
     path = Path(location)
     if path.is_dir():
-        raise HftaNasError(f"cannot use '{location}' as storage: it is a folder; expected a journal file path "
-                           f"(e.g. {path / 'hfta-nas.journal'}) or a database URL.")
+        raise HftaNasError(
+            f"cannot use '{location}' as storage: it is a folder; expected a journal file path "
+            f"(e.g. {path / 'hfta-nas.journal'}) or a database URL."
+        )
     if path.exists() and not path.is_file():
-        raise HftaNasError(f"cannot use '{location}' as storage: it is not a regular file (a device, pipe or socket); "
-                           "expected a journal file path or a database URL.")
+        raise HftaNasError(
+            f"cannot use '{location}' as storage: it is not a regular file (a device, pipe or socket); "
+            "expected a journal file path or a database URL."
+        )
     return path
 
 
@@ -128,8 +138,10 @@ def repair_torn_tail(journal: Path, lock: Any) -> str | None:
                 with open(str(journal) + ".torn", "ab") as torn:
                     torn.write(tail + b"\n")
                 handle.truncate(start)
-                message = (f"journal '{journal}': its last record was cut off mid-write ({len(tail)} bytes) and never "
-                           f"took effect; moved to '{journal}.torn'")
+                message = (
+                    f"journal '{journal}': its last record was cut off mid-write ({len(tail)} bytes) and never "
+                    f"took effect; moved to '{journal}.torn'"
+                )
             else:
                 handle.write(b"\n")
                 message = f"journal '{journal}': its last record had lost its newline; restored"
@@ -176,10 +188,12 @@ def _check_sqlite_folder(url: str) -> None:
     """An SQLite file in a folder that does not exist: say so (SQLAlchemy says only "unable to open database file")."""
     if not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
         return
-    folder = Path(url[len("sqlite:///"):].split("?", 1)[0]).parent
+    folder = Path(url[len("sqlite:///") :].split("?", 1)[0]).parent
     if not folder.is_dir():
-        raise HftaNasError(f"cannot open storage '{url}': folder '{folder}' does not exist; "
-                           "expected an SQLite file in an existing folder (sqlite:///path/to/file.db).")
+        raise HftaNasError(
+            f"cannot open storage '{url}': folder '{folder}' does not exist; "
+            "expected an SQLite file in an existing folder (sqlite:///path/to/file.db)."
+        )
 
 
 def _one_line(error: BaseException) -> str:
@@ -222,7 +236,7 @@ def _sqlite_file(url: str) -> Path | None:
     """The database file of an `sqlite:///FILE` URL (None for memory or other databases)."""
     if not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
         return None
-    return Path(url[len("sqlite:///"):].split("?", 1)[0])
+    return Path(url[len("sqlite:///") :].split("?", 1)[0])
 
 
 _SCHEMA_LOCK_KEY = int.from_bytes(hashlib.sha256(b"hfta-nas/optuna-schema").digest()[:8], "big", signed=True)
@@ -232,9 +246,13 @@ def _with_driver(url: str) -> str:
     """`postgresql://` (and Heroku-style `postgres://`) with the psycopg 3 driver
     where psycopg2, SQLAlchemy's default for that scheme, is not installed."""
     for scheme in ("postgresql://", "postgres://"):
-        if url.startswith(scheme) and importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg"):
-            return "postgresql+psycopg://" + url[len(scheme):]
-    return "postgresql://" + url[len("postgres://"):] if url.startswith("postgres://") else url
+        if (
+            url.startswith(scheme)
+            and importlib.util.find_spec("psycopg2") is None
+            and importlib.util.find_spec("psycopg")
+        ):
+            return "postgresql+psycopg://" + url[len(scheme) :]
+    return "postgresql://" + url[len("postgres://") :] if url.startswith("postgres://") else url
 
 
 class StudyLock:
@@ -246,7 +264,7 @@ class StudyLock:
         self._depth = 0
         self._acquire, self._release = _backing_lock(storage, location, study_name)
 
-    def __enter__(self) -> "StudyLock":
+    def __enter__(self) -> StudyLock:
         self._local.acquire()
         if self._depth == 0:
             try:
@@ -305,7 +323,7 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
     if isinstance(storage, JournalStorage):
         path = Path(location)
     elif location.startswith("sqlite:///") and location != "sqlite:///:memory:":
-        path = Path(location[len("sqlite:///"):])
+        path = Path(location[len("sqlite:///") :])
     if path is None or os.name != "posix":
         return (lambda: None), (lambda: None)
     import fcntl
@@ -409,7 +427,9 @@ def _readable(location: str) -> BaseStorage | None:
         try:
             return optuna.storages.get_storage(_with_driver(location))
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
-            raise HftaNasError(f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}") from error
+            raise HftaNasError(
+                f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}"
+            ) from error
     path = _journal_path(location)
     if not path.exists():
         return None
@@ -424,15 +444,26 @@ def _readable(location: str) -> BaseStorage | None:
 def check_directions(study: optuna.Study, directions: list[str]) -> None:
     """HftaNasError unless `study` optimises in `directions` (an existing study keeps its own)."""
     if [d.name.lower() for d in study.directions] != [d.lower() for d in directions]:
-        raise HftaNasError(f"study '{study.study_name}' exists in the storage with other directions; "
-                           "choose another --study-name.")
+        raise HftaNasError(
+            f"study '{study.study_name}' exists in the storage with other directions; choose another --study-name."
+        )
 
 
-def in_memory_study(study_name: str, directions: list[Any], sampler: optuna.samplers.BaseSampler,
-                    pruner: optuna.pruners.BasePruner, copy_of: optuna.Study | None = None) -> optuna.Study:
+def in_memory_study(
+    study_name: str,
+    directions: list[Any],
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner,
+    copy_of: optuna.Study | None = None,
+) -> optuna.Study:
     """A new study in memory; with `copy_of`, holding that study's attributes, metric names and trials."""
-    memory = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name=study_name,
-                                 directions=directions, sampler=sampler, pruner=pruner)
+    memory = optuna.create_study(
+        storage=optuna.storages.InMemoryStorage(),
+        study_name=study_name,
+        directions=directions,
+        sampler=sampler,
+        pruner=pruner,
+    )
     if copy_of is not None:
         for key, value in copy_of.user_attrs.items():
             memory.set_user_attr(key, value)
@@ -444,8 +475,14 @@ def in_memory_study(study_name: str, directions: list[Any], sampler: optuna.samp
     return memory
 
 
-def copy_of_stored_study(storage: str | None, study_name: str, *, directions: list[str],
-                         sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner) -> tuple[optuna.Study, str]:
+def copy_of_stored_study(
+    storage: str | None,
+    study_name: str,
+    *,
+    directions: list[str],
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner,
+) -> tuple[optuna.Study, str]:
     """(an in-memory study holding the stored study's trials and attributes, or a new one
     when there is none yet, the storage's location); nothing is written to the storage."""
     location = storage or DEFAULT_STORAGE

@@ -55,6 +55,8 @@ def attach_study_file(study: optuna.Study, file_name: str, text: str, folder: Pa
         path.write_text(text, encoding="utf-8")
         with warnings.catch_warnings():  # the artifact API is "experimental" in Optuna, stable in use
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            upload_artifact(artifact_store=FileSystemArtifactStore(str(folder)), file_path=str(path), study_or_trial=study)
+            upload_artifact(
+                artifact_store=FileSystemArtifactStore(str(folder)), file_path=str(path), study_or_trial=study
+            )
     storage_of(study).set_study_system_attr(study_id(study), marker, digest)
     return True

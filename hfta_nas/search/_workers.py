@@ -63,8 +63,12 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def run_workers(commands: Sequence[tuple[list[str], dict[str, str]]], *, echo: Callable[[str], None] | None = None,
-                grace_s: float = 10.0) -> list[WorkerExit]:
+def run_workers(
+    commands: Sequence[tuple[list[str], dict[str, str]]],
+    *,
+    echo: Callable[[str], None] | None = None,
+    grace_s: float = 10.0,
+) -> list[WorkerExit]:
     """Start one worker process per (argv, environment) of `commands` (the command line builds
     them: `cli.worker_commands`), relay their output through `echo`, wait for all, and return how
     each ended. KeyboardInterrupt stops them all (SIGINT, then SIGTERM, then SIGKILL) and is
@@ -76,8 +80,16 @@ def run_workers(commands: Sequence[tuple[list[str], dict[str, str]]], *, echo: C
     envs: list[dict[str, str]] = []
     try:
         for worker, (argv, env) in enumerate(commands):
-            process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       errors="replace", bufsize=1, preexec_fn=_stop_when_parent_dies(os.getpid()))
+            process = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                bufsize=1,
+                preexec_fn=_stop_when_parent_dies(os.getpid()),
+            )
             processes.append(process)
             envs.append(env)
             relay = threading.Thread(target=_relay, args=(process, f"[worker {worker}] ", echo), daemon=True)
@@ -92,8 +104,12 @@ def run_workers(commands: Sequence[tuple[list[str], dict[str, str]]], *, echo: C
         for relay in relays:
             relay.join(timeout=5)
     seconds = time.monotonic() - started
-    return [WorkerExit(i, p.pid, p.returncode, seconds, envs[i].get("CUDA_VISIBLE_DEVICES") if len(visible_gpus()) > 1 else None)
-            for i, p in enumerate(processes)]
+    return [
+        WorkerExit(
+            i, p.pid, p.returncode, seconds, envs[i].get("CUDA_VISIBLE_DEVICES") if len(visible_gpus()) > 1 else None
+        )
+        for i, p in enumerate(processes)
+    ]
 
 
 def _stop_when_parent_dies(parent: int) -> Callable[[], None] | None:
@@ -162,7 +178,22 @@ def study_report(storage: str | None, study_name: str, exits: list[WorkerExit]) 
     best = None
     if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         best = [{"number": t.number, "values": list(t.values)} for t in study.best_trials]
-    return {"study": study_name, "storage": location, "trials": states, "interrupted_and_retried": retried,
-            "surplus": surplus, "counted": counted,
-            "best": best, "workers": [{"worker": e.worker, "pid": e.pid, "returncode": e.returncode, "how": e.how,
-                                        "cuda_visible_devices": e.cuda_visible_devices} for e in exits]}
+    return {
+        "study": study_name,
+        "storage": location,
+        "trials": states,
+        "interrupted_and_retried": retried,
+        "surplus": surplus,
+        "counted": counted,
+        "best": best,
+        "workers": [
+            {
+                "worker": e.worker,
+                "pid": e.pid,
+                "returncode": e.returncode,
+                "how": e.how,
+                "cuda_visible_devices": e.cuda_visible_devices,
+            }
+            for e in exits
+        ],
+    }
