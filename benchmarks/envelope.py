@@ -10,7 +10,7 @@ MNIST-1D in the order `EpochOrder` gives data seed b), batch 100 per model,
 Adam with lr 1e-3:
 
 - `padded`: ONE `hfta_nas.ModelArray` of all the models: the different sizes are
-  padded into an envelope (`hfta_nas/_envelope.py`) + `hfta_nas.optim.Adam`.
+  padded into an envelope (`hfta_nas/envelope/_merge.py`) + `hfta_nas.optim.Adam`.
 - `grouped`: the models grouped by identical config (exact shape), one
   `ModelArray` + `hfta_nas.optim.Adam` per group, the groups trained one after
   another; its time is the sum over the groups.

@@ -36,9 +36,9 @@ from scipy import stats
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from hfta_nas._run import DTYPES
 from hfta_nas.data import load_dataset
 from hfta_nas.models import resolve_model
+from hfta_nas.train._run import DTYPES
 from search_spaces import ResolvedConfig
 from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
 from stability._design import plan

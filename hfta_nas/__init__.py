@@ -11,9 +11,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from hfta_nas import data, models, optim
-from hfta_nas._allocator import keep_freed_memory
-from hfta_nas._array import FusionSignature, ModelArray, check_fusable
-from hfta_nas._objectives import (
+from hfta_nas.array._model_array import FusionSignature, ModelArray, check_fusable
+from hfta_nas.envelope._probe import PaddingCost, padding_cost
+from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
+from hfta_nas.train._allocator import keep_freed_memory
+from hfta_nas.train._objectives import (
     CLASSIFICATION_LOSSES,
     LOSSES,
     REGRESSION_LOSSES,
@@ -22,10 +24,8 @@ from hfta_nas._objectives import (
     loss_kind,
     trained_metric_names,
 )
-from hfta_nas._probe import PaddingCost, padding_cost
-from hfta_nas._run import TrainRun, train
-from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
-from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
+from hfta_nas.train._run import TrainRun, train
+from hfta_nas.train._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
 
 if TYPE_CHECKING:  # loaded on first use, see __getattr__
     from hfta_nas import search

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from hfta_nas import ModelArray
-from hfta_nas._slot_random import coordinate_bits, dropout_multiplier, keep_mask, slot_keys
+from hfta_nas.layers._slot_random import coordinate_bits, dropout_multiplier, keep_mask, slot_keys
 
 CLASSES, STEPS, N = 5, 3, 16
 VOCAB, SEQ = 20, 6
@@ -426,7 +426,7 @@ def _ops_of_one_dropout(slots):
     """The aten operations one array dropout layer runs (forward) for `slots` slots."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from hfta_nas._slot_layers import SlotDropout
+    from hfta_nas.layers._slot_layers import SlotDropout
 
     class Count(TorchDispatchMode):
         def __init__(self):

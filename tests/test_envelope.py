@@ -37,7 +37,7 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import hfta_nas
-import hfta_nas._array
+import hfta_nas.array._model_array
 from hfta_nas import FusionError, ModelArray
 from hfta_nas.optim import LRSchedule
 
@@ -563,7 +563,7 @@ def test_replace_slot_with_smaller_model_trains_like_it_alone():
 def test_large_convolutions_run_each_slot_at_its_own_size(monkeypatch, opt_name):
     """Convolutions that take the per-slot loop convolve a smaller slot at its own channels and
     kernel (no padded arithmetic): still each slot's own training, padding still exactly zero."""
-    from hfta_nas import _slot_ops  # noqa: PLC0415
+    from hfta_nas.layers import _slot_ops  # noqa: PLC0415
 
     monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 0)  # every convolution takes the loop
     arr, _, refs = train_both("cnn1d", opt_name)
@@ -577,7 +577,7 @@ def test_large_convolutions_run_each_slot_at_its_own_size(monkeypatch, opt_name)
 def test_drop_slots_keeps_survivors_exact(monkeypatch):
     """Dropping the slot with 32 channels in both convs mid-training changes no survivor
     (convolutions in the per-slot loop, whose per-slot sizes must follow the drop)."""
-    from hfta_nas import _slot_ops  # noqa: PLC0415
+    from hfta_nas.layers import _slot_ops  # noqa: PLC0415
 
     monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 0)
     builders, make_x = WORKLOADS["cnn1d"]
@@ -835,13 +835,13 @@ def test_forward_that_padding_breaks_is_refused_on_first_call(case):
 # --------------------------------------------- 5. the verification runs once
 def test_verification_runs_once_per_slot_and_again_for_a_replaced_slot(monkeypatch):
     calls = []
-    real = hfta_nas._array.verify_slot
+    real = hfta_nas.array._model_array.verify_slot
 
     def counting(array, slot, model, inputs):
         calls.append(slot)
         return real(array, slot, model, inputs)
 
-    monkeypatch.setattr(hfta_nas._array, "verify_slot", counting)
+    monkeypatch.setattr(hfta_nas.array._model_array, "verify_slot", counting)
     arr = ModelArray(build(WORKLOADS["mlp"][0]), dtype=torch.float64)
     assert sorted(arr._unverified) == [0, 1, 2, 3] and calls == []
     x, _ = make_batches(float_inputs, len(arr), 1)[0]

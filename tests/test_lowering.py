@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hfta_nas import HftaNasError, ModelArray
-from hfta_nas._slot_ops import batch_norm_per_slot, conv_per_slot
+from hfta_nas.layers._slot_ops import batch_norm_per_slot, conv_per_slot
 from tests.test_trainer import OPTIMIZERS, assert_equivalent, train_array, train_plain
 
 

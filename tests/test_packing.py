@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hfta_nas import Candidate
-from hfta_nas._probe import model_macs
+from hfta_nas.envelope._probe import model_macs
 from hfta_nas.models import model_factory
 from hfta_nas.search import StepCost
 from hfta_nas.search._candidate import Proposal, example_input, meta_shell, trial_seeds

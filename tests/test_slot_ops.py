@@ -1,4 +1,4 @@
-"""The array's fast paths (hfta_nas/_slot_ops.py) compute what separate models do:
+"""The array's fast paths (hfta_nas/layers/_slot_ops.py) compute what separate models do:
 the batched Linear, the per-slot convolution loop, and the vmap-free forward of
 Sequential models, in every combination with the vmap path."""
 
@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 import hfta_nas
-from hfta_nas import ModelArray, _slot_ops
+from hfta_nas import ModelArray
+from hfta_nas.layers import _slot_ops
 from tests.test_array import LAYERS, SEEDS, N, per_model
 
 
@@ -373,7 +374,7 @@ def test_keep_mask_equals_thresholding_the_slot_uniforms(dtype, p):
     # keep_mask's shortcuts (in-place mixes, integer threshold) draw exactly the masks of the slot's own
     # 24-bit uniforms >= p (p rounded to the dtype, as torch rounds a rate); in float32 and float64 those
     # uniforms are uniform_like's exactly
-    from hfta_nas._slot_random import keep_mask, slot_keys, uniform_like
+    from hfta_nas.layers._slot_random import keep_mask, slot_keys, uniform_like
 
     keys = slot_keys(torch.arange(4), stream=3)
     counters = torch.tensor([1, 2, 7, 1000])

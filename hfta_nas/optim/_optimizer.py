@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hfta_nas._array import ModelArray
+from hfta_nas.array._model_array import ModelArray
 from hfta_nas.errors import HftaNasError
 
 PerSlot = float | Sequence[float] | torch.Tensor

@@ -31,13 +31,9 @@ import numpy as np
 import optuna
 import torch
 
-from hfta_nas._array import ModelArray
-from hfta_nas._checkpoint import remove as remove_checkpoint
-from hfta_nas._checkpoint import save as save_checkpoint
-from hfta_nas._oom import ArrayOutOfMemory, check_budget, is_out_of_memory
-from hfta_nas._probe import envelope_macs
 from hfta_nas._time_account import TimeAccount
-from hfta_nas._trainer import ArrayTrainer, EpochReport
+from hfta_nas.array._model_array import ModelArray
+from hfta_nas.envelope._probe import envelope_macs
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import count_parameters
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
@@ -55,6 +51,10 @@ from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
 from hfta_nas.search._packing import Pack, shape_key
 from hfta_nas.search._resume import Claim, slot_record
+from hfta_nas.train._checkpoint import remove as remove_checkpoint
+from hfta_nas.train._checkpoint import save as save_checkpoint
+from hfta_nas.train._oom import ArrayOutOfMemory, check_budget, is_out_of_memory
+from hfta_nas.train._trainer import ArrayTrainer, EpochReport
 
 log = logging.getLogger(__name__)
 STATIC_METRICS = ("params", "latency_ms")

@@ -19,11 +19,11 @@ import optuna
 import torch
 from torch import nn
 
-from hfta_nas._objectives import REGRESSION_LOSSES, Objective
-from hfta_nas._trainer import EarlyStopping, TrainingSettings
 from hfta_nas.data import Augmentation, Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS
+from hfta_nas.train._objectives import REGRESSION_LOSSES, Objective
+from hfta_nas.train._trainer import EarlyStopping, TrainingSettings
 
 
 @dataclass

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hfta_nas._autosize import choose_array_size, step_seconds
 from hfta_nas._files import atomic_write_text, cache_dir
+from hfta_nas.train._autosize import choose_array_size, step_seconds
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class StepCurve:
 
     @property
     def knee(self) -> int:
-        """The array size `auto` takes from this curve: `hfta_nas._autosize.choose_array_size`'s rule
+        """The array size `auto` takes from this curve: `hfta_nas.train._autosize.choose_array_size`'s rule
         (double while throughput rises by KNEE_GAIN) over the measured sizes, up to the largest."""
         measured = dict(zip(self.sizes, self.step_s))
         return choose_array_size(self.sizes[-1], measured.__getitem__, batch_size=1, gain=KNEE_GAIN)[0]
@@ -196,7 +196,7 @@ def _gain(sizes: Sequence[int], step_s: Sequence[float], i: int) -> float:
 
 def _array_seconds(factory: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype) -> float:
     """Seconds to build one array of two of the models and verify it: what each array pays once."""
-    from hfta_nas._array import ModelArray  # noqa: PLC0415 - the array imports the optimizers, which import this
+    from hfta_nas.array._model_array import ModelArray  # noqa: PLC0415 - the array imports the optimizers, which import this
 
     started = time.perf_counter()
     ModelArray.from_factory(factory, [0, 1], device=device, dtype=dtype)

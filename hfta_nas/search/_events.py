@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfta_nas._probe import padding_fraction
+from hfta_nas.envelope._probe import padding_fraction
 
 
 @dataclass(frozen=True)

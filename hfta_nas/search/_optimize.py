@@ -33,13 +33,9 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from hfta_nas._autosize import free_memory, memory_limit
-from hfta_nas._checkpoint import enabled as checkpoints_enabled
-from hfta_nas._objectives import as_objective
-from hfta_nas._probe import padding_fraction
-from hfta_nas._run import DTYPES, _checked_device
 from hfta_nas._time_account import TimeAccount
 from hfta_nas.data import Dataset
+from hfta_nas.envelope._probe import padding_fraction
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, FreedSlot, JobContext, Request
 from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
@@ -68,6 +64,10 @@ from hfta_nas.search._recovery import (
 from hfta_nas.search._resume import Claim, claim, prune
 from hfta_nas.search._shape_checks import ShapeChecks
 from hfta_nas.search._storage import checkpoint_folder, dashboard_command, storage_location, study_lock
+from hfta_nas.train._autosize import free_memory, memory_limit
+from hfta_nas.train._checkpoint import enabled as checkpoints_enabled
+from hfta_nas.train._objectives import as_objective
+from hfta_nas.train._run import DTYPES, _checked_device
 
 AUTO_CAP = 64  # the most models array_size="auto" puts in one array
 AUTO_POOL = 16  # trials asked per round when the array size is "auto"

@@ -23,7 +23,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hfta_nas._probe import padding_fraction
+from hfta_nas.envelope._probe import padding_fraction
 from hfta_nas.search._candidate import Proposal
 from hfta_nas.search._cost import StepCost, StepCurve
 from hfta_nas.search._shape_checks import ShapeChecks, architecture_key

@@ -20,8 +20,8 @@ from typing import Any
 
 import optuna
 
-from hfta_nas._probe import padding_fraction
 from hfta_nas.data import Dataset
+from hfta_nas.envelope._probe import padding_fraction
 from hfta_nas.search._candidate import Candidate
 from hfta_nas.search._optimize import _Search, optimize
 from hfta_nas.search._storage import in_memory_study

@@ -24,9 +24,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from hfta_nas._checkpoint import load, remove, remove_empty_folders
 from hfta_nas.search._candidate import Proposal
 from hfta_nas.search._ledger import RETRY_OF
+from hfta_nas.train._checkpoint import load, remove, remove_empty_folders
 
 STRAY_SECONDS = 3600  # a temporary checkpoint file this old was left by a killed write
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.nn.modules.dropout import _DropoutNd
 
-from hfta_nas._array import check_fusable
-from hfta_nas._probe import envelope_macs, model_macs
+from hfta_nas.array._model_array import check_fusable
+from hfta_nas.envelope._probe import envelope_macs, model_macs
 from hfta_nas.errors import FusionError
 from hfta_nas.search._candidate import Candidate, check_outputs, example_input, tensor_shapes
 

@@ -11,7 +11,7 @@ operations on every device and for any number of slots (no loop over slots).
 Coordinates, not a flat index: an entry's hash takes its index in each dim,
 hashed on its own (`_coordinate_hashes`), so it never depends on how long a dim
 is. A slot padded into an envelope (its features, channels and hidden units
-placed first in each dim, `_placement.py`) therefore draws at its own entries
+placed first in each dim, `hfta_nas.envelope._placement`) therefore draws at its own entries
 exactly what it draws alone; entries in the padding draw something, but their
 activations are zero and stay zero.
 

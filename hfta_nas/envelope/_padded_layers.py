@@ -30,8 +30,8 @@ import math
 import torch
 from torch import nn
 
-from hfta_nas._slot_layers import FusableMultiheadAttention
 from hfta_nas.errors import FusionError
+from hfta_nas.layers._slot_layers import FusableMultiheadAttention
 
 
 def activation_key(activation: nn.Module) -> str:
@@ -81,7 +81,7 @@ class SlotActivation(nn.Module):
         return out
 
     def native_step(self, prefix: str):
-        """This layer on [B, ...] tensors, for the vmap-free path (`_slot_ops.native_forward`)."""
+        """This layer on [B, ...] tensors, for the vmap-free path (`hfta_nas.layers._slot_ops.native_forward`)."""
         return lambda leaves, x: self.native_forward(x, leaves[prefix + "choice"])
 
     def native_forward(self, x: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
@@ -193,5 +193,5 @@ def gate_skipped_layer(module: nn.Module, path: str) -> None:
     """Make `module` an identity for the slots whose `slot_present` is False."""
     module.register_buffer("slot_present", torch.ones((), dtype=torch.bool))
     gate = functools.partial(_gate, path)
-    module._hfta_skip_gate = gate  # lets the vmap-free path (`_slot_ops`) run the gate itself
+    module._hfta_skip_gate = gate  # lets the vmap-free path (`hfta_nas.layers._slot_ops`) run the gate itself
     module.register_forward_hook(gate, with_kwargs=True)

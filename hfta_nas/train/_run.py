@@ -20,17 +20,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from hfta_nas._allocator import keep_freed_memory_unless_disabled
-from hfta_nas._array import ModelArray, _build_seeded
-from hfta_nas._checkpoint import Checkpointer
-from hfta_nas._checkpoint import enabled as checkpoints_enabled
-from hfta_nas._objectives import Objective, as_objective
-from hfta_nas._oom import check_budget
-from hfta_nas._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult, TrainingSettings
+from hfta_nas.array._model_array import ModelArray, _build_seeded
 from hfta_nas.data import Augmentation, Dataset, load_dataset, pooled, slot_splits
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
+from hfta_nas.train._allocator import keep_freed_memory_unless_disabled
+from hfta_nas.train._checkpoint import Checkpointer
+from hfta_nas.train._checkpoint import enabled as checkpoints_enabled
+from hfta_nas.train._objectives import Objective, as_objective
+from hfta_nas.train._oom import check_budget
+from hfta_nas.train._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult, TrainingSettings
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -105,7 +105,7 @@ def train(
     validation partition of the data's train and validation samples. On CPU, an
     array whose estimated memory exceeds `memory_budget` bytes (default:
     $HFTA_NAS_MEMORY_BUDGET, else no limit) raises ArrayOutOfMemory before
-    anything is allocated (see hfta_nas._oom.train_in_halves for the split).
+    anything is allocated (see hfta_nas.train._oom.train_in_halves for the split).
     `checkpoint`: a file the array is saved to at every epoch's end; a call with
     the same arguments and file continues from it, bit-identically (a file saved
     with other arguments is ignored), and the file is removed at the end unless
@@ -295,7 +295,7 @@ def _checked_device(device: str) -> torch.device:
 
 def set_up_command_process(threads: int | None) -> None:
     """What every training command does to its own process first: the torch thread count
-    (when given) and a CPU allocator that keeps freed memory (`hfta_nas._allocator`)."""
+    (when given) and a CPU allocator that keeps freed memory (`hfta_nas.train._allocator`)."""
     if threads is not None:
         torch.set_num_threads(threads)
     keep_freed_memory_unless_disabled()

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hfta_nas._envelope import build_envelope
-from hfta_nas._padded_layers import (
+from hfta_nas.envelope._merge import build_envelope
+from hfta_nas.envelope._padded_layers import (
     ActivationChoice,
     DropoutChoice,
     PaddedGroupNorm,
@@ -28,9 +28,9 @@ from hfta_nas._padded_layers import (
     SlotActivation,
     gate_skipped_layer,
 )
-from hfta_nas._placement import SlotEmbedding, embed
-from hfta_nas._slot_layers import SlotDropout, make_fusable
+from hfta_nas.envelope._placement import SlotEmbedding, embed
 from hfta_nas.errors import FusionError
+from hfta_nas.layers._slot_layers import SlotDropout, make_fusable
 
 _CHANNEL_DIMS = {nn.Dropout: 0, nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hfta_nas._envelope import (
+from hfta_nas.envelope._merge import (
     _CONTAINERS,
     _DROPOUTS,
     _ELEMENTWISE,
@@ -38,9 +38,9 @@ from hfta_nas._envelope import (
     same_setting,
     settings_of,
 )
-from hfta_nas._padded_layers import ActivationChoice, DropoutChoice, activation_key
-from hfta_nas._slot_ops import SlotBox, _explicit_padding
+from hfta_nas.envelope._padded_layers import ActivationChoice, DropoutChoice, activation_key
 from hfta_nas.errors import FusionError
+from hfta_nas.layers._slot_ops import SlotBox, _explicit_padding
 
 
 def _prefix(own: int, env: int) -> torch.Tensor:

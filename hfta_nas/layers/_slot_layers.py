@@ -30,9 +30,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hfta_nas._slot_ops import SLOT_OPS, _slot_first, physical_call
-from hfta_nas._slot_random import dropout_multiplier, slot_keys
 from hfta_nas.errors import FusionError
+from hfta_nas.layers._slot_ops import SLOT_OPS, _slot_first, physical_call
+from hfta_nas.layers._slot_random import dropout_multiplier, slot_keys
 
 
 class SlotDropout(nn.Module):
@@ -43,7 +43,7 @@ class SlotDropout(nn.Module):
     every step draws a fresh mask, and restarts when a slot is replaced.
     `channel_dims` > 0 drops whole channels (Dropout1d/2d/3d semantics).
     The mask of all slots is made at once on the physical [B, ...] tensors
-    (`_slot_random.dropout_multiplier`), the same operations under vmap and
+    (`hfta_nas.layers._slot_random.dropout_multiplier`), the same operations under vmap and
     in the vmap-free path, so both draw the same masks.
     """
 
@@ -72,7 +72,7 @@ class SlotDropout(nn.Module):
         return x * multiplier
 
     def native_step(self, prefix: str):
-        """This layer on [B, ...] tensors, for the vmap-free path (`_slot_ops.native_forward`)."""
+        """This layer on [B, ...] tensors, for the vmap-free path (`hfta_nas.layers._slot_ops.native_forward`)."""
 
         def dropout(leaves, x):
             if not self.training or self.p == 0.0:

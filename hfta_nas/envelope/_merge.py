@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hfta_nas._padded_layers import ActivationChoice, DropoutChoice, activation_key
-from hfta_nas._slot_ops import _ELEMENTWISE, _POOLING_DIMS
+from hfta_nas.envelope._padded_layers import ActivationChoice, DropoutChoice, activation_key
 from hfta_nas.errors import FusionError
+from hfta_nas.layers._slot_ops import _ELEMENTWISE, _POOLING_DIMS
 
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 _CONTAINERS = (nn.Sequential, nn.ModuleList)

@@ -15,7 +15,7 @@ The forward pass runs ONE template copy of the user's model through
 code is never edited: it sees one slot's batch [N, ...] as it would alone.
 A template that is an nn.Sequential of plain layers (Linear, large Conv,
 activations, Flatten) skips vmap and runs the same ops on the [B, ...]
-tensors directly (`_slot_ops.native_forward`).
+tensors directly (`hfta_nas.layers._slot_ops.native_forward`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.func import functional_call, vmap
 
-from hfta_nas._envelope import same_setting, settings_of
-from hfta_nas._envelope_template import Envelope
-from hfta_nas._placement import SlotEmbedding, conv_box, embed_into, take_from
-from hfta_nas._probe import PaddingCost, count_macs, verify_slot
-from hfta_nas._slot_layers import init_slot_randomness, make_fusable, no_attention_fast_path
-from hfta_nas._slot_ops import SLOT_OPS, NeedsVmap, global_hooks_set, native_forward
+from hfta_nas.envelope._merge import same_setting, settings_of
+from hfta_nas.envelope._placement import SlotEmbedding, conv_box, embed_into, take_from
+from hfta_nas.envelope._probe import PaddingCost, count_macs, verify_slot
+from hfta_nas.envelope._template import Envelope
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
+from hfta_nas.layers._slot_layers import init_slot_randomness, make_fusable, no_attention_fast_path
+from hfta_nas.layers._slot_ops import SLOT_OPS, NeedsVmap, global_hooks_set, native_forward
 
 # A parameter's gradient is a strided view into `flat.grad` by design (see the
 # module docstring); autograd accumulates into it in place and warns once that
@@ -159,7 +159,7 @@ class ModelArray:
 
     Models of different sizes (widths, channels, odd kernels, hidden sizes,
     depth where a block can be skipped, activation and dropout rate per slot)
-    are padded into one *envelope* (`_envelope.py`): each slot's entries sit in
+    are padded into one *envelope* (`envelope/_merge.py`): each slot's entries sit in
     a corner of the envelope's tensors, the rest stay exactly zero (their
     gradients are masked), and the slot computes what its own model computes.
     Before such an array first runs, each slot's own model is compared with
@@ -259,7 +259,7 @@ class ModelArray:
 
     def _sync_conv_boxes(self) -> None:
         """Tell each convolution of the template where every slot sits in it, so that its per-slot
-        loop convolves a smaller slot at its own size (no padded arithmetic; `_slot_ops._ConvLoop`)."""
+        loop convolves a smaller slot at its own size (no padded arithmetic; `hfta_nas.layers._slot_ops._ConvLoop`)."""
         convs = tuple(SLOT_OPS[c] for c in (nn.Conv1d, nn.Conv2d, nn.Conv3d))
         for path, module in self._template.named_modules():
             if isinstance(module, convs):

@@ -1,6 +1,6 @@
 """The check that makes envelopes safe: each slot's own model against its embedding.
 
-Placement rules (`_envelope.py`) cover the layers torch ships; a user's module
+Placement rules (`_merge.py`) cover the layers torch ships; a user's module
 may do anything with its sizes (a reshape, a mean over features, a scale by
 1/width). So before an array of different sizes trains, every slot's own model
 and the template running that slot's padded tensors are compared on the first
@@ -29,11 +29,11 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from hfta_nas._slot_layers import SlotDropout, no_attention_fast_path
 from hfta_nas.errors import FusionError, HftaNasError
+from hfta_nas.layers._slot_layers import SlotDropout, no_attention_fast_path
 
 if TYPE_CHECKING:
-    from hfta_nas._array import ModelArray
+    from hfta_nas.array._model_array import ModelArray
 
 PROBE_SAMPLES = 32
 _TOLERANCE = 1e-9  # relative to each tensor's largest magnitude; float64 rounding is ~1e-15
@@ -120,7 +120,7 @@ def model_macs(model: nn.Module, *example_inputs: Any) -> int:
 def envelope_macs(models: Sequence[nn.Module], *example_inputs: Any) -> int:
     """Multiply-adds per sample that one slot of an array of `models` executes (its envelope's);
     FusionError when the models cannot share an array."""
-    from hfta_nas._envelope_template import Envelope  # noqa: PLC0415 (it imports this module's neighbours)
+    from hfta_nas.envelope._template import Envelope  # noqa: PLC0415 (it imports this module's neighbours)
 
     models = list(models)
     if len(models) == 1:
@@ -201,7 +201,7 @@ def _compare_outputs(what: str, own_out: Any, padded_out: Any) -> list[torch.Ten
 
 def _first_differing_layer(array: ModelArray, slot: int, own: nn.Module, state, inputs) -> str:
     """The first layer (in the own model's execution order) whose output differs from its padded place."""
-    from hfta_nas._placement import SlotEmbedding  # noqa: PLC0415 (typing only)
+    from hfta_nas.envelope._placement import SlotEmbedding  # noqa: PLC0415 (typing only)
 
     emb: SlotEmbedding = array._embeddings[slot]
     own_outputs: list[tuple[str, torch.Tensor]] = []
@@ -282,7 +282,7 @@ def _initial_state(array: ModelArray, slot: int) -> dict[str, torch.Tensor]:
 
 
 def _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs) -> None:
-    from hfta_nas._placement import take_from  # noqa: PLC0415
+    from hfta_nas.envelope._placement import take_from  # noqa: PLC0415
 
     tensors = _compare_outputs("outputs", own_out, padded_out)
     generator = torch.Generator().manual_seed(0)

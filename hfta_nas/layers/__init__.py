@@ -1,0 +1,9 @@
+"""Fused layers: the operators that run B slots' layers as one.
+
+`_slot_ops` holds the faster array kernels for Linear, convolutions and
+BatchNorm on [B, ...] tensors (and the vmap-free forward of plain Sequential
+models); `_slot_layers` the drop-in stand-ins for the layers plain `vmap`
+cannot fuse correctly (dropout, recurrent layers, attention); `_slot_random`
+the counter-based random numbers that give each slot its own dropout stream.
+Nothing here knows about envelopes or training: every part above builds on it.
+"""
