@@ -191,7 +191,7 @@ def train_mode_outputs(array, x, steps=STEPS):
 @pytest.mark.parametrize("position", [0, -1])
 def test_a_padded_slot_draws_the_masks_it_draws_alone(case, position):
     together, alone, inputs = arrays(case, position)
-    assert together._envelope is not None  # the slot is padded
+    assert together._slots is not None  # the slot is padded
     x = inputs(torch.Generator().manual_seed(3))
     for step, (padded, own_out) in enumerate(zip(train_mode_outputs(together, x), train_mode_outputs(alone, x))):
         # equal to float64 rounding (a padded matmul sums in another order); a different mask differs by O(1)

@@ -289,7 +289,7 @@ def train_both(workload, opt_name, hparams=None, schedule=True):
     models = build(builders)
     batches = make_batches(make_x, len(models), EPOCHS * STEPS_PER_EPOCH)
     arr = ModelArray([copy.deepcopy(m) for m in models], dtype=torch.float64)
-    assert arr._envelope is not None  # a mixed array, not one of equal shapes
+    assert arr._slots is not None  # a mixed array, not one of equal shapes
     opt, sched = array_optimizer(arr, opt_name, hparams, schedule)
     run_array(arr, opt, sched, batches)
     hp = per_slot(hparams or OPTIMIZERS[opt_name], len(models))
@@ -467,7 +467,7 @@ def test_per_slot_dropout_rate_drops_its_share_of_units():
 @pytest.mark.parametrize("workload", ["mlp", "cnn1d", "norms"])
 def test_padded_entries_and_their_optimizer_state_stay_exactly_zero(workload, opt_name):
     arr, opt, _ = trained(workload, opt_name)
-    padded = arr._padded
+    padded = arr._slots.padded
     assert padded.shape == arr.flat.shape and padded.any() and not padded.all(dim=1).any()
     values = arr.flat.detach()[padded]
     assert (values == 0).all() and not torch.signbit(values).any()  # +0.0, bit-exactly
@@ -502,7 +502,7 @@ def test_load_slot_round_trips_and_touches_no_other_slot():
     builders, _ = WORKLOADS["bn_cnn"]
     arr = ModelArray(build(builders), dtype=torch.float64)
     before = [arr.slot_state_dict(b) for b in range(len(arr))]
-    padded_before = arr._padded.clone()
+    padded_before = arr._slots.padded.clone()
     other = build([builders[1]], first_seed=7)[0]
     with torch.no_grad():
         other[1].running_mean.uniform_(-1, 1)
@@ -513,7 +513,7 @@ def test_load_slot_round_trips_and_touches_no_other_slot():
     for slot in (0, 2):
         for key, value in before[slot].items():
             assert torch.equal(arr.slot_state_dict(slot)[key], value), key
-    assert torch.equal(arr._padded, padded_before) and (arr.flat.detach()[arr._padded] == 0).all()
+    assert torch.equal(arr._slots.padded, padded_before) and (arr.flat.detach()[arr._slots.padded] == 0).all()
     arr.load_slot(1, before[1])
     for key, value in before[1].items():
         assert torch.equal(arr.slot_state_dict(1)[key], value), key
@@ -554,9 +554,9 @@ def test_replace_slot_with_smaller_model_trains_like_it_alone():
         slot_batches(batches[STEPS_PER_EPOCH:], 2),
     )
     assert_slot_equals(arr, 2, ref)
-    values = arr.flat.detach()[arr._padded]
+    values = arr.flat.detach()[arr._slots.padded]
     assert (values == 0).all() and not torch.signbit(values).any()
-    assert all((state[arr._padded] == 0).all() for state in opt.state.values())
+    assert all((state[arr._slots.padded] == 0).all() for state in opt.state.values())
 
 
 @pytest.mark.parametrize("opt_name", ["Adam", "SGD"])
@@ -571,7 +571,7 @@ def test_large_convolutions_run_each_slot_at_its_own_size(monkeypatch, opt_name)
     assert len(boxed) == 2 and all(box is not None for box in boxed[0]._hfta_slot_boxes)  # no slot fills (32, k7)
     for slot, ref in enumerate(refs):
         assert_slot_equals(arr, slot, ref)
-    assert not arr.flat.detach()[arr._padded].any()
+    assert not arr.flat.detach()[arr._slots.padded].any()
 
 
 def test_drop_slots_keeps_survivors_exact(monkeypatch):
@@ -587,7 +587,7 @@ def test_drop_slots_keeps_survivors_exact(monkeypatch):
     opt, sched = array_optimizer(arr, "RMSprop")
     run_array(arr, opt, sched, batches[:STEPS_PER_EPOCH])
     keep = arr.drop_slots([1])
-    assert keep == [0, 2, 3] and len(arr) == 3 and arr._padded.shape == arr.flat.shape
+    assert keep == [0, 2, 3] and len(arr) == 3 and arr._slots.padded.shape == arr.flat.shape
     run_array(arr, opt, sched, [(x[keep], y[keep]) for x, y in batches[STEPS_PER_EPOCH:]], first_step=STEPS_PER_EPOCH)
     hp = per_slot(OPTIMIZERS["RMSprop"], len(models))
     for new, old in enumerate(keep):
@@ -843,18 +843,18 @@ def test_verification_runs_once_per_slot_and_again_for_a_replaced_slot(monkeypat
 
     monkeypatch.setattr(hfta_nas.array._model_array, "verify_slot", counting)
     arr = ModelArray(build(WORKLOADS["mlp"][0]), dtype=torch.float64)
-    assert sorted(arr._unverified) == [0, 1, 2, 3] and calls == []
+    assert sorted(arr._slots.unverified) == [0, 1, 2, 3] and calls == []
     x, _ = make_batches(float_inputs, len(arr), 1)[0]
     arr(x)
-    assert calls == [0, 1, 2, 3] and not arr._unverified
+    assert calls == [0, 1, 2, 3] and not arr._slots.unverified
     arr(x)
     arr.eval()(x[0], shared_input=True)
     assert calls == [0, 1, 2, 3]
     arr.replace_slot(2, mlp(16, 2).double())
-    assert list(arr._unverified) == [2]
+    assert list(arr._slots.unverified) == [2]
     arr.train()(x)
     arr(x)
-    assert calls == [0, 1, 2, 3, 2] and not arr._unverified
+    assert calls == [0, 1, 2, 3, 2] and not arr._slots.unverified
 
 
 # --------------------------------------------------------- 6. padding_cost()
@@ -881,7 +881,7 @@ def test_padding_cost_counts_equal_torch_flop_counter(builders):
 def test_padding_cost_of_equal_shapes_wastes_nothing():
     models = build([lambda: mlp(24, 2)] * 3)
     arr = ModelArray(models, dtype=torch.float64)
-    assert arr._envelope is None
+    assert arr._slots is None
     x = float_inputs(1, 16, torch.Generator().manual_seed(5))[0]
     cost = arr.padding_cost(x)
     assert cost.useful == cost.executed == 3 * macs_per_sample(models[0], x) and cost.waste == 0

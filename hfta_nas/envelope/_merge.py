@@ -27,13 +27,13 @@ from torch import nn
 
 from hfta_nas.envelope._padded_layers import ActivationChoice, DropoutChoice, activation_key
 from hfta_nas.errors import FusionError
-from hfta_nas.layers._slot_ops import _ELEMENTWISE, _POOLING_DIMS
+from hfta_nas.layers._slot_ops import ELEMENTWISE, POOLING_DIMS
 
-_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
-_CONTAINERS = (nn.Sequential, nn.ModuleList)
-_RECURRENT = (nn.GRU, nn.LSTM)
+DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+CONTAINERS = (nn.Sequential, nn.ModuleList)
+RECURRENT = (nn.GRU, nn.LSTM)
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
-_NO_SKIP = (nn.Flatten, nn.Unflatten, nn.Embedding, nn.RNNBase, nn.modules.conv._ConvTransposeNd, *_POOLING_DIMS)
+_NO_SKIP = (nn.Flatten, nn.Unflatten, nn.Embedding, nn.RNNBase, nn.modules.conv._ConvTransposeNd, *POOLING_DIMS)
 
 # Attributes of torch layers that are sizes: they may differ between slots, and
 # the envelope takes the largest (per dim). Every other setting must be equal.
@@ -60,17 +60,17 @@ _SIZE_ATTRIBUTES = frozenset(
 )
 
 
-def _where(path: str) -> str:
+def shown_path(path: str) -> str:
     return path or "<root>"
 
 
-def _join(path: str, name: str) -> str:
+def join_path(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _kind(module: nn.Module) -> Any:
+def layer_kind(module: nn.Module) -> Any:
     """What must be equal across slots at one position (activations may differ among themselves)."""
-    if type(module) in _ELEMENTWISE or isinstance(module, ActivationChoice):
+    if type(module) in ELEMENTWISE or isinstance(module, ActivationChoice):
         return "activation"
     return module.kind if isinstance(module, DropoutChoice) else type(module)
 
@@ -82,9 +82,9 @@ def _is_user_module(module: nn.Module) -> bool:
 # ------------------------------------------------------------------ alignment
 def _compatible(a: nn.Module, b: nn.Module) -> bool:
     """Same kind of layer with the same named children (containers may differ in length)."""
-    if _kind(a) != _kind(b):
+    if layer_kind(a) != layer_kind(b):
         return False
-    if isinstance(a, _CONTAINERS) or _kind(a) == "activation":
+    if isinstance(a, CONTAINERS) or layer_kind(a) == "activation":
         return True
     if list(a._modules) != list(b._modules):
         return False
@@ -120,8 +120,8 @@ def _keeps_shape(module: nn.Module) -> bool:
     smaller depth (skipping makes it the identity). A wrong guess is caught
     when the array runs (the skip gate checks shapes) and by the verification.
     """
-    if type(module) in _ELEMENTWISE or isinstance(
-        module, (*_DROPOUTS, *_NORMS, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.MultiheadAttention)
+    if type(module) in ELEMENTWISE or isinstance(
+        module, (*DROPOUTS, *_NORMS, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.MultiheadAttention)
     ):
         return True
     if any(isinstance(m, _NO_SKIP) for m in module.modules()):
@@ -149,7 +149,7 @@ def align_children(path: str, long: Sequence[nn.Module], short: Sequence[nn.Modu
     gap = len(long) - len(short)
     if gap < 0:
         raise FusionError(
-            f"layer '{_where(path)}' has {len(short)} children in a slot but {len(long)} in the envelope."
+            f"layer '{shown_path(path)}' has {len(short)} children in a slot but {len(long)} in the envelope."
         )
     for prefix in range(len(short), -1, -1):
         mapping = list(range(prefix)) + list(range(prefix + gap, len(long)))
@@ -161,11 +161,11 @@ def align_children(path: str, long: Sequence[nn.Module], short: Sequence[nn.Modu
     if gap == 0:
         k = next(k for k, (a, b) in enumerate(zip(long, short)) if not _compatible(a, b))
         raise FusionError(
-            f"layer {k} of '{_where(path)}' is {type(short[k]).__name__} in one slot but {type(long[k]).__name__} "
+            f"layer {k} of '{shown_path(path)}' is {type(short[k]).__name__} in one slot but {type(long[k]).__name__} "
             f"in another ({kinds(short)} vs {kinds(long)}); slots must have the same layer types in the same order."
         )
     raise FusionError(
-        f"layer '{_where(path)}' holds {len(short)} layers {kinds(short)} in one slot and {len(long)} {kinds(long)} "
+        f"layer '{shown_path(path)}' holds {len(short)} layers {kinds(short)} in one slot and {len(long)} {kinds(long)} "
         "in another, and no choice of skipped layers keeps the shapes (a skipped layer must map its input to "
         "the same shape, e.g. a hidden Linear of equal width, a residual block, a transformer layer); "
         "models whose depth differs here need separate arrays."
@@ -173,7 +173,7 @@ def align_children(path: str, long: Sequence[nn.Module], short: Sequence[nn.Modu
 
 
 # -------------------------------------------------------------- the envelope
-def _shell(module: nn.Module) -> nn.Module:
+def empty_shell(module: nn.Module) -> nn.Module:
     """A copy of `module` with its own (empty) parameter, buffer and child tables."""
     shell = copy.copy(module)
     shell._parameters, shell._buffers, shell._modules = OrderedDict(), OrderedDict(), OrderedDict()
@@ -205,10 +205,10 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
 def _sizes_in(module: nn.Module) -> set[int]:
     """The sizes a module's subtree has: every tensor dim and every container's length."""
     sizes = {n for t in [*module.parameters(), *module.buffers()] for n in t.shape}
-    return sizes | {len(m) for m in module.modules() if isinstance(m, _CONTAINERS)}
+    return sizes | {len(m) for m in module.modules() if isinstance(m, CONTAINERS)}
 
 
-def _is_size(module: nn.Module, name: str, value: Any) -> bool:
+def is_size(module: nn.Module, name: str, value: Any) -> bool:
     """Whether a setting that differs between slots is a size the envelope may take the largest of.
 
     torch layers: their size attributes (`kernel_size` for convolutions only). A user's
@@ -236,7 +236,7 @@ def _merge_settings(path: str, env: nn.Module, present: list[tuple[int, nn.Modul
     names = set(settings_of(first))
     for slot, module in present[1:]:
         if set(settings_of(module)) != names:
-            raise FusionError(f"layer '{_where(path)}' has different attributes in slots {s0} and {slot}.")
+            raise FusionError(f"layer '{shown_path(path)}' has different attributes in slots {s0} and {slot}.")
     for name in sorted(names):
         values = [getattr(m, name) for _, m in present]
         if all(same_setting(values[0], v) for v in values[1:]):
@@ -244,12 +244,12 @@ def _merge_settings(path: str, env: nn.Module, present: list[tuple[int, nn.Modul
         if name == "padding" and isinstance(first, nn.modules.conv._ConvNd):
             continue  # set from the geometry in _merge_conv
         largest = _largest(values)
-        if largest is not None and all(_is_size(m, name, v) for (_, m), v in zip(present, values)):
+        if largest is not None and all(is_size(m, name, v) for (_, m), v in zip(present, values)):
             setattr(env, name, largest)
             continue
         slot = next(s for (s, _), v in zip(present, values) if not same_setting(values[0], v))
         raise FusionError(
-            f"layer '{_where(path)}' ({type(first).__name__}): '{name}' is {values[0]!r} in slot {s0} but "
+            f"layer '{shown_path(path)}' ({type(first).__name__}): '{name}' is {values[0]!r} in slot {s0} but "
             f"{getattr(dict(present)[slot], name)!r} in slot {slot}; slots share one forward, so settings "
             "other than sizes must be equal."
         )
@@ -261,14 +261,14 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
     channels = {(m.in_channels, m.out_channels) for _, m in present}
     if len(channels) > 1 and env.groups != 1:
         raise FusionError(
-            f"layer '{_where(path)}' ({type(env).__name__}): a grouped convolution (groups={env.groups}) with "
+            f"layer '{shown_path(path)}' ({type(env).__name__}): a grouped convolution (groups={env.groups}) with "
             "different channel counts per slot cannot be padded (its groups would mix); use equal channels here."
         )
     if len(set(kernels)) == 1 and len({str(m.padding) for _, m in present}) == 1:
         return
     if env.padding_mode != "zeros":
         raise FusionError(
-            f"layer '{_where(path)}': kernels of different sizes need padding_mode='zeros', got {env.padding_mode!r}."
+            f"layer '{shown_path(path)}': kernels of different sizes need padding_mode='zeros', got {env.padding_mode!r}."
         )
     big = tuple(max(ks) for ks in zip(*kernels))
     paddings = set()
@@ -276,7 +276,7 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
         for k, big_k, d in zip(conv.kernel_size, big, conv.dilation):
             if (big_k - k) % 2:
                 raise FusionError(
-                    f"layer '{_where(path)}' ({type(conv).__name__}): kernel sizes {k} (slot {slot}) and {big_k} "
+                    f"layer '{shown_path(path)}' ({type(conv).__name__}): kernel sizes {k} (slot {slot}) and {big_k} "
                     "differ by an odd number, so the smaller kernel cannot be centred in the larger; use odd "
                     "kernel sizes (3, 5, 7) throughout."
                 )
@@ -288,7 +288,7 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
         )
     if len(paddings) > 1 or any(p != int(p) for p in next(iter(paddings))):
         raise FusionError(
-            f"layer '{_where(path)}' ({type(env).__name__}): kernels {sorted(set(kernels))} with paddings "
+            f"layer '{shown_path(path)}' ({type(env).__name__}): kernels {sorted(set(kernels))} with paddings "
             f"{[m.padding for _, m in present]} give outputs of different geometry, so the smaller kernels cannot "
             "be centred in the larger; pad each to keep the geometry (padding='same', or (k - 1) / 2)."
         )
@@ -303,7 +303,7 @@ def _merge_recurrent(path: str, present: list[tuple[int, nn.Module]]) -> nn.Modu
     for slot, rnn in stacked[1:]:
         if rnn.dropout != stacked[0][1].dropout:
             raise FusionError(
-                f"layer '{_where(path)}' ({type(first).__name__}): 'dropout' is {stacked[0][1].dropout!r} "
+                f"layer '{shown_path(path)}' ({type(first).__name__}): 'dropout' is {stacked[0][1].dropout!r} "
                 f"in slot {stacked[0][0]} but {rnn.dropout!r} in slot {slot}."
             )
     dropout = stacked[0][1].dropout if stacked else 0.0
@@ -311,13 +311,13 @@ def _merge_recurrent(path: str, present: list[tuple[int, nn.Module]]) -> nn.Modu
         for name in ("bias", "batch_first", "bidirectional", "proj_size"):
             if getattr(rnn, name) != getattr(first, name):
                 raise FusionError(
-                    f"layer '{_where(path)}' ({type(first).__name__}): '{name}' is "
+                    f"layer '{shown_path(path)}' ({type(first).__name__}): '{name}' is "
                     f"{getattr(first, name)!r} in slot {s0} but {getattr(rnn, name)!r} in slot {slot}."
                 )
     hidden = {m.hidden_size for _, m in present}
     if first.bidirectional and len(hidden) > 1:
         raise FusionError(
-            f"layer '{_where(path)}' ({type(first).__name__}): a bidirectional layer of different hidden sizes "
+            f"layer '{shown_path(path)}' ({type(first).__name__}): a bidirectional layer of different hidden sizes "
             "cannot be padded (its output joins both directions, so the padding would sit between them); "
             "use one hidden size, or bidirectional=False."
         )
@@ -346,14 +346,14 @@ def _merge_tensors(path: str, env: nn.Module, present: list[tuple[int, nn.Module
     for slot, module in present[1:]:
         if list(getattr(module, table)) != names:
             raise FusionError(
-                f"layer '{_where(path)}' has {table[1:]} {names} in slot {s0} but {list(getattr(module, table))} "
+                f"layer '{shown_path(path)}' has {table[1:]} {names} in slot {s0} but {list(getattr(module, table))} "
                 f"in slot {slot}; models must have the same layers."
             )
     for name in names:
         tensors = [getattr(m, table)[name] for _, m in present]
         if any(t is None for t in tensors):
             if not all(t is None for t in tensors):
-                raise FusionError(f"'{_join(path, name)}' is None in some slots only.")
+                raise FusionError(f"'{join_path(path, name)}' is None in some slots only.")
             getattr(env, table)[name] = None
             continue
         key = tuple(id(t) for t in tensors)
@@ -361,7 +361,7 @@ def _merge_tensors(path: str, env: nn.Module, present: list[tuple[int, nn.Module
             getattr(env, table)[name] = tied[key]
             continue
         if len({t.dim() for t in tensors}) > 1:
-            raise FusionError(f"'{_join(path, name)}' has a different number of dims across slots.")
+            raise FusionError(f"'{join_path(path, name)}' has a different number of dims across slots.")
         shape = tuple(max(sizes) for sizes in zip(*(t.shape for t in tensors)))
         zeros = torch.zeros(shape, dtype=tensors[0].dtype, device=tensors[0].device)  # meta stays meta
         made = nn.Parameter(zeros, requires_grad=tensors[0].requires_grad) if table == "_parameters" else zeros
@@ -452,12 +452,12 @@ def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
     present = [(slot, m) for slot, m in enumerate(column) if m is not None]
     s0, first = present[0]
     for slot, module in present[1:]:
-        if _kind(module) != _kind(first):
+        if layer_kind(module) != layer_kind(first):
             raise FusionError(
-                f"layer '{_where(path)}' is {type(first).__name__} in slot {s0} but {type(module).__name__} in slot "
+                f"layer '{shown_path(path)}' is {type(first).__name__} in slot {s0} but {type(module).__name__} in slot "
                 f"{slot}; slots must have the same layer types in the same order."
             )
-    if _kind(first) == "activation":
+    if layer_kind(first) == "activation":
         variants: list[nn.Module] = []
         for _, m in present:
             if activation_key(m) not in {activation_key(v) for v in variants}:
@@ -466,14 +466,14 @@ def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
                     variant.inplace = False  # each variant reads the same input
                 variants.append(variant)
         return copy.deepcopy(first) if len(variants) == 1 else ActivationChoice(variants)
-    if isinstance(first, _DROPOUTS):
+    if isinstance(first, DROPOUTS):
         rates = {m.p for _, m in present}
         return copy.deepcopy(first) if len(rates) == 1 else DropoutChoice(type(first), max(rates))
-    if isinstance(first, _RECURRENT):
+    if isinstance(first, RECURRENT):
         return _merge_recurrent(path, present)
-    env = _shell(first)
+    env = empty_shell(first)
     _merge_settings(path, env, present)
-    if isinstance(first, _CONTAINERS):
+    if isinstance(first, CONTAINERS):
         longest = max((m for _, m in present), key=len)
         reference = list(longest._modules.items())
         columns: list[list[nn.Module | None]] = [[None] * len(column) for _ in reference]
@@ -484,13 +484,13 @@ def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
                 columns[position][slot] = child
             _add_stand_ins(columns, slot, [c for _, c in reference], dict(zip(mapping, children)))
         for (name, _), child_column in zip(reference, columns):
-            env._modules[name] = _merge(_join(path, name), child_column, tied)
+            env._modules[name] = _merge(join_path(path, name), child_column, tied)
     else:
         names = list(first._modules)
         for slot, module in present[1:]:
             if list(module._modules) != names:
                 raise FusionError(
-                    f"layer '{_where(path)}' has children {names} in slot {s0} but "
+                    f"layer '{shown_path(path)}' has children {names} in slot {s0} but "
                     f"{list(module._modules)} in slot {slot}; models must have the same layers."
                 )
         for name in names:
@@ -499,15 +499,15 @@ def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
             if not present_children:
                 env._modules[name] = None
             elif len(present_children) != len(present):
-                raise FusionError(f"'{_join(path, name)}' is None in some slots only.")
+                raise FusionError(f"'{join_path(path, name)}' is None in some slots only.")
             else:
-                env._modules[name] = _merge(_join(path, name), child_column, tied)
+                env._modules[name] = _merge(join_path(path, name), child_column, tied)
     _merge_tensors(path, env, present, "_parameters", tied)
     _merge_tensors(path, env, present, "_buffers", tied)
     if isinstance(first, nn.modules.conv._ConvNd):
         _merge_conv(path, env, present)
     if isinstance(first, nn.MultiheadAttention) and len({m.num_heads for _, m in present}) > 1:
-        raise FusionError(f"layer '{_where(path)}' (MultiheadAttention): slots must have the same num_heads.")
+        raise FusionError(f"layer '{shown_path(path)}' (MultiheadAttention): slots must have the same num_heads.")
     return env
 
 

@@ -24,23 +24,23 @@ import torch
 from torch import nn
 
 from hfta_nas.envelope._merge import (
-    _CONTAINERS,
-    _DROPOUTS,
-    _ELEMENTWISE,
-    _RECURRENT,
-    _is_size,
-    _join,
-    _kind,
-    _shell,
-    _where,
+    CONTAINERS,
+    DROPOUTS,
+    ELEMENTWISE,
+    RECURRENT,
     align_children,
+    empty_shell,
+    is_size,
+    join_path,
+    layer_kind,
     padding_of,
     same_setting,
     settings_of,
+    shown_path,
 )
 from hfta_nas.envelope._padded_layers import ActivationChoice, DropoutChoice, activation_key
 from hfta_nas.errors import FusionError
-from hfta_nas.layers._slot_ops import SlotBox, _explicit_padding
+from hfta_nas.layers._slot_ops import SlotBox, explicit_padding
 
 
 def _prefix(own: int, env: int) -> torch.Tensor:
@@ -125,78 +125,89 @@ def _embed_tensors(env: nn.Module, own: nn.Module, env_path: str, own_path: str,
             target = getattr(env, table).get(name)
             if target is None:
                 raise FusionError(
-                    f"'{_join(own_path, name)}' has no place in the array's envelope at '{_join(env_path, name)}'."
+                    f"'{join_path(own_path, name)}' has no place in the array's envelope at '{join_path(env_path, name)}'."
                 )
             if tensor.dim() != target.dim() or any(o > e for o, e in zip(tensor.shape, target.shape)):
                 raise FusionError(
-                    f"'{_join(own_path, name)}' has shape {list(tensor.shape)}, larger than the array's envelope "
+                    f"'{join_path(own_path, name)}' has shape {list(tensor.shape)}, larger than the array's envelope "
                     f"{list(target.shape)}; a model must fit inside the envelope of the models the array was built from."
                 )
             placers = _placers(env, name, tensor.dim(), hint)
             index = tuple(place(o, e) for place, o, e in zip(placers, tensor.shape, target.shape))
-            emb.places[_join(own_path, name)] = (_join(env_path, name), index)
-            emb.shapes[_join(own_path, name)] = tensor.shape
+            emb.places[join_path(own_path, name)] = (join_path(env_path, name), index)
+            emb.shapes[join_path(own_path, name)] = tensor.shape
 
 
 def _embed(env: nn.Module, own: nn.Module, env_path: str, own_path: str, emb: SlotEmbedding, hint) -> None:
     emb.modules[own_path] = env_path
-    emb.own[env_path] = _shell(own)
+    emb.own[env_path] = empty_shell(own)
     if isinstance(env, ActivationChoice):
-        choice = env.index_of(own) if type(own) in _ELEMENTWISE else None
+        choice = env.index_of(own) if type(own) in ELEMENTWISE else None
         if choice is None:
             raise FusionError(
-                f"layer '{_where(own_path)}' ({own!r}) is none of the array's activations there "
+                f"layer '{shown_path(own_path)}' ({own!r}) is none of the array's activations there "
                 f"({', '.join(repr(v) for v in env.variants)})."
             )
         emb.choices[env_path] = choice
         return
     if isinstance(env, DropoutChoice):
         if type(own) is not env.kind:
-            raise FusionError(f"layer '{_where(own_path)}' is {type(own).__name__}, the array has {env.kind.__name__}.")
+            raise FusionError(
+                f"layer '{shown_path(own_path)}' is {type(own).__name__}, the array has {env.kind.__name__}."
+            )
         emb.rates[env_path] = own.p
         return
-    if _kind(env) != _kind(own) or (_kind(env) == "activation" and activation_key(env) != activation_key(own)):
-        raise FusionError(f"layer '{_where(own_path)}' is {own!r}; the array has {env!r} there.")
-    if isinstance(env, _DROPOUTS) and env.p != own.p:
+    if layer_kind(env) != layer_kind(own) or (
+        layer_kind(env) == "activation" and activation_key(env) != activation_key(own)
+    ):
+        raise FusionError(f"layer '{shown_path(own_path)}' is {own!r}; the array has {env!r} there.")
+    if isinstance(env, DROPOUTS) and env.p != own.p:
         raise FusionError(
-            f"layer '{_where(own_path)}' has dropout p={own.p}; the array has p={env.p} there for every slot."
+            f"layer '{shown_path(own_path)}' has dropout p={own.p}; the array has p={env.p} there for every slot."
         )
     _check_fits(env, own, own_path)
-    if isinstance(env, _CONTAINERS):
+    if isinstance(env, CONTAINERS):
         env_children, own_children = list(env._modules.items()), list(own._modules.items())
         mapping = align_children(own_path, [c for _, c in env_children], [c for _, c in own_children])
         for (own_name, child), position in zip(own_children, mapping):
             env_name = env_children[position][0]
-            _embed(env_children[position][1], child, _join(env_path, env_name), _join(own_path, own_name), emb, {})
+            _embed(
+                env_children[position][1], child, join_path(env_path, env_name), join_path(own_path, own_name), emb, {}
+            )
         for position in sorted(set(range(len(env_children))) - set(mapping)):
-            emb.absent.append(_join(env_path, env_children[position][0]))
+            emb.absent.append(join_path(env_path, env_children[position][0]))
     else:
         if list(own._modules) != list(env._modules):
             raise FusionError(
-                f"layer '{_where(own_path)}' has children {list(own._modules)}; the array's model "
+                f"layer '{shown_path(own_path)}' has children {list(own._modules)}; the array's model "
                 f"has {list(env._modules)}."
             )
         for name, child in own._modules.items():
             if child is not None:
                 _embed(
-                    env._modules[name], child, _join(env_path, name), _join(own_path, name), emb, _child_hint(env, name)
+                    env._modules[name],
+                    child,
+                    join_path(env_path, name),
+                    join_path(own_path, name),
+                    emb,
+                    _child_hint(env, name),
                 )
     _embed_tensors(env, own, env_path, own_path, emb, hint)
 
 
 def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
     """Settings of `own` that must equal the envelope's (sizes are checked with the tensors)."""
-    if isinstance(env, _RECURRENT):
+    if isinstance(env, RECURRENT):
         names = ("bias", "batch_first", "bidirectional", "proj_size") + (("dropout",) if own.num_layers > 1 else ())
         for name in names:
             if getattr(own, name) != getattr(env, name):
                 raise FusionError(
-                    f"layer '{_where(own_path)}': '{name}' is {getattr(own, name)!r}; the array has "
+                    f"layer '{shown_path(own_path)}': '{name}' is {getattr(own, name)!r}; the array has "
                     f"{getattr(env, name)!r}."
                 )
         if own.bidirectional and own.hidden_size != env.hidden_size:
             raise FusionError(
-                f"layer '{_where(own_path)}': a bidirectional layer must have the array's hidden size "
+                f"layer '{shown_path(own_path)}': a bidirectional layer must have the array's hidden size "
                 f"({env.hidden_size})."
             )
         return
@@ -205,11 +216,11 @@ def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
         if name in env_settings and same_setting(env_settings[name], value):
             continue
         if name in env_settings and (
-            name == "padding" and isinstance(own, nn.modules.conv._ConvNd) or _is_size(own, name, value)
+            name == "padding" and isinstance(own, nn.modules.conv._ConvNd) or is_size(own, name, value)
         ):
             continue  # sizes: checked with the tensors (a user module's: by the verification too)
         raise FusionError(
-            f"layer '{_where(own_path)}' ({type(own).__name__}): '{name}' is {value!r}; the array's "
+            f"layer '{shown_path(own_path)}' ({type(own).__name__}): '{name}' is {value!r}; the array's "
             f"model has {env_settings.get(name, '<missing>')!r}."
         )
     if isinstance(env, nn.modules.conv._ConvNd):
@@ -218,7 +229,7 @@ def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
         ):
             if (big_k - k) % 2 or p + d * (big_k - k) / 2 != big_p:
                 raise FusionError(
-                    f"layer '{_where(own_path)}' ({type(own).__name__}): kernel {own.kernel_size} with padding "
+                    f"layer '{shown_path(own_path)}' ({type(own).__name__}): kernel {own.kernel_size} with padding "
                     f"{own.padding!r} does not keep the geometry of the array's kernel {env.kernel_size} with padding "
                     f"{env.padding!r}; the smaller kernel cannot be centred in the larger."
                 )
@@ -251,7 +262,7 @@ def conv_box(env: nn.Module, own: nn.Module | None) -> SlotBox | None:
     if own is None or env.groups != 1 or env.transposed:
         return None
     sizes = lambda conv: (conv.out_channels, conv.in_channels, tuple(conv.kernel_size))  # noqa: E731
-    padding = _explicit_padding(own)
+    padding = explicit_padding(own)
     if sizes(own) == sizes(env) or padding is None:
         return None
     offsets = [(big - k) // 2 for big, k in zip(env.kernel_size, own.kernel_size)]

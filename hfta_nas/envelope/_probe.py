@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,14 +29,30 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from hfta_nas.envelope._placement import SlotEmbedding, take_from
+from hfta_nas.envelope._template import Envelope
 from hfta_nas.errors import FusionError, HftaNasError
 from hfta_nas.layers._slot_layers import SlotDropout, no_attention_fast_path
 
-if TYPE_CHECKING:
-    from hfta_nas.array._model_array import ModelArray
-
 PROBE_SAMPLES = 32
 _TOLERANCE = 1e-9  # relative to each tensor's largest magnitude; float64 rounding is ~1e-15
+
+
+@dataclass(frozen=True)
+class PlacedSlot:
+    """One slot of an array as the probe reads it (`ModelArray.placed_slot`).
+
+    template: the envelope module every slot runs; embedding: where this slot's own
+    tensors sit in it; state: this slot's view of every tensor the template reads;
+    parameter_names: the template's canonical parameter names; aliases: every
+    parameter name (tied ones included) to its canonical name.
+    """
+
+    template: nn.Module
+    embedding: SlotEmbedding
+    state: Mapping[str, torch.Tensor]
+    parameter_names: tuple[str, ...]
+    aliases: Mapping[str, str]
 
 
 def padding_fraction(useful: float, executed: float) -> float:
@@ -120,8 +136,6 @@ def model_macs(model: nn.Module, *example_inputs: Any) -> int:
 def envelope_macs(models: Sequence[nn.Module], *example_inputs: Any) -> int:
     """Multiply-adds per sample that one slot of an array of `models` executes (its envelope's);
     FusionError when the models cannot share an array."""
-    from hfta_nas.envelope._template import Envelope  # noqa: PLC0415 (it imports this module's neighbours)
-
     models = list(models)
     if len(models) == 1:
         return model_macs(models[0], *example_inputs)
@@ -199,11 +213,9 @@ def _compare_outputs(what: str, own_out: Any, padded_out: Any) -> list[torch.Ten
     return [t for t in own_leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-def _first_differing_layer(array: ModelArray, slot: int, own: nn.Module, state, inputs) -> str:
+def _first_differing_layer(placed: PlacedSlot, own: nn.Module, state, inputs) -> str:
     """The first layer (in the own model's execution order) whose output differs from its padded place."""
-    from hfta_nas.envelope._placement import SlotEmbedding  # noqa: PLC0415 (typing only)
-
-    emb: SlotEmbedding = array._embeddings[slot]
+    emb = placed.embedding
     own_outputs: list[tuple[str, torch.Tensor]] = []
     padded_outputs: dict[str, torch.Tensor] = {}
 
@@ -220,14 +232,14 @@ def _first_differing_layer(array: ModelArray, slot: int, own: nn.Module, state, 
 
     handles = [m.register_forward_hook(recorder(own_outputs, p)) for p, m in own.named_modules() if p]
     handles += [
-        array._template.get_submodule(env).register_forward_hook(recorder(padded_outputs, own_path))
+        placed.template.get_submodule(env).register_forward_hook(recorder(padded_outputs, own_path))
         for own_path, env in emb.modules.items()
         if own_path
     ]
     try:
         with torch.no_grad(), contextlib.suppress(Exception):
             own(*inputs)
-            functional_call(array._template, {k: v.clone() for k, v in state.items()}, inputs, tie_weights=True)
+            functional_call(placed.template, {k: v.clone() for k, v in state.items()}, inputs, tie_weights=True)
     finally:
         for handle in handles:
             handle.remove()
@@ -244,16 +256,15 @@ def _first_differing_layer(array: ModelArray, slot: int, own: nn.Module, state, 
     return ""
 
 
-def verify_slot(array: ModelArray, slot: int, model: nn.Module, inputs: tuple[Any, ...]) -> tuple[int, int]:
-    """Raise FusionError unless slot `slot` of `array` computes what `model` computes on `inputs`
+def verify_slot(placed: PlacedSlot, slot: int, model: nn.Module, inputs: tuple[Any, ...]) -> tuple[int, int]:
+    """Raise FusionError unless slot `slot` (`placed`) computes what `model` computes on `inputs`
     (one slot's batch). Returns (useful, executed) multiply-adds per sample."""
     inputs = tuple(_as_float64(_samples(x)) for x in inputs)
     own = _own_copy(model)
-    emb = array._embeddings[slot]
-    state = _initial_state(array, slot)
-    for name in array._leaves:
+    state = _initial_state(placed)
+    for name in placed.parameter_names:
         state[name].requires_grad_()
-    template = array._template
+    template = placed.template
     with _probing(template), torch.enable_grad():
         own_out = own(*inputs)  # the user's own model: its errors are the user's, raised as they are
         try:
@@ -264,9 +275,9 @@ def verify_slot(array: ModelArray, slot: int, model: nn.Module, inputs: tuple[An
                 f"({type(error).__name__}: {error}); models like it need a separate array."
             ) from None
         try:
-            _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs)
+            _compare_in_detail(placed, own, state, own_out, padded_out, inputs)
         except _Mismatch as mismatch:
-            where = _first_differing_layer(array, slot, _own_copy(model), _initial_state(array, slot), inputs)
+            where = _first_differing_layer(placed, _own_copy(model), _initial_state(placed), inputs)
             size = f" (relative difference {mismatch.error:.2g})" if mismatch.error != float("inf") else ""
             raise FusionError(
                 f"slot {slot}: its model and its place in the array's envelope compute different {mismatch.what}"
@@ -277,25 +288,25 @@ def verify_slot(array: ModelArray, slot: int, model: nn.Module, inputs: tuple[An
     return count_macs(own, None, inputs), count_macs(template, state, inputs)
 
 
-def _initial_state(array: ModelArray, slot: int) -> dict[str, torch.Tensor]:
-    return {name: _as_float64(value).clone() for name, value in array._slot_state(slot).items()}
+def _initial_state(placed: PlacedSlot) -> dict[str, torch.Tensor]:
+    return {name: _as_float64(value).clone() for name, value in placed.state.items()}
 
 
-def _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs) -> None:
-    from hfta_nas.envelope._placement import take_from  # noqa: PLC0415
-
+def _compare_in_detail(placed: PlacedSlot, own: nn.Module, state, own_out, padded_out, inputs) -> None:
+    """Raise _Mismatch at the first output, gradient or buffer of `own` that its place differs from."""
+    emb = placed.embedding
     tensors = _compare_outputs("outputs", own_out, padded_out)
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in tensors]
     padded_tensors = [t for t in tree_flatten(padded_out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
     own_params = dict(own.named_parameters())
-    leaves = [state[name] for name in array._leaves]
+    leaves = [state[name] for name in placed.parameter_names]
     own_grads = torch.autograd.grad(
         sum((t * w).sum() for t, w in zip(tensors, weights)), list(own_params.values()), allow_unused=True
     )
     padded_grads = dict(
         zip(
-            array._leaves,
+            placed.parameter_names,
             torch.autograd.grad(sum((t * w).sum() for t, w in zip(padded_tensors, weights)), leaves, allow_unused=True),
         )
     )
@@ -304,7 +315,7 @@ def _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs
     scale = max((g.abs().max().item() for g in own_grads if g is not None and g.numel()), default=0.0)
     for (name, param), grad in zip(own_params.items(), own_grads):
         env_name, index = emb.places[name]
-        padded = padded_grads.get(array._param_aliases[env_name])
+        padded = padded_grads.get(placed.aliases[env_name])
         own_grad = grad if grad is not None else torch.zeros_like(param)
         padded_grad = take_from(padded, index) if padded is not None else torch.zeros_like(own_grad)
         _check(f"gradients of '{name}'", own_grad, padded_grad, scale)
@@ -313,8 +324,8 @@ def _compare_in_detail(array, slot, own, emb, state, own_out, padded_out, inputs
         buffer_scale = max(buffer.abs().max().item(), 1e-6) if buffer.is_floating_point() and buffer.numel() else None
         _check(f"buffer '{name}' after a training step", buffer, take_from(state[env_name], index), buffer_scale)
     own.eval()
-    array._template.eval()
+    placed.template.eval()
     with torch.no_grad():
         _compare_outputs(
-            "outputs in eval mode", own(*inputs), functional_call(array._template, state, inputs, tie_weights=True)
+            "outputs in eval mode", own(*inputs), functional_call(placed.template, state, inputs, tie_weights=True)
         )

@@ -254,7 +254,7 @@ def _per_slot_macs(conv: nn.modules.conv._ConvNd, shape: torch.Size) -> int:
     return samples * outputs * conv.out_channels * (conv.in_channels // conv.groups) * math.prod(conv.kernel_size)
 
 
-def _explicit_padding(conv: nn.modules.conv._ConvNd) -> list[int] | None:
+def explicit_padding(conv: nn.modules.conv._ConvNd) -> list[int] | None:
     """The conv's zero padding as ints per spatial dim, None where torch pads the input itself
     (padding_mode other than zeros, or an asymmetric 'same')."""
     if conv.padding_mode != "zeros":
@@ -453,7 +453,7 @@ class _SlotConvMixin:
         x = _slot_first(x, in_dims[0], batch_size)
         weight = _slot_first(weight, in_dims[1], batch_size)
         bias = _slot_first(bias, in_dims[2], batch_size)
-        padding = _explicit_padding(self)
+        padding = explicit_padding(self)
         if padding is not None and x.dim() == len(self.kernel_size) + 3:
             return _ConvLoop.apply(self, padding, relu, x, weight, bias), 0
         # Padding torch applies itself, or per-slot inputs without a batch dim:
@@ -498,7 +498,7 @@ SLOT_OPS: dict[type[nn.Module], type[nn.Module]] = {
 # array use vmap, with the same results.
 
 # Element-wise layers: the same op on [B, N, ...] as on each slot's [N, ...].
-_ELEMENTWISE = frozenset(
+ELEMENTWISE = frozenset(
     {
         nn.Identity,
         nn.ReLU,
@@ -525,7 +525,7 @@ _ELEMENTWISE = frozenset(
 
 # Pooling layers and their spatial dims: each sample is pooled on its own, so
 # [B, N, ...] runs as a batch of B * N samples.
-_POOLING_DIMS = {
+POOLING_DIMS = {
     **dict.fromkeys((nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveMaxPool1d, nn.AdaptiveAvgPool1d), 1),
     **dict.fromkeys((nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool2d), 2),
     **dict.fromkeys((nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveMaxPool3d, nn.AdaptiveAvgPool3d), 3),
@@ -636,8 +636,8 @@ def _native_layer(module: nn.Module, prefix: str, aliases: dict[str, str], relu:
         return conv
     if kind in _BATCH_NORM_DIMS:
         return _native_batch_norm(module, prefix, aliases, relu)
-    if kind in _POOLING_DIMS and not getattr(module, "return_indices", False):
-        spatial = _POOLING_DIMS[kind]
+    if kind in POOLING_DIMS and not getattr(module, "return_indices", False):
+        spatial = POOLING_DIMS[kind]
 
         def pool(leaves, x):
             if x.dim() == spatial + 2:  # per-slot [C, *spatial]: the slots are the batch
@@ -647,7 +647,7 @@ def _native_layer(module: nn.Module, prefix: str, aliases: dict[str, str], relu:
             return module.forward(x.flatten(0, 1)).unflatten(0, x.shape[:2])  # [B * N, C, ...]: same op per sample
 
         return pool
-    if kind in _ELEMENTWISE:
+    if kind in ELEMENTWISE:
         return lambda leaves, x: module.forward(x)
     if kind is nn.Flatten:
 
