@@ -25,6 +25,7 @@ from typing import Any
 import optuna
 import torch
 
+from benchmarks._search_common import SearchRun, barrier_wait, one_epoch
 from hfta_nas.search import open_storage
 from search_spaces import SearchSpace, open_space_study, run_search
 
@@ -47,7 +48,6 @@ def _pack_worker(
         os.environ["HFTA_NAS_WORKER"] = str(index)  # as `--workers` sets it for each worker
         torch.set_num_threads(1)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        from benchmarks._search_methods import one_epoch
 
         with tempfile.TemporaryDirectory(prefix="bench-pack-warm-") as warm:
             run_search(
@@ -86,7 +86,6 @@ def _extra(summary: Any) -> dict[str, Any]:
 
 def run_pack_workers(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> Any:
     """The SearchRun of `processes` pack workers on one journal study."""
-    from benchmarks._search_methods import SearchRun, barrier_wait
 
     storage, name = str(folder / "pack-workers.journal"), "bench-pack-workers"
     open_space_study(space, storage, name)  # created once, before the workers race for it

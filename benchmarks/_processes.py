@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from benchmarks._memory import PeakMemory, current_rss_mb
 from benchmarks._methods import LR, Timing, mixed, steps_for, synchronizer
 from benchmarks._workloads import BATCH_SIZE, Prepared, Workload
-from hfta_nas.train._allocator import keep_freed_memory
+from hfta_nas import keep_freed_memory
 
 BARRIER_TIMEOUT_S = 300.0
 

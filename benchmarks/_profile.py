@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks._methods import RUNNERS, synchronizer
 from benchmarks._workloads import WORKLOADS, prepare
-from hfta_nas.train._allocator import keep_freed_memory
+from hfta_nas import keep_freed_memory
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,6 +61,7 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
+from benchmarks._search_common import SearchRun, plain_objective
 from search_spaces import SearchSpace
 
 MISSING_RAY = "the `ray` method needs Ray Tune: pip install 'hfta-nas[bench]' (or 'ray[tune]')"
@@ -120,7 +121,6 @@ def _threads(threads: int) -> None:
 
 def _trainable(config: dict[str, Any], space: SearchSpace, device: str, dtype: str, threads: int) -> None:
     entered = time.perf_counter()  # CLOCK_MONOTONIC: one clock for the driver and the workers
-    from benchmarks._search_methods import plain_objective
 
     _threads(threads)
     params = {name: value for name, value in config.items() if name != "trial_number"}
@@ -191,7 +191,6 @@ def _callback(key: str) -> Any:
 
 
 def run_ray(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> Any:
-    from benchmarks._search_methods import SearchRun
 
     ray = _import_ray()
     from ray import tune

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from stability._stats import bootstrap_interval, prob_greater, prob_greater_interval, t_interval
+from stability import bootstrap_interval, prob_greater, prob_greater_interval, t_interval
 
 CONFIDENCE = 0.95
 SEED_COUNTS = (3, 5, 8, 16, 32, 64)

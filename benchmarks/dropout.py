@@ -29,8 +29,7 @@ import torch
 from torch.nn import functional as F
 
 from benchmarks._cli import comma_list, write_result
-from hfta_nas.layers._slot_layers import SlotDropout
-from hfta_nas.layers._slot_random import mix32, slot_keys
+from hfta_nas.layers import SlotDropout, mix32, slot_keys
 
 # one slot's activation: (name, shape)
 SHAPES = {"mlp-256": (100, 256), "mlp-64": (100, 64), "conv1d": (100, 32, 40), "conv2d": (32, 16, 16, 16)}
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     allocator = None
     if args.keep_freed_memory:
-        from hfta_nas.train._allocator import keep_freed_memory
+        from hfta_nas import keep_freed_memory
 
         allocator = keep_freed_memory()
     rows = []

@@ -38,11 +38,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hfta_nas.data import load_dataset
 from hfta_nas.models import resolve_model
-from hfta_nas.train._run import DTYPES
+from hfta_nas.runtime import DTYPES
 from search_spaces import ResolvedConfig
-from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
-from stability._design import plan
-from stability._runner import run_stability
+from stability import DEFAULT_CONFIG, LabelledConfig, load_config, plan, run_stability
 
 _TORCH_OPTIMIZERS = {
     "sgd": torch.optim.SGD,

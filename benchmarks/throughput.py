@@ -44,7 +44,7 @@ from benchmarks._methods import RUNNERS, Measured, Timing, Warmed, measure_toget
 from benchmarks._processes import run_processes
 from benchmarks._report import METHODS, RATIOS, print_report, ratios
 from benchmarks._workloads import BATCH_SIZE, CPU_WORKLOADS, WORKLOADS, prepare
-from hfta_nas.train._allocator import keep_freed_memory
+from hfta_nas import keep_freed_memory
 
 DEFAULT_BATCHES = (1, 8, 32, 128)
 QUICK_WORKLOADS = ("mlp", "cnn1d")

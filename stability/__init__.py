@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
     from stability._design import plan, source_seed
     from stability._result import Analysis, StabilityResult
     from stability._runner import run_stability
+    from stability._stats import bootstrap_interval, prob_greater, prob_greater_interval, t_interval
     from stability._study import StudyReport, default_artifact_dir, report, run_study
 
 # public name -> (module, its name there)
@@ -36,6 +37,10 @@ _PUBLIC = {
     "Analysis": ("stability._result", "Analysis"),
     "StabilityResult": ("stability._result", "StabilityResult"),
     "run_stability": ("stability._runner", "run_stability"),
+    "bootstrap_interval": ("stability._stats", "bootstrap_interval"),
+    "prob_greater": ("stability._stats", "prob_greater"),
+    "prob_greater_interval": ("stability._stats", "prob_greater_interval"),
+    "t_interval": ("stability._stats", "t_interval"),
     "report_command": ("stability._cli", "report"),
     "stability_command": ("stability._cli", "stability"),
     "StudyReport": ("stability._study", "StudyReport"),
@@ -54,11 +59,15 @@ __all__ = [
     "default_artifact_dir",
     "plan",
     "report",
+    "bootstrap_interval",
+    "prob_greater",
+    "prob_greater_interval",
     "report_command",
     "run_stability",
     "run_study",
     "source_seed",
     "stability_command",
+    "t_interval",
 ]
 
 

@@ -2,22 +2,29 @@
 
 `hfta_nas` (the engine and the search core) imports nothing from
 `search_spaces`, `stability` or `cli`; `search_spaces` may use `hfta_nas`;
-`stability` may use both; `cli` uses everything. A package uses another's
+`stability` may use both; `cli` uses everything, and so may `benchmarks`
+(which nothing imports). A package uses another's
 public names only (no `from other._private import`), and no two modules import
 each other, directly or around a longer loop (imports inside functions count).
+
+Inside the engine, its parts stack the same way: `layers` (fused operators)
+<- `envelope` (models of different sizes in one shape) <- `array`
+(`ModelArray`) <- `train` <- `search`; a part never imports one above it.
 """
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("hfta_nas", "search_spaces", "stability")
+PACKAGES = ("hfta_nas", "search_spaces", "stability", "benchmarks")
 MAY_IMPORT = {
     "hfta_nas": {"hfta_nas"},
     "search_spaces": {"hfta_nas", "search_spaces"},
     "stability": {"hfta_nas", "search_spaces", "stability"},
     "cli": {"hfta_nas", "search_spaces", "stability"},
+    "benchmarks": {"hfta_nas", "search_spaces", "stability", "cli", "benchmarks"},
 }
+ENGINE_PARTS = ("layers", "envelope", "array", "train", "search")  # bottom to top
 
 
 def modules() -> dict[str, Path]:
@@ -91,3 +98,15 @@ def test_no_import_cycles():
         if module not in done:
             visit(module, [], set(), done)
     assert not cycles, "\n".join(sorted(set(cycles)))
+
+
+def test_engine_parts_import_downwards():
+    known = modules()
+    part_of = {m: m.split(".")[1] for m in known if m.startswith("hfta_nas.") and m.split(".")[1] in ENGINE_PARTS}
+    problems = [
+        f"{module} imports {name}: {part_of[module]} sits below {part_of[name]}"
+        for module, part in part_of.items()
+        for name in imports(known[module], set(known))
+        if name in part_of and ENGINE_PARTS.index(part_of[name]) > ENGINE_PARTS.index(part)
+    ]
+    assert not problems, "\n".join(problems)

@@ -7,3 +7,10 @@ cannot fuse correctly (dropout, recurrent layers, attention); `_slot_random`
 the counter-based random numbers that give each slot its own dropout stream.
 Nothing here knows about envelopes or training: every part above builds on it.
 """
+
+from hfta_nas.layers._slot_layers import SlotDropout
+from hfta_nas.layers._slot_random import mix32, slot_keys
+
+# What the dropout benchmark measures on its own (benchmarks/dropout.py); the
+# engine's parts import the modules here directly.
+__all__ = ["SlotDropout", "mix32", "slot_keys"]
