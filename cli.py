@@ -1090,15 +1090,35 @@ def bench(ctx: click.Context, which: str) -> None:
     dropout against torch's, forward and backward, as ratios).
     Arguments after it go to the benchmark: `hfta-nas bench throughput --quick`,
     `hfta-nas bench stability --help`, `hfta-nas bench search --quick`."""
-    import importlib
-
     args = list(ctx.args)
     if which not in _BENCHMARKS:
         if which.startswith("-"):  # `hfta-nas bench --quick`: options of the default benchmark
             args, which = [which, *args], "throughput"
         else:
             raise click.BadParameter(f"expected one of {', '.join(_BENCHMARKS)}, got {which!r}", param_hint="WHICH")
-    sys.exit(importlib.import_module(_BENCHMARKS[which]).main(args))
+    sys.exit(_benchmark_module(_BENCHMARKS[which]).main(args))
+
+
+def _benchmark_module(name: str):
+    """The benchmark's module. The benchmarks live in the repository, not in the installed
+    package: from a clone (an editable install) they are found beside this file."""
+    import importlib
+    from pathlib import Path
+
+    beside = Path(__file__).resolve().parent
+    if (beside / "benchmarks" / "__init__.py").is_file() and str(beside) not in sys.path:
+        sys.path.insert(0, str(beside))
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name not in ("benchmarks", name):
+            raise
+        click.echo(
+            "error: the benchmarks ship with the repository, not the installed package: "
+            "run `hfta-nas bench` in a clone installed with `pip install -e .`",
+            err=True,
+        )
+        sys.exit(EXIT_USER_ERROR)
 
 
 if __name__ == "__main__":
