@@ -22,9 +22,9 @@ def best_so_far(finished: Sequence[tuple[float, str, float | None]], direction: 
     better = (lambda a, b: a > b) if direction == "maximize" else (lambda a, b: a < b)
     curve: list[tuple[float, float]] = []
     for seconds, state, value in finished:
-        if state == "COMPLETE" and value is not None and math.isfinite(value):
-            if not curve or better(value, curve[-1][1]):
-                curve.append((seconds, value))
+        finite = state == "COMPLETE" and value is not None and math.isfinite(value)
+        if finite and (not curve or better(value, curve[-1][1])):
+            curve.append((seconds, value))
     return curve
 
 

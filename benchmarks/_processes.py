@@ -177,7 +177,9 @@ def run_processes(
             except queue_module.Empty:
                 dead = [p for p in processes if p.exitcode not in (None, 0)]
                 if dead and results.empty():
-                    raise RuntimeError(f"a trainer process exited with code {dead[0].exitcode} without reporting")
+                    raise RuntimeError(
+                        f"a trainer process exited with code {dead[0].exitcode} without reporting"
+                    ) from None
                 continue
             reports[report["slot"]] = report
     finally:

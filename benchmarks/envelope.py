@@ -1,6 +1,6 @@
 """Models of one structure and different sizes: one padded array, one array per shape, or serial.
 
-    python -m benchmarks.envelope                  # default: cnn1d and mlp mixes + the padding sweep (~4 min on 2 cores)
+    python -m benchmarks.envelope   # default: cnn1d and mlp mixes + the padding sweep (~4 min on 2 cores)
     python -m benchmarks.envelope --quick          # small mixes, a short sweep, few steps (< 30 s): checks the harness
     python -m benchmarks.envelope --threads 1 --json /tmp/envelope.json
 
@@ -734,7 +734,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.envelope",
         description="Models of one structure and different sizes trained as one padded ModelArray, as one array "
-        "per exact shape, and serially: samples/s, ratios and padding waste, plus a sweep of where padding stops paying.",
+        "per exact shape, and serially: samples/s, ratios and padding waste, plus a sweep of where padding "
+        "stops paying.",
     )
     parser.add_argument(
         "--workloads",
@@ -775,7 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-time",
         type=float,
         default=None,
-        help=f"seconds a repeat lasts at least (default {DEFAULT_TIMING.min_time_s}; --quick: {QUICK_TIMING.min_time_s})",
+        help=f"seconds a repeat lasts at least (default {DEFAULT_TIMING.min_time_s}; "
+        f"--quick: {QUICK_TIMING.min_time_s})",
     )
     parser.add_argument(
         "--max-steps",

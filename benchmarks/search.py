@@ -1,6 +1,6 @@
 """Anytime quality of six ways to run one search: best value against wall time, over several search seeds.
 
-    python -m benchmarks.search                     # search_spaces/mnist1d_cnn.yaml, its budget, 5 seeds, default methods
+    python -m benchmarks.search   # search_spaces/mnist1d_cnn.yaml, its budget, 5 seeds, default methods
     python -m benchmarks.search --quick             # 4 trials, 2 epochs, 1000 samples, 2 seeds: checks the script
     python -m benchmarks.search --seeds 3 --methods plain,pack --out search.json --plot search.png
 
@@ -161,7 +161,8 @@ def run(
                 runs[method].append({"seed": seed, **run_figures(done, direction)})
                 trials[method] = done.trials
                 print(
-                    f"  seed {seed} {method:>9}: {done.seconds:6.1f} s, best {_number(runs[method][-1]['best_value'], metric)}",
+                    f"  seed {seed} {method:>9}: {done.seconds:6.1f} s, best "
+                    f"{_number(runs[method][-1]['best_value'], metric)}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -289,7 +290,8 @@ def print_table(figures: dict[str, Any], quick: bool) -> None:
         speedup = _range(cell["speedup"], lambda v: "-" if v is None else f"{v:.2f}x")
         print(
             f"{method:>9}  {_range(cell['seconds'], seconds):>18}  {_range(cell['best_value'], value):>26}  "
-            f"{best_at:>28}  {_range(cell['time_to_target'], seconds):>18}  {cell['architectures_trained']:>5g}  {speedup:>18}"
+            f"{best_at:>28}  {_range(cell['time_to_target'], seconds):>18}  "
+            f"{cell['architectures_trained']:>5g}  {speedup:>18}"
         )
     for method, cell in summary["methods"].items():
         notes = []

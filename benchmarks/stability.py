@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':>8} {'wall s':>8} {'mean acc':>9} {'std':>7}")
     for side in ("array", "plain"):
         print(
-            f"{side:>8} {figures[side + '_seconds']:8.1f} {100 * figures[side + '_mean']:8.2f}% {100 * figures[side + '_std']:6.2f}%"
+            f"{side:>8} {figures[side + '_seconds']:8.1f} "
+            f"{100 * figures[side + '_mean']:8.2f}% {100 * figures[side + '_std']:6.2f}%"
         )
     print(
         f"plain / array wall time: {figures['speedup']:.2f}x; same distribution? "

@@ -47,5 +47,6 @@ if __name__ == "__main__":
             dt = time.time() - t0
             n = len(optuna.load_study(study_name=name, storage=storage(kind)).trials)
             print(
-                f"{kind:8s} workers={workers} trials={n} (expected {32 * workers}) exitcodes={[p.exitcode for p in ps]} {dt:.2f}s  {dt / (32 * workers) * 1000:.1f} ms/trial(21 writes)"
+                f"{kind:8s} workers={workers} trials={n} (expected {32 * workers}) "
+                f"exitcodes={[p.exitcode for p in ps]} {dt:.2f}s  {dt / (32 * workers) * 1000:.1f} ms/trial(21 writes)"
             )

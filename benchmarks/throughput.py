@@ -1,7 +1,7 @@
 """Training throughput of B models: serial, processes, vmap, array and the fused limit.
 
     python -m benchmarks.throughput                      # default: 5 workloads, B in 1,8,32,128 (< 10 min on 2 cores)
-    python -m benchmarks.throughput --quick              # mlp and cnn1d, B in 1,8, few steps (< 1 min): checks the harness
+    python -m benchmarks.throughput --quick   # mlp and cnn1d, B in 1,8, few steps (< 1 min): checks the harness
     python -m benchmarks.throughput --workloads cnn1d --batches 1,2,4 --max-processes 4 --threads 1
 
 For every workload (model family + dataset) and every B, each method trains
@@ -207,7 +207,10 @@ def _check_equivalence(method: str, cell: dict[str, Any], reference: float) -> s
     cell["equivalence"] = {"reference_loss": reference, "slot0_first_loss": loss, "rel_diff": rel, "ok": ok}
     if ok:
         return None
-    return f"slot 0's first-step loss {loss:.7g} differs from the plain model's {reference:.7g} (rel {rel:.1e} > {tolerance:g})"
+    return (
+        f"slot 0's first-step loss {loss:.7g} differs from the plain model's {reference:.7g} "
+        f"(rel {rel:.1e} > {tolerance:g})"
+    )
 
 
 def run_benchmark(
@@ -378,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workloads",
         type=comma_list(str, list(WORKLOADS)),
         default=None,
-        help=f"comma-separated workloads from {','.join(WORKLOADS)} (default: {','.join(CPU_WORKLOADS)}; --quick: mlp,cnn1d)",
+        help=f"comma-separated workloads from {','.join(WORKLOADS)} "
+        f"(default: {','.join(CPU_WORKLOADS)}; --quick: mlp,cnn1d)",
     )
     parser.add_argument(
         "--batches",
@@ -411,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--serial-models",
         type=int,
         default=None,
-        help=f"models 'serial' actually trains back to back, min(B, this) (default {SERIAL_MODELS}; --quick: {QUICK_SERIAL_MODELS})",
+        help=f"models 'serial' actually trains back to back, min(B, this) "
+        f"(default {SERIAL_MODELS}; --quick: {QUICK_SERIAL_MODELS})",
     )
     parser.add_argument(
         "--warmup",
@@ -423,13 +428,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats",
         type=int,
         default=None,
-        help=f"timed repeats, the median is reported (default {DEFAULT_TIMING.repeats}; --quick: {QUICK_TIMING.repeats})",
+        help=f"timed repeats, the median is reported "
+        f"(default {DEFAULT_TIMING.repeats}; --quick: {QUICK_TIMING.repeats})",
     )
     parser.add_argument(
         "--min-time",
         type=float,
         default=None,
-        help=f"seconds a repeat should last at least; sets steps per repeat (default {DEFAULT_TIMING.min_time_s}; --quick: {QUICK_TIMING.min_time_s})",
+        help="seconds a repeat should last at least; sets steps per repeat "
+        f"(default {DEFAULT_TIMING.min_time_s}; --quick: {QUICK_TIMING.min_time_s})",
     )
     parser.add_argument(
         "--cell-budget",

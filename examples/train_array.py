@@ -26,7 +26,8 @@ results = trainer.fit(epochs=6)
 
 for slot, result in results.items():
     print(
-        f"slot {slot}: seed {seeds[slot]}, lr {lrs[slot]:.0e} -> val acc {result.final['val_acc']:.3f}, test acc {result.final['test_acc']:.3f}"
+        f"slot {slot}: seed {seeds[slot]}, lr {lrs[slot]:.0e} -> val acc {result.final['val_acc']:.3f}, test "
+        f"acc {result.final['test_acc']:.3f}"
     )
 
 best = max(results, key=lambda s: results[s].final["val_acc"])

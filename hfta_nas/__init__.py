@@ -28,7 +28,7 @@ from hfta_nas.train._run import TrainRun, train
 from hfta_nas.train._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult
 
 if TYPE_CHECKING:  # loaded on first use, see __getattr__
-    from hfta_nas import search
+    from hfta_nas import search as search  # re-exported on first use
     from hfta_nas.search import Candidate, SearchSummary, optimize, plan
 
 _SEARCH_NAMES = ("Candidate", "SearchSummary", "optimize", "plan")

@@ -65,7 +65,8 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--vary",
             default="init,data,dropout",
             show_default=True,
-            help="Sources that change across seeds: init, data (order), dropout, split (the train/validation partition, re-drawn per seed); 'all' is init,data,dropout (name split to add it); the others stay fixed.",
+            help="Sources that change across seeds: init, data (order), dropout, split (the train/validation "
+            "partition, re-drawn per seed); 'all' is init,data,dropout (name split to add it); the others stay fixed.",
         ),
         click.option(
             "--decompose",
@@ -97,7 +98,8 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--artifact-dir",
             default=None,
             type=click.Path(file_okay=False),
-            help="Where the report is stored as an Optuna artifact [default: artifacts/ beside the journal or SQLite file, else runs/artifacts].",
+            help="Where the report is stored as an Optuna artifact "
+            "[default: artifacts/ beside the journal or SQLite file, else runs/artifacts].",
         ),
         click.option(
             "--out",

@@ -74,7 +74,8 @@ def load_config(
         if not values and space.searched:
             raise HftaNasError(
                 f"{path} is a search space with searched parameters ({', '.join(space.searched)}); "
-                "fix each with --params key=value, or pass the config a search exported (runs/<study>/best_config.yaml)."
+                "fix each with --params key=value, or pass the config a search exported "
+                "(runs/<study>/best_config.yaml)."
             )
         return space.resolve(values)
     if params:

@@ -275,11 +275,13 @@ def _sections(report: _Report) -> list[_Section]:
                 "Sources of variance",
                 "Method 'sources' (--decompose): each source varied alone (the others fixed), "
                 "each design with seeds of its own; its variance, 95% chi-square interval and share of the sum of the "
-                "sources' variances, beside the total when all vary (a total below the sum: the sources interact, each one-at-a-time design counting their "
+                "sources' variances, beside the total when all vary (a total below the sum: the sources "
+                "interact, each one-at-a-time design counting their "
                 "interaction once more). "
                 "Method 'grid' (--decompose grid): init seeds crossed with data seeds, one run per cell; two-way "
                 "random-effects ANOVA components with 95% intervals (modified large-sample for init and data, "
-                "chi-square for their interaction, which holds the residual: dropout and what seeds leave unexplained).",
+                "chi-square for their interaction, which holds the residual: dropout and what seeds leave "
+                "unexplained).",
                 _round(decomposition),
                 "variance",
             )
@@ -392,7 +394,9 @@ def _comparison_table(report: _Report) -> pd.DataFrame:
                 "MWU p (Holm)": f"{_p(r['mwu_p'])} ({_p(r['mwu_p_holm'])})",
                 "Cohen d": _fmt(r["cohen_d"]),
                 "Cliff delta": _fmt(r["cliff_delta"]),
-                "P(A better) [95% CI]": f"{_fmt(r['p_a_better'])} [{_fmt(r['p_a_better_low'])}, {_fmt(r['p_a_better_high'])}]",
+                "P(A better) [95% CI]": (
+                    f"{_fmt(r['p_a_better'])} [{_fmt(r['p_a_better_low'])}, {_fmt(r['p_a_better_high'])}]"
+                ),
                 "ASO eps_min": _fmt(r["aso_eps_min"], digits=3),
             }
             for _, r in rows.iterrows()

@@ -342,7 +342,8 @@ class ModelArray:
                 if isinstance(x, torch.Tensor) and (x.dim() == 0 or x.shape[0] != len(self)):
                     raise HftaNasError(
                         f"input {position} has shape {list(x.shape)}; an array of {len(self)} slots expects "
-                        f"[{len(self)}, N, ...] (one batch per slot), or pass shared_input=True for one batch [N, ...] shared by all slots."
+                        f"[{len(self)}, N, ...] (one batch per slot), or pass shared_input=True for one "
+                        "batch [N, ...] shared by all slots."
                     )
         if keyword_inputs and self._slots is not None:
             raise HftaNasError(

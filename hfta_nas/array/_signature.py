@@ -45,7 +45,8 @@ class FusionSignature:
         for (kind0, name0, shape0, dtype0), (kind, name, shape, dtype) in zip(self.tensors, described):
             if (kind0, name0) != (kind, name):
                 raise FusionError(
-                    f"slot {slot} has {kind} '{name}' where slot 0 has {kind0} '{name0}'; models must have the same layers."
+                    f"slot {slot} has {kind} '{name}' where slot 0 has {kind0} '{name0}'; models must have "
+                    "the same layers."
                 )
             if shape0 != shape:
                 raise FusionError(

@@ -95,10 +95,7 @@ def streamed_parts(
         datasets = payload if isinstance(payload, dict) else None
         for index, split in enumerate(_SPLITS):
             dataset = datasets[split] if datasets else payload
-            if datasets:
-                rows = np.arange(len(dataset))
-            else:
-                rows = permuted_parts(len(payload), fractions, split_seed)[index]
+            rows = np.arange(len(dataset)) if datasets else permuted_parts(len(payload), fractions, split_seed)[index]
             if len(rows) == 0:
                 parts[f"x_{split}"], parts[f"y_{split}"] = _empty(parts.get("x_train"), device, dtype, label_dtype)
                 continue

@@ -165,7 +165,8 @@ def align_children(path: str, long: Sequence[nn.Module], short: Sequence[nn.Modu
             f"in another ({kinds(short)} vs {kinds(long)}); slots must have the same layer types in the same order."
         )
     raise FusionError(
-        f"layer '{shown_path(path)}' holds {len(short)} layers {kinds(short)} in one slot and {len(long)} {kinds(long)} "
+        f"layer '{shown_path(path)}' holds {len(short)} layers {kinds(short)} in one slot and {len(long)} "
+        f"{kinds(long)} "
         "in another, and no choice of skipped layers keeps the shapes (a skipped layer must map its input to "
         "the same shape, e.g. a hidden Linear of equal width, a residual block, a transformer layer); "
         "models whose depth differs here need separate arrays."
@@ -268,12 +269,13 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
         return
     if env.padding_mode != "zeros":
         raise FusionError(
-            f"layer '{shown_path(path)}': kernels of different sizes need padding_mode='zeros', got {env.padding_mode!r}."
+            f"layer '{shown_path(path)}': kernels of different sizes need padding_mode='zeros', got "
+            f"{env.padding_mode!r}."
         )
     big = tuple(max(ks) for ks in zip(*kernels))
     paddings = set()
     for slot, conv in present:
-        for k, big_k, d in zip(conv.kernel_size, big, conv.dilation):
+        for k, big_k in zip(conv.kernel_size, big):
             if (big_k - k) % 2:
                 raise FusionError(
                     f"layer '{shown_path(path)}' ({type(conv).__name__}): kernel sizes {k} (slot {slot}) and {big_k} "
@@ -454,7 +456,8 @@ def _merge(path: str, column: list[nn.Module | None], tied: dict) -> nn.Module:
     for slot, module in present[1:]:
         if layer_kind(module) != layer_kind(first):
             raise FusionError(
-                f"layer '{shown_path(path)}' is {type(first).__name__} in slot {s0} but {type(module).__name__} in slot "
+                f"layer '{shown_path(path)}' is {type(first).__name__} in slot {s0} but "
+                f"{type(module).__name__} in slot "
                 f"{slot}; slots must have the same layer types in the same order."
             )
     if layer_kind(first) == "activation":

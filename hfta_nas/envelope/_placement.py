@@ -125,12 +125,14 @@ def _embed_tensors(env: nn.Module, own: nn.Module, env_path: str, own_path: str,
             target = getattr(env, table).get(name)
             if target is None:
                 raise FusionError(
-                    f"'{join_path(own_path, name)}' has no place in the array's envelope at '{join_path(env_path, name)}'."
+                    f"'{join_path(own_path, name)}' has no place in the array's envelope at "
+                    f"'{join_path(env_path, name)}'."
                 )
             if tensor.dim() != target.dim() or any(o > e for o, e in zip(tensor.shape, target.shape)):
                 raise FusionError(
                     f"'{join_path(own_path, name)}' has shape {list(tensor.shape)}, larger than the array's envelope "
-                    f"{list(target.shape)}; a model must fit inside the envelope of the models the array was built from."
+                    f"{list(target.shape)}; a model must fit inside the envelope of the models the array was "
+                    "built from."
                 )
             placers = _placers(env, name, tensor.dim(), hint)
             index = tuple(place(o, e) for place, o, e in zip(placers, tensor.shape, target.shape))

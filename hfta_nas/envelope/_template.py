@@ -12,6 +12,7 @@ template as built: it may be smaller, but need no stand-in the template lacks.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Sequence
 
@@ -125,7 +126,7 @@ class Envelope:
         for path, kind in sorted(self.standins):
             env = self.tree.get_submodule(path) if path else self.tree
             own = emb.own.get(path)
-            name = lambda n: f"{path}.{n}" if path else n  # noqa: E731
+            name = functools.partial(_joined, path)
             if kind == "activation":
                 values[name("choice")] = torch.tensor(emb.choices.get(path, 0))
             elif kind == "dropout_rate":
@@ -152,3 +153,8 @@ class Envelope:
                 layers = own.num_layers if own is not None else env.num_layers
                 values[name("layer_present")] = torch.arange(env.num_layers) < layers
         return values
+
+
+def _joined(path: str, name: str) -> str:
+    """A stand-in's constant name under the module at `path` ('' is the root)."""
+    return f"{path}.{name}" if path else name

@@ -419,7 +419,8 @@ def _replacement(module: nn.Module, path: str) -> nn.Module | None:
     if type(module) is nn.Embedding:
         if module.max_norm is not None or module.sparse:
             raise FusionError(
-                f"layer '{where}' (Embedding): max_norm and sparse=True cannot be fused; use max_norm=None, sparse=False."
+                f"layer '{where}' (Embedding): max_norm and sparse=True cannot be fused; use max_norm=None, "
+                "sparse=False."
             )
         module.__class__ = FusableEmbedding  # same state, exact gradient
         return None

@@ -552,7 +552,8 @@ def _has_hooks(module: nn.Module) -> bool:
 
 
 def _only_skip_gate(module: nn.Module) -> bool:
-    """Whether the module's one hook is the array's skip gate (`hfta_nas.envelope._padded_layers.gate_skipped_layer`)."""
+    """Whether the module's one hook is the array's skip gate
+    (`hfta_nas.envelope._padded_layers.gate_skipped_layer`)."""
     hooks = list(module._forward_hooks.values())
     gate = getattr(module, "_hfta_skip_gate", None)
     return (

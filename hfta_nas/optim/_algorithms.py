@@ -66,10 +66,8 @@ class SGD(ArrayOptimizer):
         buf = self._state("momentum_buffer", param)
         # torch starts the buffer as a copy of the first gradient, then damps.
         buf.copy_(torch.where(self._first_step(), grad, buf * momentum + (1 - hp["dampening"]).to(dtype) * grad))
-        if self.options["nesterov"]:
-            direction = grad + momentum * buf
-        else:
-            direction = torch.where(hp["momentum"] == 0, grad, buf)
+        nesterov = self.options["nesterov"]
+        direction = grad + momentum * buf if nesterov else torch.where(hp["momentum"] == 0, grad, buf)
         param.sub_(hp["lr"].to(dtype) * direction)
 
 

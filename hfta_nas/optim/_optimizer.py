@@ -87,7 +87,8 @@ class ArrayOptimizer:
         unknown = set(kwargs) - set(self.defaults) - {"betas"}
         if unknown:
             raise HftaNasError(
-                f"{type(self).__name__} got unknown arguments {sorted(unknown)}; it takes {sorted([*self.defaults, *self.flags])}."
+                f"{type(self).__name__} got unknown arguments {sorted(unknown)}; it takes "
+                f"{sorted([*self.defaults, *self.flags])}."
             )
         if "betas" in kwargs:  # torch.optim spelling: betas=(beta1, beta2), each may be per slot
             betas = kwargs.pop("betas")

@@ -20,6 +20,7 @@ pin to repeat a packing exactly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import platform
@@ -251,7 +252,5 @@ class StepCostCache:
         if self.path is None:
             return
         entries = {**self._entries(), key: cost.as_dict()}  # another process's entries are kept
-        try:
+        with contextlib.suppress(OSError):  # a read-only home: the search goes on, it measures again next time
             atomic_write_text(self.path, json.dumps(entries, indent=1, sort_keys=True))
-        except OSError:  # a read-only home: the search goes on, it measures again next time
-            pass

@@ -269,7 +269,7 @@ class _Search:
                     for planned in self.next_arrays(pool):
                         self._train(planned)
             except BaseException as error:
-                raise self._tell_held_on(error)
+                raise self._tell_held_on(error)  # noqa: B904 - `error` itself, or the user-facing error made from it
         with self.account.phase("storage"):
             self._release("not trained: the search's timeout ran out before its array started")
             self.ledger.discard_surplus()

@@ -165,7 +165,7 @@ class _KernelFileLock:  # the acquire/release interface of Optuna's journal file
     def acquire(self) -> bool:
         import fcntl
 
-        handle = open(self._path, "a")
+        handle = open(self._path, "a")  # noqa: SIM115 - held open while the lock is held; closed by release()
         try:
             fcntl.flock(handle, fcntl.LOCK_EX)
         except BaseException:
@@ -332,7 +332,7 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
     files: list[Any] = []
 
     def acquire_file() -> None:
-        handle = open(lock_path, "a")
+        handle = open(lock_path, "a")  # noqa: SIM115 - held open while the lock is held; closed on release
         fcntl.flock(handle, fcntl.LOCK_EX)
         files.append(handle)
 

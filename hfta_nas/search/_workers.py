@@ -2,11 +2,11 @@
 
 The command line decides what each worker runs (`cli.worker_commands`: the same
 `hfta-nas search` command without `--workers`); this module starts them,
-relays their output and stops them. The workers share one storage; they cooperate through it as workers on several machines do
-(the budget is counted in the storage under a study lock, dead workers' trials
-are retried; see `_driver` and `_heartbeat`). With several GPUs visible and a
-CUDA device asked for, worker i sees only GPU i mod count
-(`CUDA_VISIBLE_DEVICES`); on CPU the cores are shared out with `--threads`
+relays their output and stops them. The workers share one storage; they
+cooperate through it as workers on several machines do (the budget is counted
+in the storage under a study lock, dead workers' trials are retried; see
+`_driver` and `_heartbeat`). With several GPUs visible and a CUDA device asked
+for, worker i sees only GPU i mod count (`CUDA_VISIBLE_DEVICES`); on CPU the cores are shared out with `--threads`
 unless given. Their output is relayed line by line, prefixed `[worker i]`.
 Ctrl-C (SIGINT) reaches every worker; any still running 10 s later is
 terminated, then killed. Trials a stopped worker held are retried by the next
@@ -15,6 +15,7 @@ run on the study.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -144,16 +145,12 @@ def _stop(processes: list[subprocess.Popen], grace_s: float) -> None:
         if not alive:
             return
         for process in alive if sig is not None else ():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 process.send_signal(sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + wait
         for process in alive:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
 
 
 def study_report(storage: str | None, study_name: str, exits: list[WorkerExit]) -> dict[str, Any]:
