@@ -51,7 +51,8 @@ from torch import nn
 
 def random_width(input_shape=(1, 8, 8), num_classes=10):
     width = int(torch.randint(8, 4096, ()))
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width), nn.ReLU(), nn.Linear(width, num_classes))
+    features = math.prod(input_shape)
+    return nn.Sequential(nn.Flatten(), nn.Linear(features, width), nn.ReLU(), nn.Linear(width, num_classes))
 
 
 def three_outputs(input_shape=(1, 8, 8), num_classes=10):
@@ -683,7 +684,8 @@ OPTION_CASES = [
     (
         "train factory function missing",
         [*TRAIN, "--model", "factories.py:nope"],
-        "model factory 'factories.py:nope': module 'factories.py' has no attribute 'nope'; callables defined there: exits, random_width, three_outputs",
+        "model factory 'factories.py:nope': module 'factories.py' has no attribute 'nope'; callables defined "
+        "there: exits, random_width, three_outputs",
     ),
     (
         "train factory of different shapes",

@@ -283,7 +283,8 @@ ENVELOPE_METHODS = ["padded", "grouped", "serial"]
 
 @pytest.fixture(scope="module")
 def envelope_quick_run(tmp_path_factory):
-    """`python -m benchmarks.envelope --quick` cut down to one mixed workload and two tiny sweep series (a few seconds)."""
+    """`python -m benchmarks.envelope --quick` cut down to one mixed workload and two tiny sweep
+    series (a few seconds)."""
     out = tmp_path_factory.mktemp("bench-envelope") / "envelope.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     completed = subprocess.run(

@@ -1,9 +1,10 @@
 """The same command twice gives bit-identical numbers on CPU.
 
 `hfta-nas search` and `hfta-nas stability` run as two fresh processes side by side
-(`--threads 1` each) into two fresh storages, with different PYTHONHASHSEEDs (so nothing may depend on set or dict order of
-strings), and every trial's parameters, intermediate values and values, and every
-seed's metrics, must be equal exactly (==, not approx). `hfta_nas.train` twice in one
+(`--threads 1` each) into two fresh storages, with different PYTHONHASHSEEDs (so
+nothing may depend on set or dict order of strings), and every trial's
+parameters, intermediate values and values, and every seed's metrics, must be
+equal exactly (==, not approx). `hfta_nas.train` twice in one
 process must give torch.equal parameters and buffers.
 """
 

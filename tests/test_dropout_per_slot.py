@@ -247,7 +247,7 @@ def test_a_slot_trains_to_the_same_weights_alone_and_padded():
     ]
     from hfta_nas.optim import OPTIMIZERS
 
-    for name, array in arrays_.items():
+    for array in arrays_.values():
         optimizer = OPTIMIZERS["sgd"](array, lr=0.1)
         array.train()
         for x, y in batches:

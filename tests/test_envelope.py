@@ -318,7 +318,11 @@ def assert_slot_equals(arr, slot, model, rtol=RTOL):
     for key, expected in model.state_dict().items():
         scale = expected.abs().max().item() if expected.is_floating_point() else 0.0
         torch.testing.assert_close(
-            state[key], expected, rtol=rtol, atol=rtol * scale, msg=lambda m: f"slot {slot} {key}: {m}"
+            state[key],
+            expected,
+            rtol=rtol,
+            atol=rtol * scale,
+            msg=lambda m, slot=slot, key=key: f"slot {slot} {key}: {m}",
         )
 
 
@@ -332,7 +336,7 @@ def assert_eval_outputs_equal(arr, models, slots, make_x, rtol=RTOL):
             expected = models[slot].eval()(x)
             scale = expected.abs().max().item()
             torch.testing.assert_close(
-                out[slot], expected, rtol=rtol, atol=rtol * scale, msg=lambda m: f"slot {slot}: {m}"
+                out[slot], expected, rtol=rtol, atol=rtol * scale, msg=lambda m, slot=slot: f"slot {slot}: {m}"
             )
     arr.train()
 

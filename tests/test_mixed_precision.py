@@ -54,7 +54,9 @@ def test_per_slot_loss_scaling_equals_a_grad_scaler_per_model(tiny_data):
         assert scaler.scales[slot].item() == reference.get_scale()
         state = arr.slot_state_dict(slot)
         for key, value in model.state_dict().items():
-            torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5, msg=lambda m: f"slot {slot} {key}: {m}")
+            torch.testing.assert_close(
+                state[key], value, rtol=1e-4, atol=1e-5, msg=lambda m, slot=slot, key=key: f"slot {slot} {key}: {m}"
+            )
 
 
 def test_bf16_autocast_reaches_the_fused_layers():

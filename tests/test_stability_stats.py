@@ -542,7 +542,7 @@ def test_analyse_comparisons_ranking_power(analysed):
     )
     for key, value in direct.items():
         assert close(acc.iloc[0][key], value), key
-    for metric, best_first in (("test_acc", False), ("test_loss", True)):
+    for metric, best_first in (("test_acc", False), ("test_loss", True)):  # noqa: B007 - query reads @metric
         ranked = an.ranking.query("metric == @metric")
         assert list(ranked["rank"]) == [1, 2, 3]
         assert list(ranked["mean"]) == sorted(ranked["mean"], reverse=not best_first)

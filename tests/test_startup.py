@@ -118,7 +118,8 @@ def test_a_user_error_before_the_engine_is_imported_is_still_a_clear_line(tmp_pa
 def test_search_dry_run_imports_no_statistics_or_plots(tmp_path):
     # Generated once into the session's file cache (generating it imports mnist1d's plotting), in a
     # process of its own: in this one an earlier test may have it in memory only, with no file written.
-    subprocess.run([sys.executable, "-c", "from hfta_nas.data import load_dataset; load_dataset('mnist1d')"], check=True)
+    generate = "from hfta_nas.data import load_dataset; load_dataset('mnist1d')"
+    subprocess.run([sys.executable, "-c", generate], check=True)
     space = ROOT / "search_spaces" / "mnist1d_cnn.yaml"
     done = run_cli(
         "search",

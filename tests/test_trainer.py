@@ -111,7 +111,11 @@ def assert_equivalent(arr, models, rtol):
         for key, expected in model.state_dict().items():
             scale = expected.abs().max().item() if expected.is_floating_point() else 0.0
             torch.testing.assert_close(
-                state[key], expected, rtol=rtol, atol=rtol * scale, msg=lambda m: f"slot {slot} {key}: {m}"
+                state[key],
+                expected,
+                rtol=rtol,
+                atol=rtol * scale,
+                msg=lambda m, slot=slot, key=key: f"slot {slot} {key}: {m}",
             )
 
 

@@ -114,7 +114,7 @@ def test_clip_norm_of_slots_of_different_sizes_ignores_the_padding():
         batch_size=16,
         dtype="float64",
     )
-    for slot, width in enumerate(widths):
+    for slot in range(len(widths)):
         torch.manual_seed(slot)
         model = run.slot_factories[slot]().double()
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
