@@ -515,6 +515,11 @@ class _Progress:
                 f"{info['label']}: an array of {info['size']} seeds ran out of memory "
                 f"({info['reason']}); retrying as {info['half']} + {info['size'] - info['half']}"
             )
+        elif kind == "continued":
+            self.progress.console.print(
+                f"{info['label']} ({info['size']} slots): continuing from epoch {info['epoch']}/{info['epochs']}, "
+                "from the checkpoint an interrupted run left"
+            )
         elif kind == "epoch":
             if self.task is None or info["epoch"] <= self.last_epoch:  # a new array (or one continued mid-way)
                 if self.task is not None:

@@ -57,7 +57,11 @@ def run_stability(
     bootstrap_seed: int = 0,
     on_event: Event | None = None,
 ) -> tuple[StabilityResult, dict[str, SeedStore]]:
-    """Train every configuration across `n_seeds` seeds; returns the result and each config's store."""
+    """Train every configuration across `n_seeds` seeds; returns the result and each config's store.
+
+    `on_event(kind, info)` hears the progress: "config" (seeds to train, reused), "epoch", "continued"
+    (an array restored from an interrupted run's checkpoint: info["epoch"] is the epoch it restored),
+    "split" (out of memory: trained in halves) and "array" (one array done)."""
     if not configs:
         raise HftaNasError("no configuration to run.")
     if array_size is not None and array_size < 1:
@@ -202,12 +206,21 @@ def _train_fitting(
 
     def train(part: list[Slot]) -> tuple[list[SeedOutcome], dict[str, Any]]:
         slots = [(item.config, plans[i]) for item, i in part]
+        started = []
+
+        def on_epoch(epoch: int, size: int) -> None:
+            info = {"label": label, "epoch": epoch, "epochs": epochs, "size": size}
+            if not started and epoch > 1:  # training starts at epoch 1 unless a checkpoint restored it
+                on_event("continued", {**info, "epoch": epoch - 1})
+            started.append(epoch)
+            on_event("epoch", info)
+
         return train_slots(
             slots,
             data,
             device=device,
             dtype=dtype,
-            on_epoch=lambda epoch, n: on_event("epoch", {"label": label, "epoch": epoch, "epochs": epochs, "size": n}),
+            on_epoch=on_epoch,
             checkpoint=checkpoints / _array_key(slots, device, dtype) if checkpoints else None,
             remove_checkpoint=False,
         )
