@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from hfta_nas import data, models, optim
+from hfta_nas._version import __version__ as __version__
 from hfta_nas.array._model_array import FusionSignature, ModelArray, check_fusable
 from hfta_nas.envelope._probe import PaddingCost, padding_cost
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
@@ -64,7 +65,6 @@ __all__ = [
     "train",
     "trained_metric_names",
 ]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:

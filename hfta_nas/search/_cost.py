@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from hfta_nas._files import atomic_write_text, cache_dir
+from hfta_nas._version import __version__
 from hfta_nas.train._autosize import choose_array_size, step_seconds
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,6 @@ class StepCostCache:
 
     @staticmethod
     def key(structure: str, slots: int, device: torch.device, dtype: torch.dtype) -> str:
-        from hfta_nas import __version__  # noqa: PLC0415 - the package imports this module
 
         machine = f"{device_name(device)}:{platform.machine()}:{platform.processor() or 'unknown'}"  # this machine's
         return f"{structure}|{slots}|{machine}|{dtype}|torch-{torch.__version__}|hfta-nas-{__version__}"
