@@ -439,7 +439,16 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         arguments = worker_arguments(ctx, drop=("workers", "n_more", "n_trials"))
         if kwargs["n_trials"] is not None:  # --n-more resolved here: every worker gets the same total
             arguments += ["--n-trials", str(kwargs["n_trials"])]
-        exits = run_workers(worker_commands(arguments, workers, device=kwargs.get("device") or "cpu"))
+        from hfta_nas.search import counted_trials, visible_gpus
+
+        device = kwargs.get("device") or "cpu"
+        budget = kwargs["n_trials"] if kwargs["n_trials"] is not None else loaded.budget.n_trials
+        left = None if budget is None else budget - counted_trials(kwargs.get("storage"), study_name)
+        gpus = len(visible_gpus()) if device.startswith("cuda") else 0
+        workers, notes = workers_to_start(workers, left, kwargs.get("threads"), os.cpu_count() or 1, gpus)
+        for note in notes:
+            click.echo(note, err=True)
+        exits = run_workers(worker_commands(arguments, workers, device=device))
         try:
             report = study_report(kwargs.get("storage"), study_name, exits)
         except KeyError:  # no worker got as far as creating the study
@@ -460,6 +469,28 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return wrapper
+
+
+def workers_to_start(
+    asked: int, trials_left: int | None, threads: int | None, cores: int, gpus: int
+) -> tuple[int, list[str]]:
+    """How many of the `asked` workers to start, and a line for each thing the user should know:
+    never more workers than trials left in the budget (None: a timeout-only budget); more
+    workers than GPUs, or workers x threads beyond the cores, are started but said."""
+    notes = []
+    count = asked
+    if trials_left is not None and asked > max(trials_left, 1):
+        count = max(trials_left, 1)
+        notes.append(f"--workers {asked}: {max(trials_left, 0)} trial(s) left in the budget, so {count} started")
+    if gpus > 0 and count > gpus:
+        notes.append(f"--workers {count} on {gpus} GPU(s): workers share GPUs (worker i uses GPU i mod {gpus})")
+    per_worker = threads if threads is not None else max(1, cores // count)  # as worker_commands shares them
+    if gpus == 0 and count * per_worker > cores:
+        notes.append(
+            f"--workers {count} x {per_worker} thread(s) = {count * per_worker} threads on {cores} core(s): "
+            "they compete for the cores; fewer workers or threads are faster"
+        )
+    return count, notes
 
 
 def worker_arguments(ctx: Any, drop: Sequence[str] = ("workers",)) -> list[str]:
