@@ -1,5 +1,6 @@
 """Search spaces: the YAML file that says what to search, its validation, and its Optuna form.
 
+```pycon
 >>> from search_spaces import load_space, SHIPPED_SPACES
 >>> space = load_space(SHIPPED_SPACES["mnist1d_cnn"])
 >>> study = optuna.create_study(sampler=space.make_sampler(), pruner=space.make_pruner(),
@@ -7,6 +8,7 @@
 >>> trial = study.ask()
 >>> config = space.resolve(space.suggest(trial))      # a ResolvedConfig: one candidate
 >>> config.train_kwargs()["hparams"]["lr"]
+```
 
 Every problem with a file raises `SpaceError` (an `HftaNasError`) whose
 message reads `file:line: dotted.key: what was expected (got ...)`.

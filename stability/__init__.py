@@ -1,10 +1,12 @@
 """Seed-stability studies: one configuration across many seeds in one array,
 with a statistical report (`hfta-nas stability`, `hfta-nas report`).
 
+```pycon
 >>> import stability
 >>> done = stability.run_study("stability/configs/mnist1d_cnn.yaml", seeds=32)
 >>> done.files["html"]                       # the self-contained report
 >>> again = stability.report(stability.StabilityResult.load("runs/stability/mnist1d_cnn/result"), "out/")
+```
 
 The public names load on first use (PEP 562): `import stability` alone costs
 nothing, and the click commands (`stability_command`, `report_command`) come
