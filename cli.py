@@ -669,7 +669,7 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     show_default=True,
     expose_value=False,
     callback=lambda ctx, param, value: ctx.meta.__setitem__("hfta_nas.workers", value),
-    help="Start this many local worker processes on the same storage and study (one per GPU when several are visible); see README 'Running many workers'.",
+    help="Start this many local worker processes on the same storage and study (one per GPU when several are visible); see docs/search.md, 'Running many workers'.",
 )
 @_friendly_errors
 @_search_workers
