@@ -37,7 +37,6 @@ from search_spaces._search import (
     open_space_study,
     plan_search,
     run_search,
-    sampler_seed,
     study_name_of,
 )
 from search_spaces._sources import check_sources
@@ -69,7 +68,6 @@ __all__ = [
     "open_space_study",
     "parse_config_overrides",
     "parse_space",
-    "sampler_seed",
     "plan_search",
     "read_text",
     "run_search",

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import optuna
 import torch
 
@@ -128,17 +127,6 @@ def default_out_dir(study_name: str) -> Path:
     return Path("runs") / study_name
 
 
-def sampler_seed(seed: int, trials_before: int) -> int:
-    """The sampler seed of a run: the space's seed on a fresh study (reproducible), else a seed drawn
-    from (seed, trials already in the study), so a re-run after a stop does not propose the parameters
-    its first run proposed again. Workers started together on a fresh study share the space's seed
-    (issue 32: their own streams, once the chaos check no longer relies on trial 0 matching a
-    single-worker run)."""
-    if trials_before == 0:
-        return seed
-    return int(np.random.SeedSequence([seed, trials_before]).generate_state(1)[0])
-
-
 def open_space_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None) -> optuna.Study:
     """The space's study in `storage` (created, or resumed when it exists with the same directions)."""
     opened, location = open_storage(storage)
@@ -157,7 +145,6 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
         )
     check_directions(study, space.directions)
     _check_distributions(study, space)
-    study.sampler = space.make_sampler(seed=sampler_seed(space.seed, len(study.get_trials(deepcopy=False))))
     with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(space.study.metrics))
@@ -272,8 +259,6 @@ def plan_search(
         sampler=space.make_sampler(seed=space.seed),
         pruner=space.make_pruner(),
     )
-    # the sampler the real run would get (its seed depends on the trials already stored)
-    study.sampler = space.make_sampler(seed=sampler_seed(space.seed, len(study.get_trials(deepcopy=False))))
     return plan(
         study,
         candidate_builder(space, device=device, dtype=dtype),

@@ -10,6 +10,7 @@ or str; `suggest`, `decode` and `resolve` give the original values back.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from pydantic import PrivateAttr
 
+from hfta_nas.search import TrialSeededSampler
 from search_spaces import _optuna
 from search_spaces._checks import encode_choice, grid_space, json_able, validate
 from search_spaces._errors import Problem, SpaceError
@@ -167,7 +169,8 @@ class SearchSpace(_Strict):
 
     # --------------------------------------------------------------- Optuna
     def make_sampler(self, seed: int | None = None) -> optuna.samplers.BaseSampler:
-        """The configured sampler, seeded with `seed` (default: the file's `seed`)."""
+        """The configured sampler, seeded with `seed` (default: the file's `seed`): trial k draws from a
+        stream of its own, seeded from (seed, k), so workers and re-runs on one study never share one."""
         name = self.sampler.name
         missing = _optuna.missing_packages(name)
         if missing:
@@ -175,8 +178,12 @@ class SearchSpace(_Strict):
                 ("sampler", "name"),
                 f"sampler '{name}' needs the package(s) {', '.join(missing)}: pip install {' '.join(missing)}",
             )
-        grid = grid_space(self.params) if name == "grid" else None
-        return _optuna.build_sampler(name, self.sampler.kwargs, self.seed if seed is None else seed, grid)
+        seed = self.seed if seed is None else seed
+        if name == "grid":  # its seed orders the grid: every trial's sampler must share the order
+            grid = grid_space(self.params)
+            return TrialSeededSampler(lambda _: _optuna.build_sampler(name, self.sampler.kwargs, seed, grid), seed)
+        # built once now (TrialSeededSampler.kind): a bad setting fails here, not at the first trial
+        return TrialSeededSampler(functools.partial(_optuna.build_sampler, name, self.sampler.kwargs), seed)
 
     def make_pruner(self) -> optuna.pruners.BasePruner:
         """The configured pruner (NopPruner for 'none' and, by default, for multi-objective studies)."""

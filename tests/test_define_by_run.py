@@ -39,7 +39,10 @@ def test_the_same_space_as_yaml_and_as_python_gives_the_same_trials(tmp_path):
         model = model_factory("mlp", {"depth": 1, "width": width}, input_shape=digits.input_shape, num_classes=10)
         return hfta_nas.Candidate(model, hparams={"lr": lr}, epochs=2, batch_size=64)
 
-    sampler = optuna.samplers.TPESampler(seed=7, n_startup_trials=2, constant_liar=True, multivariate=True)
+    # the sampler a space file gets: trial k's TPE seeded from (7, k)
+    sampler = hfta_nas.search.TrialSeededSampler(
+        lambda seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=2, constant_liar=True, multivariate=True), 7
+    )
     study = optuna.create_study(direction="maximize", sampler=sampler, pruner=optuna.pruners.MedianPruner())
     summary = hfta_nas.optimize(study, build, digits, n_trials=6, array_size=3, seed=7, step_cost=StepCost(**COST))
     assert summary.trials == {"COMPLETE": 6}

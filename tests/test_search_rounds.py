@@ -78,11 +78,10 @@ def _learning_rates(study):
     return [t.params["training.optimizer.lr"] for t in study.get_trials(deepcopy=False)]
 
 
-def test_a_rerun_proposes_new_parameters(tmp_path):
-    """The sampler of a re-run (trials already stored) is seeded apart from the first run's, so it
-    does not propose the parameters already tried again (a continuous lr: all distinct); a fresh
-    study keeps the space's seed (reproducible)."""
-    from search_spaces import sampler_seed
+def test_a_rerun_proposes_new_parameters_and_a_fresh_study_repeats_itself(tmp_path):
+    """Trial k's sampler is seeded from (the space's seed, k): a re-run (trials already stored) asks
+    new numbers, so it does not propose the parameters already tried again (a continuous lr: all
+    distinct), and the same search on a fresh study proposes the same parameters (reproducible)."""
     from tests.test_search import load_study, search, space_text
 
     text = space_text(budget={"n_trials": 4}, sampler={"name": "random"})
@@ -91,4 +90,55 @@ def test_a_rerun_proposes_new_parameters(tmp_path):
     search(tmp_path, text, n_trials=12)  # and another
     rates = _learning_rates(load_study(tmp_path))
     assert len(rates) == 12 and len(set(rates)) == 12
-    assert sampler_seed(7, 0) == 7 and len({sampler_seed(7, 4), sampler_seed(7, 8), 7}) == 3
+    again = tmp_path / "again"
+    again.mkdir()
+    search(again, text, n_trials=12)
+    assert _learning_rates(load_study(again)) == rates
+
+
+def test_trial_k_draws_the_same_whichever_sampler_asks_it():
+    """Two samplers on one study (two workers) asking in turn draw trial k's stream, not their own:
+    the parameters are those of one sampler asking every trial, and all distinct."""
+    from search_spaces import parse_space
+    from tests.test_search import space_text
+
+    space = parse_space(space_text(sampler={"name": "tpe", "kwargs": {"n_startup_trials": 8}}), "space.yaml")
+    lr = optuna.distributions.FloatDistribution(1e-3, 3e-2, log=True)
+
+    def asked(samplers):
+        study = optuna.create_study(direction="maximize")
+        rates = []
+        for number in range(8):
+            study.sampler = samplers[number % len(samplers)]
+            trial = study.ask({"lr": lr})
+            rates.append(trial.params["lr"])
+            study.tell(trial, 0.5)
+        return rates
+
+    two_workers = asked([space.make_sampler(), space.make_sampler()])
+    assert two_workers == asked([space.make_sampler()]) and len(set(two_workers)) == 8
+
+
+def test_three_workers_train_as_many_distinct_parameter_sets_as_trials(tmp_path):
+    """`--workers 3` on one study: each trial drew from its own stream, so no parameter set is
+    trained twice (before, workers seeded alike proposed the same values at the same time)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.test_search import load_study, space_text
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "space.yaml").write_text(space_text(budget={"n_trials": 6}, training={"epochs": 1}))
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "search", "space.yaml", "--workers", "3", "--quiet"]
+        + ["--storage", str(tmp_path / "study.journal"), "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    trials = [t for t in load_study(tmp_path).get_trials(deepcopy=False) if t.state.is_finished()]
+    assert len(trials) == 6 and len({tuple(sorted(t.params.items())) for t in trials}) == 6

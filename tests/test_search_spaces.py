@@ -75,7 +75,7 @@ def test_every_shipped_space_loads():
 def test_shipped_multiobjective_and_factory():
     multi = load_space(SHIPPED_SPACES["mnist1d_multiobjective"])
     assert multi.study.metrics == ["val_acc", "params"] and multi.directions == ["maximize", "minimize"]
-    assert isinstance(multi.make_sampler(), optuna.samplers.NSGAIISampler)
+    assert isinstance(multi.make_sampler().kind, optuna.samplers.NSGAIISampler)
     assert isinstance(multi.make_pruner(), optuna.pruners.NopPruner)
     # The factory file is not imported (nor needed) to validate the space.
     user = load_space(SHIPPED_SPACES["mnist1d_user_factory"])
@@ -250,10 +250,12 @@ def test_shared_key_separates_what_an_array_cannot_mix():
 
 # ------------------------------------------------------- samplers, pruners
 def test_tpe_defaults_and_overrides():
-    sampler = parse_space("params: {}").make_sampler()
+    sampler = parse_space("params: {}").make_sampler().kind  # what each trial's sampler is
     assert isinstance(sampler, optuna.samplers.TPESampler)
     assert sampler._constant_liar is True and sampler._multivariate is True
-    sampler = parse_space("sampler: {name: tpe, kwargs: {constant_liar: false, n_startup_trials: 3}}").make_sampler()
+    sampler = (
+        parse_space("sampler: {name: tpe, kwargs: {constant_liar: false, n_startup_trials: 3}}").make_sampler().kind
+    )
     assert sampler._constant_liar is False and sampler._multivariate is True and sampler._n_startup_trials == 3
 
 
@@ -267,7 +269,7 @@ def test_tpe_defaults_and_overrides():
     ],
 )
 def test_sampler_classes(name, cls):
-    assert type(parse_space(f"sampler: {name}").make_sampler()) is cls
+    assert type(parse_space(f"sampler: {name}").make_sampler().kind) is cls
 
 
 def test_cmaes_needs_its_package():
@@ -278,7 +280,7 @@ def test_cmaes_needs_its_package():
         with pytest.raises(SpaceError, match=r"c\.yaml:1: sampler\.name: .*pip install cmaes"):
             space.make_sampler()
     else:
-        assert isinstance(space.make_sampler(), optuna.samplers.CmaEsSampler)
+        assert isinstance(space.make_sampler().kind, optuna.samplers.CmaEsSampler)
 
 
 @pytest.mark.parametrize(
@@ -310,7 +312,7 @@ def test_grid_sampler_covers_the_grid_with_ask_and_tell():
     )
     assert space.grid_size == 2 * 3 * 3
     study = optuna.create_study(sampler=space.make_sampler())
-    assert isinstance(study.sampler, optuna.samplers.GridSampler)
+    assert isinstance(study.sampler.kind, optuna.samplers.GridSampler)
     seen = set()
     for _ in range(space.grid_size):
         trial = study.ask()

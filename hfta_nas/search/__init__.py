@@ -39,6 +39,7 @@ from hfta_nas.search._storage import (
     open_storage,
 )
 from hfta_nas.search._study_texts import attach_study_file, set_study_text, study_text
+from hfta_nas.search._trial_seeded import TrialSeededSampler, trial_sampler_seed
 from hfta_nas.search._workers import run_workers, study_report, visible_gpus
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "cost_from_dict",
     "TrialEnded",
     "TrialRetried",
+    "TrialSeededSampler",
     "TrialWaits",
     "artifact_folder",
     "attach_study_file",
@@ -81,6 +83,7 @@ __all__ = [
     "set_study_text",
     "study_report",
     "study_text",
+    "trial_sampler_seed",
     "trial_seeds",
     "visible_gpus",
 ]
