@@ -58,7 +58,7 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "base_seed",
             default=0,
             show_default=True,
-            type=int,
+            type=click.IntRange(min=0),
             help="Base seed of the per-source seed streams.",
         ),
         click.option(

@@ -723,6 +723,13 @@ OPTION_CASES = [
         ["dashboard", "--storage", "{journal}", "--port", "70000"],
         "Invalid value for '--port': 70000 is not in the range 1<=x<=65535",
     ),
+    # more threads than cores: torch could not start 100000 and left an empty study behind
+    ("search --threads 100000", [*SEARCH, "--threads", "100000"], "--threads 100000: this machine has"),
+    ("stability --threads 100000", [*STABILITY, "--threads", "100000"], "--threads 100000: this machine has"),
+    ("search --device mps", [*SEARCH, "--device", "mps"], "device 'mps' is not supported"),
+    ("search --device meta", [*SEARCH, "--device", "meta"], "device 'meta' is not supported"),
+    ("stability --device mps", [*STABILITY, "--device", "mps"], "device 'mps' is not supported"),
+    ("stability --seed -1", [*STABILITY, "--seed", "-1"], "Invalid value for '--seed': -1 is not in the range x>=0"),
 ]
 
 

@@ -290,6 +290,8 @@ def _checked_device(device: str) -> torch.device:
         raise HftaNasError(f"unknown device '{device}': {error}") from error
     if result.type == "cuda" and not torch.cuda.is_available():
         raise HftaNasError(f"device '{device}' was asked for but torch sees no CUDA GPU here; use --device cpu.")
+    if result.type not in ("cpu", "cuda"):  # mps, meta, xpu, ...: arrays are built and tested on CPU and CUDA only
+        raise HftaNasError(f"device '{device}' is not supported: arrays train on 'cpu' or 'cuda' devices.")
     return result
 
 
@@ -297,5 +299,8 @@ def set_up_command_process(threads: int | None) -> None:
     """What every training command does to its own process first: the torch thread count
     (when given) and a CPU allocator that keeps freed memory (`hfta_nas.train._allocator`)."""
     if threads is not None:
+        cores = os.cpu_count() or 1
+        if threads > cores:  # beyond the cores only slows torch down, and far beyond it cannot start its threads
+            raise HftaNasError(f"--threads {threads}: this machine has {cores} CPU core(s); give at most {cores}.")
         torch.set_num_threads(threads)
     keep_freed_memory_unless_disabled()
