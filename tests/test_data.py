@@ -264,6 +264,11 @@ def test_missing_file_is_named(tmp_path):
         (pd.DataFrame({"a": ["red", "blue"], "label": [0, 1]}), r"feature column 'a' is not numeric"),
         (pd.DataFrame({"a": [1.0, None], "label": [0, 1]}), r"feature columns \['a'\] have missing values"),
         (pd.DataFrame({"a": [1.0, 2.0], "label": ["cat", "dog"]}), r"labels 'label' have dtype object.*LabelEncoder"),
+        (pd.DataFrame({"a": [], "label": []}), r"has a header but no rows"),  # was an IndexError
+        (  # was a 512 TB allocation: the classes are 0..the largest label
+            pd.DataFrame({"a": [1.0, 2.0], "label": [0, 10**12]}),
+            r"contain the value 1000000000000, so a model would need 1000000000001 outputs; at most 100000",
+        ),
     ],
 )
 def test_bad_csv(tmp_path, frame, message):

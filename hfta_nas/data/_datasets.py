@@ -35,6 +35,7 @@ from hfta_nas.data._streams import is_map_dataset
 from hfta_nas.errors import HftaNasError
 
 DATASETS: tuple[str, ...] = ("mnist1d", "digits", "diabetes")
+MAX_CLASSES = 100_000  # an output layer of more classes is a labelling mistake here (a label of 10**12 asked 512 TB)
 REGRESSION_DATASETS: tuple[str, ...] = ("diabetes",)
 """Names of the built-in datasets; both are made offline, without the network."""
 
@@ -385,6 +386,8 @@ def _read_csv(path: Path, where: str, task: str = "classification") -> dict[str,
             f"{where} {problem}; expected exactly one column named "
             f"{' or '.join(repr(c) for c in _LABEL_COLUMNS)}, found columns {columns}"
         )
+    if frame.empty:
+        raise HftaNasError(f"{where} has a header but no rows; expected one sample per row")
     features = frame.drop(columns=labels[0])
     if features.shape[1] == 0:
         raise HftaNasError(f"{where} has only the label column {labels[0]!r}; expected feature columns besides it")
@@ -601,6 +604,11 @@ def _labels(value: Any, where: str, key: str) -> np.ndarray:
             )
     if y.size and y.min() < 0:
         raise HftaNasError(f"{where}: labels {key!r} contain the negative value {y.min()}; {expected}")
+    if y.size and y.max() >= MAX_CLASSES:  # the classes are 0..max: a model would need max + 1 outputs
+        raise HftaNasError(
+            f"{where}: labels {key!r} contain the value {int(y.max())}, so a model would need {int(y.max()) + 1} "
+            f"outputs; at most {MAX_CLASSES} classes are supported ({expected})"
+        )
     return y.astype(np.int64)
 
 
