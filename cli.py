@@ -234,7 +234,11 @@ def main() -> None:
     "overrides",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Set a training setting (repeatable), keys as in a config file or search space: epochs, data.batch_size, hparams.clip_norm (or training.clip_norm), model_config.width, accumulate, early_stopping.patience, augment.flip, schedule.t_max, ...; YAML values; after the options above.",
+    help=(
+        "Set a training setting (repeatable), keys as in a config file or search space: epochs, "
+        "data.batch_size, hparams.clip_norm (or training.clip_norm), model_config.width, accumulate, "
+        "early_stopping.patience, augment.flip, schedule.t_max, ...; YAML values; after the options above."
+    ),
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the per-slot results as JSON (for machines).")
 @_friendly_errors
@@ -459,7 +463,8 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             trials = ", ".join(f"{n} {s.lower()}" for s, n in sorted(report.get("trials", {}).items()))
             click.echo(
                 f"study {study_name}: {trials or 'no trials'}; {report.get('counted', 0)} count against the budget "
-                f"({report.get('interrupted_and_retried', 0)} interrupted and retried, {report.get('surplus', 0)} surplus)"
+                f"({report.get('interrupted_and_retried', 0)} interrupted and retried, "
+                f"{report.get('surplus', 0)} surplus)"
             )
             for best in report.get("best") or []:
                 click.echo(f"best: trial {best['number']} {best['values']}")
@@ -591,13 +596,18 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     "--n-trials",
     type=int,
     default=None,
-    help="Trials in the study when done [default: the space's budget.n_trials]; finished trials of an earlier run count.",
+    help=(
+        "Trials in the study when done [default: the space's budget.n_trials]; finished trials of an earlier run count."
+    ),
 )
 @click.option(
     "--n-more",
     type=click.IntRange(min=1),
     default=None,
-    help="Train this many trials more than the study already counts (what Optuna's optimize(n_trials=N) means); instead of --n-trials.",
+    help=(
+        "Train this many trials more than the study already counts (what Optuna's optimize(n_trials=N) "
+        "means); instead of --n-trials."
+    ),
 )
 @click.option(
     "--timeout",
@@ -608,12 +618,17 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
 @click.option(
     "--array-size",
     default=None,
-    help="Slots per array: an integer, or 'auto' (per shape: as many as fit in memory, up to where throughput stops rising by 10% per doubling; measured) [default: the space's array.size].",
+    help=(
+        "Slots per array: an integer, or 'auto' (per shape: as many as fit in memory, up to where throughput "
+        "stops rising by 10% per doubling; measured) [default: the space's array.size]."
+    ),
 )
 @click.option(
     "--storage",
     default=None,
-    help="Optuna storage URL (sqlite:///f.db, postgresql://...) or a journal file path [default: runs/hfta-nas.journal].",
+    help=(
+        "Optuna storage URL (sqlite:///f.db, postgresql://...) or a journal file path [default: runs/hfta-nas.journal]."
+    ),
 )
 @click.option("--study-name", default=None, help="[default: the space's study.name, else the file name].")
 @click.option(
@@ -632,7 +647,10 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     "--sampler",
     default=None,
     metavar="NAME",
-    help="Override the space's sampler: tpe, random, cmaes, gp, grid, nsga2 (its defaults; the file's kwargs go with the file's sampler).",
+    help=(
+        "Override the space's sampler: tpe, random, cmaes, gp, grid, nsga2 (its defaults; the file's kwargs "
+        "go with the file's sampler)."
+    ),
 )
 @click.option(
     "--pruner",
@@ -651,12 +669,18 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     "overrides",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Set a setting of SPACE (repeatable): a dotted key, a YAML value, validated with the file, e.g. --set training.epochs=2 --set array.size=4 --set params.training.optimizer.lr=1e-3.",
+    help=(
+        "Set a setting of SPACE (repeatable): a dotted key, a YAML value, validated with the file, e.g. --set "
+        "training.epochs=2 --set array.size=4 --set params.training.optimizer.lr=1e-3."
+    ),
 )
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Print the packing plan (which trials go into which array, their padding and estimated time, by the policy the run uses) without training; nothing is written to the storage.",
+    help=(
+        "Print the packing plan (which trials go into which array, their padding and estimated time, by the "
+        "policy the run uses) without training; nothing is written to the storage."
+    ),
 )
 @click.option("--quiet", is_flag=True, help="No live progress display (the summary is still printed).")
 @click.option(
@@ -669,7 +693,10 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     show_default=True,
     expose_value=False,
     callback=lambda ctx, param, value: ctx.meta.__setitem__("hfta_nas.workers", value),
-    help="Start this many local worker processes on the same storage and study (one per GPU when several are visible); see docs/search.md, 'Running many workers'.",
+    help=(
+        "Start this many local worker processes on the same storage and study (one per GPU when several are "
+        "visible); see docs/search.md, 'Running many workers'."
+    ),
 )
 @_friendly_errors
 @_search_workers
@@ -1033,7 +1060,10 @@ def _time_shares(account: dict[str, dict[str, float]]) -> str:
     "--artifact-dir",
     default=None,
     type=click.Path(file_okay=False),
-    help="Where stability reports are stored as artifacts [default: artifacts/ beside the journal file, else runs/artifacts].",
+    help=(
+        "Where stability reports are stored as artifacts [default: artifacts/ beside the journal file, else "
+        "runs/artifacts]."
+    ),
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(

@@ -73,8 +73,8 @@ _RECORDS: dict[str, dict[str, Any]] = {}  # per run, in the driver: what the Tun
 
 def ray_available() -> bool:
     try:
-        import ray  # noqa: F401
-        from ray import tune  # noqa: F401
+        import ray  # noqa: F401 - only whether it imports
+        from ray import tune  # noqa: F401 - only whether it imports
     except ImportError:
         return False
     return True
@@ -83,7 +83,7 @@ def ray_available() -> bool:
 def _import_ray() -> Any:
     try:
         import ray
-        from ray import tune  # noqa: F401
+        from ray import tune  # noqa: F401 - only whether it imports
     except ImportError:
         raise SystemExit(MISSING_RAY) from None
     return ray

@@ -267,8 +267,8 @@ def _range(cell: dict[str, float | None], show: Any) -> str:
 
 def print_table(figures: dict[str, Any], quick: bool) -> None:
     metric, summary = figures["metric"], figures["summary"]
-    seconds = lambda v: "never" if v is None else f"{v:.1f}"  # noqa: E731
-    value = lambda v: _number(v, metric)  # noqa: E731
+    seconds = lambda v: "never" if v is None else f"{v:.1f}"
+    value = lambda v: _number(v, metric)
     print(
         f"{Path(figures['space']).name}: {figures['n_trials']} trials x {figures['epochs']} epochs, "
         f"{figures['sampler']} + {figures['pruner']} pruner, seeds {figures['seeds']}, arrays of "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ def _checker(tp: Any) -> Checker:
     return check
 
 
-_ANY: Checker = lambda value: None  # noqa: E731
+_ANY: Checker = lambda value: None
 _DATA_LEAVES: dict[str, Checker] = {
     "batch_size": _checker(PositiveInt),
     "val_fraction": _checker(Fraction),
@@ -475,9 +476,13 @@ class _Context:
         elif family is not None:
             for path, param in self.params.items():
                 key = path.removeprefix("model.config.")
-                if path.startswith("model.config.") and isinstance(param, Fixed) and key in family_defaults(family):
-                    if _model_config_problem(self, {**base, key: param.value}) is None:
-                        base[key] = param.value
+                if (
+                    path.startswith("model.config.")
+                    and isinstance(param, Fixed)
+                    and key in family_defaults(family)
+                    and _model_config_problem(self, {**base, key: param.value}) is None
+                ):
+                    base[key] = param.value
         self._base, self._base_done = base, True
         return base
 
@@ -521,14 +526,14 @@ def _check_training(run: _Run, context: _Context) -> None:
                 ("training", "schedule", "kind"),
                 f"unknown schedule kind {short(schedule.kind)}{hint}; expected one of {', '.join(SCHEDULE_KINDS)}",
             )
-    if (schedule is not None or schedule_params) and "training.schedule.kind" not in context.params:
-        if schedule is None or schedule.kind is None:
-            loc = ("training", "schedule") if schedule is not None else ("params", schedule_params[0])
-            run.add(
-                loc,
-                f"a schedule needs 'kind' (one of {', '.join(SCHEDULE_KINDS)}); "
-                "set training.schedule.kind or search it in params",
-            )
+    needs_kind = schedule is None or schedule.kind is None
+    if (schedule is not None or schedule_params) and "training.schedule.kind" not in context.params and needs_kind:
+        loc = ("training", "schedule") if schedule is not None else ("params", schedule_params[0])
+        run.add(
+            loc,
+            f"a schedule needs 'kind' (one of {', '.join(SCHEDULE_KINDS)}); "
+            "set training.schedule.kind or search it in params",
+        )
 
 
 def _optimizer_arg_problem(key: str, names: list[str]) -> str | None:
@@ -626,9 +631,24 @@ def _leaf(context: _Context, path: str) -> Checker | str:
                 return _model_config_problem(context, {**base, parts[2]: value})
 
             return check
-    close = difflib.get_close_matches(path, _suggestions(context), n=1, cutoff=0.6)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    close = _closest_setting(path, _suggestions(context))
+    hint = f" (did you mean '{close}'?)" if close else ""
     return f"unknown setting '{path}'{hint}; params can address: {', '.join(_suggestions(context))}"
+
+
+_LEAF_ALIASES = {"learning_rate": "lr", "wd": "weight_decay"}  # other libraries' names for our leaves
+
+
+def _closest_setting(path: str, settings: list[str]) -> str | None:
+    """The setting `path` most likely means: one with the same last name (or its alias:
+    optimizer.config.learning_rate means training.optimizer.lr), the one sharing the longest start
+    with `path` among them; else the closest spelling."""
+    leaf = path.rpartition(".")[2]
+    same_leaf = [s for s in settings if s.rpartition(".")[2] == _LEAF_ALIASES.get(leaf, leaf)]
+    if same_leaf:
+        return max(same_leaf, key=lambda s: len(os.path.commonprefix([s, path])))
+    close = difflib.get_close_matches(path, settings, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _suggestions(context: _Context) -> list[str]:
@@ -674,16 +694,16 @@ def _distribution_problems(param: Param) -> list[tuple[str | None, str]]:
             out.append(
                 ("min", f"log_uniform needs 'min' > 0 (got min={param.min}); use uniform for ranges that include 0")
             )
-        if isinstance(param, Uniform) and param.step is not None and param.min < param.max:
-            if not _divides(param.min, param.max, param.step):
-                out.append(
-                    (
-                        "step",
-                        f"step {param.step} does not divide max - min = {param.max} - {param.min}; "
-                        "Optuna would silently lower 'max' to the last multiple, so make "
-                        "max - min a multiple of step",
-                    )
+        uniform_with_step = isinstance(param, Uniform) and param.step is not None and param.min < param.max
+        if uniform_with_step and not _divides(param.min, param.max, param.step):
+            out.append(
+                (
+                    "step",
+                    f"step {param.step} does not divide max - min = {param.max} - {param.min}; "
+                    "Optuna would silently lower 'max' to the last multiple, so make "
+                    "max - min a multiple of step",
                 )
+            )
     elif isinstance(param, (IntUniform, IntLogUniform)):
         if not param.min <= param.max:
             out.append((None, f"'min' must be <= 'max' (got min={param.min}, max={param.max})"))

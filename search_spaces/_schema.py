@@ -239,11 +239,11 @@ class TrainingSpec(_Strict):
     accumulate: PositiveInt = 1
     early_stopping: EarlyStoppingSpec | None = None
     loss: LossSpec | None = None
+    # user metrics: name -> 'module:function' (per-sample values), as <split>_<name>
     metrics: dict[str, str] = {}
     augment: AugmentSpec | None = None
-    precision: Literal["float32", "bf16", "fp16"] = (
-        "float32"  # bf16 / fp16: autocast (fp16 with per-slot loss scaling)  # user metrics: name -> 'module:function' (per-sample values), as <split>_<name>
-    )
+    # bf16 / fp16: autocast (fp16 with per-slot loss scaling)
+    precision: Literal["float32", "bf16", "fp16"] = "float32"
 
 
 class ModelSpec(_Strict):

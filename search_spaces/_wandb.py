@@ -50,6 +50,11 @@ _METRICS = {
     "train_accuracy": "train_acc",
     "training_loss": "train_loss",
 }
+_METRIC_KEYS_NOT_USED = {
+    "target": "the search runs its whole budget",
+    "impute": "every trial reports its metric each epoch; a trial that fails is marked failed, not imputed",
+    "impute_while_running": "pruning reads the epochs a trial has reported, never imputed ones",
+}
 _NAMES = {
     "lr": "training.optimizer.lr",
     "learning_rate": "training.optimizer.lr",
@@ -84,8 +89,10 @@ _UNSUPPORTED = (
 
 
 def is_sweep(data: Any) -> bool:
-    """Whether parsed YAML is a W&B sweep file (our files have no such keys)."""
-    return isinstance(data, dict) and any(key in data for key in SWEEP_ONLY_KEYS)
+    """Whether parsed YAML is a W&B sweep file (our files have no such keys), or one nested under `sweep:`."""
+    return isinstance(data, dict) and (
+        any(key in data for key in SWEEP_ONLY_KEYS) or (set(data) == {"sweep"} and is_sweep(data["sweep"]))
+    )
 
 
 @dataclass
@@ -215,10 +222,13 @@ class _Translation:
         default = "" if "goal" in metric else " (W&B's default goal)"
         self.notes.append(f"metric: {name} {goal} -> study.metrics: [{ours}], directions: [{goal}]{default}")
         for key in metric:
-            if key == "target":
-                self.notes.append("metric.target: not supported (the search runs its whole budget)")
+            if key in _METRIC_KEYS_NOT_USED:
+                self.notes.append(f"metric.{key}: not used ({_METRIC_KEYS_NOT_USED[key]})")
             elif key not in ("name", "goal"):
-                self.fail(("metric", key), f"unknown metric key '{key}'; expected name, goal, target")
+                self.fail(
+                    ("metric", key),
+                    f"unknown metric key '{key}'; expected name, goal, {', '.join(_METRIC_KEYS_NOT_USED)}",
+                )
 
     def name(self, name: Any) -> None:
         if name is not None:
@@ -246,6 +256,9 @@ class _Translation:
         for theirs, ours in (("min_iter", "min_resource"), ("max_iter", "max_resource"), ("eta", "reduction_factor")):
             if theirs in rule:
                 kwargs[ours] = rule[theirs]
+        first_band = _first_band(rule)
+        if first_band is not None:
+            kwargs["min_resource"] = first_band
         self.place(
             ("pruner",),
             {"name": "hyperband", "kwargs": kwargs},
@@ -258,10 +271,16 @@ class _Translation:
             f"early_terminate: hyperband -> pruner: hyperband ({mapped or 'its defaults'}; a step is an epoch)"
         )
         for key in rule:
-            if key in ("s", "strict"):
+            if key == "s" and first_band is not None:
                 self.notes.append(
-                    f"early_terminate.{key}: not used (Optuna's HyperbandPruner sets its brackets "
-                    "from min_resource, max_resource and reduction_factor)"
+                    f"early_terminate.s: {rule['s']} -> min_resource: {first_band} (W&B's first band, "
+                    "max_iter / eta^s epochs; Optuna's HyperbandPruner makes its brackets from there up)"
+                )
+            elif key in ("s", "strict"):
+                self.notes.append(
+                    f"early_terminate.{key}: not used (Optuna's HyperbandPruner makes its brackets from "
+                    "min_resource, max_resource and reduction_factor; its first bracket starts at epoch "
+                    f"{kwargs.get('min_resource', 1)}, where W&B's may start later)"
                 )
             elif key not in ("type", "min_iter", "max_iter", "eta"):
                 self.fail(
@@ -319,6 +338,8 @@ class _Translation:
             self.fail(loc, "expected 'value', 'values', or 'min' and 'max' (with an optional 'distribution')")
             return None, None
         low, high, step = spec["min"], spec["max"], spec.get("q")
+        if kind == "q_uniform" and step is None:
+            step = 1  # W&B's default q: whole numbers
         if kind is None:
             kind = (
                 "int_uniform" if all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) else "uniform"
@@ -348,7 +369,21 @@ class _Translation:
         if step is not None:
             value["step"] = step
         how = ours if kind == ours else f"{kind} -> {ours}"
-        return value, how + (f" with step {step} from min" if step is not None else "")
+        default_q = " (W&B's default q)" if kind == "q_uniform" and "q" not in spec else ""
+        return value, how + (f" with step {step} from min{default_q}" if step is not None else "")
+
+
+def _first_band(rule: dict[str, Any]) -> int | None:
+    """The epoch of W&B's first hyperband band when the rule gives max_iter and s but no min_iter:
+    W&B puts its bands at max_iter / eta, max_iter / eta^2, ... (s of them, whole epochs, at least
+    1; eta 3 unless given). None when the rule says no such thing or its numbers are not numbers."""
+    if "min_iter" in rule or "max_iter" not in rule or "s" not in rule:
+        return None
+    max_iter, s, eta = rule["max_iter"], rule["s"], rule.get("eta", 3)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (max_iter, s, eta)) or eta <= 1:
+        return None  # our own checks of the pruner's kwargs then name the bad number
+    bands = [int(max_iter / eta**i) for i in range(1, int(s) + 1) if max_iter / eta**i >= 1]
+    return min(bands) if bands else None
 
 
 def our_path(dotted: str) -> str:
@@ -365,7 +400,13 @@ def our_path(dotted: str) -> str:
 
 def translate_sweep(data: dict[str, Any], where: Where) -> Translated:
     """`data` (a parsed sweep file) in our layout; `SpaceError` at the sweep's lines for what cannot be read."""
+    nested = set(data) == {"sweep"}
+    if nested:  # a sweep nested under `sweep:` (as some configs keep it): its lines, without the prefix
+        data = data["sweep"]
+        where = Where(where.source, {loc[1:]: line for loc, line in where.lines.items() if loc[:1] == ("sweep",)})
     translation = _Translation(data, where)
+    if nested:
+        translation.notes.append("sweep: the sweep file nested under it is read")
     translation.run()
     if translation.problems:
         raise SpaceError(sorted(translation.problems, key=lambda p: p.line or 0))

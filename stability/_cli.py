@@ -424,7 +424,7 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     for column in ("config", "n", "failed", "mean ± std", "95% CI (t)", "median [IQR]", "min–max", "noise floor sd"):
         table.add_column(column, justify="right")
     for row in summary["configs"]:
-        f = lambda v: "n/a" if v is None else f"{scale * v:.2f}{unit}"  # noqa: E731
+        f = lambda v: "n/a" if v is None else f"{scale * v:.2f}{unit}"
         table.add_row(
             str(row["config"]),
             str(row["n"]),

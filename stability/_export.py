@@ -355,7 +355,7 @@ def _distribution_table(report: _Report) -> pd.DataFrame:
     summary = report.analysis.summary
     rows = summary[summary["metric"] == report.metric]
     several_designs = rows["design"].nunique() > 1
-    f = lambda v: _fmt(v, scale, unit, digits)  # noqa: E731
+    f = lambda v: _fmt(v, scale, unit, digits)
     table = []
     for _, r in rows.iterrows():
         best = json.loads(r["best_of_k"]) if r["best_of_k"] else {}
@@ -406,7 +406,7 @@ def _comparison_table(report: _Report) -> pd.DataFrame:
 
 def _ranking_table(report: _Report, ranking: pd.DataFrame) -> pd.DataFrame:
     scale, unit = _scale(report)
-    f = lambda v: _fmt(v, scale, unit, 2 if report.is_accuracy else 4)  # noqa: E731
+    f = lambda v: _fmt(v, scale, unit, 2 if report.is_accuracy else 4)
     return pd.DataFrame(
         [
             {

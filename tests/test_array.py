@@ -190,7 +190,7 @@ def test_dropout_scales_kept_units_and_is_off_in_eval():
 
 
 def test_channel_dropout_drops_whole_channels():
-    model = lambda: nn.Sequential(nn.Conv1d(8, 8, 1), nn.Dropout1d(0.5))  # noqa: E731
+    model = lambda: nn.Sequential(nn.Conv1d(8, 8, 1), nn.Dropout1d(0.5))
     arr = ModelArray.from_factory(model, seeds=[0, 1])
     out = arr(torch.randn(2, 3, 8, 30))
     zero_channels = (out == 0).all(-1)

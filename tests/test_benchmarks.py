@@ -17,13 +17,14 @@ import pytest
 import torch
 
 import hfta_nas
+from tests._rendezvous import GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is not an installed package; import it from the checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._report import RATIOS, ratios  # noqa: E402
-from benchmarks.throughput import build_parser, main  # noqa: E402
+from benchmarks._report import RATIOS, ratios  # noqa: E402 - after the sys.path line above
+from benchmarks.throughput import build_parser, main  # noqa: E402 - after the sys.path line above
 
 METHODS = ["serial", "processes", "vmap", "array", "limit"]
 
@@ -38,7 +39,7 @@ def quick_run(tmp_path_factory):
         env=env,
         capture_output=True,
         text=True,
-        timeout=85,
+        timeout=GUARD_S,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(out.read_text()), completed.stdout
@@ -149,7 +150,7 @@ def test_bad_arguments_are_rejected(capsys):
 
 
 # ---------------------------------------------------------------- benchmarks/search.py
-from benchmarks import _anytime  # noqa: E402
+from benchmarks import _anytime  # noqa: E402 - after the sys.path line at the top
 
 SEARCH_METHODS = ["plain", "processes", "hfta", "replicate", "pack", "pack-workers"]
 
@@ -179,7 +180,7 @@ def search_quick_run(tmp_path_factory):
         env=env,
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=GUARD_S,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(out.read_text()), completed.stdout, image
@@ -276,7 +277,7 @@ def test_anytime_spread_counts_missing_runs_as_worst():
 
 
 # ---------------------------------------------------------------- benchmarks/envelope.py
-from benchmarks import envelope  # noqa: E402
+from benchmarks import envelope  # noqa: E402 - after the sys.path line above
 
 ENVELOPE_METHODS = ["padded", "grouped", "serial"]
 
@@ -310,7 +311,7 @@ def envelope_quick_run(tmp_path_factory):
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=GUARD_S,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(out.read_text()), completed.stdout
@@ -428,7 +429,7 @@ def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=GUARD_S,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     [round_] = json.loads(out.read_text())["rounds"]
@@ -460,11 +461,11 @@ def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
 def test_the_gpu_driver_runs_its_phases_and_writes_one_json(tmp_path):
     out = tmp_path / "gpu.json"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--quick", "--budget", "240", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--quick", "--budget", "3600", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=GUARD_S,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(out.read_text())
@@ -498,7 +499,7 @@ def test_search_ray_method_runs_the_plain_loop_with_the_same_seeds(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=GUARD_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -23,6 +23,7 @@ import yaml
 
 import hfta_nas
 from hfta_nas.search import open_storage
+from tests._rendezvous import GUARD_S
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -48,7 +49,7 @@ def run_twice(make_args, tmp_path: Path) -> list[str]:
     outputs = []
     for run, process in zip("ab", processes):
         try:
-            process.wait(timeout=120)
+            process.wait(timeout=GUARD_S)
         finally:
             if process.poll() is None:
                 process.kill()

@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests._rendezvous import GUARD_S
+
 ROOT = Path(__file__).resolve().parents[1]
 NOT_RUN = re.compile(r"not run in tests:\s*\S")
 BLOCK_NOT_RUN = re.compile(r"^\s*<!--\s*not run in tests:\s*\S.*-->\s*$")
@@ -292,7 +294,7 @@ def run_documented(text: str, workspace) -> None:
         argv = hfta_nas_command() + argv[1:]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     completed = subprocess.run(
-        argv, cwd=workspace["folder"], env=env, capture_output=True, text=True, timeout=180, check=False
+        argv, cwd=workspace["folder"], env=env, capture_output=True, text=True, timeout=GUARD_S, check=False
     )
     assert completed.returncode == 0, f"{text}\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
     workspace["done"].add(text)

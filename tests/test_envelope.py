@@ -567,7 +567,7 @@ def test_replace_slot_with_smaller_model_trains_like_it_alone():
 def test_large_convolutions_run_each_slot_at_its_own_size(monkeypatch, opt_name):
     """Convolutions that take the per-slot loop convolve a smaller slot at its own channels and
     kernel (no padded arithmetic): still each slot's own training, padding still exactly zero."""
-    from hfta_nas.layers import _slot_ops  # noqa: PLC0415
+    from hfta_nas.layers import _slot_ops
 
     monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 0)  # every convolution takes the loop
     arr, _, refs = train_both("cnn1d", opt_name)
@@ -581,7 +581,7 @@ def test_large_convolutions_run_each_slot_at_its_own_size(monkeypatch, opt_name)
 def test_drop_slots_keeps_survivors_exact(monkeypatch):
     """Dropping the slot with 32 channels in both convs mid-training changes no survivor
     (convolutions in the per-slot loop, whose per-slot sizes must follow the drop)."""
-    from hfta_nas.layers import _slot_ops  # noqa: PLC0415
+    from hfta_nas.layers import _slot_ops
 
     monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 0)
     builders, make_x = WORKLOADS["cnn1d"]

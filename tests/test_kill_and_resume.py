@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -21,6 +20,7 @@ import yaml
 from optuna.trial import TrialState
 
 from hfta_nas.search import open_storage
+from tests._rendezvous import GUARD_S, Rendezvous, held_command
 from tests.test_search import space_text as tiny_space_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 N_TRIALS = 6
 EPOCHS = 6
 NOT_COUNTED = ("interrupted:", "surplus:")
+THIS_MODULE = f"tests.{Path(__file__).stem}"  # where the held process finds the conditions below
 
 
 def hfta_nas_command(*args: str) -> list[str]:
@@ -39,62 +40,49 @@ def hfta_nas_command(*args: str) -> list[str]:
     return [sys.executable, str(ROOT / "cli.py"), *args]
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen:
+def start(args: list[str], log: Path, held: dict[str, str] | None = None) -> subprocess.Popen:
+    """The command running in the background, its output in `log`; with `held` (a rendezvous's
+    environment), in a process that holds where the rendezvous says."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    stream = open(log, "wb")
-    try:
-        return subprocess.Popen(hfta_nas_command(*args), cwd=ROOT, stdout=stream, stderr=subprocess.STDOUT, env=env)
-    finally:
-        stream.close()
+    command = held_command(*args) if held else hfta_nas_command(*args)
+    with open(log, "wb") as stream:
+        return subprocess.Popen(command, cwd=ROOT, stdout=stream, stderr=subprocess.STDOUT, env={**env, **(held or {})})
 
 
-def finish(args: list[str], log: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+def finish(args: list[str], log: Path) -> subprocess.CompletedProcess:
     process = start(args, log)
     try:
-        process.wait(timeout=timeout)
+        process.wait(timeout=GUARD_S)  # a guard against a hung run only
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-        raise AssertionError(f"{args[0]} did not finish in {timeout} s:\n{log.read_text(errors='replace')[-3000:]}")
+        raise AssertionError(f"{args[0]} hung:\n{log.read_text(errors='replace')[-3000:]}") from None
     return subprocess.CompletedProcess(args, process.returncode, log.read_text(errors="replace"), "")
 
 
-def kill_when(
-    process: subprocess.Popen,
-    journal: Path,
-    ready,
-    log: Path,
-    timeout: float = 90,
-    sent: signal.Signals = signal.SIGKILL,
-) -> list:
-    """Poll the journal until `ready(trials)` holds, send `sent` (SIGKILL) to the process, return
-    the trials as the killed run left them (read after it ended)."""
-    storage = None
-    deadline = time.monotonic() + timeout
+def stop_where(
+    args: list[str], log: Path, when: str, journal: Path, sent: signal.Signals = signal.SIGKILL
+) -> tuple[dict, int]:
+    """Run the command until it holds where `when` ('module:function', see tests._rendezvous)
+    says, send it `sent` (SIGKILL) there, and return the stored trials as the stopped run left
+    them (read after it ended) and its exit status."""
+    meeting = Rendezvous(log.parent / f"{log.stem}.rendezvous")
+    process = start(args, log, held=meeting.env(when))
     try:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise AssertionError(
-                    f"the command ended (exit {process.returncode}) before it could be killed:\n"
-                    f"{log.read_text(errors='replace')[-3000:]}"
-                )
-            if journal.exists() and journal.stat().st_size:
-                storage = storage or open_storage(str(journal))[0]
-                if ready([t for trials in stored_trials(storage).values() for t in trials]):
-                    process.send_signal(sent)
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"the journal never reached the kill point in {timeout} s")
+        try:
+            meeting.wait(1, [process])
+        except AssertionError as error:
+            raise AssertionError(f"{error}:\n{log.read_text(errors='replace')[-3000:]}") from None
+        process.send_signal(sent)  # it stands still where the condition held
+        process.wait(timeout=GUARD_S)  # SIGINT: it ends on its own, and that is what is tested
     finally:
-        if sent != signal.SIGKILL:
-            process.wait(timeout=60)  # it ends on its own: that is what is tested
         if process.poll() is None:
-            process.kill()  # SIGKILL, as above (again, harmlessly, when it is already on its way)
-        process.wait(timeout=30)  # reaped: the re-run sees a dead worker pid
+            process.kill()
+        process.wait()  # reaped: the re-run sees a dead worker pid
+        meeting.close()
     if sent == signal.SIGKILL:
         assert process.returncode == -signal.SIGKILL
-    return stored_trials(open_storage(str(journal))[0])
+    return stored_trials(open_storage(str(journal))[0]), process.returncode
 
 
 def _checkpointed_trials(folder: Path) -> set[int]:
@@ -123,12 +111,18 @@ def search_space(epochs: int = EPOCHS) -> str:
     )
 
 
-def _mid_second_array(trials) -> bool:
-    """Finished trials to keep and an array in the middle of its epochs: a RUNNING
-    trial that has reported some epochs but not all."""
+def mid_second_array(point: str, trial, **_) -> bool:
+    """At a report: finished trials to keep and an array in the middle of its epochs (a RUNNING
+    trial that has reported some epochs but not all)."""
+    if point != "report":
+        return False
+    trials = trial.study.get_trials(deepcopy=False)
     return any(t.state == TrialState.COMPLETE for t in trials) and any(
         t.state == TrialState.RUNNING and 0 < len(t.intermediate_values) < EPOCHS for t in trials
     )
+
+
+MID_SECOND_ARRAY = f"{THIS_MODULE}:mid_second_array"
 
 
 def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_killed_ones(tmp_path):
@@ -137,9 +131,7 @@ def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_k
     journal, out = tmp_path / "s.journal", tmp_path / "out"
     args = ["search", str(space), "--threads", "1", "--storage", str(journal), "--out", str(out), "--quiet"]
 
-    before = kill_when(start(args, tmp_path / "first.log"), journal, _mid_second_array, tmp_path / "first.log")[
-        "killed"
-    ]
+    before = stop_where(args, tmp_path / "first.log", MID_SECOND_ARRAY, journal)[0]["killed"]
     before = {t.number: t for t in before}
     finished = {n: t for n, t in before.items() if t.state.is_finished()}
     killed = {n: t for n, t in before.items() if t.state == TrialState.RUNNING}
@@ -200,9 +192,9 @@ def test_search_stopped_by_ctrl_c_leaves_nothing_running_and_the_next_run_trains
     space.write_text(search_space())
     journal, out = tmp_path / "s.journal", tmp_path / "out"
     args = ["search", str(space), "--threads", "1", "--storage", str(journal), "--out", str(out), "--quiet"]
-    process = start(args, tmp_path / "first.log")
-    stopped = kill_when(process, journal, _mid_second_array, tmp_path / "first.log", sent=signal.SIGINT)["killed"]
-    assert process.returncode == 130, (tmp_path / "first.log").read_text()[-2000:]
+    studies, returncode = stop_where(args, tmp_path / "first.log", MID_SECOND_ARRAY, journal, sent=signal.SIGINT)
+    stopped = studies["killed"]
+    assert returncode == 130, (tmp_path / "first.log").read_text()[-2000:]
     assert (
         "interrupted" in (tmp_path / "first.log").read_text()
         and "Traceback" not in (tmp_path / "first.log").read_text()
@@ -236,6 +228,16 @@ data: {batch_size: 32}
 """
 
 
+_ARRAYS_CHECKPOINTED: set[Path] = set()
+
+
+def second_array_checkpointed(point: str, checkpointer, **_) -> bool:
+    """After a checkpoint is written: the second array's (each array has its own file)."""
+    if point == "checkpoint":
+        _ARRAYS_CHECKPOINTED.add(checkpointer.path)
+    return len(_ARRAYS_CHECKPOINTED) >= 2
+
+
 def test_stability_killed_mid_run_reuses_the_stored_seeds_and_completes_the_report(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(STABILITY_CONFIG)
@@ -262,12 +264,7 @@ def test_stability_killed_mid_run_reuses_the_stored_seeds_and_completes_the_repo
 
     # the first array of 2 seeds is stored once it has trained; kill once the second has
     # checkpointed an epoch (it saves one at every epoch's end)
-    studies = kill_when(
-        start(args, tmp_path / "first.log"),
-        journal,
-        lambda trials: len(trials) >= 2 and any((tmp_path / "checkpoints").rglob("*.pt")),
-        tmp_path / "first.log",
-    )
+    studies = stop_where(args, tmp_path / "first.log", f"{THIS_MODULE}:second_array_checkpointed", journal)[0]
     (study_name,) = [name for name in studies if name.startswith("stability:")]
     before = studies[study_name]
     assert len(before) == 2, "the kill came after the whole study was stored: nothing was left to resume"

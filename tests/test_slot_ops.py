@@ -60,7 +60,7 @@ def test_convolution_loop_and_bias_free_linear_under_vmap(conv_loop_everywhere):
 
 def test_unbatched_per_slot_inputs(conv_loop_everywhere):
     # one sample per slot without a batch dim: [C, L] and [F]
-    factory = lambda: nn.Sequential(nn.Conv1d(2, 3, 3), nn.Flatten(0), nn.Linear(12, 2))  # noqa: E731
+    factory = lambda: nn.Sequential(nn.Conv1d(2, 3, 3), nn.Flatten(0), nn.Linear(12, 2))
     assert_matches_separate_models(factory, torch.randn(len(SEEDS), 2, 6, dtype=torch.float64))
     assert_matches_separate_models(lambda: nn.Linear(5, 2), torch.randn(len(SEEDS), 5, dtype=torch.float64))
 
@@ -82,12 +82,12 @@ def test_linear_on_inputs_with_extra_dims_and_tied_weights():
             return self.b(torch.relu(self.a(x)))
 
     assert_matches_separate_models(Tied, torch.randn(len(SEEDS), N, 2, 4, dtype=torch.float64))
-    seq = lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 4))  # noqa: E731
+    seq = lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 4))
     assert_matches_separate_models(seq, torch.randn(len(SEEDS), N, 2, 5, 4, dtype=torch.float64))
 
 
 def test_sequential_models_skip_vmap_with_the_same_results():
-    factory = lambda: nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.GELU(), nn.Dropout(0.0), nn.Linear(8, 3))  # noqa: E731
+    factory = lambda: nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.GELU(), nn.Dropout(0.0), nn.Linear(8, 3))
     x = torch.randn(len(SEEDS), N, 3, 4, dtype=torch.float64)
     arr = assert_matches_separate_models(factory, x)
     assert arr._native is not None and not arr._native_refused
@@ -214,7 +214,7 @@ def test_fused_relu_layers_equal_separate_models(name, loop, monkeypatch):
 
 
 def test_double_backward_through_the_convolution_loop(conv_loop_everywhere):
-    factory = lambda: nn.Sequential(nn.Conv1d(2, 3, 3, padding=1), nn.ReLU(), nn.Conv1d(3, 1, 3), nn.Tanh())  # noqa: E731
+    factory = lambda: nn.Sequential(nn.Conv1d(2, 3, 3, padding=1), nn.ReLU(), nn.Conv1d(3, 1, 3), nn.Tanh())
     assert_double_backward_matches(factory, (2, 7))
 
 
@@ -275,7 +275,7 @@ def test_batch_norm_loop_equals_separate_models_over_train_and_eval_steps(name, 
 def test_batch_norm_with_cumulative_average_trains_like_torch():
     """momentum=None: torch reads 1 / num_batches_tracked on the host, which vmap cannot; the array
     keeps the factor a per-slot tensor (vmap path) and ends with torch's parameters and running stats."""
-    factory = lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, momentum=None), nn.Tanh())  # noqa: E731
+    factory = lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, momentum=None), nn.Tanh())
     arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
     assert arr._native is None
     models = [m.double() for m in per_model(factory)]
@@ -364,7 +364,7 @@ def test_pooling_of_unbatched_per_slot_inputs(conv_loop_everywhere):
 
 
 def test_max_pooling_with_indices_takes_the_vmap_path():
-    factory = lambda: nn.Sequential(nn.Conv1d(1, 2, 3), nn.MaxPool1d(2, return_indices=True))  # noqa: E731
+    factory = lambda: nn.Sequential(nn.Conv1d(1, 2, 3), nn.MaxPool1d(2, return_indices=True))
     assert ModelArray.from_factory(factory, seeds=SEEDS)._native is None
 
 
@@ -392,7 +392,7 @@ def test_a_refusal_midway_leaves_no_trace_of_the_layers_that_ran(monkeypatch):
     # conv0 is looped (large), conv1 is not (small): the vmap-free path refuses at conv1, after
     # BatchNorm and dropout have run; their running stats and counters must not move twice.
     monkeypatch.setattr(_slot_ops, "_LOOP_MIN_MACS", 4000)
-    factory = lambda: nn.Sequential(  # noqa: E731
+    factory = lambda: nn.Sequential(
         nn.Conv1d(1, 8, 3), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Conv1d(8, 2, 1), nn.Flatten()
     )
     arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)
@@ -411,7 +411,7 @@ def test_a_refusal_midway_leaves_no_trace_of_the_layers_that_ran(monkeypatch):
 def test_reused_buffers_never_overwrite_a_tensor_still_in_use(conv_loop_everywhere):
     # Two forwards before one backward: the first graph still holds its outputs, so the
     # second may not reuse their memory; after backward the memory is reused.
-    factory = lambda: nn.Sequential(  # noqa: E731
+    factory = lambda: nn.Sequential(
         nn.Conv1d(2, 4, 3), nn.ReLU(), nn.BatchNorm1d(4), nn.Flatten(), nn.Linear(4 * 5, 6), nn.ReLU(), nn.Linear(6, 3)
     )
     arr = ModelArray.from_factory(factory, seeds=SEEDS, dtype=torch.float64)

@@ -196,3 +196,57 @@ def test_a_bad_sweep_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0 and "sweep.yaml:3: parameters.lr.distribution" in result.output
     assert not (tmp_path / "s.journal").exists()
+
+
+def test_q_uniform_without_q_draws_whole_numbers_as_wandb_does():
+    space = parse_space(sweep("lr: {distribution: q_uniform, min: 1, max: 5}"), "s.yaml")
+    param = space.params["training.optimizer.lr"]
+    assert (param.distribution, param.min, param.max, param.step) == ("uniform", 1, 5, 1)
+    assert any("(W&B's default q)" in note for note in space.notes)
+
+
+def test_metric_impute_keys_are_read_and_said_to_be_unused():
+    text = (
+        "method: random\nmetric: {name: val_loss, goal: minimize, impute: worst, impute_while_running: true, "
+        "target: 0.1}\nparameters: {lr: {min: 0.001, max: 0.01}}\n"
+    )
+    space = parse_space(text, "s.yaml")
+    for key in ("impute", "impute_while_running", "target"):
+        assert any(note.startswith(f"metric.{key}: not used") for note in space.notes), space.notes
+
+
+def test_hyperband_s_with_max_iter_sets_the_first_band_as_wandb_does():
+    head = "method: random\nmetric: {name: val_loss}\nearly_terminate: {type: hyperband, max_iter: 27, s: 2}\n"
+    space = parse_space(sweep("lr: {min: 0.001, max: 0.01}", head=head), "s.yaml")
+    # W&B's bands: 27 / 3 = 9 and 27 / 9 = 3 epochs: Optuna's brackets start at the first, 3
+    assert space.pruner.kwargs == {"max_resource": 27, "min_resource": 3}
+    assert any(note.startswith("early_terminate.s: 2 -> min_resource: 3") for note in space.notes)
+
+
+def test_hyperband_s_beside_min_iter_is_said_to_be_unused_with_where_the_brackets_start():
+    head = "method: random\nmetric: {name: val_loss}\nearly_terminate: {type: hyperband, min_iter: 2, s: 3}\n"
+    space = parse_space(sweep("lr: {min: 0.001, max: 0.01}", head=head), "s.yaml")
+    assert space.pruner.kwargs == {"min_resource": 2}
+    assert any(note.startswith("early_terminate.s: not used") and "epoch 2" in note for note in space.notes)
+
+
+def test_a_sweep_nested_under_sweep_reads_as_the_same_sweep():
+    flat = sweep("lr: {min: 0.001, max: 0.01}\nwidth: {values: [8, 16]}")
+    nested = "sweep:\n" + "".join(f"  {line}\n" for line in flat.splitlines())
+    flat_space = parse_space(flat.replace("width: {values: [8, 16]}", "dropout: {values: [0.0, 0.1]}"), "s.yaml")
+    nested_space = parse_space(nested.replace("width: {values: [8, 16]}", "dropout: {values: [0.0, 0.1]}"), "s.yaml")
+    assert nested_space.params == flat_space.params and nested_space.sampler == flat_space.sampler
+    assert "sweep: the sweep file nested under it is read" in nested_space.notes
+    with pytest.raises(SpaceError) as caught:  # a problem names the nested key's own line
+        parse_space(nested, "s.yaml")
+    assert (caught.value.problems[0].line, caught.value.problems[0].key) == (5, "parameters.width")
+
+
+def test_a_nested_learning_rate_is_pointed_at_the_learning_rate():
+    text = (
+        "method: random\nmetric: {name: val_loss}\nparameters:\n  optimizer:\n    parameters:\n      config:\n"
+        "        parameters:\n          learning_rate: {min: 0.001, max: 0.1}\n"
+    )
+    with pytest.raises(SpaceError) as caught:
+        parse_space(text, "s.yaml")
+    assert "(did you mean 'training.optimizer.lr'?)" in str(caught.value)

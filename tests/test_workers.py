@@ -24,6 +24,7 @@ from hfta_nas.search import counts, open_storage
 from hfta_nas.search._ledger import RETRY_OF
 from hfta_nas.search._storage import study_lock
 from search_spaces import parse_space, run_search
+from tests._rendezvous import GUARD_S, Rendezvous, held_command, wait_exited, wait_for
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -101,7 +102,7 @@ def test_workers_share_one_journal_study_and_its_budget(tmp_path):
         env=worker_env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=GUARD_S,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
@@ -144,42 +145,32 @@ def test_workers_stop_and_tell_their_trials_when_their_parent_is_killed(tmp_path
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline, workers = time.monotonic() + 120, set()
+
+    def workers_holding_trials():
+        if not journal.exists() or not journal.stat().st_size:
+            return set()
+        trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).trials
+        workers = {pid_of(t) for t in trials if t.state == TrialState.RUNNING} - {None}
+        return workers if len(workers) == 2 else set()
+
     try:
-        while time.monotonic() < deadline and len(workers) < 2:
-            time.sleep(0.2)
-            if journal.exists() and journal.stat().st_size:
-                trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).trials
-                workers = {pid_of(t) for t in trials if t.state == TrialState.RUNNING} - {None}
-        assert len(workers) == 2, "both workers should hold trials before the kill"
+        workers = wait_for(workers_holding_trials, "both workers should hold trials before the kill")
     finally:
         parent.kill()
         parent.wait()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
-        time.sleep(0.2)
-    assert not any(_alive(pid) for pid in workers), "a worker outlived its killed parent"
+    wait_exited(workers)  # each stops as on Ctrl-C, after telling its trials
     trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]  # told as interrupted, none left held
     assert any(t.user_attrs.get("outcome") == "interrupted" for t in trials)
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited: only its parent has not reaped it
-        return stat.read().split(")")[-1].split()[0] != "Z"
-
-
 FIRST_OPEN = """
-import sys, time
+import sys
 import optuna
 from hfta_nas.search import open_storage
+from tests._rendezvous import arrive_and_hold
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-while time.time() < float(sys.argv[2]):  # all start at once
-    time.sleep(0.001)
+arrive_and_hold()  # all start at once, when the test releases them
 optuna.create_study(storage=open_storage(sys.argv[1])[0], study_name="first", load_if_exists=True)
 """
 
@@ -187,18 +178,21 @@ optuna.create_study(storage=open_storage(sys.argv[1])[0], study_name="first", lo
 def test_simultaneous_first_opens_of_a_fresh_sqlite_file_all_succeed(tmp_path):
     """Several workers started at once on a new SQLite file raced to create its tables
     ("table studies already exists"); they now create them one at a time."""
-    url, at = f"sqlite:///{tmp_path / 'fresh.db'}", time.time() + 8
+    url, meeting = f"sqlite:///{tmp_path / 'fresh.db'}", Rendezvous(tmp_path / "rendezvous")
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", FIRST_OPEN, url, str(at)],
-            env=worker_env(),
+            [sys.executable, "-c", FIRST_OPEN, url],
+            env=worker_env(**meeting.env()),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
         for _ in range(8)
     ]
-    outputs = [(p.wait(timeout=120), p.stdout.read()) for p in processes]
+    meeting.wait(8, processes)
+    meeting.release()
+    meeting.close()
+    outputs = [(p.wait(timeout=GUARD_S), p.stdout.read()) for p in processes]
     assert all(code == 0 for code, _ in outputs), [out[-500:] for code, out in outputs if code]
     assert [s.study_name for s in optuna.get_all_study_summaries(open_storage(url)[0])] == ["first"]
 
@@ -274,7 +268,7 @@ def test_postgres_workers_and_a_second_study_never_hang_or_overshoot_round_after
             for c in commands
         ]
         try:
-            outputs = [p.communicate(timeout=150)[0] for p in processes]
+            outputs = [p.communicate(timeout=GUARD_S)[0] for p in processes]
         finally:
             for process in processes:
                 if process.poll() is None:
@@ -288,12 +282,16 @@ def test_postgres_workers_and_a_second_study_never_hang_or_overshoot_round_after
             assert_study_ended(trials, n_trials)
 
 
+def first_epochs_reported(point, trial, step=None):
+    """At a trial's report of an epoch before the last (of 8): its worker is mid-array."""
+    return point == "report" and step < 8
+
+
 def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
     n_trials, name = 8, "workers"
     space = tmp_path / "space.yaml"
     space.write_text(space_text(n_trials=n_trials, epochs=8, name=name))
-    argv = [
-        *hfta_nas_command(),
+    argv = held_command(
         "search",
         str(space),
         "--threads",
@@ -304,48 +302,31 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
         name,
         "--out",
         str(tmp_path / "out"),
-    ]  # not --quiet: array and retry lines in the logs
+    )  # not --quiet: array and retry lines in the logs
     # A dead worker on this host is seen at once (its pid is gone); a short heartbeat makes the
     # survivors look again every 2 s and labels held trials sooner, with a grace (3 intervals)
     # that a live but busy worker on this shared CPU still meets.
-    env = worker_env(HFTA_NAS_HEARTBEAT="3")
-    logs = [open(tmp_path / f"worker{i}.log", "w") for i in range(3)]
+    meeting = Rendezvous(tmp_path / "rendezvous")
+    env = worker_env(HFTA_NAS_HEARTBEAT="3", **meeting.env(f"tests.{Path(__file__).stem}:first_epochs_reported"))
     processes = []
     try:
         for i in range(3):
-            processes.append(subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=logs[i], stderr=subprocess.STDOUT))
+            with open(tmp_path / f"worker{i}.log", "w") as log:
+                processes.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         pids = {p.pid: p for p in processes}
-        storage = None
-        victim, held = None, []
-        deadline = time.monotonic() + 120
-        while victim is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            if any(p.poll() is not None for p in processes):
-                break
-            try:
-                storage = storage or open_storage(postgres_url)[0]
-                study = optuna.load_study(study_name=name, storage=storage)
-            except KeyError:  # no worker created the study yet
-                continue
-            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                # mid-array: labelled by its worker and at least one epoch reported, not the last
-                if pid_of(trial) in pids and 1 <= len(trial.intermediate_values) < 7:
-                    victim = pid_of(trial)
-                    break
-            if victim is not None:
-                os.kill(victim, signal.SIGKILL)
-                held = [
-                    t.number
-                    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                    if pid_of(t) == victim
-                ]
-        assert victim is not None, "no worker was seen mid-array: " + _logs(tmp_path)
-        assert pids[victim].wait(timeout=30) == -signal.SIGKILL
-        finish_by = time.monotonic() + 180
+        try:
+            # the first worker to report an epoch holds there, mid-array, until it is killed
+            [victim] = meeting.wait(1, processes)
+        except AssertionError as error:
+            raise AssertionError(f"no worker was seen mid-array ({error}): {_logs(tmp_path)}") from None
+        study = optuna.load_study(study_name=name, storage=open_storage(postgres_url)[0])
+        held = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if pid_of(t) == victim]
+        os.kill(victim, signal.SIGKILL)
+        assert pids[victim].wait() == -signal.SIGKILL
         for process in processes:
             if process.pid != victim:
                 try:
-                    returncode = process.wait(timeout=max(1.0, finish_by - time.monotonic()))
+                    returncode = process.wait(timeout=GUARD_S)  # a guard against a hung worker only
                 except subprocess.TimeoutExpired:
                     returncode = None
                 assert returncode == 0, (
@@ -356,8 +337,7 @@ def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
             if process.poll() is None:
                 process.kill()
                 process.wait()
-        for log in logs:
-            log.close()
+        meeting.close()
 
     study = optuna.load_study(study_name=name, storage=open_storage(postgres_url)[0])
     trials = study.get_trials(deepcopy=False)
@@ -411,18 +391,16 @@ def test_a_worker_killed_before_its_first_heartbeat_is_retried_at_once(tmp_path)
         root=str(ROOT), space=str(space), storage=str(journal), out=str(tmp_path / "out")
     )
     killed = subprocess.run(
-        [sys.executable, "-c", script], env=worker_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], env=worker_env(), capture_output=True, text=True, timeout=GUARD_S
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     study = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0])
     [orphan] = study.get_trials(deepcopy=False)
     assert orphan.state == TrialState.RUNNING and "heartbeat" not in orphan.user_attrs
 
-    started = time.monotonic()
     summary = run_search(
-        parse_space(space.read_text(), source=str(space)), storage=str(journal), out_dir=tmp_path / "out", timeout=30
-    )  # without the worker label the orphan would hold the budget for 120 s
-    assert time.monotonic() - started < 30
+        parse_space(space.read_text(), source=str(space)), storage=str(journal), out_dir=tmp_path / "out"
+    )
     trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
     assert_study_ended(trials, 2)
     orphan = trials[orphan.number]

@@ -157,7 +157,7 @@ def align_children(path: str, long: Sequence[nn.Module], short: Sequence[nn.Modu
             _keeps_shape(long[j]) for j in range(prefix, prefix + gap)
         ):
             return mapping
-    kinds = lambda children: "[" + ", ".join(type(c).__name__ for c in children) + "]"  # noqa: E731
+    kinds = lambda children: "[" + ", ".join(type(c).__name__ for c in children) + "]"
     if gap == 0:
         k = next(k for k, (a, b) in enumerate(zip(long, short)) if not _compatible(a, b))
         raise FusionError(
@@ -426,7 +426,7 @@ def _widened(block: nn.Module, width: int | None) -> nn.Module | None:
     if old is None or width is None or width <= old:
         return None
     ghost = copy.deepcopy(block)
-    resize = lambda n: width if n == old else n  # noqa: E731
+    resize = lambda n: width if n == old else n
     for module in ghost.modules():
         for table in ("_parameters", "_buffers"):
             for name, tensor in getattr(module, table).items():

@@ -263,7 +263,7 @@ def conv_box(env: nn.Module, own: nn.Module | None) -> SlotBox | None:
     """Where a slot's own convolution sits in the envelope's (None: it fills it, or is absent)."""
     if own is None or env.groups != 1 or env.transposed:
         return None
-    sizes = lambda conv: (conv.out_channels, conv.in_channels, tuple(conv.kernel_size))  # noqa: E731
+    sizes = lambda conv: (conv.out_channels, conv.in_channels, tuple(conv.kernel_size))
     padding = explicit_padding(own)
     if sizes(own) == sizes(env) or padding is None:
         return None

@@ -283,7 +283,7 @@ class ArrayOptimizer:
 
     def state_dict(self) -> dict[str, Any]:
         """Copies on the CPU (a checkpoint must not take device memory); `load_state_dict` moves them back."""
-        cpu = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
+        cpu = lambda t: t.detach().to("cpu", copy=True)
         return {
             "hparams": {k: cpu(v) for k, v in self.hparams.items()},
             "state": {k: cpu(v) for k, v in self.state.items()},

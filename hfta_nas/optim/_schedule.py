@@ -157,7 +157,7 @@ class LRSchedule:
 
     def state_dict(self) -> dict[str, Any]:
         """Copies on the CPU (a checkpoint must not take device memory)."""
-        cpu = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
+        cpu = lambda t: t.detach().to("cpu", copy=True)
         return {
             "kind": cpu(self.kind),
             "params": {k: cpu(v) for k, v in self.params.items()},

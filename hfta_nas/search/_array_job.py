@@ -490,7 +490,7 @@ class ArrayJob:
         """Refill the slot of a pruned or failed trial while other slots train on, else drop it."""
         others = any(trainer.results[s].status == "running" for s in trainer.slot_ids if s != ended.number)
         key = ended.candidate.shared_settings()
-        fits = lambda p: p.candidate.shared_settings() == key and trainer.array.fits(p.shell)  # noqa: E731
+        fits = lambda p: p.candidate.shared_settings() == key and trainer.array.fits(p.shell)
         new = (yield FreedSlot(ended, fits, why)) if others else None
         if new is None:
             trainer.stop([ended.number], reason=why)
@@ -517,7 +517,7 @@ def slot_options(proposal: Proposal, trainer: ArrayTrainer) -> dict[str, Any]:
 
 def renamed(state: dict[str, Any], renames: dict[int, int]) -> dict[str, Any]:
     """A trainer checkpoint with slot ids renamed (the trials a retry took over)."""
-    new = lambda sid: renames.get(sid, sid)  # noqa: E731
+    new = lambda sid: renames.get(sid, sid)
     return {
         **state,
         "initial_ids": [new(s) for s in state["initial_ids"]],

@@ -85,7 +85,7 @@ class Objective:
 
     def describe(self) -> str:
         """The same text in every run (functions by their qualified names): for settings keys."""
-        name = lambda f: f if isinstance(f, str) else f"{f.__module__}:{f.__qualname__}"  # noqa: E731
+        name = lambda f: f if isinstance(f, str) else f"{f.__module__}:{f.__qualname__}"
         return repr(
             (
                 name(self.loss),
