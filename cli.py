@@ -854,7 +854,8 @@ class _SearchProgress:
         else:
             parts.append("0 arrays running")
         if self.mean_occupancy is not None:
-            parts.append(f"mean occupancy {self.mean_occupancy:.0%}")
+            low = " (empty slots: pruned, or no trial left that fits; the summary says more)"
+            parts.append(f"mean occupancy {self.mean_occupancy:.0%}{low if self.mean_occupancy < 0.7 else ''}")
         if self.samples_per_s is not None:
             parts.append(f"{self.samples_per_s:,.0f} samples/s")
         if self.total and self.ended_this_run:  # trials of this run at the pace so far
@@ -1008,7 +1009,8 @@ def _print_search_summary(summary: Any) -> None:
         table.add_column(metric, justify="right")
     table.add_column("parameters")
     for best in summary.best:
-        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["params"].items())
+        # one parameter a line: the table stays narrow (an 80-column terminal) however many there are
+        params = "\n".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["params"].items())
         table.add_row(str(best["number"]), *(f"{best['values'][m]:.4g}" for m in summary.metrics), params)
     console.print(table)
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(summary.trials.items()))
@@ -1032,6 +1034,26 @@ def _print_search_summary(summary: Any) -> None:
     for what, path in summary.exported.items():
         console.print(f"best {what}: {path}")
     console.print(f"dashboard: {summary.dashboard}")
+    for step in _next_steps(summary):
+        console.print(f"next: {step}", soft_wrap=True)
+
+
+def _next_steps(summary: Any) -> list[str]:
+    """What a newcomer does after a search: how stable the best trial is over seeds, and the
+    study in the dashboard."""
+    import shlex
+
+    from hfta_nas.search import DEFAULT_STORAGE
+
+    steps = []
+    if "config" in summary.exported:
+        steps.append(
+            f"hfta-nas stability {shlex.quote(summary.exported['config'])} --seeds 32"
+            "   # how far the best trial's score moves with the seed"
+        )
+    storage = "" if summary.storage == DEFAULT_STORAGE else f" --storage {shlex.quote(summary.storage)}"
+    steps.append(f"hfta-nas dashboard{storage}   # the study in optuna-dashboard: curves, importances, every trial")
+    return steps
 
 
 def _occupancy_reason(summary: Any) -> str:

@@ -314,3 +314,39 @@ def test_printed_commands_quote_paths_with_spaces(tmp_path):
         "--artifact-dir",
         str(journal.parent / "artifacts"),
     ]
+
+
+# ----------------------------------------------------------------- the search's last screen
+def test_the_last_screen_fits_80_columns_and_ends_with_next_steps(tmp_path):
+    from tests.test_search import space_text
+
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(budget={"n_trials": 2}))
+    journal, out = tmp_path / "study.journal", tmp_path / "out"
+    args = ["search", str(space), "--storage", str(journal), "--out", str(out), "--quiet", "--threads", "1"]
+    result = CliRunner().invoke(main, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= 80, "\n".join(table)
+    assert lines[-2:] == [
+        f"next: hfta-nas stability {out / 'best_config.yaml'} --seeds 32   # how far the best trial's score "
+        "moves with the seed",
+        f"next: hfta-nas dashboard --storage {journal}   # the study in optuna-dashboard: curves, importances, "
+        "every trial",
+    ]
+    # the stability command it names reads the exported config (its own tests run it)
+    from stability import load_config
+
+    assert load_config(out / "best_config.yaml") is not None
+
+
+def test_a_low_occupancy_says_why_on_its_line():
+    from types import SimpleNamespace
+
+    from cli import _occupancy_reason
+
+    low = SimpleNamespace(mean_occupancy=0.3, arrays=[{"slots": 2, "array_size": 8}, {"slots": 8, "array_size": 8}])
+    assert _occupancy_reason(low).startswith(" (arrays started 62% full")
+    assert "pruning" in _occupancy_reason(low)
+    assert _occupancy_reason(SimpleNamespace(mean_occupancy=0.9, arrays=low.arrays)) == ""
