@@ -40,6 +40,7 @@ from hfta_nas.array._signature import (
     check_fusable,
     equal_shapes,
     refuse_frozen,
+    refuse_hooked_weights,
 )
 from hfta_nas.envelope._placement import SlotEmbedding
 from hfta_nas.envelope._probe import PaddingCost, PlacedSlot, count_macs, verify_slot
@@ -254,6 +255,7 @@ class ModelArray:
             models = [_build_seeded(factory, seed) for seed in seeds]
         # One factory, many seeds means replicas: a factory whose sizes change with the seed
         # is a bug here (models of different sizes go in as a list: `ModelArray(models)`).
+        refuse_hooked_weights(models[0])  # before the comparison, whose message would blame the factory
         try:
             check_equal_shapes(models)
         except FusionError as error:
@@ -373,7 +375,7 @@ class ModelArray:
             if mode in self._checked_modes:
                 return fused(state, *batched)
             self._checked_modes.add(mode)
-            return watched_first_call(fused, state, batched)
+            return watched_first_call(fused, state, batched, self._template)
 
     def _native_call(self, x: Any) -> torch.Tensor | None:
         """The template's output computed without vmap, or None where this call needs vmap

@@ -35,6 +35,7 @@ class FusionSignature:
     """
 
     def __init__(self, model: nn.Module) -> None:
+        refuse_hooked_weights(model)
         self.tensors = _describe_tensors(model)
         self.structure = repr(model).splitlines()
         self.settings = [(path, settings_of(m)) for path, m in model.named_modules()]
@@ -75,6 +76,29 @@ class FusionSignature:
                         f"layer '{path or '<root>'}': '{name}' is {settings.get(name, '<missing>')!r} in slot {slot} "
                         f"but {value0!r} in slot 0; slots share one forward, so settings must be equal."
                     )
+
+
+# torch.nn.utils' hook-based weight rewrites (hook class: the function, its parametrization form)
+_HOOKED_WEIGHTS = {
+    "SpectralNorm": ("spectral_norm", "torch.nn.utils.parametrizations.spectral_norm"),
+    "WeightNorm": ("weight_norm", "torch.nn.utils.parametrizations.weight_norm"),
+}
+
+
+def refuse_hooked_weights(model: nn.Module) -> None:
+    """FusionError naming the layer when a weight is recomputed in a forward pre-hook
+    (torch.nn.utils.spectral_norm, weight_norm): the hook writes a plain attribute the array
+    cannot give each slot; the parametrization forms do the same and fuse."""
+    for path, module in model.named_modules():
+        for hook in module._forward_pre_hooks.values():
+            kind = type(hook)
+            if kind.__name__ in _HOOKED_WEIGHTS and kind.__module__.startswith("torch.nn.utils"):
+                function, parametrization = _HOOKED_WEIGHTS[kind.__name__]
+                raise FusionError(
+                    f"layer '{path or '<root>'}' ({type(module).__name__}) uses torch.nn.utils.{function}, whose "
+                    "forward hook writes the weight as a plain attribute an array cannot give each slot; use "
+                    f"{parametrization}, the same normalisation, which arrays fuse."
+                )
 
 
 def check_equal_shapes(models: Sequence[nn.Module]) -> None:

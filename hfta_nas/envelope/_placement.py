@@ -70,7 +70,7 @@ def _placers(module: nn.Module, name: str, dims: int, hint: dict[str, Any]) -> l
     if isinstance(module, nn.modules.conv._ConvNd) and name == "weight":
         placers[2:] = [_centred] * (dims - 2)
     elif isinstance(module, nn.RNNBase):
-        gates = {nn.GRU: 3, nn.LSTM: 4}.get(type(module), 1)
+        gates = 4 if isinstance(module, nn.LSTM) else 3 if isinstance(module, nn.GRU) else 1  # stand-ins too
         placers[0] = _chunked(gates)
         layer = int(name.split("_l")[1].split("_")[0]) if "_l" in name else 0
         if name.startswith("weight_ih") and layer > 0 and module.bidirectional:

@@ -129,8 +129,48 @@ def padding_cost(models: Sequence[nn.Module], *example_inputs: Any) -> PaddingCo
 
 def model_macs(model: nn.Module, *example_inputs: Any) -> int:
     """Multiply-adds per sample of one eval-mode forward of `model` (a copy runs; meta device works)."""
+    return _sized(copy.deepcopy(model).eval(), example_inputs)
+
+
+def _sized(module: nn.Module, inputs: tuple[Any, ...]) -> int:
+    """`count_macs` of `module`, which this call may change. A forward that the meta device
+    cannot run (it makes tensors on a fixed device, `torch.zeros(...).to(DEVICE)`, or reads a
+    value) is counted again on a CPU copy with zero inputs; HftaNasError when that fails too."""
     with no_attention_fast_path():
-        return count_macs(copy.deepcopy(model).eval(), None, example_inputs)
+        try:
+            return count_macs(module, None, inputs)
+        except FusionError:
+            raise
+        except Exception as meta_error:  # noqa: BLE001 - the user's forward, on shapes only
+            if not _on_meta(module, inputs):
+                raise
+            return _macs_on_cpu(module, inputs, meta_error)
+
+
+def _on_meta(model: nn.Module, inputs: tuple[Any, ...]) -> bool:
+    tensors = [*model.parameters(), *model.buffers(), *(x for x in inputs if isinstance(x, torch.Tensor))]
+    return any(t.device.type == "meta" for t in tensors)
+
+
+def _macs_on_cpu(model: nn.Module, inputs: tuple[Any, ...], meta_error: Exception) -> int:
+    cpu_model = model.to_empty(device="cpu").eval()
+    cpu_inputs = tuple(
+        torch.zeros(x.shape, dtype=x.dtype) if isinstance(x, torch.Tensor) and x.device.type == "meta" else x
+        for x in inputs
+    )
+    try:
+        return count_macs(cpu_model, None, cpu_inputs)
+    except Exception as error:  # noqa: BLE001 - the user's forward
+        raise HftaNasError(
+            f"the model could not be sized: its forward failed on the meta device ({type(meta_error).__name__}: "
+            f"{_first_line(meta_error)}) and on the CPU ({type(error).__name__}: {_first_line(error)}). hfta-nas "
+            "sizes every candidate with one forward on shapes only; make tensors inside forward on the input's "
+            "device (torch.zeros(..., device=x.device)), not on a fixed one"
+        ) from error
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
 def envelope_macs(models: Sequence[nn.Module], *example_inputs: Any) -> int:
@@ -140,23 +180,26 @@ def envelope_macs(models: Sequence[nn.Module], *example_inputs: Any) -> int:
     if len(models) == 1:
         return model_macs(models[0], *example_inputs)
     device = next((p.device for p in models[0].parameters()), torch.device("cpu"))
-    template = Envelope(models).template().to(device).eval()
-    with no_attention_fast_path():
-        return count_macs(template, None, example_inputs)
+    return _sized(Envelope(models).template().to(device).eval(), example_inputs)
 
 
 @contextlib.contextmanager
 def _probing(template: nn.Module):
-    """Template in training mode with its dropout off, attention's fused kernels off; restored after."""
+    """Template in training mode with its dropout off, attention's fused kernels off, and float64
+    the default dtype (a forward that makes tensors, `torch.zeros(n, hidden)`, makes them in the
+    probe's float64 as it does in float32 when it trains); restored after."""
     training = template.training
     dropouts = [m for m in template.modules() if isinstance(m, SlotDropout)]
+    default_dtype = torch.get_default_dtype()
     try:
         template.train()
         for m in dropouts:
             m.training = False
+        torch.set_default_dtype(torch.float64)
         with no_attention_fast_path():
             yield
     finally:
+        torch.set_default_dtype(default_dtype)
         template.train(training)
 
 

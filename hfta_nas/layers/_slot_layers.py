@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.utils.parametrizations import _SpectralNorm
 
 from hfta_nas.errors import FusionError
 from hfta_nas.layers._slot_ops import SLOT_OPS, _slot_first, physical_call
@@ -117,13 +118,17 @@ class SlotDropout(nn.Module):
         return f"p={self.p}, channel_dims={self.channel_dims}{rate}"
 
 
-class _FusableRecurrent(nn.Module):
-    """Shared machinery of the GRU/LSTM rewrites: parameters named as in torch."""
+class _FusableRecurrent(nn.RNNBase):
+    """Shared machinery of the GRU/LSTM rewrites: parameters named as in torch.
+
+    The stand-ins are instances of the class they replace (`isinstance(m, nn.LSTM)` holds in a
+    user's code), with torch's bookkeeping of an RNN's weights kept; only their forward, and no
+    cuDNN weight flattening, are their own."""
 
     gates: int = 0
 
     def __init__(self, source: nn.RNNBase) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not RNNBase's: the weights are the source's, registered below
         if getattr(source, "proj_size", 0):
             raise FusionError("nn.LSTM with proj_size > 0 cannot be fused; use proj_size=0.")
         self.input_size = source.input_size
@@ -137,11 +142,18 @@ class _FusableRecurrent(nn.Module):
         # copies only fix names, shapes and dtypes.
         for name, param in source.named_parameters(recurse=False):
             self.register_parameter(name, nn.Parameter(param.detach().clone()))
+        self.mode, self.proj_size, self.dropout = source.mode, 0, source.dropout
+        self._flat_weights_names = list(source._flat_weights_names)
+        self._all_weights = [list(names) for names in source._all_weights]
+        self._init_flat_weights()
         # one dropout layer per boundary between layers (its own stream and counter): a slot with fewer
         # layers than its envelope draws at its boundaries what it draws alone
         self.inter_layer_dropouts = nn.ModuleList(
             [SlotDropout(source.dropout) for _ in range(source.num_layers - 1)] if source.dropout > 0 else []
         )
+
+    def flatten_parameters(self) -> None:
+        """Nothing: the forward below uses ordinary ops, not cuDNN's flat weight buffer."""
 
     def _weights(self, layer: int, direction: int) -> tuple[torch.Tensor, ...]:
         suffix = f"_l{layer}" + ("_reverse" if direction == 1 else "")
@@ -218,7 +230,7 @@ class _FusableRecurrent(nn.Module):
         return state.unsqueeze(1) if unbatched else state
 
 
-class FusableGRU(_FusableRecurrent):
+class FusableGRU(_FusableRecurrent, nn.GRU):
     """nn.GRU's equations (gate order r, z, n) with ops that vmap batches."""
 
     def _initial_state(self, hx, n, x, unbatched):
@@ -237,7 +249,7 @@ class FusableGRU(_FusableRecurrent):
         return h_n
 
 
-class FusableLSTM(_FusableRecurrent):
+class FusableLSTM(_FusableRecurrent, nn.LSTM):
     """nn.LSTM's equations (gate order i, f, g, o) with ops that vmap batches."""
 
     def _initial_state(self, hx, n, x, unbatched):
@@ -345,6 +357,17 @@ class FusableEmbedding(nn.Embedding):
         return F.embedding(tokens, weight, self.padding_idx, None, self.norm_type, self.scale_grad_by_freq, False)
 
 
+class FusableSpectralNorm(_SpectralNorm):
+    """torch's spectral-norm parametrization with its power iteration written into the u and v
+    buffers by copy_ instead of `out=` (which vmap cannot batch): the same numbers, per slot."""
+
+    @torch.no_grad()
+    def _power_method(self, weight_mat: torch.Tensor, n_power_iterations: int) -> None:
+        for _ in range(n_power_iterations):
+            self._u.copy_(F.normalize(torch.mv(weight_mat, self._v), dim=0, eps=self.eps))
+            self._v.copy_(F.normalize(torch.mv(weight_mat.H, self._u), dim=0, eps=self.eps))
+
+
 class _CumulativeBatchNormMixin:
     """BatchNorm with momentum=None (running stats as a cumulative average), fusable.
 
@@ -413,6 +436,9 @@ def _replacement(module: nn.Module, path: str) -> nn.Module | None:
             "from torch's global generator inside a fused kernel and cannot be drawn per slot. "
             "Build it with dropout=0 (nn.Dropout modules elsewhere are fine)."
         )
+    if type(module) is _SpectralNorm:
+        module.__class__ = FusableSpectralNorm  # same state; its power iteration batches
+        return None
     if type(module) in _CUMULATIVE_BATCH_NORM and module.momentum is None:
         module.__class__ = _CUMULATIVE_BATCH_NORM[type(module)]  # same state, per-slot average factor
         return None
