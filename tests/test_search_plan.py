@@ -137,6 +137,31 @@ def test_cli_dry_run_prints_the_plan(tmp_path):
     assert not (tmp_path / "study.journal").exists()
 
 
+def test_a_dry_run_over_optimizer_names_says_they_never_share_an_array(tmp_path):
+    params = {
+        "training.optimizer.name": {"distribution": "categorical", "values": ["adam", "sgd", "rmsprop"]},
+        "training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2},
+    }
+    path = tmp_path / "space.yaml"
+    path.write_text(space_text(budget={"n_trials": 12}, params=params))
+    result = CliRunner().invoke(main, ["search", str(path), "--storage", storage(tmp_path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "the trials use 3 optimizers (adam, rmsprop, sgd): trials of different optimizers never share" in (
+        result.output.replace("\n", " ")
+    )
+    plan = json.loads(
+        CliRunner().invoke(main, ["search", str(path), "--storage", storage(tmp_path), "--dry-run", "--json"]).stdout
+    )
+    for array in plan["arrays"]:  # ... as planned
+        assert len({t["params"]["training.optimizer.name"] for t in array["trials"]}) == 1
+    one = tmp_path / "one.yaml"
+    one.write_text(space_text(budget={"n_trials": 4}))
+    assert (
+        "optimizers"
+        not in CliRunner().invoke(main, ["search", str(one), "--storage", storage(tmp_path), "--dry-run"]).output
+    )
+
+
 def test_cli_overrides_sampler_pruner_and_seed(tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text(space_text(budget={"n_trials": 4}, sampler={"name": "tpe", "kwargs": {"n_startup_trials": 2}}))

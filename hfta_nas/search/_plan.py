@@ -103,11 +103,13 @@ def plan(
         search.array_size,
         search.pool_size,
     )
+    optimizers: set[str] = set()
     while max_arrays is None or len(result.arrays) < max_arrays:
         pool = search.next_pool()
         if not pool:
             break
         for planned in search.next_arrays(pool):
+            optimizers |= {str(p.candidate.optimizer) for p in planned.proposals}
             result.arrays.append(
                 PlannedArray(
                     len(result.arrays) + 1,
@@ -128,11 +130,19 @@ def plan(
                 )
             )
     result.step_costs = {key: cost.as_dict() for key, cost in search.costs.items()}
+    notes = []
     if search.n_trials is None:
-        result.note = (
+        notes.append(
             f"the budget is a timeout: the first {len(result.arrays)} arrays are shown; "
             "later arrays follow the sampler's proposals as results come in"
         )
+    if len(optimizers) > 1:
+        notes.append(
+            f"the trials use {len(optimizers)} optimizers ({', '.join(sorted(optimizers))}): trials of different "
+            "optimizers never share an array (an array steps all its slots with one optimizer), so they fuse "
+            "less; a study per optimizer, searching its own settings, fuses more"
+        )
+    result.note = "\n".join(notes)
     return result
 
 
