@@ -45,6 +45,7 @@ def quick_run(tmp_path_factory):
     return json.loads(out.read_text()), completed.stdout
 
 
+@pytest.mark.slow
 def test_quick_run_covers_every_cell(quick_run):
     result, _ = quick_run
     settings = result["settings"]
@@ -75,6 +76,7 @@ def test_quick_run_covers_every_cell(quick_run):
                 assert "max-processes" in processes["unsupported"]
 
 
+@pytest.mark.slow
 def test_quick_run_ratios_come_from_the_rates(quick_run):
     result, _ = quick_run
     for by_batch in result["results"].values():
@@ -91,6 +93,7 @@ def test_quick_run_ratios_come_from_the_rates(quick_run):
             assert fusion == pytest.approx(cells["array"]["samples_per_s"] / cells["limit"]["samples_per_s"])
 
 
+@pytest.mark.slow
 def test_quick_run_fused_methods_match_serial_first_loss(quick_run):
     result, _ = quick_run
     assert result["flags"] == []
@@ -102,6 +105,7 @@ def test_quick_run_fused_methods_match_serial_first_loss(quick_run):
                 assert entry["methods"][method]["flag"] is None
 
 
+@pytest.mark.slow
 def test_quick_run_records_machine_and_prints_table(quick_run):
     result, stdout = quick_run
     machine = result["machine"]
@@ -186,6 +190,7 @@ def search_quick_run(tmp_path_factory):
     return json.loads(out.read_text()), completed.stdout, image
 
 
+@pytest.mark.slow
 def test_search_quick_run_has_every_method_and_seed(search_quick_run):
     result, stdout, image = search_quick_run
     assert result["quick"] is True and result["threads"] == 1 and result["device"] == "cpu"
@@ -213,6 +218,7 @@ def test_search_quick_run_has_every_method_and_seed(search_quick_run):
     assert all(run["architectures_trained"] <= run["arrays"] for run in result["runs"]["replicate"])
 
 
+@pytest.mark.slow
 def test_search_quick_run_summary_is_that_of_the_runs(search_quick_run):
     result, stdout, image = search_quick_run
     summary, runs = result["summary"], result["runs"]
@@ -322,6 +328,7 @@ def _envelope_entries(result):
     yield from ((point["name"], point) for point in result["sweep"])
 
 
+@pytest.mark.slow
 def test_envelope_quick_run_has_three_methods_with_positive_rates(envelope_quick_run):
     result, _ = envelope_quick_run
     settings = result["settings"]
@@ -345,6 +352,7 @@ def test_envelope_quick_run_has_three_methods_with_positive_rates(envelope_quick
             assert all(entry["configs"][s] == entry["configs"][group[0]] for s in group)
 
 
+@pytest.mark.slow
 def test_envelope_quick_run_reports_padding_waste(envelope_quick_run):
     result, _ = envelope_quick_run
     mixed = result["results"]["mlp"]
@@ -364,6 +372,7 @@ def test_envelope_quick_run_reports_padding_waste(envelope_quick_run):
         assert isinstance(cross["summary"], str) and len(cross["points"]) == 1
 
 
+@pytest.mark.slow
 def test_envelope_quick_run_prints_table(envelope_quick_run):
     _, stdout = envelope_quick_run
     for header in (
@@ -407,6 +416,7 @@ def test_envelope_bad_arguments_are_rejected(capsys):
 
 
 # ---------------------------------------------------------------- benchmarks/chaos.py
+@pytest.mark.slow
 def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
     """`--seed 0` draws a search with 2 workers, one SIGKILLed mid-run (the 100-round count is in the README)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -444,6 +454,7 @@ def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
     assert completed.stdout.strip().endswith("1 passed, 0 failed")
 
 
+@pytest.mark.slow
 def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
     from benchmarks import coverage
 
@@ -458,6 +469,7 @@ def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
     assert coverage.worst_headline(result).startswith("coverage: headline intervals at n >= 5")
 
 
+@pytest.mark.slow
 def test_the_gpu_driver_runs_its_phases_and_writes_one_json(tmp_path):
     out = tmp_path / "gpu.json"
     done = subprocess.run(
@@ -488,6 +500,7 @@ def test_the_paper_workloads_fuse_exactly(name):
 
 
 # ---------------------------------------------------------------- benchmarks/search.py: the ray method
+@pytest.mark.slow
 def test_search_ray_method_runs_the_plain_loop_with_the_same_seeds(tmp_path):
     """`--quick --methods plain,ray`: Ray Tune (OptunaSearch + ASHA) on a local Ray, 2 seeds, about 30 s."""
     pytest.importorskip("ray")

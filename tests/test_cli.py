@@ -350,3 +350,12 @@ def test_a_low_occupancy_says_why_on_its_line():
     assert _occupancy_reason(low).startswith(" (arrays started 62% full")
     assert "pruning" in _occupancy_reason(low)
     assert _occupancy_reason(SimpleNamespace(mean_occupancy=0.9, arrays=low.arrays)) == ""
+
+
+def test_a_stability_array_continued_from_a_checkpoint_says_so(capsys):
+    from stability._cli import _Progress
+
+    with _Progress(enabled=True) as progress:
+        progress.event("continued", {"label": "mlp", "size": 2, "epoch": 3, "epochs": 8})
+    printed = " ".join(capsys.readouterr().err.split())
+    assert "mlp (2 slots): continuing from epoch 3/8, from the checkpoint an interrupted run left" in printed

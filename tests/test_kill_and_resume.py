@@ -16,12 +16,15 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 from optuna.trial import TrialState
 
 from hfta_nas.search import open_storage
 from tests._rendezvous import GUARD_S, Rendezvous, held_command
 from tests.test_search import space_text as tiny_space_text
+
+pytestmark = pytest.mark.slow  # SIGKILL and Ctrl-C of real commands: the chaos part of the suite
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -157,3 +157,69 @@ def test_the_hook_based_spectral_norm_is_refused_naming_the_layer_and_the_replac
     message = str(caught.value)
     assert message.startswith("layer 'c1' (Conv2d) uses torch.nn.utils.spectral_norm")
     assert "use torch.nn.utils.parametrizations.spectral_norm" in message
+
+
+# ----------------------------------------------------------------- real models, trained as alone
+class LambdaLayer(nn.Module):
+    def __init__(self, function) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x):
+        return self.function(x)
+
+
+class ResNet20Block(nn.Module):
+    """akamaster's CIFAR ResNet block, option A: the shortcut subsamples and zero-pads channels."""
+
+    def __init__(self, inputs: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or inputs != planes:
+            pad = planes // 4
+            self.shortcut = LambdaLayer(lambda x: nn.functional.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, pad, pad)))
+
+    def forward(self, x):
+        out = nn.functional.relu(self.bn1(self.conv1(x)))
+        return nn.functional.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet20(nn.Module):
+    """akamaster/pytorch_resnet_cifar10's resnet20: 3 stages of 3 blocks, 16/32/64 planes, kaiming init."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        blocks, inputs = [], 16
+        for planes, stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(3):
+                blocks.append(ResNet20Block(inputs, planes, stride if i == 0 else 1))
+                inputs = planes
+        self.blocks = nn.Sequential(*blocks)
+        self.linear = nn.Linear(64, classes)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.kaiming_normal_(module.weight)
+
+    def forward(self, x):
+        out = self.blocks(nn.functional.relu(self.bn1(self.conv1(x))))
+        return self.linear(nn.functional.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+def test_resnet20_trains_each_slot_as_alone():
+    assert_matches_separate_models(ResNet20, torch.randn(3, 4, 3, 16, 16, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["pointnet", "dcgan_discriminator"])
+def test_the_paper_models_train_each_slot_as_alone(name):
+    """PointNet and the DCGAN discriminator of the HFTA paper, forward and backward in float64, training mode."""
+    from benchmarks import _paper_models
+
+    shape, sizes = {"pointnet": ((3, 64), {}), "dcgan_discriminator": ((3, 32, 32), {"width": 16})}[name]
+    factory = functools.partial(getattr(_paper_models, name), input_shape=shape, **sizes)
+    assert_matches_separate_models(factory, torch.randn(3, 4, *shape, dtype=torch.float64))

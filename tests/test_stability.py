@@ -451,15 +451,17 @@ def test_an_array_killed_mid_training_continues_from_its_last_epoch_bit_identica
     folder = tmp_path / "checkpoints"
     assert len(list(folder.rglob("*.pt"))) == (1 if checkpoints == "on" else 0)
 
-    epochs = []
-    resumed, _ = run_stability(
-        labelled,
-        n_seeds=3,
-        storage=storage,
-        storage_location=location,
-        on_event=lambda kind, info: epochs.append(info["epoch"]) if kind == "epoch" else None,
-    )
+    epochs, continued = [], []
+
+    def heard(kind, info):
+        if kind == "epoch":
+            epochs.append(info["epoch"])
+        elif kind == "continued":
+            continued.append(info["epoch"])
+
+    resumed, _ = run_stability(labelled, n_seeds=3, storage=storage, storage_location=location, on_event=heard)
     assert epochs == ([4, 5] if checkpoints == "on" else [1, 2, 3, 4, 5])
+    assert continued == ([3] if checkpoints == "on" else [])  # said before the first epoch it trains
     assert resumed.metadata["arrays"][0]["resumed_epoch"] == (3 if checkpoints == "on" else 0)
     columns = ["seed_index", "status", "epochs", "test_acc", "test_loss", "val_acc", "val_loss", "train_loss"]
     assert resumed.seeds[columns].equals(reference.seeds[columns])  # every number to the bit

@@ -39,7 +39,7 @@ def space_text(n_trials, epochs, name="workers"):
             "sampler": {"name": "tpe", "kwargs": {"n_startup_trials": 2}},
             "pruner": {"name": "none"},
             "budget": {"n_trials": n_trials},
-            "array": {"size": 2},
+            "array": {"size": 2, "step_cost": {"fixed_s": 1e-4, "per_gmac_s": 0.1}},  # packing not a timing
             "data": {"dataset": "digits", "batch_size": 64},
             "training": {"epochs": epochs, "optimizer": {"name": "adam", "lr": 1e-3}},
             "model": {"family": "mlp", "config": {"depth": 1}},
@@ -214,6 +214,7 @@ def postgres_url():
         server.__exit__(None, None, None)
 
 
+@pytest.mark.slow
 def test_postgres_study_lock_excludes_another_worker(postgres_url):
     """Two workers' locks on one PostgreSQL study: the second waits while the first holds it.
     (Optuna's storage cache once hid the engine, and the lock silently did nothing.)"""
@@ -233,6 +234,7 @@ def test_postgres_study_lock_excludes_another_worker(postgres_url):
     thread.join(30)
 
 
+@pytest.mark.slow
 def test_postgres_workers_and_a_second_study_never_hang_or_overshoot_round_after_round(tmp_path, postgres_url):
     """The hang seen before the study lock really locked: 3 workers (`--workers 3`) racing for
     the last places while a second study runs on the same database. Each round is bounded
@@ -287,6 +289,7 @@ def first_epochs_reported(point, trial, step=None):
     return point == "report" and step < 8
 
 
+@pytest.mark.slow
 def test_postgres_workers_survive_a_killed_worker(tmp_path, postgres_url):
     n_trials, name = 8, "workers"
     space = tmp_path / "space.yaml"

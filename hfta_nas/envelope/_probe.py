@@ -327,8 +327,8 @@ def verify_slot(placed: PlacedSlot, slot: int, model: nn.Module, inputs: tuple[A
                 f"{size}{where}; this combination cannot be embedded exactly, "
                 "so it is refused: train models of this size in a separate array."
             ) from None
-    # Multiply-adds depend on shapes only: the compared copies (stats since updated) count as well.
-    return count_macs(own, None, inputs), count_macs(template, state, inputs)
+        # Multiply-adds depend on shapes only: the compared copies (stats since updated) count as well.
+        return count_macs(own, None, inputs), count_macs(template, state, inputs)
 
 
 def _initial_state(placed: PlacedSlot) -> dict[str, torch.Tensor]:

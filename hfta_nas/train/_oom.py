@@ -77,26 +77,38 @@ def estimate_array_bytes(
 
     One model is built and run on the meta device: weights, gradients and optimizer state
     per parameter, plus every module's output for one batch twice (kept for backward, and
-    its gradient). It is an estimate, good to tens of percent, not an allocator trace.
+    its gradient). It is an estimate, good to tens of percent, not an allocator trace. A
+    forward the meta device cannot run (it makes tensors on a fixed device) runs on the CPU.
     """
-    with torch.device("meta"):
-        model = factory().to(dtype=dtype)
-        parameters = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
-        activations = 0
-
-        def count(_module: nn.Module, _inputs: Any, output: Any) -> None:
-            nonlocal activations
-            tensors = output if isinstance(output, (tuple, list)) else (output,)
-            activations += sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))
-
-        hooks = [m.register_forward_hook(count) for m in model.modules() if not list(m.children())]
-        try:
-            model(torch.zeros(batch_size, *input_shape, dtype=dtype))
-        finally:
-            for hook in hooks:
-                hook.remove()
+    try:
+        with torch.device("meta"):
+            parameters, activations = _tensor_counts(factory().to(dtype=dtype), input_shape, batch_size, dtype)
+    except Exception:  # noqa: BLE001 - the user's forward on shapes only; the CPU run below says what fails
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            parameters, activations = _tensor_counts(factory().to(dtype=dtype), input_shape, batch_size, dtype)
     per_model = parameters * (2 + _STATES.get(optimizer, 2)) + 2 * activations
     return slots * per_model * torch.empty((), dtype=dtype).element_size()
+
+
+def _tensor_counts(
+    model: nn.Module, input_shape: Sequence[int], batch_size: int, dtype: torch.dtype
+) -> tuple[int, int]:
+    """(parameter and buffer elements, elements of every leaf module's output for one batch)."""
+    parameters = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    activations = 0
+
+    def count(_module: nn.Module, _inputs: Any, output: Any) -> None:
+        nonlocal activations
+        tensors = output if isinstance(output, (tuple, list)) else (output,)
+        activations += sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if not list(m.children())]
+    try:
+        model(torch.zeros(batch_size, *input_shape, dtype=dtype))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return parameters, activations
 
 
 def check_budget(
