@@ -19,6 +19,9 @@ import torch
 import hfta_nas
 from tests._rendezvous import GUARD_S
 
+# one test process runs this file (pytest-xdist --dist loadgroup): its module fixtures, the quick runs, run once
+pytestmark = pytest.mark.xdist_group(name="benchmarks")
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is not an installed package; import it from the checkout
     sys.path.insert(0, str(ROOT))

@@ -239,9 +239,9 @@ def test_postgres_workers_and_a_second_study_never_hang_or_overshoot_round_after
     """The hang seen before the study lock really locked: 3 workers (`--workers 3`) racing for
     the last places while a second study runs on the same database. Each round is bounded
     by a timeout; each study ends with exactly its budget and nothing RUNNING or WAITING.
-    4 rounds here (about 18 s each on 2 cores); HFTA_NAS_WORKER_ROUNDS=10 for the full check."""
+    2 rounds here (about 18 s each on 2 cores); HFTA_NAS_WORKER_ROUNDS=10 for the full check."""
     n_trials, base = 7, hfta_nas_command()
-    for round_ in range(int(os.environ.get("HFTA_NAS_WORKER_ROUNDS", "4"))):
+    for round_ in range(int(os.environ.get("HFTA_NAS_WORKER_ROUNDS", "2"))):
         names = (f"race{round_}", f"other{round_}")
         commands = []
         for name, workers in zip(names, (3, 1)):

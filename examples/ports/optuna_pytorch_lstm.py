@@ -63,9 +63,9 @@ def make_build(epochs: int):
 
 def main(argv: list[str] | None = None) -> optuna.Study:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="4 trials of 1 epoch on 600 samples")
+    parser.add_argument("--tiny", action="store_true", help="4 trials of 1 epoch on 300 samples")
     args = parser.parse_args(argv)
-    n_trials, epochs, samples = (4, 1, 600) if args.tiny else (24, 8, 4000)
+    n_trials, epochs, samples = (4, 1, 300) if args.tiny else (24, 8, 4000)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
     data = load_dataset("mnist1d", num_samples=samples)
     hfta_nas.optimize(study, make_build(epochs), data, n_trials=n_trials, metrics=["val_acc"])
