@@ -1105,10 +1105,10 @@ def dashboard(ctx: click.Context, storage, artifact_dir, host, port) -> None:
     from optuna.artifacts import FileSystemArtifactStore
 
     from hfta_nas.errors import HftaNasError
-    from hfta_nas.search import DEFAULT_STORAGE, missing_storage_file, open_storage
+    from hfta_nas.search import missing_storage_file, open_storage
     from stability import default_artifact_dir
 
-    missing = missing_storage_file(storage or DEFAULT_STORAGE)  # opening would create an empty one
+    missing = missing_storage_file(storage)  # opening would create an empty one (None: the default)
     if missing is not None:
         raise HftaNasError(
             f"no storage at '{missing}': nothing has been searched or studied there yet; run "

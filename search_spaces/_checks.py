@@ -314,7 +314,28 @@ def _check_study(run: _Run, file: SpaceFile) -> SpaceFile:
             ("study", "directions"),
             f"expected {len(metrics)} direction(s), one per metric {metrics}, got {len(directions)}: {directions}",
         )
+    else:
+        _check_directions(run, file, metrics, directions)
     return file.model_copy(update={"study": study.model_copy(update={"directions": list(directions)})})
+
+
+_BUILT_IN_SENSE = ("_acc", "_r2", "_loss", "_rmse", "_mae")  # metric endings whose better side is known
+
+
+def _check_directions(run: _Run, file: SpaceFile, metrics: list[str], directions: list[str]) -> None:
+    """A built-in metric searched the wrong way (val_acc minimized) would find the worst models."""
+    user = {f"{split}_{name}" for name in file.training.metrics for split in ("train", "val", "test")}
+    for i, (metric, direction) in enumerate(zip(metrics, directions)):
+        if metric in user or not metric.endswith(_BUILT_IN_SENSE):
+            continue  # a user metric or a static value: its better side is the user's to say
+        expected = default_direction(metric)
+        if direction != expected:
+            better = "higher" if expected == "maximize" else "lower"
+            run.add(
+                ("study", "directions", i),
+                f"{direction} for {metric} would search for the worst models ({metric} is better {better}); "
+                f"give {expected}, or leave directions out (they follow the metrics)",
+            )
 
 
 # ----------------------------------------------------------------------- model

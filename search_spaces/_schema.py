@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hfta_nas import higher_is_better
+from hfta_nas import MAX_ARRAY_SIZE, MAX_EPOCHS, MAX_TRIALS, higher_is_better
 from search_spaces._yaml import Loc, Where
 
 # ------------------------------------------------------------------ value types
@@ -100,7 +100,7 @@ class PrunerSpec(_Strict):
 class BudgetSpec(_Strict):
     """When the search stops: after `n_trials` trials or `timeout` seconds, whichever is first."""
 
-    n_trials: PositiveInt | None = 32
+    n_trials: Annotated[int, Field(ge=1, le=MAX_TRIALS)] | None = 32
     timeout: PositiveFloat | None = None
 
 
@@ -134,9 +134,9 @@ class ArraySpec(_Strict):
     @field_validator("size", mode="plain")
     @classmethod
     def _size(cls, value: Any) -> int | str:
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_ARRAY_SIZE):
             return value
-        raise ValueError("expected an integer >= 1 or 'auto'")
+        raise ValueError(f"expected an integer from 1 to {MAX_ARRAY_SIZE} or 'auto'")
 
 
 class DataSpec(_Strict):
@@ -231,7 +231,7 @@ class TrainingSpec(_Strict):
     `clip_value`: searchable per slot), micro-batches per step (`accumulate`) and
     per-slot early stopping."""
 
-    epochs: PositiveInt = 10
+    epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] = 10
     optimizer: OptimizerSpec = OptimizerSpec()
     schedule: ScheduleSpec | None = None
     clip_norm: PositiveFloat | None = None

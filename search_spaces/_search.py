@@ -104,8 +104,26 @@ def architecture_params(space: SearchSpace) -> list[str]:
     return [p for p in space.searched if p not in per_slot and not p.startswith("training.schedule.")]
 
 
+def check_searches_something(space: SearchSpace) -> None:
+    """HftaNasError for a space with nothing to search (`params` empty or null): every trial would
+    train the same settings, which is a seed study, and `hfta-nas stability` is the tool for it."""
+    if not space.searched:
+        raise HftaNasError(
+            f"{space.source}: params searches nothing (it is empty or null, or every value is fixed), so every "
+            "trial would train the same settings; give params a distribution to search, or train this "
+            f"configuration over seeds with `hfta-nas stability {space.source}`."
+        )
+
+
 def study_name_of(space: SearchSpace, study_name: str | None) -> str:
-    return study_name or space.study.name or Path(space.source).stem
+    """The study's name (--study-name, the space's study.name, else the file name); HftaNasError for
+    a name with a control character (a newline or NUL would be stored, listed and exported as is)."""
+    name = study_name or space.study.name or Path(space.source).stem
+    if not name.isprintable():
+        raise HftaNasError(
+            f"study name {name!r} holds a control character (a newline, tab or NUL); expected printable characters."
+        )
+    return name
 
 
 def default_out_dir(study_name: str) -> Path:
@@ -226,6 +244,7 @@ def run_search(
     on_event: Callable[[Any], None] | None = None,
 ) -> SearchSummary:
     """Search a space file's space; options left None come from the file."""
+    check_searches_something(space)
     check_sources(space)  # a missing factory or data file fails here, before any trial is asked
     options = _options(space, n_trials, timeout, array_size, device, dtype)
     out = checked_out_dir(
@@ -251,6 +270,7 @@ def plan_search(
 ) -> SearchPlan:
     """What `run_search` would train (`--dry-run`), by the same policy; nothing is written
     (an existing study is read, and the plan asks in a copy)."""
+    check_searches_something(space)
     check_sources(space)
     study, location = copy_of_stored_study(
         storage,

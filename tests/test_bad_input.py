@@ -370,7 +370,7 @@ SPACE_CASES = [
         space_text(array={"size": 0}),
         "size: 0",
         "array.size",
-        "expected an integer >= 1 or 'auto', got 0",
+        "expected an integer from 1 to 4096 or 'auto', got 0",
     ),
     (
         "negative n_trials",
@@ -550,6 +550,20 @@ OPTION_CASES = [
     ("search --n-trials 0", [*SEARCH, "--n-trials", "0"], "n_trials must be a positive number, got 0"),
     ("search --timeout -1", [*SEARCH, "--timeout", "-1"], "timeout must be a positive number, got -1.0"),
     ("search --seed -1", [*SEARCH, "--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
+    # empty values are not the defaults in disguise, and budgets have a ceiling
+    ("search --storage empty", [*SEARCH, "--storage", ""], "the storage is empty; give a URL"),
+    ("search --out empty", [*SEARCH, "--out", ""], "--out is empty; give a folder"),
+    ("search --study-name with a newline", [*SEARCH, "--study-name", "a\nb"], "holds a control character"),
+    ("search --n-trials 2**70", [*SEARCH, "--n-trials", str(2**70)], "n_trials must be at most 10,000,000"),
+    ("search --array-size 10**6", [*SEARCH, "--array-size", "1000000"], "array size must be at most 4096"),
+    ("search --set epochs 1e9", [*SEARCH, "--set", "training.epochs=1000000000"], "expected a value <= 1000000"),
+    ("search --set params=null", [*SEARCH, "--set", "params=null"], "params searches nothing"),
+    (
+        "search val_acc minimized",
+        [*SEARCH, "--set", "study.directions=[minimize]"],
+        "minimize for val_acc would search for the worst models (val_acc is better higher)",
+    ),
+    ("search --dry-run --storage empty", [*SEARCH, "--dry-run", "--storage", " "], "the storage is empty"),
     ("search --threads 0", [*SEARCH, "--threads", "0"], "Invalid value for '--threads': 0 is not in the range x>=1"),
     ("search --workers 0", [*SEARCH, "--workers", "0"], "Invalid value for '--workers': 0 is not in the range x>=1"),
     ("search --device unknown", [*SEARCH, "--device", "tpu"], "unknown device 'tpu'"),
@@ -730,6 +744,8 @@ OPTION_CASES = [
     ("search --device meta", [*SEARCH, "--device", "meta"], "device 'meta' is not supported"),
     ("stability --device mps", [*STABILITY, "--device", "mps"], "device 'mps' is not supported"),
     ("stability --seed -1", [*STABILITY, "--seed", "-1"], "Invalid value for '--seed': -1 is not in the range x>=0"),
+    ("stability --out empty", [*STABILITY, "--out", ""], "--out is empty; give a folder"),
+    ("stability --storage empty", [*STABILITY, "--storage", ""], "the storage is empty; give a URL"),
 ]
 
 

@@ -576,7 +576,7 @@ ERRORS = [
         "params.training.schedule.t_max",
         "a schedule needs 'kind'",
     ),
-    ("array size", "array:\n  size: 0\n", 2, "array.size", "an integer >= 1 or 'auto'"),
+    ("array size", "array:\n  size: 0\n", 2, "array.size", "an integer from 1 to 4096 or 'auto'"),
     ("no budget", "budget: {n_trials: null}\n", 1, "budget", "never stop"),
     (
         "num_samples for digits",

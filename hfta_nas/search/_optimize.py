@@ -33,6 +33,7 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from hfta_nas._limits import MAX_ARRAY_SIZE, MAX_TRIALS
 from hfta_nas._time_account import TimeAccount
 from hfta_nas.data import Dataset
 from hfta_nas.envelope._probe import padding_fraction
@@ -163,8 +164,14 @@ def check_options(n_trials: Any, timeout: Any, array_size: Any, max_waste: Any) 
             isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
         ):
             raise HftaNasError(f"{name} must be a positive number, got {value!r}.")
+    if n_trials is not None and n_trials > MAX_TRIALS:
+        raise HftaNasError(f"n_trials must be at most {MAX_TRIALS:,} (a study keeps every trial), got {n_trials!r}.")
     if array_size != "auto" and (isinstance(array_size, bool) or not isinstance(array_size, int) or array_size < 1):
         raise HftaNasError(f"array size must be a positive integer or 'auto', got {array_size!r}.")
+    if array_size != "auto" and array_size > MAX_ARRAY_SIZE:
+        raise HftaNasError(
+            f"array size must be at most {MAX_ARRAY_SIZE} (throughput stops rising long before), got {array_size!r}."
+        )
     if max_waste is not None and not (isinstance(max_waste, (int, float)) and 0 <= max_waste <= 1):
         raise HftaNasError(f"max_waste must be a fraction in [0, 1], got {max_waste!r}.")
 

@@ -40,9 +40,19 @@ DEFAULT_STORAGE = "runs/hfta-nas.journal"
 _URL_SCHEMES = ("sqlite:", "postgresql", "mysql", "oracle", "mssql", "redis:")
 
 
+def _location(storage: str | None) -> str:
+    """`storage`, or the default when none is given; an empty one is refused, not taken for the default."""
+    if storage is not None and not storage.strip():
+        raise HftaNasError(
+            "the storage is empty; give a URL (sqlite:///f.db, postgresql://...) or a journal file path, "
+            f"or none for {DEFAULT_STORAGE}."
+        )
+    return storage or DEFAULT_STORAGE
+
+
 def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
     """(the storage object or URL for Optuna, the string optuna-dashboard takes)."""
-    location = storage or DEFAULT_STORAGE
+    location = _location(storage)
     if location.startswith(_URL_SCHEMES):
         _check_sqlite_folder(location)
         try:
@@ -389,7 +399,7 @@ def counted_trials(storage: str | None, study_name: str) -> int:
     read only: nothing is created or written."""
     from hfta_nas.search._ledger import Ledger
 
-    readable = _readable(storage or DEFAULT_STORAGE)
+    readable = _readable(_location(storage))
     if readable is None:
         return 0
     try:
@@ -411,9 +421,10 @@ def storage_location(storage: BaseStorage) -> str:
     return "<in memory>"
 
 
-def missing_storage_file(location: str) -> Path | None:
+def missing_storage_file(location: str | None) -> Path | None:
     """The journal or SQLite file `location` names when it does not exist yet (opening the storage
     would create it); None when it exists, or the storage is a database server or in memory."""
+    location = _location(location)
     path = _sqlite_file(location) if location.startswith(_URL_SCHEMES) else Path(location)
     return path if path is not None and not path.exists() else None
 
@@ -485,7 +496,7 @@ def copy_of_stored_study(
 ) -> tuple[optuna.Study, str]:
     """(an in-memory study holding the stored study's trials and attributes, or a new one
     when there is none yet, the storage's location); nothing is written to the storage."""
-    location = storage or DEFAULT_STORAGE
+    location = _location(storage)
     real = _readable(location)
     stored = None
     if real is not None and study_name in {s.study_name for s in optuna.get_all_study_summaries(real, False)}:

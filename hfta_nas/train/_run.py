@@ -263,6 +263,8 @@ def _checked_out_dir(path: str | os.PathLike[str], option: str) -> Path:
     A folder below a regular file, or in a read-only place, would otherwise fail
     only when the first result is written, after training.
     """
+    if not str(path).strip():  # Path('') is '.': the results would land in whatever folder this runs in
+        raise HftaNasError(f"{option} is empty; give a folder, or leave the option out for its default.")
     folder = Path(path).expanduser()
     long = next((part for part in folder.parts if len(os.fsencode(part)) > 255), None)
     if long is not None:
