@@ -5,3 +5,4 @@ torch after the study was written; each is refused in one line before anything i
 MAX_EPOCHS = 1_000_000  # a million passes over the data: years of training for any dataset worth searching
 MAX_TRIALS = 10_000_000  # an Optuna storage keeps every trial; ten million fill gigabytes of journal
 MAX_ARRAY_SIZE = 4096  # slots per array; throughput stops rising long before (the measured knee is <= 64 here)
+MAX_BATCH_SIZE = 2**24  # samples per batch; a larger batch is a typo (1e12 tried to allocate 160 TB)

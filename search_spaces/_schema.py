@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hfta_nas import MAX_ARRAY_SIZE, MAX_EPOCHS, MAX_TRIALS, higher_is_better
+from hfta_nas import MAX_ARRAY_SIZE, MAX_BATCH_SIZE, MAX_EPOCHS, MAX_TRIALS, higher_is_better
 from search_spaces._yaml import Loc, Where
 
 # ------------------------------------------------------------------ value types
@@ -143,7 +143,7 @@ class DataSpec(_Strict):
     """The dataset and its split; `dataset` is a name, a .npz/.csv path or 'module:function'."""
 
     dataset: str = "mnist1d"
-    batch_size: PositiveInt = 100
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] = 100
     val_fraction: Fraction = 0.1
     test_fraction: Fraction = 0.1
     split_seed: NonNegativeInt = 0

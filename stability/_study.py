@@ -40,15 +40,26 @@ MAX_SEEDS = 100_000
 
 
 def check_run_options(seeds: Any, metric: str, measured: Sequence[str] = ()) -> None:
-    """HftaNasError for a seed count or metric that would fail only after training (`measured`: the
-    configs' own metrics besides the standard ones, such as a user metric's val_top2)."""
+    """HftaNasError for a seed count or metric that would fail only after training, when the
+    study is stored (`measured`: what every config records, user metrics such as val_top2
+    included; empty: any standard metric)."""
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
         raise HftaNasError(f"--seeds must be an integer from 1 to {MAX_SEEDS:,}, got {seeds!r}.")
-    known = [*METRICS, *(m for m in measured if m not in METRICS)]
+    known = list(measured) or list(METRICS)
     if metric not in known:  # what every seed's training records
         close = difflib.get_close_matches(metric, known, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise HftaNasError(f"--metric: unknown metric '{metric}'{hint}; expected one of {', '.join(known)}.")
+
+
+def measured_by_every_config(configs: Sequence[LabelledConfig]) -> list[str]:
+    """The metrics every config records (a classification config has no test_r2), in METRICS order."""
+    per_config = [
+        {name for split in ("train", "val", "test") for name in item.config.objective().metric_names(split)}
+        for item in configs
+    ]
+    common = set.intersection(*per_config) if per_config else set()
+    return [*(m for m in METRICS if m in common), *sorted(common - set(METRICS))]
 
 
 def metric_for(configs: Sequence[LabelledConfig], metric: str) -> str:
@@ -91,14 +102,8 @@ def run_study(
     from stability._runner import run_stability
 
     labelled = _labelled(configs)
-    measured = [
-        name
-        for item in labelled
-        for split in ("train", "val", "test")
-        for name in item.config.objective().metric_names(split)
-    ]
-    check_run_options(seeds, metric, measured)
     metric = metric_for(labelled, metric)
+    check_run_options(seeds, metric, measured_by_every_config(labelled))
     vary = parse_vary(vary)
     _check_sources(labelled, vary)
     opened, location = open_storage(storage) if store else (None, "")

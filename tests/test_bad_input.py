@@ -564,6 +564,8 @@ OPTION_CASES = [
         "minimize for val_acc would search for the worst models (val_acc is better higher)",
     ),
     ("search --dry-run --storage empty", [*SEARCH, "--dry-run", "--storage", " "], "the storage is empty"),
+    ("search --set batch_size 1e12", [*SEARCH, "--set", "data.batch_size=1000000000000"], "<= 16777216"),
+    ("search --out in /proc", [*SEARCH, "--out", "/proc/x"], "--out '/proc/x': cannot create a folder in '/proc'"),
     ("search --threads 0", [*SEARCH, "--threads", "0"], "Invalid value for '--threads': 0 is not in the range x>=1"),
     ("search --workers 0", [*SEARCH, "--workers", "0"], "Invalid value for '--workers': 0 is not in the range x>=1"),
     ("search --device unknown", [*SEARCH, "--device", "tpu"], "unknown device 'tpu'"),
@@ -745,6 +747,11 @@ OPTION_CASES = [
     ("stability --device mps", [*STABILITY, "--device", "mps"], "device 'mps' is not supported"),
     ("stability --seed -1", [*STABILITY, "--seed", "-1"], "Invalid value for '--seed': -1 is not in the range x>=0"),
     ("stability --out empty", [*STABILITY, "--out", ""], "--out is empty; give a folder"),
+    (
+        "stability --metric not measured by the config",
+        [*STABILITY, "--metric", "train_r2"],
+        "--metric: unknown metric 'train_r2' (did you mean 'train_acc'?)",
+    ),
     ("stability --storage empty", [*STABILITY, "--storage", ""], "the storage is empty; give a URL"),
 ]
 
@@ -1073,3 +1080,21 @@ def test_a_space_file_named_with_the_other_yaml_suffix_gets_a_hint(tmp_path):
     result = invoke("search", str(tmp_path / "space.yaml"), "--dry-run")
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert f"did you mean {tmp_path / 'space.yml'}?" in result.output
+
+
+def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(env):
+    """A --storage path naming some other file (a typo, the wrong tab) is neither mended nor moved aside."""
+    stranger = env.tmp / "notes.journal"
+    stranger.write_bytes(b"my notes\x00 not a journal")
+    (env.tmp / "space.yaml").write_text(space_text())
+    result = invoke("search", str(env.tmp / "space.yaml"), "--storage", str(stranger), "--threads", "1", "--quiet")
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "it is not an Optuna journal" in result.output and "nothing was changed" in result.output
+    assert stranger.read_bytes() == b"my notes\x00 not a journal"
+    assert not list(env.tmp.glob("notes.journal.torn"))
+
+
+def test_a_malformed_npz_is_refused_before_the_study_is_written(env):
+    (env.tmp / "bad.npz").write_bytes(b"PK\x03\x04 a cut archive")
+    (env.tmp / "space.yaml").write_text(space_text())
+    check_refused(env, [*SEARCH, "--set", "data.dataset={tmp}/bad.npz"], "it is not a zip archive")

@@ -21,6 +21,7 @@ import os
 import random
 import re
 import sys
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -461,6 +462,11 @@ def check_source(source: str | os.PathLike[str]) -> None:
             raise HftaNasError(
                 f"data file {text!r} not found (looked for {path.resolve()}); "
                 f"expected an existing .{suffix} file, relative paths are resolved from the current directory"
+            )
+        if suffix == "npz" and not zipfile.is_zipfile(path):  # its central directory only, no data read
+            raise HftaNasError(
+                f"data file {text!r} could not be read as a numpy .npz archive (it is not a zip archive); "
+                "expected a file written by numpy.savez with numeric arrays"
             )
     elif _FACTORY.match(text):
         with _current_directory_importable():

@@ -19,7 +19,7 @@ import optuna
 import torch
 from torch import nn
 
-from hfta_nas._limits import MAX_EPOCHS
+from hfta_nas._limits import MAX_BATCH_SIZE, MAX_EPOCHS
 from hfta_nas.data import Augmentation, Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS
@@ -91,8 +91,9 @@ class Candidate:
         for name, value in (("epochs", self.epochs), ("batch_size", self.batch_size), ("accumulate", self.accumulate)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise HftaNasError(f"Candidate.{name} must be a positive integer, got {value!r}.")
-        if self.epochs > MAX_EPOCHS:
-            raise HftaNasError(f"Candidate.epochs must be at most {MAX_EPOCHS:,}, got {self.epochs!r}.")
+        for name, value, most in (("epochs", self.epochs, MAX_EPOCHS), ("batch_size", self.batch_size, MAX_BATCH_SIZE)):
+            if value > most:
+                raise HftaNasError(f"Candidate.{name} must be at most {most:,}, got {value!r}.")
         if self.schedule is not None and self.schedule.get("kind") not in SCHEDULE_KINDS:
             raise HftaNasError(
                 f"Candidate.schedule needs a 'kind' in {', '.join(SCHEDULE_KINDS)}, got {dict(self.schedule)!r}."

@@ -75,6 +75,7 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
             path.touch()
         if not os.access(path, os.W_OK):
             raise PermissionError(f"'{path}' is not writable")
+        _check_is_journal(path)  # before the mend below, which would move a stranger's file aside
         lock = _KernelFileLock(path) if os.name == "posix" else None
         if lock is not None:
             repair_torn_tail(path, lock)
@@ -108,6 +109,21 @@ def _journal_path(location: str) -> Path:
             "expected a journal file path or a database URL."
         )
     return path
+
+
+_JOURNAL_START = b'{"op_code":'  # every Optuna journal record is a JSON object that begins with its op code
+
+
+def _check_is_journal(path: Path) -> None:
+    """HftaNasError, changing nothing, when `path` holds something other than an Optuna journal
+    (a file given by mistake): an empty file, or one whose first record starts as Optuna's do, is one."""
+    with open(path, "rb") as handle:
+        start = handle.read(len(_JOURNAL_START))
+    if start and not _JOURNAL_START.startswith(start) and not start.startswith(_JOURNAL_START):
+        raise HftaNasError(
+            f"cannot use '{path}' as storage: it is not an Optuna journal (its first bytes are {start!r}); "
+            "nothing was changed; give a journal file path, a new file name or a database URL."
+        )
 
 
 def repair_torn_tail(journal: Path, lock: Any) -> str | None:

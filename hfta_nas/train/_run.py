@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -282,6 +283,13 @@ def _checked_out_dir(path: str | os.PathLike[str], option: str) -> Path:
         )
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         raise HftaNasError(f"{option} '{folder}': '{existing}' is not writable; expected a folder you can write to.")
+    try:  # access() says yes to root everywhere; /proc and read-only mounts refuse only when tried
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".hfta-nas-check-"))
+    except OSError as error:
+        raise HftaNasError(
+            f"{option} '{folder}': cannot create a folder in '{existing}' ({error.strerror or error}); "
+            "expected a folder you can write to."
+        ) from None
     return folder
 
 
