@@ -126,7 +126,16 @@ def check_kwargs(kind: str, name: str, cls: type, kwargs: Mapping[str, Any]) -> 
                 adapter.validate_python(value)
             except ValidationError as error:
                 problems.append(((key,), f"{kind} '{name}' argument '{key}': {_message(error)}"))
+                continue
+        if _is_count(key) and isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            # Optuna takes n_startup_trials=-1 and the like without a word, and then behaves as if 0
+            problems.append(((key,), f"{kind} '{name}' argument '{key}' counts something: expected >= 0, got {value}"))
     return problems
+
+
+def _is_count(key: str) -> bool:
+    """Arguments that count trials, steps or candidates (n_startup_trials, n_warmup_steps, n_ei_candidates, ...)."""
+    return key.startswith("n_") or key.endswith(("_trials", "_steps"))
 
 
 def missing_packages(sampler: str) -> list[str]:

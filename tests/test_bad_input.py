@@ -158,6 +158,20 @@ SEARCH_NO_OUT = ["search", "{tmp}/space.yaml", "--storage", "{journal}", "--thre
 SPACE_CASES = [
     # (id, the file, the line's fragment (None: no line), the key, what the message says)
     (
+        "sampler count below zero",
+        space_text(sampler={"name": "tpe", "kwargs": {"n_startup_trials": -1}}),
+        "n_startup_trials: -1",
+        "sampler.kwargs.n_startup_trials",
+        "sampler 'tpe' argument 'n_startup_trials' counts something: expected >= 0, got -1",
+    ),
+    (
+        "pruner count below zero",
+        space_text(pruner={"name": "median", "kwargs": {"n_warmup_steps": -2}}),
+        "n_warmup_steps: -2",
+        "pruner.kwargs.n_warmup_steps",
+        "pruner 'median' argument 'n_warmup_steps' counts something: expected >= 0, got -2",
+    ),
+    (
         "yaml syntax",
         space_text().replace("  name: tiny", "  name: tiny: x"),
         "name: tiny: x",
@@ -923,8 +937,19 @@ def test_a_journal_damaged_before_its_end_is_refused_and_kept(env):
     for args in (SEARCH, [*SEARCH, "--dry-run"]):
         result = invoke(*(env.fill(a) for a in args))
         assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-        assert f"cannot read journal file '{env.journal}': a record before its end is damaged" in result.output
+        assert f"cannot read journal file '{env.journal}': a record is damaged" in result.output
         assert env.journal.read_bytes() == before
+
+
+def test_a_journal_record_of_an_unknown_kind_is_refused_and_kept(env):
+    """An op code this Optuna does not know (a newer Optuna's, or a damaged one): its reader asserts."""
+    env.journal.write_bytes(env.journal.read_bytes() + b'{"op_code": 99, "worker_id": "w"}\n')
+    (env.tmp / "space.yaml").write_text(space_text())
+    before = env.journal.read_bytes()
+    result = invoke(*(env.fill(a) for a in SEARCH))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "a record is damaged or of a kind this Optuna does not know (AssertionError" in result.output
+    assert env.journal.read_bytes() == before
 
 
 def test_a_changed_distribution_on_a_stored_study_is_refused_before_anything_is_written(env):

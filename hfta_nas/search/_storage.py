@@ -84,14 +84,19 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
         raise HftaNasError(f"cannot use journal file '{location}' as storage: {error}") from error
     try:
         return JournalStorage(backend), str(path)
-    except (ValueError, KeyError, TypeError) as error:  # a line that is not an Optuna journal record
+    except _UNREADABLE_RECORD as error:  # a line that is not an Optuna journal record
         raise HftaNasError(_damaged(location, error)) from error
+
+
+# what Optuna's journal reader raises for a record it cannot apply (an unknown op code: AssertionError)
+_UNREADABLE_RECORD = (ValueError, KeyError, TypeError, AssertionError)
 
 
 def _damaged(location: str, error: BaseException) -> str:
     return (
-        f"cannot read journal file '{location}': a record before its end is damaged ({type(error).__name__}: "
-        f"{error}); expected an Optuna journal (restore it from a copy, or give another --storage)"
+        f"cannot read journal file '{location}': a record is damaged or of a kind this Optuna does not know "
+        f"({type(error).__name__}: {error}); expected an Optuna journal (restore it from a copy, or give another "
+        "--storage)"
     )
 
 
@@ -464,7 +469,7 @@ def _readable(location: str) -> BaseStorage | None:
         return JournalStorage(JournalFileBackend(str(path)))
     except OSError as error:
         raise HftaNasError(f"cannot read journal file '{location}': {error}") from error
-    except (ValueError, KeyError, TypeError) as error:
+    except _UNREADABLE_RECORD as error:
         raise HftaNasError(_damaged(location, error)) from error
 
 
