@@ -83,6 +83,11 @@ def plan(
     if not isinstance(n_seeds, int) or isinstance(n_seeds, bool) or n_seeds < 1:
         raise HftaNasError(f"the number of seeds must be a positive integer, got {n_seeds!r}.")
     decompose = parse_decompose(decompose)
+    if decompose is not None and n_seeds < 2:
+        raise HftaNasError(
+            f"--decompose splits the seeds' variance by its sources, and a variance needs two seeds; "
+            f"give --seeds 2 or more (got {n_seeds})."
+        )
     plans = [SeedPlan("all", i, _seeds(base_seed, "all", vary, i)) for i in range(n_seeds)]
     if decompose == "sources":
         if len(vary) < 2:

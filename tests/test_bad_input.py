@@ -762,6 +762,11 @@ OPTION_CASES = [
     ("stability --seed -1", [*STABILITY, "--seed", "-1"], "Invalid value for '--seed': -1 is not in the range x>=0"),
     ("stability --out empty", [*STABILITY, "--out", ""], "--out is empty; give a folder"),
     (
+        "stability --decompose grid with one seed",
+        ["stability", "{tmp}/config.yaml", "--seeds", "1", "--decompose", "grid", "--storage", "{journal}"],
+        "a variance needs two seeds; give --seeds 2 or more (got 1)",
+    ),
+    (
         "stability --metric not measured by the config",
         [*STABILITY, "--metric", "train_r2"],
         "--metric: unknown metric 'train_r2' (did you mean 'train_acc'?)",
