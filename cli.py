@@ -687,6 +687,14 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     "--json", "as_json", is_flag=True, help="Print the summary (or the --dry-run plan) as JSON (for machines)."
 )
 @click.option(
+    "--adopt",
+    is_flag=True,
+    help=(
+        "Search a stored study of this name that hfta-nas did not make (plain Optuna's): its RUNNING trials "
+        "are failed as interrupted and this space's trials join it. Without it such a study is refused."
+    ),
+)
+@click.option(
     "--workers",
     type=click.IntRange(min=1),
     default=1,
@@ -718,6 +726,7 @@ def search(
     dry_run,
     quiet,
     as_json,
+    adopt,
 ) -> None:
     """Search SPACE (a YAML file, see search_spaces/README.md) with Optuna: every proposed
     candidate trains as proposed, packed into arrays by measured cost. Re-running resumes the study."""
@@ -783,6 +792,7 @@ def search(
             dtype=dtype,
             out_dir=out_dir,
             on_event=progress.event,
+            adopt=adopt,
         )
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str))

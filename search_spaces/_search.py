@@ -145,13 +145,18 @@ def default_out_dir(study_name: str) -> Path:
     return Path("runs") / study_name
 
 
-def open_space_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None) -> optuna.Study:
-    """The space's study in `storage` (created, or resumed when it exists with the same directions)."""
+def open_space_study(
+    space: SearchSpace, storage: str | None = None, study_name: str | None = None, *, adopt: bool = False
+) -> optuna.Study:
+    """The space's study in `storage` (created, or resumed when it exists with the same directions;
+    one with trials that hfta-nas did not make only when `adopt`)."""
     opened, location = open_storage(storage)
     name = study_name_of(space, study_name)
     sampler, pruner = space.make_sampler(seed=space.seed), space.make_pruner()
     try:  # loaded first: create_study(load_if_exists=True) appends a record to a journal even when the study exists
         study = optuna.load_study(study_name=name, storage=opened, sampler=sampler, pruner=pruner)
+        if not adopt:
+            _refuse_a_stranger(study, location)
     except KeyError:
         study = optuna.create_study(
             storage=opened,
@@ -185,6 +190,18 @@ def open_space_study(space: SearchSpace, storage: str | None = None, study_name:
     }.items():
         study.set_user_attr(key, value)
     return study
+
+
+def _refuse_a_stranger(study: optuna.Study, location: str) -> None:
+    """HftaNasError for a study with trials and none of the attributes hfta-nas gives its studies
+    (plain Optuna's, say): searching it would fail its RUNNING trials as interrupted and add ours."""
+    trials = study.get_trials(deepcopy=False)
+    if trials and "hfta_nas" not in (study.user_attrs.get("versions") or {}):
+        raise HftaNasError(
+            f"study '{study.study_name}' in {location} was not made by hfta-nas ({len(trials)} trials, none of "
+            "its attributes): searching it would fail its RUNNING trials and add trials of this space; give "
+            "--adopt to take it over, or another --study-name."
+        )
 
 
 def _check_distributions(study: optuna.Study, space: SearchSpace) -> None:
@@ -242,15 +259,17 @@ def run_search(
     dtype: str = "float32",
     out_dir: str | Path | None = None,
     on_event: Callable[[Any], None] | None = None,
+    adopt: bool = False,
 ) -> SearchSummary:
-    """Search a space file's space; options left None come from the file."""
+    """Search a space file's space; options left None come from the file. A stored study of that
+    name that hfta-nas did not make is refused unless `adopt` (its RUNNING trials would be failed)."""
     check_searches_something(space)
     check_sources(space)  # a missing factory or data file fails here, before any trial is asked
     options = _options(space, n_trials, timeout, array_size, device, dtype)
     out = checked_out_dir(
         out_dir if out_dir is not None else default_out_dir(study_name_of(space, study_name)), "--out"
     )
-    study = open_space_study(space, storage, study_name)
+    study = open_space_study(space, storage, study_name, adopt=adopt)
     return optimize(
         study, candidate_builder(space, device=device, dtype=dtype), out_dir=out, on_event=on_event, **options
     )

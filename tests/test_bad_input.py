@@ -1128,3 +1128,23 @@ def test_a_malformed_npz_is_refused_before_the_study_is_written(env):
     (env.tmp / "bad.npz").write_bytes(b"PK\x03\x04 a cut archive")
     (env.tmp / "space.yaml").write_text(space_text())
     check_refused(env, [*SEARCH, "--set", "data.dataset={tmp}/bad.npz"], "it is not a zip archive")
+
+
+def test_a_study_hfta_nas_did_not_make_is_refused_unless_adopted(tmp_path):
+    """A plain Optuna study of the same name: refused and left as it was; --adopt takes it over."""
+    journal = tmp_path / "plain.journal"
+    plain = optuna.create_study(study_name="tiny", storage=open_storage(str(journal))[0], direction="maximize")
+    plain.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    plain.ask()  # a trial its own script is running
+    (tmp_path / "space.yaml").write_text(space_text(budget={"n_trials": 3}))
+    args = ["search", str(tmp_path / "space.yaml"), "--storage", str(journal), "--out", str(tmp_path / "out")]
+    before = journal.read_bytes()
+    refused = invoke(*args, "--threads", "1", "--quiet")
+    assert refused.exit_code == 2 and "Traceback" not in refused.output, refused.output
+    assert "study 'tiny' in" in refused.output and "was not made by hfta-nas (3 trials" in refused.output
+    assert "give --adopt" in refused.output and journal.read_bytes() == before
+    adopted = invoke(*args, "--threads", "1", "--quiet", "--adopt")
+    assert adopted.exit_code == 0, adopted.output
+    trials = optuna.load_study(study_name="tiny", storage=open_storage(str(journal))[0]).trials
+    assert trials[2].state == optuna.trial.TrialState.FAIL  # the foreign RUNNING trial, failed as interrupted
+    assert any("model.config.width" in t.params for t in trials)  # this space's trials joined it
