@@ -68,6 +68,7 @@ SEED_COLUMNS = (
 
 # curves.csv: long format, one row per (config, design, seed_index, epoch, metric).
 CURVE_COLUMNS = ("config", "design", "seed_index", "epoch", "metric", "value")
+SEED_STATUSES = ("completed", "failed")  # what a seed's row says of it
 SEED_KEYS = ("config", "seed_index", "design", "status")  # every seed's row has these (a failed seed has no values)
 CURVE_KEYS = CURVE_COLUMNS[:-1]
 
@@ -138,6 +139,12 @@ class StabilityResult:
                     f"'{folder / name}' lacks values of {', '.join(missing)}: it was cut short or "
                     "edited; restore it, or re-run `hfta-nas stability`."
                 )
+        unknown = sorted(set(seeds["status"]) - set(SEED_STATUSES))
+        if unknown:  # a report of no completed seed would otherwise be written, and exit 0
+            raise HftaNasError(
+                f"'{folder / 'seeds.csv'}' has seeds of status {', '.join(map(repr, unknown))}; a seed is "
+                f"{' or '.join(SEED_STATUSES)}: it was edited; restore it, or re-run `hfta-nas stability`."
+            )
         return cls(seeds, curves, metadata)
 
     @classmethod

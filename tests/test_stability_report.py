@@ -209,6 +209,15 @@ def test_a_result_file_cut_short_is_refused_not_reported_empty(tmp_path, file, c
         StabilityResult.load(tmp_path)
 
 
+def test_a_seed_status_that_is_neither_completed_nor_failed_is_refused(tmp_path):
+    """An edited seeds.csv ('status: bogus' everywhere) gave an empty report and exit 0."""
+    synthetic_result().save(tmp_path)
+    text = (tmp_path / "seeds.csv").read_text()
+    (tmp_path / "seeds.csv").write_text(text.replace(",completed,", ",bogus,"))
+    with pytest.raises(HftaNasError, match="has seeds of status 'bogus'; a seed is completed or failed"):
+        StabilityResult.load(tmp_path)
+
+
 def test_a_single_config_without_decomposition_skips_what_it_cannot_show(tmp_path):
     result = synthetic_result(failed=0)
     only_a = StabilityResult(
