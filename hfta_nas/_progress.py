@@ -24,15 +24,21 @@ class EpochProgress:
         self._task = self._progress.add_task(description, total=epochs, status="")
 
     def __enter__(self) -> EpochProgress:
-        self._progress.start()
+        # The bar starts with the first epoch's report: an error while the array is built (a bad model
+        # or setting) is then the command's only line, not a half-drawn bar above it.
+        self._started = False
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._progress.stop()
+        if self._started:
+            self._progress.stop()
 
     def update(self, report: Any, trainer: Any = None) -> None:
         accuracies = [m["val_acc"] for m in report.metrics.values() if "val_acc" in m]
         status = f"best val acc {max(accuracies):.3f}" if accuracies else ""
         if report.failed:
             status += f", {len(report.failed)} failed"
+        if not self._started:
+            self._progress.start()
+            self._started = True
         self._progress.update(self._task, completed=report.epoch, status=status)

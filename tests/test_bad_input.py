@@ -1148,3 +1148,13 @@ def test_a_study_hfta_nas_did_not_make_is_refused_unless_adopted(tmp_path):
     trials = optuna.load_study(study_name="tiny", storage=open_storage(str(journal))[0]).trials
     assert trials[2].state == optuna.trial.TrialState.FAIL  # the foreign RUNNING trial, failed as interrupted
     assert any("model.config.width" in t.params for t in trials)  # this space's trials joined it
+
+
+def test_train_refusing_its_model_prints_the_error_alone(tmp_path, monkeypatch):
+    """No progress bar is drawn before the array is built: the error is the command's one line."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.py").write_text("def build(input_shape, num_classes):\n    raise ValueError('no such layer')\n")
+    result = invoke("train", "--model", "broken.py:build", *TRAIN[3:])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [result.output.strip()], result.output
+    assert result.output.startswith("error: model factory build raised ValueError: no such layer")
