@@ -16,6 +16,7 @@ SearchSpace or raises SpaceError whose message names the file.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import pickle
@@ -1158,3 +1159,40 @@ def test_train_refusing_its_model_prints_the_error_alone(tmp_path, monkeypatch):
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [result.output.strip()], result.output
     assert result.output.startswith("error: model factory build raised ValueError: no such layer")
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        ("another application", "an SQLite database of another application (tables invoices)"),
+        ("a dropped table", "an Optuna database without its table(s) trial_values"),
+        ("schema version 999", "its Optuna schema version is 999"),
+    ],
+)
+def test_an_sqlite_file_optuna_cannot_use_as_it_is_is_refused_and_left_as_it_was(tmp_path, damage, words):
+    """Optuna would add its tables to another application's file, or recreate a dropped one empty."""
+    import sqlite3
+
+    database = tmp_path / "study.db"
+    if damage == "another application":
+        with contextlib.closing(sqlite3.connect(database)) as connection:
+            connection.execute("CREATE TABLE invoices (id INTEGER)")
+            connection.commit()
+    else:
+        optuna.create_study(storage=f"sqlite:///{database}", study_name="someone")
+        change = {
+            "a dropped table": "DROP TABLE trial_values",
+            "schema version 999": "UPDATE version_info SET schema_version = 999",
+        }[damage]
+        with contextlib.closing(sqlite3.connect(database)) as connection:
+            connection.execute(change)
+            connection.commit()
+    (tmp_path / "space.yaml").write_text(space_text())
+    before = database.read_bytes()
+    for extra in ([], ["--dry-run"]):
+        result = invoke(
+            "search", str(tmp_path / "space.yaml"), "--storage", f"sqlite:///{database}", "--threads", "1", *extra
+        )
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert words in result.output and "nothing was changed" in result.output, result.output
+        assert database.read_bytes() == before

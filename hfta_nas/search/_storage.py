@@ -19,12 +19,14 @@ that race for the last trials may then overshoot n_trials by a few.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import logging
 import os
 import shlex
+import sqlite3
 import threading
 import warnings
 from pathlib import Path
@@ -55,6 +57,7 @@ def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
     location = _location(storage)
     if location.startswith(_URL_SCHEMES):
         _check_sqlite_folder(location)
+        _check_sqlite_is_optunas(location)
         try:
             return _get_storage(_with_driver(location)), location
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
@@ -224,6 +227,50 @@ def _check_sqlite_folder(url: str) -> None:
         raise HftaNasError(
             f"cannot open storage '{url}': folder '{folder}' does not exist; "
             "expected an SQLite file in an existing folder (sqlite:///path/to/file.db)."
+        )
+
+
+# Optuna's own tables, which every database it made holds (its schema version is in version_info)
+_OPTUNA_TABLES = {"studies", "trials", "version_info", "trial_values", "trial_params", "study_directions"}
+
+
+def _check_sqlite_is_optunas(url: str) -> None:
+    """HftaNasError, changing nothing, for an SQLite file Optuna did not make (another application's:
+    Optuna would add its tables to it), one missing some of Optuna's tables (Optuna would recreate
+    them empty), or one of another schema version. A missing or empty file is a new database."""
+    path = _sqlite_file(url)
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            version = (
+                connection.execute("SELECT schema_version FROM version_info").fetchone()
+                if "version_info" in tables
+                else None
+            )
+    except sqlite3.DatabaseError as error:
+        raise HftaNasError(
+            f"cannot open storage '{url}': not an SQLite database ({error}); nothing was changed."
+        ) from None
+    if not tables & _OPTUNA_TABLES:
+        raise HftaNasError(
+            f"cannot open storage '{url}': an SQLite database of another application (tables "
+            f"{', '.join(sorted(tables)[:5])}); Optuna would add its tables to it; nothing was changed; "
+            "give a new file name."
+        )
+    missing = sorted(_OPTUNA_TABLES - tables)
+    if missing:
+        raise HftaNasError(
+            f"cannot open storage '{url}': an Optuna database without its table(s) {', '.join(missing)} "
+            "(Optuna would recreate them empty, losing what they held); nothing was changed; restore it from a copy."
+        )
+    from optuna.storages._rdb.models import SCHEMA_VERSION as expected  # what this Optuna writes and reads
+
+    if version is not None and version[0] != expected:
+        raise HftaNasError(
+            f"cannot open storage '{url}': its Optuna schema version is {version[0]}, this Optuna's is {expected}; "
+            "nothing was changed; use the Optuna that made it (or `optuna storage upgrade` for an older one)."
         )
 
 
@@ -456,6 +503,7 @@ def _readable(location: str) -> BaseStorage | None:
     if location.startswith(_URL_SCHEMES):
         if missing_storage_file(location) is not None:
             return None
+        _check_sqlite_is_optunas(location)  # Optuna would add (or recreate) its tables even to read
         try:
             return optuna.storages.get_storage(_with_driver(location))
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
