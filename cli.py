@@ -125,6 +125,14 @@ class _FriendlyGroup(click.Group):
 
     _listing = False  # True while format_commands asks for every command only for its line of help
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # No shell can pass a NUL in an argument, but a program calling us can; click's path checks
+        # would raise ValueError on it, so it is refused here, by name.
+        for argument in args:
+            if "\x00" in argument:
+                raise click.UsageError(f"the argument {argument!r} holds a NUL character")
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         return _friendly_errors(super().invoke)(ctx)
 

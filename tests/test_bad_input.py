@@ -1006,8 +1006,32 @@ _TEXTS = st.one_of(
             "../x",
             "/dev/null",
             "a://b",
+            # past the ceilings, blank, and control characters
+            "1000000",
+            str(2**70),
+            "1e12",
+            " ",
+            "a\nb",
+            "x\x00y",
         ]
     ),
+)
+# settings past their ceilings or without sense, as `--set KEY=VALUE` (any text too)
+_SETTINGS = st.one_of(
+    st.sampled_from(
+        [
+            "training.epochs=1000000000",
+            "data.batch_size=1000000000000",
+            "array.size=1000000",
+            "budget.n_trials=1180591620717411303424",
+            "params=null",
+            "study.directions=[minimize]",
+            "sampler={name: tpe, kwargs: {n_startup_trials: -1}}",
+            "pruner={name: median, kwargs: {n_warmup_steps: -1}}",
+            "data.dataset=''",
+        ]
+    ),
+    st.text(max_size=20),
 )
 SEARCH_OPTIONS = {
     "--n-trials": _TEXTS,
@@ -1021,11 +1045,17 @@ SEARCH_OPTIONS = {
     "--dtype": _TEXTS,
     "--study-name": _TEXTS,
     "--storage": _TEXTS,
+    "--set": _SETTINGS,
 }
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(st.dictionaries(st.sampled_from(sorted(SEARCH_OPTIONS)), _TEXTS, max_size=4))
+@given(
+    st.sampled_from(sorted(SEARCH_OPTIONS))
+    .flatmap(lambda o: st.tuples(st.just(o), SEARCH_OPTIONS[o]))
+    .map(lambda pair: {pair[0]: pair[1]})
+    | st.dictionaries(st.sampled_from(sorted(SEARCH_OPTIONS)), _TEXTS, max_size=4)
+)
 def test_any_search_options_plan_or_give_one_line_and_exit_2(tmp_path_factory, options):
     """`hfta-nas search --dry-run` with random values of its options: a plan (exit 0) or one
     `error:` line (exit 2), never a traceback; a dry run creates no file either way."""

@@ -28,6 +28,7 @@ from hfta_nas.search._storage import in_memory_study
 
 # With a timeout-only budget the plan cannot know how many arrays will run.
 UNBOUNDED_PLAN_ARRAYS = 3
+MOST_PLANNED_ARRAYS = 50  # a dry run of a million trials shows the start of its plan, in seconds
 
 
 @dataclass
@@ -93,8 +94,8 @@ def plan(
     )  # its sampler's state too: the real run starts from it
     search = _Search(copied, build, data, **{**_OPTION_DEFAULTS, **options})
     search.started = time.monotonic()
-    if max_arrays is None and search.n_trials is None:
-        max_arrays = UNBOUNDED_PLAN_ARRAYS
+    if max_arrays is None:  # a timeout has no end to plan to, and a huge budget would take as long to plan
+        max_arrays = UNBOUNDED_PLAN_ARRAYS if search.n_trials is None else MOST_PLANNED_ARRAYS
     result = SearchPlan(
         study.study_name,
         storage or search.location,
@@ -135,6 +136,12 @@ def plan(
         notes.append(
             f"the budget is a timeout: the first {len(result.arrays)} arrays are shown; "
             "later arrays follow the sampler's proposals as results come in"
+        )
+    planned = sum(len(a.trials) for a in result.arrays)
+    if search.n_trials is not None and len(result.arrays) >= max_arrays and planned < search.n_trials - result.done:
+        notes.append(
+            f"the first {len(result.arrays)} arrays ({planned} of the {search.n_trials - result.done} trials "
+            "left) are shown; the rest are packed by the same policy as results come in"
         )
     if len(optimizers) > 1:
         notes.append(

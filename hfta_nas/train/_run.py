@@ -266,6 +266,8 @@ def _checked_out_dir(path: str | os.PathLike[str], option: str) -> Path:
     """
     if not str(path).strip():  # Path('') is '.': the results would land in whatever folder this runs in
         raise HftaNasError(f"{option} is empty; give a folder, or leave the option out for its default.")
+    if "\x00" in str(path):  # no file system takes it; Python's file calls raise ValueError
+        raise HftaNasError(f"{option} {str(path)!r} holds a NUL character; expected a folder path.")
     folder = Path(path).expanduser()
     long = next((part for part in folder.parts if len(os.fsencode(part)) > 255), None)
     if long is not None:
