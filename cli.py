@@ -13,6 +13,7 @@ the statistics and plots of `stability`.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -38,6 +39,16 @@ def _friendly_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = f" writing '{error.filename}'" if error.filename else ""
+            click.echo(
+                f"error: no space left on the device{where}: free space and run the command again (what was "
+                "stored stays; a record cut short is mended then, and the trials left running are retried)",
+                err=True,
+            )
+            sys.exit(EXIT_USER_ERROR)
         except Exception as error:
             if not _is_user_error(error):
                 raise

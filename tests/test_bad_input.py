@@ -21,6 +21,7 @@ import copy
 import os
 import pickle
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1226,3 +1227,32 @@ def test_an_sqlite_file_optuna_cannot_use_as_it_is_is_refused_and_left_as_it_was
         assert result.exit_code == 2 and "Traceback" not in result.output, result.output
         assert words in result.output and "nothing was changed" in result.output, result.output
         assert database.read_bytes() == before
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 48 KiB file system (tmpfs) for a search to fill; skipped where mounting is not allowed."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_full_disk_is_one_line_and_the_run_after_freeing_space_completes(tmp_path, small_disk):
+    journal = small_disk / "study.journal"
+    (tmp_path / "space.yaml").write_text(space_text(budget={"n_trials": 24}))
+    args = ["search", str(tmp_path / "space.yaml"), "--storage", str(journal), "--out", str(tmp_path / "out")]
+    full = invoke(*args, "--threads", "1", "--quiet")
+    assert full.exit_code == 2 and "Traceback" not in full.output, full.output
+    assert "error: no space left on the device: free space and run the command again" in full.output
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)  # space freed
+    again = invoke(*args, "--threads", "1", "--quiet")
+    assert again.exit_code == 0, again.output
+    trials = optuna.load_study(study_name="tiny", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
+    counted = [t for t in trials if outcome_of(t) in (Outcome.COMPLETE, Outcome.PRUNED, Outcome.FAILED)]
+    assert len(counted) == 24 and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
