@@ -22,11 +22,11 @@ class EpochProgress:
             transient=False,
         )
         self._task = self._progress.add_task(description, total=epochs, status="")
-
-    def __enter__(self) -> EpochProgress:
         # The bar starts with the first epoch's report: an error while the array is built (a bad model
         # or setting) is then the command's only line, not a half-drawn bar above it.
         self._started = False
+
+    def __enter__(self) -> EpochProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:

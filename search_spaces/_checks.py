@@ -319,14 +319,13 @@ def _check_study(run: _Run, file: SpaceFile) -> SpaceFile:
     return file.model_copy(update={"study": study.model_copy(update={"directions": list(directions)})})
 
 
-_BUILT_IN_SENSE = ("_acc", "_r2", "_loss", "_rmse", "_mae")  # metric endings whose better side is known
-
-
 def _check_directions(run: _Run, file: SpaceFile, metrics: list[str], directions: list[str]) -> None:
     """A built-in metric searched the wrong way (val_acc minimized) would find the worst models."""
+    kind = space_loss_kind(file)
+    built_in = {name for split in ("train", "val", "test") for name in trained_metric_names(kind, [], split)}
     user = {f"{split}_{name}" for name in file.training.metrics for split in ("train", "val", "test")}
     for i, (metric, direction) in enumerate(zip(metrics, directions)):
-        if metric in user or not metric.endswith(_BUILT_IN_SENSE):
+        if metric in user or metric not in built_in:
             continue  # a user metric or a static value: its better side is the user's to say
         expected = default_direction(metric)
         if direction != expected:

@@ -75,11 +75,9 @@ def parse_vary(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(s for s in SOURCES if s in names)
 
 
-def plan(
-    n_seeds: int, *, vary: Sequence[str] = DEFAULT_VARY, decompose: bool | str | None = None, base_seed: int = 0
-) -> list[SeedPlan]:
-    """The models of one configuration's study, main design first; `decompose`: None (or False),
-    "sources" (or True: one design per varied source) or "grid" (init x data)."""
+def check_design(n_seeds: int, *, vary: Sequence[str], decompose: bool | str | None) -> str | None:
+    """HftaNasError for a design `plan` cannot make (checked before anything is stored); else
+    the decomposition, parsed."""
     if not isinstance(n_seeds, int) or isinstance(n_seeds, bool) or n_seeds < 1:
         raise HftaNasError(f"the number of seeds must be a positive integer, got {n_seeds!r}.")
     decompose = parse_decompose(decompose)
@@ -88,20 +86,27 @@ def plan(
             f"--decompose splits the seeds' variance by its sources, and a variance needs two seeds; "
             f"give --seeds 2 or more (got {n_seeds})."
         )
+    if decompose == "sources" and len(vary) < 2:
+        raise HftaNasError(
+            "--decompose attributes variance to several sources; vary at least two (e.g. --vary init,data)."
+        )
+    if decompose == "grid" and not {"init", "data"} <= set(vary):
+        raise HftaNasError("--decompose grid crosses init seeds with data seeds; vary both (e.g. --vary init,data).")
+    return decompose
+
+
+def plan(
+    n_seeds: int, *, vary: Sequence[str] = DEFAULT_VARY, decompose: bool | str | None = None, base_seed: int = 0
+) -> list[SeedPlan]:
+    """The models of one configuration's study, main design first; `decompose`: None (or False),
+    "sources" (or True: one design per varied source) or "grid" (init x data)."""
+    decompose = check_design(n_seeds, vary=vary, decompose=decompose)
     plans = [SeedPlan("all", i, _seeds(base_seed, "all", vary, i)) for i in range(n_seeds)]
     if decompose == "sources":
-        if len(vary) < 2:
-            raise HftaNasError(
-                "--decompose attributes variance to several sources; vary at least two (e.g. --vary init,data)."
-            )
         plans += [
             SeedPlan(f"only_{s}", i, _seeds(base_seed, f"only_{s}", (s,), i)) for s in vary for i in range(n_seeds)
         ]
     elif decompose == "grid":
-        if not {"init", "data"} <= set(vary):
-            raise HftaNasError(
-                "--decompose grid crosses init seeds with data seeds; vary both (e.g. --vary init,data)."
-            )
         k = grid_size(n_seeds)
         plans += [
             SeedPlan(

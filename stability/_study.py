@@ -17,7 +17,7 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas.search import artifact_folder
 from search_spaces import ResolvedConfig
 from stability._configs import LabelledConfig, label_for, load_config
-from stability._design import parse_vary, plan
+from stability._design import check_design, parse_vary
 from stability._export import FORMATS, PLOT_FORMATS, write_report
 from stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
 
@@ -105,7 +105,7 @@ def run_study(
     metric = metric_for(labelled, metric)
     check_run_options(seeds, metric, measured_by_every_config(labelled))
     vary = parse_vary(vary)
-    plan(seeds, vary=vary, decompose=decompose, base_seed=base_seed)  # its refusals, before anything is stored
+    check_design(seeds, vary=vary, decompose=decompose)  # before anything is stored
     _check_sources(labelled, vary)
     opened, location = open_storage(storage) if store else (None, "")
     result, stores = run_stability(

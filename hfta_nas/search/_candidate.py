@@ -88,11 +88,14 @@ class Candidate:
                 f"optimizer '{self.optimizer}' has no hyper-parameter {unknown[0]!r}; "
                 f"it has {', '.join(sorted(known))}."
             )
-        for name, value in (("epochs", self.epochs), ("batch_size", self.batch_size), ("accumulate", self.accumulate)):
+        for name, value, most in (
+            ("epochs", self.epochs, MAX_EPOCHS),
+            ("batch_size", self.batch_size, MAX_BATCH_SIZE),
+            ("accumulate", self.accumulate, None),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise HftaNasError(f"Candidate.{name} must be a positive integer, got {value!r}.")
-        for name, value, most in (("epochs", self.epochs, MAX_EPOCHS), ("batch_size", self.batch_size, MAX_BATCH_SIZE)):
-            if value > most:
+            if most is not None and value > most:
                 raise HftaNasError(f"Candidate.{name} must be at most {most:,}, got {value!r}.")
         if self.schedule is not None and self.schedule.get("kind") not in SCHEDULE_KINDS:
             raise HftaNasError(
