@@ -1,6 +1,7 @@
 """Mixed precision through the array: bf16 autocast reaches every fused layer, and per-slot loss
 scaling follows torch.amp.GradScaler on each model alone (one slot's overflow skips only its step)."""
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -120,3 +121,68 @@ def test_precision_is_a_setting_of_spaces_and_configs(tmp_path):
     assert exported.precision == "bf16" and exported.train_kwargs()["precision"] == "bf16"
     plain = ResolvedConfig.from_yaml("model: mlp\ndataset: digits\n")
     assert plain.precision == "float32" and "precision" not in plain.to_yaml()  # written only where set
+
+
+# ------------------------------------------------ a skipped first step leaves no optimizer state
+# Optimizers whose update reads the parameters through weight decay write state even from a
+# zero gradient, so a slot that kept the state of a step torch skipped would train differently.
+SKIP_OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+    "adam": (torch.optim.Adam, {"lr": 0.01}),
+    "adamw": (torch.optim.AdamW, {"lr": 0.01}),
+    "rmsprop": (torch.optim.RMSprop, {"lr": 0.01, "momentum": 0.5}),
+    "adagrad": (torch.optim.Adagrad, {"lr": 0.1, "initial_accumulator_value": 0.1}),
+}
+SKIP_SEEDS, SKIP_STEPS = [0, 1, 2], 5
+
+
+def skip_model():
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+
+
+def skip_batches():
+    g = torch.Generator().manual_seed(0)
+    count = len(SKIP_SEEDS)
+    return [
+        (torch.randn(count, 8, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (count, 8), generator=g))
+        for _ in range(SKIP_STEPS)
+    ]
+
+
+def overflow(skipping, step):
+    """Per-slot loss multipliers: inf (the scaled gradient overflows) where a slot skips this step."""
+    return [float("inf") if step == 0 and slot in skipping else 1.0 for slot in range(len(SKIP_SEEDS))]
+
+
+@pytest.mark.parametrize("skipping", [{0, 2}, {0, 1, 2}], ids=["some-slots", "all-slots"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1], ids=["no-decay", "decay"])
+@pytest.mark.parametrize("name", sorted(SKIP_OPTIMIZERS))
+def test_a_skipped_first_step_leaves_the_optimizer_as_torch_does(name, weight_decay, skipping):
+    torch_class, kwargs = SKIP_OPTIMIZERS[name]
+    kwargs = {**kwargs, "weight_decay": weight_decay}
+    arr = ModelArray.from_factory(skip_model, seeds=SKIP_SEEDS, dtype=torch.float64)
+    opt = hfta_nas.optim.OPTIMIZERS[name](arr, **kwargs)
+    scaler = SlotGradScaler(opt, init_scale=4.0)
+    for step, (x, y) in enumerate(skip_batches()):
+        logits = arr(x)
+        losses = torch.stack([F.cross_entropy(logits[b], y[b]) for b in range(len(arr))])
+        opt.zero_grad()
+        (scaler.scale(losses) * torch.tensor(overflow(skipping, step), dtype=losses.dtype)).sum().backward()
+        scaler.step()
+        assert scaler.found_inf.tolist() == [slot in skipping and step == 0 for slot in range(len(arr))]
+        scaler.update()
+
+    for slot, seed in enumerate(SKIP_SEEDS):
+        torch.manual_seed(seed)
+        model = skip_model().double()
+        alone = torch_class(model.parameters(), **kwargs)
+        reference = torch.amp.GradScaler("cpu", init_scale=4.0)
+        for step, (x, y) in enumerate(skip_batches()):
+            alone.zero_grad()
+            loss = F.cross_entropy(model(x[slot]), y[slot]) * overflow(skipping, step)[slot]
+            reference.scale(loss).backward()
+            reference.step(alone)
+            reference.update()
+        assert scaler.scales[slot].item() == reference.get_scale()
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(arr.slot_state_dict(slot)[key], value, rtol=1e-10, atol=1e-12)

@@ -6,7 +6,9 @@ would skip every slot's step and halve every slot's scale, so a slot would
 train differently beside a neighbour than alone. `SlotGradScaler` keeps torch's
 rule per slot: slot b's loss is multiplied by its own scale, its gradient row
 unscaled by it; a slot whose row is not finite skips its step (its parameters,
-optimizer state and step count stay exactly as they were) and halves its scale;
+optimizer state and step count stay exactly as they were; state created by this
+step starts as a fresh optimizer's, as torch has none before a slot's first real
+step) and halves its scale;
 the others step; a slot's scale doubles after `growth_interval` steps without
 overflow. Slot b so follows `torch.amp.GradScaler` on its model alone.
 
@@ -69,6 +71,8 @@ class SlotGradScaler:
         if not skipped:
             self.optimizer.step()
             return
+        if len(skipped) == len(self.scales):  # torch takes no step at all: neither does the array
+            return
         grad[self.found_inf] = 0  # no NaN into the fused kernels; these slots are put back below
         saved = self._rows(skipped)
         self.optimizer.step()
@@ -101,8 +105,15 @@ class SlotGradScaler:
     def _restore(self, slots: list[int], saved: dict[str, Any]) -> None:
         optimizer = self.optimizer
         optimizer.array.flat.detach()[slots] = saved["param"]
-        for name, value in saved["state"].items():
-            optimizer.state[name][slots] = value
+        for name, value in optimizer.state.items():
+            if name in saved["state"]:
+                value[slots] = saved["state"][name]
+            else:
+                # State is created lazily by the first step of any slot. A skipped slot has
+                # taken no step, so it gets what a fresh torch optimizer creates on its first
+                # real step (not what this step wrote from a zeroed gradient and weight decay).
+                for slot in slots:
+                    value[slot] = optimizer._initial_state(name, slot)
         optimizer.steps[slots] = saved["steps"]
 
     # ------------------------------------------------------------ slot surgery
