@@ -453,6 +453,10 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         from hfta_nas.search import open_storage, run_workers, study_report
         from search_spaces import load_space, study_name_of
 
+        if kwargs.get("storage_patience") is not None:  # refused once, here, not by K workers
+            from hfta_nas.search import check_patience
+
+            check_patience(kwargs["storage_patience"])
         loaded = load_space(kwargs["space"], kwargs["overrides"])  # a bad space fails once, here, not K times
         _print_sweep_notes(loaded)
         if kwargs.get("out_dir") is not None:
@@ -649,6 +653,17 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
         "Optuna storage URL (sqlite:///f.db, postgresql://...) or a journal file path [default: runs/hfta-nas.journal]."
     ),
 )
+@click.option(
+    "--storage-patience",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help=(
+        "How long a worker waits for an unreachable storage (a database restart, a network blip), retrying, "
+        "before it stops; training waits at its next write and goes on when the storage is back "
+        "[default: the space's study.storage_patience, 600]."
+    ),
+)
 @click.option("--study-name", default=None, help="[default: the space's study.name, else the file name].")
 @click.option(
     "--out",
@@ -733,6 +748,7 @@ def search(
     timeout,
     array_size,
     storage,
+    storage_patience,
     study_name,
     out_dir,
     device,
@@ -759,6 +775,10 @@ def search(
     from search_spaces import load_space, plan_search, run_search
 
     set_up_command_process(threads)
+    if storage_patience is not None:
+        from hfta_nas.search import check_patience
+
+        check_patience(storage_patience)
     if array_size is not None and array_size != "auto":
         try:
             array_size = int(array_size)
@@ -812,6 +832,7 @@ def search(
             out_dir=out_dir,
             on_event=progress.event,
             adopt=adopt,
+            storage_patience=storage_patience,
         )
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str))

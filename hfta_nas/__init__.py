@@ -11,7 +11,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from hfta_nas import data, models, optim
-from hfta_nas._limits import MAX_ARRAY_SIZE, MAX_BATCH_SIZE, MAX_EPOCHS, MAX_TRIALS
+from hfta_nas._limits import (
+    DEFAULT_STORAGE_PATIENCE_S,
+    MAX_ARRAY_SIZE,
+    MAX_BATCH_SIZE,
+    MAX_EPOCHS,
+    MAX_STORAGE_PATIENCE_S,
+    MAX_TRIALS,
+)
 from hfta_nas._version import __version__ as __version__
 from hfta_nas.array._model_array import FusionSignature, ModelArray, check_fusable
 from hfta_nas.envelope._probe import PaddingCost, padding_cost
@@ -40,10 +47,12 @@ __all__ = [
     "Candidate",
     "EarlyStopping",
     "CLASSIFICATION_LOSSES",
+    "DEFAULT_STORAGE_PATIENCE_S",
     "LOSSES",
     "MAX_ARRAY_SIZE",
     "MAX_BATCH_SIZE",
     "MAX_EPOCHS",
+    "MAX_STORAGE_PATIENCE_S",
     "MAX_TRIALS",
     "REGRESSION_LOSSES",
     "Objective",

@@ -6,3 +6,5 @@ MAX_EPOCHS = 1_000_000  # a million passes over the data: years of training for 
 MAX_TRIALS = 10_000_000  # an Optuna storage keeps every trial; ten million fill gigabytes of journal
 MAX_ARRAY_SIZE = 4096  # slots per array; throughput stops rising long before (the measured knee is <= 64 here)
 MAX_BATCH_SIZE = 2**24  # samples per batch; a larger batch is a typo (1e12 tried to allocate 160 TB)
+MAX_STORAGE_PATIENCE_S = 7 * 24 * 3600.0  # how long a worker waits for its storage to come back: a week
+DEFAULT_STORAGE_PATIENCE_S = 600.0  # rides out a database restart or failover; a longer outage needs a person

@@ -14,7 +14,15 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hfta_nas import MAX_ARRAY_SIZE, MAX_BATCH_SIZE, MAX_EPOCHS, MAX_TRIALS, higher_is_better
+from hfta_nas import (
+    DEFAULT_STORAGE_PATIENCE_S,
+    MAX_ARRAY_SIZE,
+    MAX_BATCH_SIZE,
+    MAX_EPOCHS,
+    MAX_STORAGE_PATIENCE_S,
+    MAX_TRIALS,
+    higher_is_better,
+)
 from search_spaces._yaml import Loc, Where
 
 # ------------------------------------------------------------------ value types
@@ -65,12 +73,16 @@ class _Strict(BaseModel):
 
 # --------------------------------------------------------------------- sections
 class StudySpec(_Strict):
-    """What is optimised: metric names and their directions (filled in from the metrics)."""
+    """What is optimised: metric names and their directions (filled in from the metrics), and
+    storage_patience: seconds a worker waits for an unreachable storage to come back before it stops."""
 
     name: str | None = None
     # built-in names (METRICS) or `<split>_<name>` of a user metric in training.metrics
     metrics: Annotated[list[str], Field(min_length=1)] = ["val_acc"]
     directions: list[Direction] | None = None
+    storage_patience: Annotated[float, Field(ge=0, le=MAX_STORAGE_PATIENCE_S, allow_inf_nan=False)] = (
+        DEFAULT_STORAGE_PATIENCE_S
+    )
 
 
 class SamplerSpec(_Strict):

@@ -32,6 +32,7 @@ from hfta_nas.search import (
     attach_study_file,
     check_directions,
     check_options,
+    check_patience,
     copy_of_stored_study,
     open_storage,
     optimize,
@@ -146,11 +147,18 @@ def default_out_dir(study_name: str) -> Path:
 
 
 def open_space_study(
-    space: SearchSpace, storage: str | None = None, study_name: str | None = None, *, adopt: bool = False
+    space: SearchSpace,
+    storage: str | None = None,
+    study_name: str | None = None,
+    *,
+    adopt: bool = False,
+    storage_patience: float | None = None,
 ) -> optuna.Study:
     """The space's study in `storage` (created, or resumed when it exists with the same directions;
-    one with trials that hfta-nas did not make only when `adopt`)."""
-    opened, location = open_storage(storage)
+    one with trials that hfta-nas did not make only when `adopt`). Its storage rides out outages of
+    `storage_patience` seconds (default: the space's study.storage_patience)."""
+    patience = storage_patience if storage_patience is not None else space.study.storage_patience
+    opened, location = open_storage(storage, patience)
     name = study_name_of(space, study_name)
     sampler, pruner = space.make_sampler(seed=space.seed), space.make_pruner()
     try:  # loaded first: create_study(load_if_exists=True) appends a record to a journal even when the study exists
@@ -260,16 +268,20 @@ def run_search(
     out_dir: str | Path | None = None,
     on_event: Callable[[Any], None] | None = None,
     adopt: bool = False,
+    storage_patience: float | None = None,
 ) -> SearchSummary:
     """Search a space file's space; options left None come from the file. A stored study of that
-    name that hfta-nas did not make is refused unless `adopt` (its RUNNING trials would be failed)."""
+    name that hfta-nas did not make is refused unless `adopt` (its RUNNING trials would be failed).
+    The storage may be unreachable for up to `storage_patience` seconds at a time (see PatientStorage)."""
+    if storage_patience is not None:
+        check_patience(storage_patience)
     check_searches_something(space)
     check_sources(space)  # a missing factory or data file fails here, before any trial is asked
     options = _options(space, n_trials, timeout, array_size, device, dtype)
     out = checked_out_dir(
         out_dir if out_dir is not None else default_out_dir(study_name_of(space, study_name)), "--out"
     )
-    study = open_space_study(space, storage, study_name, adopt=adopt)
+    study = open_space_study(space, storage, study_name, adopt=adopt, storage_patience=storage_patience)
     return optimize(
         study, candidate_builder(space, device=device, dtype=dtype), out_dir=out, on_event=on_event, **options
     )

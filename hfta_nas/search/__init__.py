@@ -26,11 +26,13 @@ from hfta_nas.search._events import (
 )
 from hfta_nas.search._ledger import Outcome, counts, outcome_of
 from hfta_nas.search._optimize import SearchSummary, check_options, optimize
+from hfta_nas.search._patience import PatientStorage, StorageUnreachable, patient
 from hfta_nas.search._plan import PlannedArray, SearchPlan, plan
 from hfta_nas.search._storage import (
     DEFAULT_STORAGE,
     artifact_folder,
     check_directions,
+    check_patience,
     checkpoint_folder,
     copy_of_stored_study,
     counted_trials,
@@ -53,6 +55,7 @@ __all__ = [
     "Candidate",
     "EpochEnded",
     "Outcome",
+    "PatientStorage",
     "PlannedArray",
     "SearchPlan",
     "SearchStarted",
@@ -60,6 +63,7 @@ __all__ = [
     "SlotRefilled",
     "StepCost",
     "StepCurve",
+    "StorageUnreachable",
     "cost_from_dict",
     "TrialEnded",
     "TrialRetried",
@@ -72,12 +76,14 @@ __all__ = [
     "counted_trials",
     "missing_storage_file",
     "check_options",
+    "check_patience",
     "copy_of_stored_study",
     "counts",
     "dashboard_command",
     "open_storage",
     "optimize",
     "outcome_of",
+    "patient",
     "plan",
     "run_workers",
     "set_study_text",

@@ -15,6 +15,15 @@ does not hold and calls one stale when
 * it has no heartbeat and started more than `startup_grace` seconds ago (the
   few seconds between asking a trial and its first heartbeat are not enough).
 
+Heartbeat ages are judged only by a worker that has reached the storage for
+longer than `grace` plus the longest pause between retries since its last
+outage: when a database comes back after a restart every heartbeat is as old as
+the outage, and the workers that hold those trials need their next retry and
+one interval to beat again. (Every worker's heartbeat thread reads the storage
+each interval, even holding nothing, so each sees an outage.) A worker cut off alone (a network
+partition) past the grace does lose its trials to the others; its late results
+are then dropped (`UpdateFinishedTrialError`: "taken over"), never counted twice.
+
 Stale trials are failed with `fail_reason` "interrupted: ..." and their
 parameters enqueued again: failed-and-retried, not resumed from a checkpoint
 (an array's slots share one optimizer and data stream; a retried trial
@@ -36,7 +45,8 @@ from collections.abc import Callable, Iterable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hfta_nas.search._optuna_private import storage_of, trial_id
+from hfta_nas.search._optuna_private import storage_of, study_id, trial_id
+from hfta_nas.search._patience import MOST_DELAY_S, StorageUnreachable
 
 HEARTBEAT_ATTR = "heartbeat"
 WORKER_ATTR = "worker"  # "host:pid"
@@ -86,8 +96,16 @@ def _process_alive(pid: int) -> bool:
         return True
 
 
-def stale_reason(trial: FrozenTrial, *, now: float, interval: float | None = None, me: str | None = None) -> str | None:
-    """Why a RUNNING trial that this worker does not hold is stale, or None while it is alive."""
+def stale_reason(
+    trial: FrozenTrial,
+    *,
+    now: float,
+    interval: float | None = None,
+    me: str | None = None,
+    connected_for: float = float("inf"),
+) -> str | None:
+    """Why a RUNNING trial that this worker does not hold is stale, or None while it is alive
+    (or while this worker, back from an outage `connected_for` seconds ago, cannot tell)."""
     interval = interval or heartbeat_interval()
     grace, startup_grace = 3 * interval, max(3 * interval, 120.0)
     attrs = trial.user_attrs
@@ -98,6 +116,8 @@ def stale_reason(trial: FrozenTrial, *, now: float, interval: float | None = Non
             return f"this worker ({worker}) left it RUNNING without holding it"
         if pid.isdigit() and not _process_alive(int(pid)):
             return f"its worker {worker} has exited"
+    if connected_for <= grace + MOST_DELAY_S:  # the holders may not have beaten since the storage came back
+        return None
     beat = attrs.get(HEARTBEAT_ATTR)
     if isinstance(beat, (int, float)):
         return f"no heartbeat for {now - beat:.0f} s (grace {grace:.0f} s)" if now - beat > grace else None
@@ -132,6 +152,8 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self.beat()
+            except StorageUnreachable:  # the worker stops: its main thread says why
+                return
             except Exception as error:  # a storage hiccup must not stop the beats
                 _log.warning("heartbeat failed: %s: %s", type(error).__name__, error)
 
@@ -141,9 +163,10 @@ class Heartbeat:
             held = set(self.held())
         except RuntimeError:  # the driver changed what it holds mid-read: next beat
             return 0
-        if not held:
-            return 0
         storage, now, stamped = storage_of(self.study), time.time(), 0
+        if not held:  # a read all the same: this worker sees an outage as the workers that hold trials do
+            storage.get_all_trials(study_id(self.study), deepcopy=False, states=(TrialState.RUNNING,))
+            return 0
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if trial_id(trial) not in held:
                 continue

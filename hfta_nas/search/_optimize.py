@@ -56,6 +56,7 @@ from hfta_nas.search._packing import (
     structure_groups,
     structure_key,
 )
+from hfta_nas.search._patience import StorageUnreachable
 from hfta_nas.search._recovery import (
     interrupt_held,
     retry_stale_trials,
@@ -290,6 +291,8 @@ class _Search:
         the exception to raise: a user's error as one HftaNasError line."""
         if isinstance(error, KeyboardInterrupt):  # failed as interrupted and queued again: the next run trains them
             told_despite_interrupts(lambda: interrupt_held(self.ledger, list(self.asked.values()), self.emit))
+            return error
+        if isinstance(error, StorageUnreachable):  # nothing can be told: a re-run retries what is left RUNNING
             return error
         if isinstance(error, HftaNasError):  # a user error (e.g. in build)
             reason, raised = f"not trained: the search stopped on an error: {error}", error

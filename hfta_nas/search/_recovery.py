@@ -36,6 +36,7 @@ from hfta_nas.search._events import TrialRetried
 from hfta_nas.search._heartbeat import stale_reason
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome
 from hfta_nas.search._optuna_private import storage_of, trial_id
+from hfta_nas.search._patience import PatientStorage
 
 INTERRUPTED = "interrupted: its worker stopped (killed, crashed or lost) while it ran; failed and retried"
 
@@ -43,8 +44,10 @@ INTERRUPTED = "interrupted: its worker stopped (killed, crashed or lost) while i
 def retry_stale_trials(ledger: Ledger, held: Collection[int], worker: str, emit: Callable[[object], None]) -> int:
     """Fail and re-enqueue every stale RUNNING trial not in `held` (trial ids); how many."""
     study, now, retried = ledger.study, time.time(), 0
+    storage = storage_of(study)
+    connected_for = storage.connected_for() if isinstance(storage, PatientStorage) else float("inf")
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        why = None if trial_id(trial) in held else stale_reason(trial, now=now, me=worker)
+        why = None if trial_id(trial) in held else stale_reason(trial, now=now, me=worker, connected_for=connected_for)
         if why is None:
             continue
         retried += fail_and_retry(ledger, trial, why, emit)

@@ -20,6 +20,7 @@ that race for the last trials may then overshoot n_trials by a few.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -36,7 +37,9 @@ import optuna
 from optuna.storages import BaseStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
+from hfta_nas._limits import MAX_STORAGE_PATIENCE_S
 from hfta_nas.errors import HftaNasError
+from hfta_nas.search._patience import DEFAULT_PATIENCE_S, PatientStorage, is_passing, unwrapped
 
 DEFAULT_STORAGE = "runs/hfta-nas.journal"
 _URL_SCHEMES = ("sqlite:", "postgresql", "mysql", "oracle", "mssql", "redis:")
@@ -52,14 +55,31 @@ def _location(storage: str | None) -> str:
     return storage or DEFAULT_STORAGE
 
 
-def open_storage(storage: str | None) -> tuple[BaseStorage | str, str]:
-    """(the storage object or URL for Optuna, the string optuna-dashboard takes)."""
+def open_storage(storage: str | None, patience: float = DEFAULT_PATIENCE_S) -> tuple[BaseStorage, str]:
+    """(the storage for Optuna, the string optuna-dashboard takes). Opening fails at once when the
+    storage cannot be reached (a wrong URL must not wait); after that, every call rides out an
+    outage of up to `patience` seconds (`PatientStorage`)."""
+    check_patience(patience)
+    opened, location = _open(storage)
+    return PatientStorage(opened, patience), location
+
+
+def check_patience(patience: float) -> None:
+    """HftaNasError unless `patience` is a number of seconds from 0 to MAX_STORAGE_PATIENCE_S."""
+    if not (isinstance(patience, (int, float)) and 0 <= patience <= MAX_STORAGE_PATIENCE_S):
+        raise HftaNasError(
+            f"storage patience must be a number of seconds from 0 to {MAX_STORAGE_PATIENCE_S:.0f} "
+            f"(a week), got {patience!r}"
+        )
+
+
+def _open(storage: str | None) -> tuple[BaseStorage, str]:
     location = _location(storage)
     if location.startswith(_URL_SCHEMES):
         _check_sqlite_folder(location)
         _check_sqlite_is_optunas(location)
         try:
-            return _get_storage(_with_driver(location)), location
+            return _get_storage(_with_timeouts(_with_driver(location))), location
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
             raise HftaNasError(
                 f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}; "
@@ -320,6 +340,22 @@ def _sqlite_file(url: str) -> Path | None:
 _SCHEMA_LOCK_KEY = int.from_bytes(hashlib.sha256(b"hfta-nas/optuna-schema").digest()[:8], "big", signed=True)
 
 
+# libpq's limits on a connection that cannot be made or stops answering: without them a host cut
+# off by a dropped route (no "connection refused") waits on TCP's retransmissions for ~15 minutes
+_PG_TIMEOUTS = {"connect_timeout": "10", "tcp_user_timeout": "15000", "keepalives_idle": "10"}
+
+
+def _with_timeouts(url: str) -> str:
+    """A PostgreSQL URL with the timeouts above, where it does not set them itself."""
+    if not url.startswith("postgresql"):
+        return url
+    import sqlalchemy
+
+    parsed = sqlalchemy.engine.make_url(url)
+    extra = {key: value for key, value in _PG_TIMEOUTS.items() if key not in parsed.query}
+    return parsed.update_query_dict(extra).render_as_string(hide_password=False)
+
+
 def _with_driver(url: str) -> str:
     """`postgresql://` (and Heroku-style `postgres://`) with the psycopg 3 driver
     where psycopg2, SQLAlchemy's default for that scheme, is not installed."""
@@ -340,7 +376,11 @@ class StudyLock:
     def __init__(self, storage: BaseStorage | str, location: str, study_name: str) -> None:
         self._local = threading.RLock()
         self._depth = 0
-        self._acquire, self._release = _backing_lock(storage, location, study_name)
+        acquire, self._release = _backing_lock(storage, location, study_name)
+        # through an outage of a database that holds the lock, taking it waits as the storage's calls do
+        self._acquire = (
+            functools.partial(storage.patiently, acquire) if isinstance(storage, PatientStorage) else acquire
+        )
 
     def __enter__(self) -> StudyLock:
         self._local.acquire()
@@ -371,6 +411,7 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
     key = int.from_bytes(hashlib.sha256(study_name.encode()).digest()[:8], "big", signed=True)
     # optuna.storages.get_storage wraps an RDBStorage in a cache (_CachedStorage) that hides
     # its engine: without unwrapping it, PostgreSQL workers ran with no lock at all.
+    storage = unwrapped(storage)
     engine = getattr(getattr(storage, "_backend", storage), "engine", None)
     if engine is not None and engine.dialect.name in ("postgresql", "mysql"):
         from sqlalchemy import text
@@ -393,8 +434,13 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
             try:
                 connection.execute(give, {"key": key})
                 connection.commit()
+            except Exception as error:
+                if not is_passing(error):
+                    raise
+                # the server dropped the connection (a restart): the lock, a session's, went with it
             finally:
-                connection.close()
+                with contextlib.suppress(Exception):
+                    connection.close()
 
         return acquire, release
     path = None
@@ -480,6 +526,7 @@ def counted_trials(storage: str | None, study_name: str) -> int:
 def storage_location(storage: BaseStorage) -> str:
     """The string optuna-dashboard takes for an opened storage (a journal file's path,
     a database URL without its password), or '<in memory>'."""
+    storage = unwrapped(storage)
     backend = getattr(storage, "_backend", storage)
     if isinstance(storage, JournalStorage) and isinstance(backend, JournalFileBackend):
         return str(backend._file_path)

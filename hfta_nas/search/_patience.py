@@ -1,0 +1,238 @@
+"""A storage that rides out an outage: connection-level errors are retried until the storage is back.
+
+Databases restart (maintenance, failover), networks blip and shared file systems
+stall. Optuna's storages raise at the first failed call, and a search that has
+trained for hours would die with every array in flight. `PatientStorage` wraps
+any Optuna storage: a call that fails for a reason that passes (the server
+refused or dropped the connection, SQLite's "database is locked", a journal on a
+share that briefly fails) is retried with capped exponential back-off and jitter
+until `patience` seconds have passed since the outage began. One line says when
+the storage became unreachable and one when it is back. Past the patience every
+call, this one and the ones after it, raises `StorageUnreachable` at once, so a
+worker stops cleanly: its RUNNING trials are retried by the next run on the
+study (see `_heartbeat`).
+
+Errors that are not about reaching the storage (a constraint violation, a schema
+mismatch, a trial already finished) are raised at once, never retried.
+
+The calls are retried as the caller made them, in the caller's thread: the
+trainer waits at its next write and goes on, in order, when the storage is
+back. A write whose reply was lost after the server applied it is not applied
+twice for the state of a trial (checked on retry); a new trial whose reply was
+lost may leave an extra RUNNING trial, which the heartbeat check retries.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import TrialState
+
+from hfta_nas._limits import DEFAULT_STORAGE_PATIENCE_S as DEFAULT_PATIENCE_S
+from hfta_nas.errors import HftaNasError
+
+FIRST_DELAY_S, MOST_DELAY_S = 0.25, 10.0  # back-off between tries: doubles from the first, capped
+
+_log = logging.getLogger("hfta_nas")
+
+# OSError numbers a journal on a network share gives while the share is away (a full disk or a
+# permission error does not pass by waiting)
+_PASSING_OS_ERRORS = {
+    errno.EIO,
+    errno.ESTALE,
+    errno.ETIMEDOUT,
+    errno.EHOSTDOWN,
+    errno.EHOSTUNREACH,
+    errno.ENETDOWN,
+    errno.ENETUNREACH,
+    errno.ENOTCONN,
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.EAGAIN,
+}
+_SQLITE_PASSING = ("database is locked", "database table is locked", "disk i/o error", "unable to open database")
+
+
+class StorageUnreachable(HftaNasError):
+    """The storage stayed unreachable past the patience: the command stops; a re-run resumes the study."""
+
+
+def is_passing(error: BaseException) -> bool:
+    """Whether `error` (or an error it was raised from) is about reaching the storage, not about the data."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if _passes(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _passes(error: BaseException) -> bool:
+    if isinstance(error, ConnectionError):  # refused, reset, aborted (a gRPC proxy, a raw socket)
+        return True
+    if isinstance(error, OSError) and error.errno in _PASSING_OS_ERRORS:
+        return True
+    try:
+        import sqlalchemy.exc as db
+    except ImportError:  # only journal storages are possible then
+        return False
+    if isinstance(error, db.DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, (db.InterfaceError, db.TimeoutError, db.DisconnectionError)):
+        return True
+    if isinstance(error, db.OperationalError):  # SQLite's OperationalError also means "no such table": not that
+        text = str(error).lower()
+        sqlite = "sqlite" in type(error.orig).__module__ if error.orig is not None else False
+        return not sqlite or any(reason in text for reason in _SQLITE_PASSING)
+    return False
+
+
+class _Outage:
+    """When the storage stopped answering (shared by the threads that call it), and the two lines about it."""
+
+    def __init__(self, patience: float, clock: Callable[[], float]) -> None:
+        self.patience, self.clock = patience, clock
+        self.lock = threading.Lock()
+        self.since: float | None = None  # clock time of the first failed call of this outage
+        self.back_at = float("-inf")  # when the storage last answered after an outage (none yet: always)
+        self.gave_up: str | None = None
+
+    def failed(self, error: BaseException) -> float:
+        """Note a failed call; the seconds of patience left."""
+        with self.lock:
+            if self.since is None:
+                self.since = self.clock()
+                _log.warning(
+                    "storage unreachable since %s (%s), retrying for up to %.0f s",
+                    datetime.now().strftime("%H:%M:%S"),
+                    _short(error),
+                    self.patience,
+                )
+            return self.patience - (self.clock() - self.since)
+
+    def answered(self) -> None:
+        if self.since is None:  # the common case: no lock taken
+            return
+        with self.lock:
+            if self.since is not None:
+                _log.warning("storage back after %.0f s", self.clock() - self.since)
+                self.since, self.back_at = None, self.clock()
+
+
+def _short(error: BaseException) -> str:
+    """The error's kind and first line, without SQLAlchemy's background link."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {first[:160]}"
+
+
+class PatientStorage(BaseStorage):
+    """`inner`, with every call retried through outages of up to `patience` seconds (see the module docstring).
+
+    `sleep` and `clock` are for tests (a fake clock); attributes that are not storage calls (an RDB
+    storage's engine, a journal's backend) are read from `inner`."""
+
+    def __init__(
+        self,
+        inner: BaseStorage,
+        patience: float = DEFAULT_PATIENCE_S,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.inner, self.sleep = inner, sleep
+        self.outage = _Outage(patience, clock)
+
+    def __getattr__(self, name: str) -> Any:  # only for names the class does not have
+        return getattr(self.__dict__["inner"], name)
+
+    def connected_for(self) -> float:
+        """Seconds since the storage came back from its last outage (infinite when it had none; 0 during one)."""
+        return 0.0 if self.outage.since is not None else self.outage.clock() - self.outage.back_at
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        method = getattr(self.inner, name)
+        if name != "set_trial_state_values":
+            return self.patiently(method, *args, **kwargs)
+        tries = []
+
+        def set_state() -> Any:
+            tries.append(1)
+            try:
+                return method(*args, **kwargs)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                if len(tries) > 1 and self._already_set(*args, **kwargs):
+                    return True  # an earlier try was applied; only its reply was lost
+                raise
+
+        return self.patiently(set_state)
+
+    def patiently(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`call(*args, **kwargs)`, retried through an outage of the storage (a lock on the same database)."""
+        if self.outage.gave_up is not None:
+            raise StorageUnreachable(self.outage.gave_up)
+        delay = FIRST_DELAY_S
+        while True:
+            try:
+                result = call(*args, **kwargs)
+            except Exception as error:
+                if not is_passing(error):
+                    raise
+                left = self.outage.failed(error)
+                if left <= 0:
+                    self.outage.gave_up = (
+                        f"storage unreachable for {self.outage.patience:.0f} s (its patience; "
+                        f"--storage-patience sets it): {_short(error)}; stopped; trials left RUNNING are "
+                        "retried when the study is run again"
+                    )
+                    raise StorageUnreachable(self.outage.gave_up) from None
+                self.sleep(min(delay * random.uniform(0.5, 1.0), left))
+                delay = min(2 * delay, MOST_DELAY_S)
+                continue
+            self.outage.answered()
+            return result
+
+    def _already_set(self, trial_id: int, state: TrialState, values: Any = None, **_: Any) -> bool:
+        stored = self.inner.get_trial(trial_id)
+        return stored.state == state and (values is None or list(stored.values or []) == list(values))
+
+
+def _forwarded(name: str) -> Callable[..., Any]:
+    def call(self: PatientStorage, *args: Any, **kwargs: Any) -> Any:
+        return self._call(name, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = getattr(BaseStorage, name).__doc__
+    return call
+
+
+# Every public call of an Optuna storage goes through `_call` (read from BaseStorage, so a call a
+# newer Optuna adds is retried too); the class is then no longer abstract.
+for _name in [n for n in dir(BaseStorage) if not n.startswith("_") and callable(getattr(BaseStorage, n))]:
+    setattr(PatientStorage, _name, _forwarded(_name))
+abc.update_abstractmethods(PatientStorage)
+
+
+def patient(storage: BaseStorage | str, patience: float = DEFAULT_PATIENCE_S) -> PatientStorage:
+    """Any Optuna storage (or URL), retried through outages of up to `patience` seconds; for
+    `optuna.create_study(storage=patient("postgresql://...", 600))` and `hfta_nas.optimize`."""
+    if isinstance(storage, PatientStorage):
+        storage = storage.inner
+    return PatientStorage(optuna.storages.get_storage(storage), patience)
+
+
+def unwrapped(storage: Any) -> Any:
+    """The storage a PatientStorage wraps (any other storage as it is)."""
+    return storage.inner if isinstance(storage, PatientStorage) else storage
