@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,11 @@ from stability._result import METRICS, SOURCES, Analysis, StabilityResult
 
 ALPHA = 0.05  # significance level of the power analysis
 POWER = 0.8  # power the power analysis asks for
+MODE_RULE = (
+    f"two modes when the widest gap between sorted values is at least {_stats.MODE_GAP_FLOOR:g} pooled "
+    f"within-mode sds and beyond the {_stats.MODE_LEVEL:.0%} quantile of that gap on normal samples of the "
+    f"same size (sought from {_stats.MIN_SEEDS_FOR_MODES} seeds)"
+)
 
 SUMMARY_COLUMNS = (
     "config",
@@ -57,6 +62,28 @@ SUMMARY_COLUMNS = (
     "best_of_k",
     "noise_floor_std",
     "variance_ratio",
+    "modes",
+    "mode_stat",
+    "mode_threshold",
+    "good_mode_n",
+    "good_mode_mean",
+    "good_mode_std",
+    "good_mode_ci_low",
+    "good_mode_ci_high",
+    "worse_mode_n",
+    "worse_mode_mean",
+    "worse_mode_std",
+    "worse_mode_seeds",
+    "bad_failed",
+    "bad_in_worse_mode",
+    "bad_below",
+    "bad_n",
+    "bad_of",
+    "bad_rate",
+    "bad_low",
+    "bad_high",
+    "bad_upper",
+    "headline",
 )
 PER_EPOCH_COLUMNS = ("config", "design", "metric", "epoch", "n", "mean", "std", "ci_low", "ci_high")
 COMPARISON_COLUMNS = (
@@ -77,6 +104,28 @@ COMPARISON_COLUMNS = (
     "p_a_better_low",
     "p_a_better_high",
     "aso_eps_min",
+    "mean_diff_low",
+    "mean_diff_high",
+    "paired",
+    "n_pairs",
+    "paired_diff_low",
+    "paired_diff_high",
+    "paired_t",
+    "paired_t_p",
+    "paired_t_p_holm",
+    "wilcoxon_w",
+    "wilcoxon_p",
+    "wilcoxon_p_holm",
+    "p_a_better_pairs",
+    "p_a_better_pairs_low",
+    "p_a_better_pairs_high",
+    "good_mode_diff",
+    "a_bad_n",
+    "a_bad_of",
+    "b_bad_n",
+    "b_bad_of",
+    "bad_rate_p",
+    "bad_rate_p_holm",
     "aso_confidence",
 )
 RANKING_COLUMNS = ("metric", "rank", "config", "mean", "ci_low", "ci_high")
@@ -93,23 +142,32 @@ def analyse(
     bootstrap_seed: int | None = None,
     n_resamples: int = 9999,
     differences: Sequence[float] = (0.005, 0.01, 0.02),
+    fail_below: Mapping[str, float] | None = None,
 ) -> Analysis:
     """Every statistic of the report, computed once; `bootstrap_seed` defaults to the study's own
-    (metadata "bootstrap_seed", else 0) so a report rebuilt from the saved result is identical."""
+    (metadata "bootstrap_seed", else 0) so a report rebuilt from the saved result is identical.
+    `fail_below` {metric: threshold}: a seed below it counts as gone wrong (see `_stats.summarize`)."""
     if bootstrap_seed is None:
         bootstrap_seed = result.metadata.get("bootstrap_seed") or 0
     seeds = result.seeds
     metrics = _metrics(seeds)
     common = {"confidence": confidence, "bootstrap_seed": int(bootstrap_seed), "n_resamples": n_resamples}
-    summary = _summary(seeds, metrics, result.metadata, **common)
+    summary = _summary(seeds, metrics, result.metadata, fail_below=dict(fail_below or {}), **common)
     return Analysis(
         summary=summary,
         per_epoch=_per_epoch(result.curves, seeds, confidence),
-        comparisons=_comparisons(seeds, metrics, confidence=confidence, bootstrap_seed=int(bootstrap_seed)),
+        comparisons=_comparisons(seeds, metrics, summary, confidence=confidence, bootstrap_seed=int(bootstrap_seed)),
         ranking=_ranking(summary),
         power=_power(summary, differences),
         decomposition=_decomposition(seeds, metrics, confidence),
-        settings={**common, "alpha": ALPHA, "power": POWER},
+        settings={
+            **common,
+            "alpha": ALPHA,
+            "power": POWER,
+            "fail_below": dict(fail_below or {}),
+            "mode_rule": MODE_RULE,
+            "seeds_to_see_1_in_10_with_90_percent": _stats.seeds_to_see_failure(0.1, 0.9),
+        },
     )
 
 
@@ -173,9 +231,11 @@ def _summary(
     confidence: float,
     bootstrap_seed: int,
     n_resamples: int,
+    fail_below: dict[str, float],
 ) -> pd.DataFrame:
     """One row per (config, design, metric). The noise floor of an accuracy needs the size of the
-    split it was measured on: n_test for test_acc (likewise n_val, n_train when recorded)."""
+    split it was measured on: n_test for test_acc (likewise n_val, n_train when recorded). The
+    grid design's interval of the mean is the crossed design's (its runs share init and data seeds)."""
     rows = []
     for (config, design), group in seeds.groupby(["config", "design"], sort=False):
         for metric in metrics:
@@ -186,14 +246,49 @@ def _summary(
                 n_failed=n_failed,
                 n_test=metadata.get(f"n_{split}"),
                 is_accuracy=metric.endswith("_acc"),
+                higher_is_better=_higher_is_better(metric),
+                fail_below=fail_below.get(metric),
                 confidence=confidence,
                 bootstrap_seed=bootstrap_seed,
                 n_resamples=n_resamples,
             )
             row["outliers"] = ",".join(str(seed_index[i]) for i in row["outliers"])
+            row["worse_mode_seeds"] = ",".join(str(seed_index[i]) for i in row["worse_mode_seeds"])
             row["best_of_k"] = json.dumps({str(k): v for k, v in row["best_of_k"].items()})
+            if design == "grid":
+                row.update(_grid_interval(group, metric, confidence))
+            row["headline"] = headline(row, metric)
             rows.append({"config": config, "design": design, "metric": metric, **row})
     return _frame(rows, SUMMARY_COLUMNS)
+
+
+def _grid_interval(rows: pd.DataFrame, metric: str, confidence: float) -> dict[str, Any]:
+    """The crossed design's interval of the grid's mean; t (labelled as treating runs as
+    independent) when a seed failed and the grid is incomplete."""
+    values = pd.to_numeric(rows[metric], errors="coerce").to_numpy(dtype=np.float64)
+    if (rows["status"] != "completed").any() or not np.isfinite(values).all():
+        return {"ci_method": "t (grid incomplete: runs taken as independent)"}
+    frame = pd.DataFrame({"init": rows["seed_init"].to_numpy(), "data": rows["seed_data"].to_numpy(), metric: values})
+    low, high = _stats.crossed_mean_interval(frame, ["init", "data"], metric, confidence)
+    return {"ci_low": low, "ci_high": high, "ci_method": "crossed init x data"}
+
+
+def headline(row: Mapping[str, Any], metric: str) -> str:
+    """The summary's one-line answer: the modes when the values separate ("bimodal: 1 of 8 seeds
+    in a mode 35.0 points lower"), else the mean and sd of the one mode."""
+    accuracy = metric.endswith("_acc")
+    number = (lambda v: f"{100 * v:.2f}%") if accuracy else (lambda v: f"{v:.4g}")
+    if row["n"] == 0:
+        return "no completed seed"
+    if row["modes"] == 2:
+        gap = abs(row["good_mode_mean"] - row["worse_mode_mean"])
+        gap_text = f"{100 * gap:.1f} points" if accuracy else f"{gap:.3g}"
+        side = "lower" if _higher_is_better(metric) else "higher"
+        return f"bimodal: {row['worse_mode_n']} of {row['n']} seeds in a mode {gap_text} {side}"
+    spread = f" ± {number(row['std'])}" if np.isfinite(row["std"]) else ""
+    if row["n"] < _stats.MIN_SEEDS_FOR_MODES:
+        return f"{number(row['mean'])}{spread} (under {_stats.MIN_SEEDS_FOR_MODES} seeds: modes not sought)"
+    return f"one mode: {number(row['mean'])}{spread}"
 
 
 def _per_epoch(curves: pd.DataFrame, seeds: pd.DataFrame, confidence: float) -> pd.DataFrame:
@@ -216,47 +311,95 @@ def _per_epoch(curves: pd.DataFrame, seeds: pd.DataFrame, confidence: float) -> 
     return table[list(PER_EPOCH_COLUMNS)]
 
 
-def _comparisons(seeds: pd.DataFrame, metrics: list[str], *, confidence: float, bootstrap_seed: int) -> pd.DataFrame:
+def _comparisons(
+    seeds: pd.DataFrame, metrics: list[str], summary: pd.DataFrame, *, confidence: float, bootstrap_seed: int
+) -> pd.DataFrame:
     """Every pair of configurations on the main design, "better" read in the metric's direction.
 
+    When the two configurations ran the same seeds slot for slot (what `compare` does), the
+    paired figures (paired t, Wilcoxon signed-rank, P(A better) over pairs) are the ones that
+    fit the design; `paired` says so. The independent-sample figures are kept beside them.
+    Failure rates (from the summary) are compared by Fisher's exact test.
+
     One correction policy, per metric over its pairs (the family a reader scans when asking
-    "which configs differ?"): Holm adjusts the Welch p-values and, separately, the Mann-Whitney
-    p-values; ASO, which has no p-value, is computed at the Bonferroni-adjusted confidence
-    1 - (1 - confidence) / pairs, as its authors recommend for several comparisons.
+    "which configs differ?"): Holm adjusts each test's p-values separately; ASO, which has no
+    p-value, is computed at the Bonferroni-adjusted confidence 1 - (1 - confidence) / pairs, as
+    its authors recommend for several comparisons.
     """
     main = seeds[seeds["design"] == "all"]
     configs = list(pd.unique(main["config"]))
     pairs = list(itertools.combinations(configs, 2))
     aso_confidence = 1.0 - (1.0 - confidence) / max(len(pairs), 1)
+    by_config = summary[summary["design"] == "all"].set_index(["config", "metric"])
     rows = []
     for metric in metrics:
         family = []
         for a, b in pairs:
-            values_a = _values(main[main["config"] == a], metric)[0]
-            values_b = _values(main[main["config"] == b], metric)[0]
+            rows_a, rows_b = main[main["config"] == a], main[main["config"] == b]
+            better = _higher_is_better(metric)
+            values_a, values_b = _values(rows_a, metric)[0], _values(rows_b, metric)[0]
             figures = _stats.compare(
                 values_a,
                 values_b,
                 confidence=confidence,
                 bootstrap_seed=bootstrap_seed,
-                higher_is_better=_higher_is_better(metric),
+                higher_is_better=better,
                 aso_confidence=aso_confidence,
             )
+            low, high = _stats.welch_interval(values_a, values_b, confidence)
+            paired = _shares_seeds(rows_a, rows_b)
+            paired_a, paired_b = _paired_values(rows_a, rows_b, metric) if paired else ([], [])
+            pair_figures = _stats.compare_paired(paired_a, paired_b, confidence=confidence, higher_is_better=better)
+            summary_a, summary_b = by_config.loc[(a, metric)], by_config.loc[(b, metric)]
             family.append(
                 {
                     "metric": metric,
                     "a": a,
                     "b": b,
-                    "better": "higher" if _higher_is_better(metric) else "lower",
+                    "better": "higher" if better else "lower",
                     **figures,
+                    "mean_diff_low": low,
+                    "mean_diff_high": high,
+                    "paired": paired,
+                    **pair_figures,
+                    "good_mode_diff": float(summary_a["good_mode_mean"] - summary_b["good_mode_mean"]),
+                    "a_bad_n": int(summary_a["bad_n"]),
+                    "a_bad_of": int(summary_a["bad_of"]),
+                    "b_bad_n": int(summary_b["bad_n"]),
+                    "b_bad_of": int(summary_b["bad_of"]),
+                    "bad_rate_p": _stats.compare_rates(
+                        summary_a["bad_n"], summary_a["bad_of"], summary_b["bad_n"], summary_b["bad_of"]
+                    ),
                     "aso_confidence": aso_confidence,
                 }
             )
-        for test in ("welch_p", "mwu_p"):
+        for test in ("welch_p", "mwu_p", "paired_t_p", "wilcoxon_p", "bad_rate_p"):
             for row, adjusted in zip(family, _stats.holm([r[test] for r in family])):
                 row[f"{test}_holm"] = float(adjusted)
         rows += family
     return _frame(rows, COMPARISON_COLUMNS)
+
+
+_SEED_SOURCES = ("seed_init", "seed_data", "seed_dropout", "seed_split")
+
+
+def _seed_plan(rows: pd.DataFrame) -> list[tuple[Any, ...]]:
+    columns = [c for c in _SEED_SOURCES if c in rows.columns]
+    plan = rows.sort_values("seed_index", kind="stable")[["seed_index", *columns]].astype(object)
+    return [tuple(None if pd.isna(v) else v for v in r) for r in plan.itertuples(index=False)]
+
+
+def _shares_seeds(rows_a: pd.DataFrame, rows_b: pd.DataFrame) -> bool:
+    """Whether two configurations trained the same seeds slot for slot (every source's seed equal)."""
+    return len(rows_a) > 0 and _seed_plan(rows_a) == _seed_plan(rows_b)
+
+
+def _paired_values(rows_a: pd.DataFrame, rows_b: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """The values of the slots where both configurations completed, aligned by seed_index."""
+    values_a, index_a, _ = _values(rows_a, metric)
+    values_b, index_b, _ = _values(rows_b, metric)
+    both, in_a, in_b = np.intersect1d(index_a, index_b, return_indices=True)
+    return values_a[in_a], values_b[in_b]
 
 
 def _ranking(summary: pd.DataFrame) -> pd.DataFrame:

@@ -42,6 +42,15 @@ _SET_HELP = (
 )
 
 
+_FAIL_BELOW = click.option(
+    "--fail-below",
+    type=float,
+    default=None,
+    help="A seed whose --metric is below this value counts as gone wrong in the failure rate "
+    "(accuracies are fractions: 0.6). Failed seeds and seeds in a worse mode always count.",
+)
+
+
 def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options shared by `stability run` and `stability compare`."""
     options = [
@@ -135,6 +144,7 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
             type=int,
             help="Seed of the bootstrap resamples (recorded in the report).",
         ),
+        _FAIL_BELOW,
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines)."),
         click.option("--quiet", is_flag=True, help="No progress display."),
     ]
@@ -277,6 +287,7 @@ def compare(inputs: tuple[str, ...], overrides: tuple[str, ...], **options: Any)
     type=int,
     help="Seed of the bootstrap resamples [default: the one the study recorded].",
 )
+@_FAIL_BELOW
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines).")
 def report(
     folder: str | None,
@@ -287,6 +298,7 @@ def report(
     plot_formats: str,
     metric: str,
     bootstrap_seed: int | None,
+    fail_below: float | None,
     as_json: bool,
 ) -> None:
     """Regenerate a stability report from stored results, without retraining.
@@ -315,6 +327,7 @@ def report(
         plot_formats=_split(plot_formats, PLOT_FORMATS, "--plot-format"),
         metric=metric,
         bootstrap_seed=bootstrap_seed,
+        fail_below=fail_below,
     )
     _print(done, metric, as_json)
 
@@ -339,12 +352,13 @@ def _execute(
     plot_formats: str,
     metric: str,
     bootstrap_seed: int,
+    fail_below: float | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
     import optuna
 
-    from stability._study import metric_for, run_study
+    from stability._study import check_fail_below, metric_for, run_study
 
     formats_ = _split(formats, FORMATS, "--format")
     plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
@@ -357,6 +371,7 @@ def _execute(
     set_up_command_process(threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metric = metric_for(configs, metric)
+    check_fail_below(fail_below, metric)  # before training, not after
     with _Progress(enabled=not (quiet or as_json)) as progress:
         done = run_study(
             configs,
@@ -376,6 +391,7 @@ def _execute(
             artifact_dir=artifact_dir,
             earlier=earlier,
             on_event=progress.event,
+            fail_below=fail_below,
         )
     _print(done, metric, as_json)
 
@@ -421,7 +437,10 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     console = command_console()
     scale, unit = (100.0, "%") if metric.endswith("_acc") else (1.0, "")
     table = Table(title=f"{metric}: distribution over seeds")
-    for column in ("config", "n", "failed", "mean ± std", "95% CI (t)", "median [IQR]", "min–max", "noise floor sd"):
+    from stability._export import gone_wrong
+
+    columns = ("config", "n", "failed", "headline", "95% CI of mean (t; one mode)", "gone wrong [95% CI]", "min–max")
+    for column in columns:
         table.add_column(column, justify="right")
     for row in summary["configs"]:
         f = lambda v: "n/a" if v is None else f"{scale * v:.2f}{unit}"
@@ -429,20 +448,14 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
             str(row["config"]),
             str(row["n"]),
             str(row["n_failed"]),
-            f"{f(row['mean'])} ± {f(row['std'])}",
+            str(row["headline"]),
             f"[{f(row['ci_low'])}, {f(row['ci_high'])}]" + (" (few seeds)" if row.get("few_seeds") else ""),
-            f"{f(row['median'])} [{f(row['iqr'])}]",
+            gone_wrong(row),
             f"{f(row['min'])}–{f(row['max'])}",
-            f(row.get("noise_floor_std")),
         )
     console.print(table)
     for c in summary["comparisons"]:
-        console.print(
-            f"{c['a']} vs {c['b']}: diff {scale * c['mean_diff']:+.2f}{unit}, Welch p={c['welch_p']:.3g} "
-            f"(Holm {c['welch_p_holm']:.3g}), P(A better)={c['p_a_better']:.2f} "
-            f"[{c['p_a_better_low']:.2f}, {c['p_a_better_high']:.2f}], Cliff's delta={c['cliff_delta']:+.2f}, "
-            f"ASO eps_min={c['aso_eps_min']:.2f}"
-        )
+        console.print(_comparison_line(c, scale, unit))
     for d in summary["decomposition"]:
         share = "" if d.get("share") is None else f" ({d['share']:.0%} of the sum of sources)"
         console.print(f"variance from {d['source']}: {d['variance']:.3g}{share}")
@@ -464,6 +477,29 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
         console.print(f"study: {name}")
     if summary["dashboard"]:
         console.print(f"dashboard: {summary['dashboard']}")
+
+
+def _comparison_line(c: dict[str, Any], scale: float, unit: str) -> str:
+    """One comparison in the words of its design: paired tests when the seeds are shared."""
+    g = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731 (local helper)
+    if c["paired"]:
+        tests = (
+            f"paired t p={g(c['paired_t_p'], '.3g')} (Holm {g(c['paired_t_p_holm'], '.3g')}), "
+            f"Wilcoxon p={g(c['wilcoxon_p'], '.3g')}, P(A better over {c['n_pairs']} pairs)="
+            f"{g(c['p_a_better_pairs'], '.2f')} [{g(c['p_a_better_pairs_low'], '.2f')}, "
+            f"{g(c['p_a_better_pairs_high'], '.2f')}]"
+        )
+    else:
+        tests = (
+            f"Welch p={g(c['welch_p'], '.3g')} (Holm {g(c['welch_p_holm'], '.3g')}), P(A better)="
+            f"{g(c['p_a_better'], '.2f')} [{g(c['p_a_better_low'], '.2f')}, {g(c['p_a_better_high'], '.2f')}]"
+        )
+    diff = "n/a" if c["mean_diff"] is None else f"{scale * c['mean_diff']:+.2f}{unit}"
+    return (
+        f"{c['a']} vs {c['b']} ({'same seeds' if c['paired'] else 'independent seeds'}): diff {diff}, {tests}; "
+        f"gone wrong {c['a_bad_n']} of {c['a_bad_of']} vs {c['b_bad_n']} of {c['b_bad_of']} "
+        f"(Fisher p={g(c['bad_rate_p'], '.3g')})"
+    )
 
 
 class _Progress:

@@ -107,7 +107,8 @@ def _write_json(report: _Report, out: Path) -> list[Path]:
     summary = _records(analysis.summary)
     for row in summary:
         row["best_of_k"] = json.loads(row["best_of_k"]) if row.get("best_of_k") else {}
-        row["outliers"] = [int(i) for i in row["outliers"].split(",")] if row.get("outliers") else []
+        for key in ("outliers", "worse_mode_seeds"):  # seed_index values
+            row[key] = [int(i) for i in row[key].split(",")] if row.get(key) else []
     document = {
         "metric": report.metric,
         "protocol": report.result.metadata,
@@ -156,22 +157,44 @@ def _write_html(report: _Report, out: Path) -> list[Path]:
 
 
 def _write_latex(report: _Report, out: Path) -> list[Path]:
-    """A booktabs table of the metric per configuration (and the comparisons, when any),
-    ready for \\input{} in a paper (needs \\usepackage{booktabs,graphicx})."""
+    """Booktabs tables of the metric per configuration, split so that each stays readable at its
+    natural size (no \\resizebox), and the comparisons when any; for \\input{} in a paper
+    (needs \\usepackage{booktabs})."""
+    name = report.metric.replace("_", " ")
     parts = [
         _latex(
             _distribution_table(report),
-            caption=f"Final {report.metric.replace('_', ' ')} over seeds (mean $\\pm$ std, 95\\% intervals).",
+            caption=f"Final {name} over seeds: the headline (modes, or mean $\\pm$ sd of the one mode) and "
+            "the 95\\% t interval of the mean, which assumes one mode.",
             label="tab:stability",
-        )
+        ),
+        _latex(
+            _modes_table(report),
+            caption=f"Modes of the final {name} and seeds gone wrong (failed, in the worse mode, or below the "
+            "threshold), with exact 95\\% Clopper-Pearson intervals.",
+            label="tab:stability-modes",
+        ),
+        _latex(
+            _shape_table(report),
+            caption=f"Shape of the final {name} over seeds (outliers by seed index).",
+            label="tab:stability-shape",
+        ),
     ]
-    comparisons = _comparison_table(report)
-    if not comparisons.empty:
+    differences, failures = _comparison_tables(report)
+    if not differences.empty:
         parts.append(
             _latex(
-                comparisons,
-                caption="Pairwise comparisons (p-values Holm-adjusted per test across pairs).",
+                differences,
+                caption="Pairwise comparisons (paired figures when the configurations share seeds; "
+                "p-values Holm-adjusted per test across pairs).",
                 label="tab:stability-comparisons",
+            )
+        )
+        parts.append(
+            _latex(
+                failures,
+                caption="Seeds gone wrong per configuration, compared by Fisher's exact test (Holm-adjusted).",
+                label="tab:stability-failures",
             )
         )
     path = out / "report.tex"
@@ -199,19 +222,9 @@ def _sections(report: _Report) -> list[_Section]:
     failed = seeds[seeds["status"] != "completed"]
     sections = [
         _Section("Protocol", _protocol_text(metadata, analysis), _protocol_table(metadata)),
-        _Section(
-            "Distribution over seeds",
-            "Completed seeds only; failed or diverged seeds are counted in 'failed'. The interval is the 95% "
-            "t interval of the mean (measured at 93-97% coverage from 5 seeds on normal, skewed and "
-            "heavy-tailed data; 'few seeds' marks n below 5, where its level rests on normality; the BCa "
-            "bootstrap interval is in the CSV/JSON). The noise floor sqrt(p(1-p)/n_test) is the standard "
-            "error with which one seed's test accuracy p estimates its accuracy on the population the "
-            "test set was drawn from: differences between seeds of about that size cannot be told apart "
-            "from the luck of which examples are in the test set. 'var / noise var' well above 1: the "
-            "seeds differ by more than that.",
-            _distribution_table(report),
-            "distribution",
-        ),
+        _Section("Distribution over seeds", DISTRIBUTION_TEXT, _distribution_table(report), "distribution"),
+        _Section("Modes and seeds gone wrong", _modes_text(analysis), _modes_table(report)),
+        _Section("Shape and noise", _shape_text(report), _shape_table(report)),
         _Section("Empirical distribution", "Fraction of seeds at or below each final value.", None, "ecdf"),
         _Section(
             "Learning curves", "Every seed as a thin line; the mean with its 95% t interval as a band.", None, "curves"
@@ -237,63 +250,139 @@ def _sections(report: _Report) -> list[_Section]:
                 ],
             )
         )
-    comparisons = _comparison_table(report)
-    if not comparisons.empty:
-        sections.append(
-            _Section(
-                "Comparisons",
-                "'Better' follows the metric's direction (higher accuracy, lower loss). Welch's t and "
-                "Mann-Whitney U p-values, each Holm-adjusted across the pairs (in brackets); Cohen's d and Cliff's "
-                "delta (positive: A better); P(A better than B), ties counted half, with Newcombe's 95% score "
-                "interval; almost-stochastic-order epsilon_min at a Bonferroni-adjusted confidence (below 0.5: A "
-                "tends to be better; 0 is strict dominance).",
-                comparisons,
-            )
-        )
+    differences, failure_rates = _comparison_tables(report)
+    if not differences.empty:
+        sections += [
+            _Section("Comparisons", COMPARISON_TEXT, differences),
+            _Section("Failure rates compared", FAILURE_COMPARISON_TEXT, failure_rates),
+        ]
     ranking = analysis.ranking[analysis.ranking["metric"] == report.metric]
     if len(ranking) > 1:
         sections.append(
             _Section(
                 "Ranking with intervals",
-                "Best first; overlapping intervals mean the order may be a matter of seeds.",
+                "Best first by mean, with each mean's 95% t interval. Overlap of two intervals is not a test "
+                "(intervals can overlap while the difference is significant): read the comparisons for that.",
                 _ranking_table(report, ranking),
                 "comparison",
             )
         )
-    sections.append(
-        _Section(
-            "Power",
-            "Smallest difference of means these seeds detect (two-sided Welch, alpha 0.05, power 0.8) and "
-            "the seeds per configuration each difference would need, at the observed seed-to-seed std.",
-            _power_table(report),
-        )
-    )
+    sections.append(_Section("Power", _power_text(analysis), _power_table(report)))
     decomposition = analysis.decomposition[analysis.decomposition["metric"] == report.metric]
     if not decomposition.empty:
         sections.append(
             _Section(
                 "Sources of variance",
-                "Method 'sources' (--decompose): each source varied alone (the others fixed), "
-                "each design with seeds of its own; its variance, 95% chi-square interval and share of the sum of the "
-                "sources' variances, beside the total when all vary (a total below the sum: the sources "
-                "interact, each one-at-a-time design counting their "
-                "interaction once more). "
-                "Method 'grid' (--decompose grid): init seeds crossed with data seeds, one run per cell; two-way "
-                "random-effects ANOVA components with 95% intervals (modified large-sample for init and data, "
-                "chi-square for their interaction, which holds the residual: dropout and what seeds leave "
-                "unexplained).",
-                _round(decomposition),
+                _decomposition_text(metadata),
+                _decomposition_table(report, decomposition),
                 "variance",
             )
         )
     sections.append(
         _Section(
             "All metrics",
-            "Every recorded metric, every design.",
-            _round(analysis.summary.drop(columns=["outliers", "best_of_k"])),
+            "Every recorded metric, every design (rounded to six decimals; the intervals are in the sections above "
+            "and in the CSV/JSON).",
+            _round(analysis.summary.drop(columns=["outliers", "best_of_k", "worse_mode_seeds"])),
         )
     )
     return sections
+
+
+DISTRIBUTION_TEXT = (
+    "Completed seeds only; failed or diverged seeds are counted in 'failed'. The headline is the modes when the "
+    "seeds separate (next section), else the mean ± sd of the one mode. The 95% interval of the mean is Student's "
+    "t: it assumes the seeds come from one mode. Simulated (benchmarks/coverage.py) it covers 92-96% from 5 seeds "
+    "on normal, skewed and heavy-tailed data, but on a mixture where one seed in ten lands in a mode 35 sd lower "
+    "it covers 41% at n = 5 and 81% at n = 16: when modes are found, read the good mode's interval and the "
+    "failure rate instead. 'few seeds' marks n below 5, where its level rests on normality; the BCa bootstrap "
+    "interval is in the CSV/JSON. The grid design's interval is the crossed design's (runs sharing an init or a "
+    "data seed are not independent)."
+)
+COMPARISON_TEXT = (
+    "'Better' follows the metric's direction (higher accuracy, lower loss). Paired ('same seeds': both "
+    "configurations trained the same seeds slot for slot, as `compare` does): the mean difference with the "
+    "paired-t interval, the paired t-test and the Wilcoxon signed-rank test, and P(A better) over the pairs "
+    "(ties half) with its exact interval. Independent (different seeds): Welch's interval and t-test, "
+    "Mann-Whitney U, and P(A better) over all pairs of seeds with Newcombe's score interval. Every p-value is "
+    "Holm-adjusted per test across the pairs (in brackets). Cohen's d and Cliff's delta (positive: A better) "
+    "and almost-stochastic-order epsilon_min (Bonferroni-adjusted confidence; below 0.5: A tends to be better) "
+    "treat the seeds as independent. 'good mode A - B' is the difference of the good modes' means (of the means "
+    "when neither study splits)."
+)
+FAILURE_COMPARISON_TEXT = (
+    "Seeds gone wrong (failed, in a worse mode, or below --fail-below) per configuration, and Fisher's exact "
+    "test of the difference between the two rates (Holm-adjusted across the pairs). With shared seeds the "
+    "outcomes are paired, which Fisher's test ignores: it is conservative there."
+)
+
+
+# What benchmarks/coverage.py measured of the mode rule (docs/stability.md has the table).
+MODE_RULE_MEASURED = (
+    "On simulated unimodal studies of 5 to 64 seeds it splits at most 1% of normal ones, 3% of skewed "
+    "(gamma 4) and 9% of heavy-tailed (t, 3 df) ones, and 7-19% of very skewed (log-normal) ones; it finds a "
+    "mode 35 sd lower from 5 seeds whenever a seed is in it"
+)
+
+
+def _modes_text(analysis: Analysis) -> str:
+    settings = analysis.settings
+    below = settings.get("fail_below") or {}
+    counted = ["failed", "is in the worse mode", *(f"is below {v:g} ({m})" for m, v in below.items())]
+    return (
+        f"Mode rule: {settings.get('mode_rule', '')}. {MODE_RULE_MEASURED} (docs/stability.md has the table). "
+        f"A seed 'went wrong' when it {', '.join(counted[:-1])} or {counted[-1]}. Its rate has an exact "
+        "(Clopper-Pearson) 95% interval; with none gone wrong, the one-sided 95% bound says what rate is still "
+        "possible. To see at least one failure of a 1-in-10 kind with 90% probability takes "
+        f"{settings.get('seeds_to_see_1_in_10_with_90_percent', 22)} seeds."
+    )
+
+
+def _shape_text(report: _Report) -> str:
+    text = (
+        "Coefficient of variation, Shapiro-Wilk p (normality), the seeds outside Tukey's fences (by seed_index), "
+        "and the expected best of k seeds."
+    )
+    if not report.is_accuracy:
+        return text
+    return text + (
+        " The noise floor sqrt(p(1-p)/n_test) is the binomial standard error of one seed's accuracy p as an "
+        "estimate of its accuracy on the population the test set was drawn from. It is not a floor on "
+        "seed-to-seed differences: every seed is scored on the same test set, so differences between seeds can "
+        "be smaller than it. 'var / noise var' sets the seed-to-seed variance beside it: well above 1, the seeds "
+        "vary more than the test set measures any one of them precisely."
+    )
+
+
+def _power_text(analysis: Analysis) -> str:
+    return (
+        "Smallest difference of means these seeds detect (Student's two-sample t-test with pooled variance, "
+        "2n - 2 degrees of freedom, two-sided alpha 0.05, power 0.8) and the seeds per configuration each "
+        "difference would need, at the observed seed-to-seed std; a paired design (same seeds) needs fewer when "
+        "shared seeds make the runs alike. It assumes one mode: a worse mode inflates the std. To see one "
+        "failure of a 1-in-10 kind with 90% probability takes "
+        f"{analysis.settings.get('seeds_to_see_1_in_10_with_90_percent', 22)} seeds."
+    )
+
+
+def _decomposition_text(metadata: dict[str, Any]) -> str:
+    dropout = "dropout" in metadata.get("vary", [])
+    residual = (
+        "dropout (varied per cell) and what the seeds leave unexplained"
+        if dropout
+        else "what the seeds leave unexplained (dropout kept one seed: it adds nothing here)"
+    )
+    return (
+        "Method 'sources' (--decompose): each source varied alone (the others fixed), each design with seeds of "
+        "its own; its variance with a normal-theory chi-square 95% interval (it assumes normal seeds: under "
+        "heavier tails or a worse mode it is too narrow, see the coverage table in docs/stability.md), and its "
+        "share of the sum of the sources' variances (a point estimate, without interval), beside the total when "
+        "all vary. If the sources interact, each one-at-a-time design counts their interaction once more and the "
+        "total falls below the sum; the report does not test this, and a total below the sum within the "
+        "intervals may be noise. Method 'grid' (--decompose grid): init seeds crossed with data seeds, one run "
+        "per cell; two-way random-effects ANOVA components with 95% intervals (modified large-sample for init "
+        f"and data, chi-square for their interaction, which holds the residual: {residual})."
+    )
 
 
 def _protocol_text(metadata: dict[str, Any], analysis: Analysis) -> str:
@@ -349,30 +438,103 @@ def _p(value: Any) -> str:
     return f"{float(value):.3f}" if float(value) >= 1e-3 else f"{float(value):.1e}"
 
 
-def _distribution_table(report: _Report) -> pd.DataFrame:
-    scale, unit = _scale(report)
-    digits = 2 if report.is_accuracy else 4
+def _metric_rows(report: _Report) -> tuple[pd.DataFrame, bool]:
     summary = report.analysis.summary
     rows = summary[summary["metric"] == report.metric]
-    several_designs = rows["design"].nunique() > 1
-    f = lambda v: _fmt(v, scale, unit, digits)
+    return rows, rows["design"].nunique() > 1
+
+
+def _value_format(report: _Report) -> Any:
+    scale, unit = _scale(report)
+    digits = 2 if report.is_accuracy else 4
+    return lambda v: _fmt(v, scale, unit, digits)
+
+
+def _keys(r: pd.Series, several_designs: bool) -> dict[str, Any]:
+    return {"config": r["config"], **({"design": r["design"]} if several_designs else {})}
+
+
+def _distribution_table(report: _Report) -> pd.DataFrame:
+    """The headline per configuration: modes or mean ± sd, and the mean's interval, labelled for what it assumes."""
+    rows, several_designs = _metric_rows(report)
+    f = _value_format(report)
+    table = []
+    for _, r in rows.iterrows():
+        method = "crossed" if str(r["ci_method"]).startswith("crossed") else "t"
+        table.append(
+            {
+                **_keys(r, several_designs),
+                "n": int(r["n"]),
+                "failed": int(r["n_failed"]),
+                "headline": r["headline"],
+                f"95% CI of the mean ({method}; one mode)": f"[{f(r['ci_low'])}, {f(r['ci_high'])}]"
+                + (" (few seeds)" if r["few_seeds"] else ""),
+                "median [IQR]": f"{f(r['median'])} [{f(r['iqr'])}]",
+                "IQM": f(r["iqm"]),
+                "min – max": f"{f(r['min'])} – {f(r['max'])}",
+            }
+        )
+    return pd.DataFrame(table)
+
+
+def gone_wrong(r: pd.Series | dict[str, Any]) -> str:
+    """ "0 of 8 (still possible: up to 31%, one-sided 95%)" or "2 of 8 = 25% [3.2%, 65%]"."""
+    if not r["bad_of"]:
+        return "no seeds"
+    if r["bad_n"] == 0:
+        return f"0 of {int(r['bad_of'])} (still possible: up to {r['bad_upper']:.0%}, one-sided 95%)"
+    return f"{int(r['bad_n'])} of {int(r['bad_of'])} = {r['bad_rate']:.1%} [{r['bad_low']:.1%}, {r['bad_high']:.1%}]"
+
+
+def _what_went_wrong(r: pd.Series) -> str:
+    parts = [
+        f"{int(r['bad_failed'])} failed" if r["bad_failed"] else "",
+        f"{int(r['bad_in_worse_mode'])} in the worse mode" if r["bad_in_worse_mode"] else "",
+        f"{int(r['bad_below'])} below the threshold" if r["bad_below"] else "",
+    ]
+    return ", ".join(p for p in parts if p) or "none"
+
+
+def _modes_table(report: _Report) -> pd.DataFrame:
+    rows, several_designs = _metric_rows(report)
+    f = _value_format(report)
+    table = []
+    for _, r in rows.iterrows():
+        split = r["modes"] == 2
+        spread = lambda mean, std: f(mean) + (f" ± {f(std)}" if np.isfinite(std) else "")  # noqa: E731 (local helper)
+        table.append(
+            {
+                **_keys(r, several_designs),
+                "modes": int(r["modes"]),
+                "good mode: n, mean ± sd [95% t CI]": (
+                    f"{int(r['good_mode_n'])}, {spread(r['good_mode_mean'], r['good_mode_std'])} "
+                    f"[{f(r['good_mode_ci_low'])}, {f(r['good_mode_ci_high'])}]"
+                    if split
+                    else "one mode"
+                ),
+                "worse mode: n, mean ± sd": (
+                    f"{int(r['worse_mode_n'])}, {spread(r['worse_mode_mean'], r['worse_mode_std'])}" if split else ""
+                ),
+                "worse-mode seeds (seed_index)": ", ".join(f"#{i}" for i in str(r["worse_mode_seeds"]).split(",") if i),
+                "gone wrong [95% exact CI]": gone_wrong(r),
+                "of which": _what_went_wrong(r),
+            }
+        )
+    return pd.DataFrame(table)
+
+
+def _shape_table(report: _Report) -> pd.DataFrame:
+    rows, several_designs = _metric_rows(report)
+    f = _value_format(report)
     table = []
     for _, r in rows.iterrows():
         best = json.loads(r["best_of_k"]) if r["best_of_k"] else {}
         row = {
-            "config": r["config"],
-            **({"design": r["design"]} if several_designs else {}),
-            "n": int(r["n"]),
-            "failed": int(r["n_failed"]),
-            "mean ± std": f"{f(r['mean'])} ± {f(r['std'])}",
-            "95% CI (t)": f"[{f(r['ci_low'])}, {f(r['ci_high'])}]" + (" (few seeds)" if r["few_seeds"] else ""),
-            "median [IQR]": f"{f(r['median'])} [{f(r['iqr'])}]",
-            "IQM": f(r["iqm"]),
-            "min – max": f"{f(r['min'])} – {f(r['max'])}",
+            **_keys(r, several_designs),
             "CV": _fmt(r["cv"], 1, "", 4),
             "Shapiro p": _p(r["normality_p"]),
-            "outliers": r["outliers"] or "none",
-            "best of k": ", ".join(f"{k}: {f(v)}" for k, v in best.items()) or "n/a",
+            "outlier seeds (seed_index)": ", ".join(f"#{i}" for i in str(r["outliers"]).split(",") if i) or "none",
+            "expected best of k seeds": ", ".join(f"k={k}: {f(v)}" for k, v in best.items()) or "n/a",
         }
         if report.is_accuracy:
             row["noise floor sd"] = f(r["noise_floor_std"])
@@ -381,27 +543,44 @@ def _distribution_table(report: _Report) -> pd.DataFrame:
     return pd.DataFrame(table)
 
 
-def _comparison_table(report: _Report) -> pd.DataFrame:
-    scale, unit = _scale(report)
+def _comparison_tables(report: _Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(differences, failure rates): one row per pair, each in the figures its design calls for."""
+    f = _value_format(report)
     rows = report.analysis.comparisons[report.analysis.comparisons["metric"] == report.metric]
-    return pd.DataFrame(
-        [
+    differences, failures = [], []
+    for _, r in rows.iterrows():
+        paired = bool(r["paired"])
+        interval = ("paired_diff_low", "paired_diff_high") if paired else ("mean_diff_low", "mean_diff_high")
+        low, high = r[interval[0]], r[interval[1]]
+        better = ("p_a_better_pairs", "p_a_better_pairs_low", "p_a_better_pairs_high")
+        better = better if paired else ("p_a_better", "p_a_better_low", "p_a_better_high")
+        t_test, rank_test = ("paired_t_p", "wilcoxon_p") if paired else ("welch_p", "mwu_p")
+        differences.append(
             {
                 "A": r["a"],
                 "B": r["b"],
-                "mean A - B": _fmt(r["mean_diff"], scale, unit, 2 if report.is_accuracy else 4),
-                "Welch p (Holm)": f"{_p(r['welch_p'])} ({_p(r['welch_p_holm'])})",
-                "MWU p (Holm)": f"{_p(r['mwu_p'])} ({_p(r['mwu_p_holm'])})",
-                "Cohen d": _fmt(r["cohen_d"]),
-                "Cliff delta": _fmt(r["cliff_delta"]),
-                "P(A better) [95% CI]": (
-                    f"{_fmt(r['p_a_better'])} [{_fmt(r['p_a_better_low'])}, {_fmt(r['p_a_better_high'])}]"
+                "seeds": f"same ({int(r['n_pairs'])} pairs)" if paired else "independent",
+                "mean A - B [95% CI]": f"{f(r['mean_diff'])} [{f(low)}, {f(high)}]",
+                "t-test p (Holm)": f"{'paired' if paired else 'Welch'} {_p(r[t_test])} ({_p(r[t_test + '_holm'])})",
+                "rank test p (Holm)": (
+                    f"{'Wilcoxon' if paired else 'MWU'} {_p(r[rank_test])} ({_p(r[rank_test + '_holm'])})"
                 ),
+                "P(A better) [95% CI]": f"{_fmt(r[better[0]])} [{_fmt(r[better[1]])}, {_fmt(r[better[2]])}]",
+                "Cohen d / Cliff delta": f"{_fmt(r['cohen_d'])} / {_fmt(r['cliff_delta'])}",
                 "ASO eps_min": _fmt(r["aso_eps_min"], digits=3),
             }
-            for _, r in rows.iterrows()
-        ]
-    )
+        )
+        failures.append(
+            {
+                "A": r["a"],
+                "B": r["b"],
+                "gone wrong A": f"{int(r['a_bad_n'])} of {int(r['a_bad_of'])}",
+                "gone wrong B": f"{int(r['b_bad_n'])} of {int(r['b_bad_of'])}",
+                "Fisher p (Holm)": f"{_p(r['bad_rate_p'])} ({_p(r['bad_rate_p_holm'])})",
+                "good mode A - B": f(r["good_mode_diff"]),
+            }
+        )
+    return pd.DataFrame(differences), pd.DataFrame(failures)
 
 
 def _ranking_table(report: _Report, ranking: pd.DataFrame) -> pd.DataFrame:
@@ -441,6 +620,24 @@ def _power_table(report: _Report) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _decomposition_table(report: _Report, decomposition: pd.DataFrame) -> pd.DataFrame:
+    """Variances with their intervals (three significant digits, in the metric's units squared) and
+    shares as whole percentages: a share is a point estimate without an interval."""
+    g = lambda v: "n/a" if not np.isfinite(v) else f"{v:.3g}"  # noqa: E731 (local helper)
+    return pd.DataFrame(
+        [
+            {
+                "config": r["config"],
+                "method": r["method"],
+                "source": r["source"],
+                "variance [95% CI]": f"{g(r['variance'])} [{g(r['ci_low'])}, {g(r['ci_high'])}]",
+                "share (point estimate)": "n/a" if not np.isfinite(r["share"]) else f"{r['share']:.0%}",
+            }
+            for _, r in decomposition.iterrows()
+        ]
+    )
+
+
 def _round(frame: pd.DataFrame, digits: int = 6) -> pd.DataFrame:
     return frame.round({c: digits for c in frame.columns if pd.api.types.is_float_dtype(frame[c])})
 
@@ -459,14 +656,13 @@ _LATEX_SYMBOLS = {
 
 
 def _latex(table: pd.DataFrame, *, caption: str, label: str) -> str:
-    """A booktabs table scaled to the text width (\\resizebox, package graphicx), ASCII and math only."""
+    """A booktabs table at its natural size, ASCII and math only."""
     styler = table.style.hide(axis="index").format(escape="latex")
     styler = styler.format_index(escape="latex", axis="columns")
     text = styler.to_latex(hrules=True, caption=caption, label=label, position="htbp", position_float="centering")
     for symbol, replacement in _LATEX_SYMBOLS.items():
         text = text.replace(symbol, replacement)
-    text = text.replace("\\begin{tabular}", "\\resizebox{\\linewidth}{!}{%\n\\begin{tabular}")
-    return text.replace("\\end{tabular}", "\\end{tabular}%\n}")
+    return text
 
 
 # ------------------------------------------------------------------- JSON

@@ -16,6 +16,7 @@ silenced because the NaN already says so.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,11 +28,21 @@ from numpy.typing import ArrayLike
 from scipy import optimize, stats
 
 NAN = float("nan")
-# The headline interval of a mean is Student's t: the simulation in benchmarks/coverage.py
-# measures it at 93-97% for a nominal 95% from 5 seeds on normal, skewed and heavy-tailed
-# data, where BCa under-covers (82% at n = 5 on normal data). Below this many seeds the
-# interval's level rests on normality alone, and the report says so.
+# The interval of the mean is Student's t. benchmarks/coverage.py measures it at 92.7-96.2% for
+# a nominal 95% from 5 seeds on normal, skewed (gamma 4) and heavy-tailed (t, 3 df) data, where
+# BCa under-covers (83% at n = 5 on normal data); it collapses on mixtures of a good and a bad mode
+# (see find_modes), which is why modes are looked for first. Below this many seeds its level
+# rests on normality alone, and the report says so.
 FEW_SEEDS = 5
+
+# The mode rule (find_modes): a study splits into two modes when the widest gap between its
+# sorted values is at least MODE_GAP_FLOOR within-mode standard deviations and beyond the
+# MODE_LEVEL quantile of that statistic on normal samples of the same size. Measured false-
+# positive rates on unimodal data and detection rates on mixtures are in benchmarks/coverage.py
+# and docs/stability.md; the floor keeps heavy-tailed unimodal studies from splitting too often.
+MODE_GAP_FLOOR = 5.0
+MODE_LEVEL = 0.99
+MIN_SEEDS_FOR_MODES = 4
 
 
 def _as_1d(values: ArrayLike) -> np.ndarray:
@@ -148,12 +159,128 @@ def tukey_outliers(values: ArrayLike) -> list[int]:
 def noise_floor_std(accuracy: float, n_test: int | None) -> float:
     """Std of an accuracy measured on n_test examples from test-set sampling alone: sqrt(p(1-p)/n_test).
 
-    Seed-to-seed variation at or below this floor cannot be told apart from the finite
-    test set; a variance ratio well above 1 means the seeds really differ.
+    It is how far one seed's test accuracy may sit from its accuracy on the population the test
+    set was drawn from. It is not a floor on seed-to-seed differences: every seed is scored on the
+    same test set, so their differences do not contain this error. The variance ratio sets the
+    seed-to-seed variance beside it.
     """
     if not n_test or n_test <= 0 or not math.isfinite(accuracy):
         return NAN
     return math.sqrt(accuracy * (1.0 - accuracy) / n_test)
+
+
+# --------------------------------------------------------------------------- modes and failures
+
+
+def studentized_gaps(sorted_values: np.ndarray) -> np.ndarray:
+    """For each split of sorted values into a low and a high group: the gap between them divided
+    by the pooled within-group standard deviation (n - 2 degrees of freedom). Works on the last
+    axis, so a batch of simulated samples is one call; a split with no spread on either side and a
+    gap gives inf, one without a gap NaN."""
+    x = np.asarray(sorted_values, dtype=np.float64)
+    n = x.shape[-1]
+    sums, squares = np.cumsum(x, axis=-1), np.cumsum(x**2, axis=-1)
+    low_size = np.arange(1, n)
+    low_sum, low_squares = sums[..., :-1], squares[..., :-1]
+    high_sum, high_squares = sums[..., -1:] - low_sum, squares[..., -1:] - low_squares
+    within = (low_squares - low_sum**2 / low_size) + (high_squares - high_sum**2 / (n - low_size))
+    with np.errstate(all="ignore"):
+        spread = np.sqrt(np.maximum(within, 0.0) / (n - 2))
+        # sums of squares by cumulative sums leave rounding noise where the spread is truly zero
+        spread = np.where(spread <= 1e-12 * np.maximum(np.abs(x[..., -1:]), 1.0), 0.0, spread)
+        return np.diff(x, axis=-1) / spread
+
+
+@functools.cache
+def mode_threshold(n: int) -> float:
+    """The studentized gap above which n values split into two modes: the MODE_LEVEL quantile of
+    the widest studentized gap of n normal values (20,000 seeded samples; past 64 seeds the
+    quantile is far below the floor, so 64 stands for every larger n), and never below MODE_GAP_FLOOR."""
+    if n < MIN_SEEDS_FOR_MODES:
+        return math.inf
+    size = min(n, 64)
+    samples = np.sort(np.random.default_rng(20240528).normal(size=(20_000, size)), axis=-1)
+    widest = np.nanmax(studentized_gaps(samples), axis=-1)
+    return max(float(np.quantile(widest, MODE_LEVEL)), MODE_GAP_FLOOR)
+
+
+def find_modes(values: ArrayLike, higher_is_better: bool = True) -> dict[str, Any]:
+    """Split the values at their widest studentized gap when it passes `mode_threshold`.
+
+    Returns modes (1 or 2), the statistic and threshold, and the positions (into `values`) of the
+    good and the worse mode: the worse mode is the one on the metric's wrong side (lower for an
+    accuracy, higher for a loss), whatever its size. One mode: every position is good, none worse.
+    At most two modes are reported: a third would need more seeds than studies usually have.
+    """
+    x = _as_1d(values)
+    everything = {"modes": 1, "mode_stat": NAN, "mode_threshold": mode_threshold(x.size)}
+    if x.size < MIN_SEEDS_FOR_MODES:
+        return {**everything, "good": list(range(x.size)), "worse": []}
+    order = np.argsort(x, kind="stable")
+    gaps = studentized_gaps(x[order])
+    if np.all(np.isnan(gaps)):  # every value equal
+        return {**everything, "good": list(range(x.size)), "worse": []}
+    split = int(np.nanargmax(gaps))
+    everything["mode_stat"] = float(gaps[split])
+    if not gaps[split] >= everything["mode_threshold"]:
+        return {**everything, "good": list(range(x.size)), "worse": []}
+    low, high = sorted(order[: split + 1].tolist()), sorted(order[split + 1 :].tolist())
+    good, worse = (high, low) if higher_is_better else (low, high)
+    return {**everything, "modes": 2, "good": good, "worse": worse}
+
+
+def clopper_pearson(successes: float, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) two-sided interval for a binomial proportion, from beta quantiles,
+    as scipy's binomtest(...).proportion_ci(method="exact"). A non-integer count (ties counted
+    half) takes the same formula, the beta quantile being continuous in its parameters."""
+    if trials <= 0:
+        return NAN, NAN
+    tail = (1 - confidence) / 2
+    low = 0.0 if successes <= 0 else float(stats.beta.ppf(tail, successes, trials - successes + 1))
+    high = 1.0 if successes >= trials else float(stats.beta.ppf(1 - tail, successes + 1, trials - successes))
+    return low, high
+
+
+def clopper_pearson_upper(successes: int, trials: int, confidence: float = 0.95) -> float:
+    """One-sided exact upper bound: the largest rate still consistent with the count at `confidence`.
+    0 of n gives 1 - (1 - confidence)^(1/n): 0 of 8 at 95% is 31%."""
+    if trials <= 0:
+        return NAN
+    return 1.0 if successes >= trials else float(stats.beta.ppf(confidence, successes + 1, trials - successes))
+
+
+def failure_rate(bad: int, total: int, confidence: float = 0.95) -> dict[str, Any]:
+    """How often a seed goes wrong: bad of total, the share, its exact two-sided interval and
+    one-sided upper bound (what "0 of 8 went wrong" still allows)."""
+    low, high = clopper_pearson(bad, total, confidence)
+    return {
+        "bad_n": int(bad),
+        "bad_of": int(total),
+        "bad_rate": bad / total if total else NAN,
+        "bad_low": low,
+        "bad_high": high,
+        "bad_upper": clopper_pearson_upper(bad, total, confidence),
+    }
+
+
+def seeds_to_see_failure(rate: float, probability: float = 0.9) -> float:
+    """Seeds needed to see at least one failure of a kind that hits a share `rate` of seeds with
+    `probability`: the smallest n with 1 - (1 - rate)^n >= probability (a 1-in-10 failure with
+    90% probability: 22 seeds)."""
+    if not (0 < rate <= 1 and 0 < probability < 1):
+        return NAN
+    if rate == 1:
+        return 1
+    n = math.ceil(math.log1p(-probability) / math.log1p(-rate))
+    return n - 1 if n > 1 and 1 - (1 - rate) ** (n - 1) >= probability else n  # guard the logs' rounding
+
+
+def compare_rates(bad_a: int, of_a: int, bad_b: int, of_b: int) -> float:
+    """Two-sided Fisher's exact p-value for a difference between two failure rates (NaN without seeds)."""
+    if of_a <= 0 or of_b <= 0:
+        return NAN
+    table = [[bad_a, of_a - bad_a], [bad_b, of_b - bad_b]]
+    return float(stats.fisher_exact(table, alternative="two-sided").pvalue)
 
 
 def summarize(
@@ -162,15 +289,18 @@ def summarize(
     n_failed: int = 0,
     n_test: int | None = None,
     is_accuracy: bool = True,
+    higher_is_better: bool = True,
+    fail_below: float | None = None,
     confidence: float = 0.95,
     bootstrap_seed: int = 0,
     n_resamples: int = 9999,
 ) -> dict[str, Any]:
-    """Every figure of one row of `Analysis.summary` (without config/design/metric), over completed seeds.
+    """Every figure of one row of `Analysis.summary` (without config/design/metric/headline), over completed seeds.
 
-    `outliers` is a list of positions into `values` and `best_of_k` a dict {k: expected best};
-    the analysis turns them into the report's strings. The noise floor and variance ratio are
-    only defined for accuracies measured on `n_test` examples.
+    `outliers` and `worse_mode_seeds` are lists of positions into `values` and `best_of_k` a dict
+    {k: expected best}; the analysis turns them into the report's strings. The noise floor and
+    variance ratio are only defined for accuracies measured on `n_test` examples. A seed "went
+    wrong" (bad_*) when it failed, is in the worse mode, or is below `fail_below`.
     """
     x = _as_1d(values)
     n = int(x.size)
@@ -212,7 +342,39 @@ def summarize(
         noise_floor_std=floor,
         variance_ratio=std**2 / floor**2 if floor > 0 else NAN,
     )
+    row.update(_modes_and_failures(x, int(n_failed), higher_is_better, fail_below, confidence))
     return row
+
+
+def _modes_and_failures(
+    x: np.ndarray, n_failed: int, higher_is_better: bool, fail_below: float | None, confidence: float
+) -> dict[str, Any]:
+    """The summary's mode fields (each mode's size, mean, spread; the worse mode's positions) and
+    how many seeds went wrong: failed, in the worse mode, or (besides those) below `fail_below`."""
+    modes = find_modes(x, higher_is_better)
+    good, worse = x[modes["good"]], x[modes["worse"]]
+    below = [i for i in range(x.size) if fail_below is not None and x[i] < fail_below and i not in modes["worse"]]
+    with _quiet():
+        good_ci = t_interval(good, confidence)
+        fields = {
+            "modes": modes["modes"],
+            "mode_stat": modes["mode_stat"],
+            "mode_threshold": modes["mode_threshold"],
+            "good_mode_n": int(good.size),
+            "good_mode_mean": float(np.mean(good)) if good.size else NAN,
+            "good_mode_std": float(np.std(good, ddof=1)) if good.size >= 2 else NAN,
+            "good_mode_ci_low": good_ci[0],
+            "good_mode_ci_high": good_ci[1],
+            "worse_mode_n": int(worse.size),
+            "worse_mode_mean": float(np.mean(worse)) if worse.size else NAN,
+            "worse_mode_std": float(np.std(worse, ddof=1)) if worse.size >= 2 else NAN,
+            "worse_mode_seeds": modes["worse"],
+            "bad_failed": n_failed,
+            "bad_in_worse_mode": int(worse.size),
+            "bad_below": len(below),
+        }
+    bad = n_failed + int(worse.size) + len(below)
+    return {**fields, **failure_rate(bad, x.size + n_failed, confidence)}
 
 
 # --------------------------------------------------------------------------- two samples
@@ -327,6 +489,55 @@ def compare(
         aso_eps_min=aso_epsilon_min(better_a, better_b, confidence=aso_confidence or confidence, seed=bootstrap_seed),
     )
     return row
+
+
+def compare_paired(
+    a: ArrayLike, b: ArrayLike, *, confidence: float = 0.95, higher_is_better: bool = True
+) -> dict[str, float]:
+    """Paired figures for seeds shared slot for slot (a[i] and b[i] trained with the same seeds):
+    the paired t-test and its interval for the mean difference A - B, the Wilcoxon signed-rank
+    test, and P(A better) over the pairs (ties half) with its exact Clopper-Pearson interval.
+
+    Sharing seeds makes the two runs of a slot alike (same initialisation, same batches), so the
+    differences vary less than two independent samples would: independent-sample tests (Welch,
+    Mann-Whitney) ignore that and lose power, and their intervals are wider than they need be.
+    """
+    a, b = _as_1d(a), _as_1d(b)
+    row = dict.fromkeys(
+        ("n_pairs", "paired_diff_low", "paired_diff_high", "paired_t", "paired_t_p", "wilcoxon_w", "wilcoxon_p"),
+        NAN,
+    )
+    row.update(dict.fromkeys(("p_a_better_pairs", "p_a_better_pairs_low", "p_a_better_pairs_high"), NAN))
+    if a.size != b.size:
+        raise ValueError(f"compare_paired needs as many values of A as of B, got {a.size} and {b.size}.")
+    row["n_pairs"] = a.size
+    if a.size == 0:
+        return row
+    diff = a - b
+    with _quiet():
+        if a.size >= 2:
+            paired = stats.ttest_rel(a, b)
+            low, high = t_interval(diff, confidence)
+            row.update(paired_t=float(paired.statistic), paired_t_p=float(paired.pvalue))
+            row.update(paired_diff_low=low, paired_diff_high=high)
+        if np.any(diff != 0):
+            signed = stats.wilcoxon(a, b, zero_method="wilcox")
+            row.update(wilcoxon_w=float(signed.statistic), wilcoxon_p=float(signed.pvalue))
+    better = diff if higher_is_better else -diff
+    wins = float(np.sum(better > 0) + 0.5 * np.sum(better == 0))
+    low, high = clopper_pearson(wins, a.size, confidence)
+    row.update(p_a_better_pairs=wins / a.size, p_a_better_pairs_low=low, p_a_better_pairs_high=high)
+    return row
+
+
+def welch_interval(a: ArrayLike, b: ArrayLike, confidence: float = 0.95) -> tuple[float, float]:
+    """Welch's interval for mean(A) - mean(B) (independent samples, unequal variances)."""
+    a, b = _as_1d(a), _as_1d(b)
+    if a.size < 2 or b.size < 2:
+        return NAN, NAN
+    with _quiet():
+        low, high = stats.ttest_ind(a, b, equal_var=False).confidence_interval(confidence)
+    return float(low), float(high)
 
 
 # --------------------------------------------------------------------------- Almost Stochastic Order
@@ -654,3 +865,33 @@ def grid_decomposition(
         }
     )
     return rows
+
+
+def crossed_mean_interval(
+    frame: pd.DataFrame, factors: Sequence[str], value: str, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Interval for the grand mean of a crossed grid (I levels x J levels, one run per cell).
+
+    The k x k runs are not independent: runs that share an init seed share its effect. Under
+    the two-way random model, var(grand mean) = s2_a / I + s2_b / J + s2_ab+e / (I J), whose
+    unbiased estimate is (MS_A + MS_B - MS_AB) / (I J); its degrees of freedom come from
+    Satterthwaite. When MS_A + MS_B - MS_AB is below MS_AB (components estimated negative), the
+    runs are taken as independent (MS_AB / (I J), df of the interaction), the usual truncation.
+    """
+    table = variance_components(frame, factors, value).set_index("source")
+    if len(table) != 3:
+        raise ValueError("crossed_mean_interval takes a grid with one run per cell.")
+    ms, df = table["mean_square"].to_numpy(), table["df"].to_numpy(dtype=np.float64)
+    cells = frame[factors[0]].nunique() * frame[factors[1]].nunique()
+    combined = ms[0] + ms[1] - ms[2]
+    if not all(math.isfinite(v) for v in ms) or min(df) < 1:
+        return NAN, NAN
+    if combined <= ms[2]:
+        variance, dof = ms[2] / cells, df[2]
+    else:
+        variance, dof = combined / cells, combined**2 / (ms[0] ** 2 / df[0] + ms[1] ** 2 / df[1] + ms[2] ** 2 / df[2])
+    mean = float(frame[value].mean())
+    if variance <= 0:
+        return mean, mean
+    half = float(stats.t.ppf(0.5 + confidence / 2, dof)) * math.sqrt(variance)
+    return mean - half, mean + half

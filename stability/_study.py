@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,22 @@ def check_run_options(seeds: Any, metric: str, measured: Sequence[str] = ()) -> 
         raise HftaNasError(f"--metric: unknown metric '{metric}'{hint}; expected one of {', '.join(known)}.")
 
 
+def check_fail_below(threshold: float | None, metric: str) -> None:
+    """HftaNasError for a --fail-below the metric cannot use: a metric better lower (a loss, an
+    error), or an accuracy threshold outside [0, 1] (accuracies are fractions: 0.6, not 60)."""
+    if threshold is None:
+        return
+    if not math.isfinite(threshold):
+        raise HftaNasError(f"--fail-below must be a finite number, got {threshold}.")
+    if metric.endswith(("_loss", "_rmse", "_mae", "_error", "_err")):
+        raise HftaNasError(
+            f"--fail-below counts seeds below a value, but {metric} is better lower; use a metric to maximise."
+        )
+    if metric.endswith("_acc") and not 0 <= threshold <= 1:
+        hint = f" (did you mean {threshold / 100:g}?)" if 1 < threshold <= 100 else ""
+        raise HftaNasError(f"--fail-below {threshold:g}: accuracies are fractions from 0 to 1{hint}.")
+
+
 def measured_by_every_config(configs: Sequence[LabelledConfig]) -> list[str]:
     """The metrics every config records (a classification config has no test_r2), in METRICS order."""
     per_config = [
@@ -89,6 +106,7 @@ def run_study(
     artifact_dir: str | Path | None = None,
     earlier: Sequence[StabilityResult] = (),
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    fail_below: float | None = None,
 ) -> StudyReport:
     """Train each configuration across `seeds` seeds, analyse, write the report, store it.
 
@@ -96,7 +114,8 @@ def run_study(
     `storage`: an Optuna storage URL or journal path (default runs/hfta-nas.journal;
     `store=False` keeps nothing in a storage); `earlier`: results of earlier studies
     to compare with, reused without retraining. `metric` test_acc (the default) is
-    test_rmse for regression configs.
+    test_rmse for regression configs. `fail_below`: a seed whose `metric` is below it counts
+    as gone wrong in the failure rate.
     """
     from hfta_nas.search import open_storage
     from stability._runner import run_stability
@@ -104,6 +123,7 @@ def run_study(
     labelled = _labelled(configs)
     metric = metric_for(labelled, metric)
     check_run_options(seeds, metric, measured_by_every_config(labelled))
+    check_fail_below(fail_below, metric)
     vary = parse_vary(vary)
     check_design(seeds, vary=vary, decompose=decompose)  # before anything is stored
     _check_sources(labelled, vary)
@@ -139,6 +159,7 @@ def run_study(
         bootstrap_seed=bootstrap_seed,
         stores=stores,
         artifact_dir=artifacts,
+        fail_below=fail_below,
     )
 
 
@@ -152,10 +173,12 @@ def report(
     bootstrap_seed: int | None = None,
     stores: dict[str, Any] | None = None,
     artifact_dir: Path | None = None,
+    fail_below: float | None = None,
 ) -> StudyReport:
     """Analyse a result and write its report (and raw data, for `hfta-nas report`) to `out_dir`."""
     from stability._analysis import analyse
 
+    check_fail_below(fail_below, metric)
     known = set(result.curves["metric"]) | {c for c in result.seeds.columns if c.endswith(("_acc", "_loss"))}
     if metric not in known:
         raise HftaNasError(f"unknown metric '{metric}'; the results have {', '.join(sorted(known))}.")
@@ -164,7 +187,8 @@ def report(
         result.save(out / "result")
     except OSError as error:
         raise HftaNasError(f"cannot write the report folder '{out}': {error.strerror or error}") from None
-    analysis = analyse(result, bootstrap_seed=bootstrap_seed)
+    thresholds = None if fail_below is None else {metric: fail_below}
+    analysis = analyse(result, bootstrap_seed=bootstrap_seed, fail_below=thresholds)
     files = write_report(result, analysis, out, formats=formats, plot_formats=plot_formats, metric=metric)
     attached = []
     html = next((p for p in files.get("html", []) if Path(p).suffix == ".html"), None)

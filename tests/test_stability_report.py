@@ -157,20 +157,25 @@ def test_html_is_self_contained_with_decodable_images(written):
 def test_latex_table_escapes_names_and_uses_booktabs(written):
     _, _, out, _ = written
     tex = (out / "report.tex").read_text()
-    assert tex.count("\\begin{table}") == 2 and "\\toprule" in tex and "\\bottomrule" in tex
+    # distribution, modes, shape; comparisons and failure rates
+    assert tex.count("\\begin{table}") == 5 and "\\toprule" in tex and "\\bottomrule" in tex
     assert "B\\_wide" in tex and "B_wide" not in tex.replace("B\\_wide", "")
     assert "\\label{tab:stability}" in tex
 
 
 def test_latex_tables_fit_the_page_and_are_plain_ascii(written, tmp_path):
-    """Scaled to the text width, symbols in math mode; compiled when pdflatex is installed."""
+    """Split into tables of at most 9 columns at their natural size (a 14-column table scaled to the text
+    width printed at ~3pt), symbols in math mode; compiled when pdflatex is installed."""
     import shutil
     import subprocess
 
     _, _, out, _ = written
     tex = (out / "report.tex").read_text()
     assert tex.isascii(), sorted({c for c in tex if not c.isascii()})
-    assert tex.count("\\resizebox{\\linewidth}{!}{%") == tex.count("\\begin{tabular}") == 2
+    assert "\\resizebox" not in tex and tex.count("\\begin{tabular}") == 5
+    for columns in re.findall(r"\\begin\{tabular\}\{([a-z]+)\}", tex):
+        assert len(columns) <= 9, columns
+    assert "95\\% intervals" not in tex  # the caption names the interval it shows
     assert "$\\pm$" in tex
     if shutil.which("pdflatex") is None:
         return
@@ -274,3 +279,76 @@ def test_report_files_get_the_usual_permissions(written):
     mask = os.umask(0)
     os.umask(mask)
     assert {stat.S_IMODE(p.stat().st_mode) for paths in files.values() for p in paths} == {0o666 & ~mask}
+
+
+# ---------------------------------------------------------------- modes and seeds gone wrong
+
+
+def with_a_bad_seed(result: StabilityResult) -> StabilityResult:
+    """Config B_wide's seed 5 lands in a basin 35 points lower."""
+    seeds = result.seeds.copy()
+    bad = (seeds["config"] == "B_wide") & (seeds["design"] == "all") & (seeds["seed_index"] == 5)
+    seeds.loc[bad, "test_acc"] = 0.43
+    return StabilityResult(seeds, result.curves, result.metadata)
+
+
+@pytest.fixture(scope="module")
+def bimodal(tmp_path_factory):
+    result = with_a_bad_seed(synthetic_result())
+    out = tmp_path_factory.mktemp("bimodal")
+    write_report(result, analyse(result, n_resamples=200), out, plot_formats=())
+    return out
+
+
+def test_the_report_words_modes_no_failure_and_some_failures(bimodal):
+    markdown = (bimodal / "report.md").read_text()
+    assert "bimodal: 1 of 8 seeds in a mode 35.0 points lower" in markdown  # B_wide's headline
+    assert "1 of 8 = 12.5% [0.3%, 52.7%]" in markdown  # A: one failed seed, exact interval
+    assert "1 in the worse mode" in markdown and "1 failed" in markdown and "#5" in markdown
+    only_a = synthetic_result(failed=0)
+    out = bimodal.parent / "clean"
+    write_report(only_a, analyse(only_a, n_resamples=100), out, formats=("md",), plot_formats=())
+    clean = (out / "report.md").read_text()
+    assert "0 of 8 (still possible: up to 31%, one-sided 95%)" in clean
+    assert "one mode: " in clean and "bimodal" not in clean
+
+
+def test_every_export_format_carries_the_modes_and_the_failure_rate(bimodal):
+    fields = ("modes", "worse_mode_n", "good_mode_mean", "bad_n", "bad_of", "bad_low", "bad_high", "bad_upper")
+    summary = pd.read_csv(bimodal / "summary.csv")
+    row = summary[(summary["config"] == "B_wide") & (summary["metric"] == "test_acc")].iloc[0]
+    assert set(fields) <= set(summary.columns) and row["modes"] == 2 and str(row["worse_mode_seeds"]) in ("5", "5.0")
+    comparisons = pd.read_csv(bimodal / "comparisons.csv")
+    assert {"paired", "paired_t_p", "wilcoxon_p", "a_bad_n", "b_bad_n", "bad_rate_p"} <= set(comparisons.columns)
+    document = json.loads((bimodal / "report.json").read_text())
+    b_wide = next(r for r in document["summary"] if r["config"] == "B_wide" and r["metric"] == "test_acc")
+    assert b_wide["worse_mode_seeds"] == [5] and b_wide["headline"].startswith("bimodal: 1 of 8")
+    assert all(field in b_wide for field in fields)
+    for name in ("report.md", "report.html", "report.tex"):
+        text = (bimodal / name).read_text()
+        assert "bimodal: 1 of 8 seeds" in text and "Clopper-Pearson" in text, name
+        assert "1 of 8 = 12.5" in text and "Fisher" in text, name
+
+
+def test_comparisons_of_shared_seeds_are_paired_in_the_report(bimodal):
+    markdown = (bimodal / "report.md").read_text()
+    assert "same (7 pairs)" in markdown and "paired " in markdown and "Wilcoxon " in markdown
+
+
+def test_fail_below_counts_seeds_under_a_threshold(tmp_path):
+    from stability._study import check_fail_below
+
+    result = synthetic_result(failed=0)
+    analysis = analyse(result, n_resamples=100, fail_below={"test_acc": 0.80})
+    row = analysis.summary.set_index(["config", "design", "metric"]).loc[("A", "all", "test_acc")]
+    values = result.seeds.query("config == 'A' and design == 'all'")["test_acc"]
+    assert row["bad_below"] == row["bad_n"] == int((values < 0.80).sum()) > 0
+    write_report(result, analysis, tmp_path, formats=("md",), plot_formats=())
+    assert "is below 0.8 (test_acc)" in (tmp_path / "report.md").read_text()
+    for threshold, metric, message in (
+        (60.0, "test_acc", "accuracies are fractions from 0 to 1 (did you mean 0.6?)"),
+        (0.5, "test_loss", "test_loss is better lower"),
+        (float("nan"), "test_acc", "must be a finite number"),
+    ):
+        with pytest.raises(HftaNasError, match=re.escape(message)):
+            check_fail_below(threshold, metric)

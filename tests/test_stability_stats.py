@@ -19,6 +19,7 @@ from stability import _stats
 from stability._analysis import (
     COMPARISON_COLUMNS,
     DECOMPOSITION_COLUMNS,
+    MODE_RULE,
     PER_EPOCH_COLUMNS,
     POWER_COLUMNS,
     RANKING_COLUMNS,
@@ -28,6 +29,8 @@ from stability._analysis import (
 from stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, StabilityResult
 
 TIGHT = 1e-12
+# comparison columns that `_analysis` adds to what `_stats.compare` returns
+PAIRED_AND_RATE_COLUMNS = COMPARISON_COLUMNS[COMPARISON_COLUMNS.index("mean_diff_low") : -1]
 
 
 def close(a, b, tol=TIGHT):
@@ -54,7 +57,7 @@ def sample(n=25, seed=2):
 def test_summarize_matches_scipy_and_numpy(no_warnings):
     x = sample()
     row = _stats.summarize(x, n_failed=2, n_test=1000, bootstrap_seed=7, n_resamples=2000)
-    assert list(row) == [c for c in SUMMARY_COLUMNS if c not in ("config", "design", "metric")]
+    assert list(row) == [c for c in SUMMARY_COLUMNS if c not in ("config", "design", "metric", "headline")]
     mean, std = x.mean(), x.std(ddof=1)
     q1, med, q3 = np.percentile(x, [25, 50, 75])
     t_low, t_high = stats.t.interval(0.95, x.size - 1, loc=mean, scale=stats.sem(x))
@@ -145,6 +148,7 @@ def test_compare_matches_scipy(no_warnings):
         c
         for c in COMPARISON_COLUMNS
         if c not in ("metric", "a", "b", "better", "welch_p_holm", "mwu_p_holm", "aso_confidence")
+        and c not in PAIRED_AND_RATE_COLUMNS
     ]
     welch = stats.ttest_ind(a, b, equal_var=False)
     mwu = stats.mannwhitneyu(a, b, alternative="two-sided")
@@ -487,7 +491,16 @@ def test_analyse_fills_every_documented_column(analysed):
     assert tuple(an.ranking.columns) == RANKING_COLUMNS
     assert tuple(an.power.columns) == (*POWER_COLUMNS, "seeds_needed_0.005", "seeds_needed_0.01", "seeds_needed_0.02")
     assert tuple(an.decomposition.columns) == DECOMPOSITION_COLUMNS
-    assert an.settings == {"confidence": 0.95, "bootstrap_seed": 4, "n_resamples": 500, "alpha": 0.05, "power": 0.8}
+    assert an.settings == {
+        "confidence": 0.95,
+        "bootstrap_seed": 4,
+        "n_resamples": 500,
+        "alpha": 0.05,
+        "power": 0.8,
+        "fail_below": {},
+        "mode_rule": MODE_RULE,
+        "seeds_to_see_1_in_10_with_90_percent": 22,
+    }
     # val_* were never recorded, so they get no rows; the others one per (config, design)
     assert set(an.summary["metric"]) == {"test_acc", "test_loss", "train_acc", "train_loss"}
     assert len(an.summary) == 5 * 4 and len(an.comparisons) == 3 * 4 and len(an.power) == 3 * 4
@@ -614,3 +627,142 @@ def test_grid_decomposition_recovers_known_shares():
     for source, value in truth.items():
         assert abs(np.mean(estimates[source]) - value) < 0.2 * value, source
         assert 0.9 <= hits[source] / sims <= 0.995, (source, hits[source] / sims)
+
+
+# --------------------------------------------------------------------------- modes and failure rates
+
+
+def widest_gaps(samples):
+    return np.nanmax(_stats.studentized_gaps(np.sort(samples, axis=-1)), axis=-1)
+
+
+@pytest.mark.parametrize("n", [5, 8, 16, 32])
+def test_mode_rule_rarely_splits_unimodal_seeds(n):
+    """Seeded simulation: the rule's false-positive rate on normal seeds is at most its 1% level
+    (up to Monte-Carlo error), and stays low on skewed seeds; docs/stability.md states the rates."""
+    rng = np.random.default_rng(n)
+    threshold = _stats.mode_threshold(n)
+    normal = np.mean(widest_gaps(rng.normal(size=(2000, n))) >= threshold)
+    skewed = np.mean(widest_gaps(-rng.gamma(4.0, 1.0, size=(2000, n))) >= threshold)
+    assert normal <= 0.02 and skewed <= 0.05, (normal, skewed)
+
+
+@pytest.mark.parametrize("n", [5, 8, 16, 32])
+@pytest.mark.parametrize("bad_share", [0.05, 0.1, 0.2])
+def test_mode_rule_finds_a_worse_mode_and_exactly_its_seeds(n, bad_share):
+    """Most seeds near 75% (sd 1 point), a minority near 40%: whenever a bad seed is drawn, the
+    rule splits the study and the worse mode holds exactly the bad seeds."""
+    rng = np.random.default_rng(int(n * 100 * bad_share))
+    found = 0
+    samples = 0
+    for _ in range(150):
+        bad = rng.random(n) < bad_share
+        if not bad.any() or bad.all():
+            continue
+        values = np.where(bad, rng.normal(0.40, 0.01, n), rng.normal(0.75, 0.01, n))
+        modes = _stats.find_modes(values)
+        samples += 1
+        found += modes["modes"] == 2 and modes["worse"] == list(np.flatnonzero(bad))
+    assert samples > 0 and found == samples
+
+
+def test_find_modes_reads_worse_in_the_metric_direction_and_handles_degenerate_input(no_warnings):
+    losses = np.array([0.3, 0.31, 0.29, 0.30, 2.0])
+    modes = _stats.find_modes(losses, higher_is_better=False)
+    assert modes["modes"] == 2 and modes["worse"] == [4] and modes["good"] == [0, 1, 2, 3]
+    for values in ([], [0.5], [0.5, 0.4, 0.6], [0.7] * 6):  # too few seeds, or no spread: one mode
+        assert _stats.find_modes(values)["modes"] == 1
+    tied = _stats.find_modes([0.8, 0.8, 0.8, 0.8, 0.5])  # no spread within the modes, a gap between
+    assert tied["modes"] == 2 and tied["worse"] == [4]
+
+
+@pytest.mark.parametrize("k,n", [(0, 8), (1, 8), (3, 10), (8, 8), (17, 40), (0, 1)])
+def test_clopper_pearson_matches_scipy(k, n):
+    exact = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    low, high = _stats.clopper_pearson(k, n)
+    assert close(low, exact.low, 1e-9) and close(high, exact.high, 1e-9)
+    upper = stats.binomtest(k, n, alternative="less").proportion_ci(confidence_level=0.95, method="exact").high
+    assert close(_stats.clopper_pearson_upper(k, n), upper, 1e-9)
+
+
+def test_no_failure_in_eight_seeds_still_allows_31_percent():
+    rate = _stats.failure_rate(0, 8)
+    assert rate["bad_rate"] == 0 and rate["bad_low"] == 0
+    assert rate["bad_upper"] == pytest.approx(1 - 0.05 ** (1 / 8)) and round(rate["bad_upper"], 2) == 0.31
+
+
+def test_seeds_to_see_a_failure():
+    assert _stats.seeds_to_see_failure(0.1, 0.9) == 22
+    for rate, probability in ((0.1, 0.9), (0.05, 0.95), (0.5, 0.5), (0.2, 0.99)):
+        n = _stats.seeds_to_see_failure(rate, probability)
+        assert 1 - (1 - rate) ** n >= probability > 1 - (1 - rate) ** (n - 1)
+    assert math.isnan(_stats.seeds_to_see_failure(0.0))
+
+
+@pytest.mark.parametrize("counts", [(0, 8, 3, 8), (2, 16, 9, 16), (5, 5, 0, 7)])
+def test_failure_rates_compare_by_fishers_exact_test(counts):
+    a, of_a, b, of_b = counts
+    expected = stats.fisher_exact([[a, of_a - a], [b, of_b - b]]).pvalue
+    assert close(_stats.compare_rates(*counts), expected)
+    assert math.isnan(_stats.compare_rates(0, 0, 1, 2))
+
+
+def test_summarize_counts_seeds_gone_wrong(no_warnings):
+    values = np.array([0.75, 0.76, 0.74, 0.40, 0.75, 0.73, 0.70, 0.76])
+    row = _stats.summarize(values, n_failed=1, fail_below=0.72, n_resamples=100)
+    assert row["modes"] == 2 and row["worse_mode_seeds"] == [3] and row["good_mode_n"] == 7
+    assert row["bad_failed"] == 1 and row["bad_in_worse_mode"] == 1 and row["bad_below"] == 1  # 0.70
+    assert (row["bad_n"], row["bad_of"]) == (3, 9)
+    assert (row["bad_low"], row["bad_high"]) == pytest.approx(_stats.clopper_pearson(3, 9))
+    assert row["good_mode_mean"] == pytest.approx(np.mean(np.delete(values, 3)))
+
+
+# --------------------------------------------------------------------------- paired designs and the grid
+
+
+def test_compare_paired_matches_scipy(no_warnings):
+    rng = np.random.default_rng(5)
+    shared = rng.normal(0.8, 0.02, 12)  # what the shared seeds do to both configurations
+    a, b = shared + 0.004 + rng.normal(0, 0.003, 12), shared + rng.normal(0, 0.003, 12)
+    row = _stats.compare_paired(a, b)
+    paired, signed = stats.ttest_rel(a, b), stats.wilcoxon(a, b)
+    assert close(row["paired_t"], paired.statistic) and close(row["paired_t_p"], paired.pvalue)
+    assert close(row["wilcoxon_p"], signed.pvalue) and row["n_pairs"] == 12
+    interval = paired.confidence_interval(0.95)
+    assert close(row["paired_diff_low"], interval.low) and close(row["paired_diff_high"], interval.high)
+    wins = np.sum(a > b)
+    assert row["p_a_better_pairs"] == wins / 12
+    assert (row["p_a_better_pairs_low"], row["p_a_better_pairs_high"]) == pytest.approx(
+        _stats.clopper_pearson(wins, 12)
+    )
+    # the shared part cancels: the paired test sees the difference that Welch's does not
+    assert paired.pvalue < 0.01 < stats.ttest_ind(a, b, equal_var=False).pvalue
+    loss = _stats.compare_paired(-a, -b, higher_is_better=False)
+    assert loss["p_a_better_pairs"] == row["p_a_better_pairs"]
+
+
+def test_crossed_mean_interval_covers_where_the_t_interval_does_not():
+    """A 6 x 6 grid whose init and data effects are shared along its rows and columns: treating the
+    36 runs as independent covers the true mean far less than 95%; the crossed interval holds."""
+    rng = np.random.default_rng(11)
+    k, crossed, naive = 6, 0, 0
+    for _ in range(300):
+        y = rng.normal(0, 1, (k, 1)) + rng.normal(0, 1, (1, k)) + rng.normal(0, 0.5, (k, k))
+        frame = pd.DataFrame({"init": np.repeat(range(k), k), "data": np.tile(range(k), k), "y": y.ravel()})
+        low, high = _stats.crossed_mean_interval(frame, ["init", "data"], "y")
+        crossed += low <= 0 <= high
+        low, high = _stats.t_interval(y.ravel())
+        naive += low <= 0 <= high
+    assert 0.91 <= crossed / 300 <= 0.99 and naive / 300 < 0.75
+
+
+def test_analyse_uses_paired_methods_only_when_seeds_are_shared(analysed):
+    result, an = analysed
+    assert an.comparisons["paired"].all()  # hand_built_result gives every config the same seeds
+    seeds = result.seeds.copy()
+    seeds.loc[seeds["config"] == seeds["config"].iloc[0], "seed_init"] += 1000
+    apart = analyse(StabilityResult(seeds, result.curves, result.metadata), n_resamples=100)
+    first = seeds["config"].iloc[0]
+    involved = (apart.comparisons["a"] == first) | (apart.comparisons["b"] == first)
+    assert not apart.comparisons.loc[involved, "paired"].any()
+    assert apart.comparisons.loc[involved, "paired_t_p"].isna().all()
