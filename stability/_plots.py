@@ -13,11 +13,14 @@ headless CI machine. Each figure answers one question of the report:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import matplotlib
+import matplotlib.axes
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -119,6 +122,25 @@ def _distribution(values: pd.DataFrame, metric: str) -> Figure:
         sns.boxplot(
             data=values, x="config", y="value", order=order, ax=ax, color="0.9", width=0.5, showfliers=False
         )  # the strip shows every seed, outliers included
+    with _seeded_jitter():
+        _strip(values, order, ax)
+    ax.set(xlabel="", ylabel=_label(metric), title=f"final {_label(metric)} over seeds")
+    return figure
+
+
+@contextlib.contextmanager
+def _seeded_jitter(seed: int = 0) -> Iterator[None]:
+    """seaborn 0.13 jitters strip points with NumPy's global generator: seed it for the drawing,
+    so the same result draws the same figure, and give the caller's generator state back after."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
+def _strip(values: pd.DataFrame, order: list[str], ax: matplotlib.axes.Axes) -> None:
     sns.stripplot(
         data=values,
         x="config",
@@ -132,8 +154,6 @@ def _distribution(values: pd.DataFrame, metric: str) -> Figure:
         alpha=0.8,
         jitter=0.15,
     )
-    ax.set(xlabel="", ylabel=_label(metric), title=f"final {_label(metric)} over seeds")
-    return figure
 
 
 def _ecdf(values: pd.DataFrame, metric: str) -> Figure:
@@ -181,7 +201,7 @@ def _comparison(ranking: pd.DataFrame, metric: str) -> Figure:
     ax.set_yticks(
         positions, [f"{int(r)}. {c}" if pd.notna(r) else str(c) for r, c in zip(ranking["rank"], ranking["config"])]
     )
-    ax.set(xlabel=f"mean final {_label(metric)} (95% BCa interval)", title="ranking with intervals")
+    ax.set(xlabel=f"mean final {_label(metric)} (95% t interval of the mean)", title="ranking with intervals")
     return figure
 
 
