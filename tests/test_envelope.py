@@ -836,6 +836,88 @@ def test_forward_that_padding_breaks_is_refused_on_first_call(case):
         arr(x)
 
 
+class MaxCentred(nn.Module):
+    """Subtracts the max over the hidden units: the padding's zeros win the max only where all of
+    a sample's real units are negative, so the error depends on the data."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc, self.head = nn.Linear(24, width), nn.Linear(width, CLASSES)
+
+    def forward(self, x):
+        h = self.fc(x.flatten(1))
+        return self.head(h - h.amax(-1, keepdim=True))
+
+
+class LeakyLoop(nn.Module):
+    """leaky_relu in the parent's loop: where a shallower slot skips the first block, the envelope
+    applies it to the input itself, which changes only the input's negative entries."""
+
+    def __init__(self, width, depth):
+        super().__init__()
+        self.blocks = nn.ModuleList([*(nn.Linear(24, 24) for _ in range(depth - 1)), nn.Linear(24, width)])
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x):
+        h = x.flatten(1)
+        for block in self.blocks:
+            h = F.leaky_relu(block(h))
+        return self.head(h)
+
+
+# name -> (the models, a first batch that alone shows no error, the layer the refusal names, whether
+# the first batch's adversarial copies reveal the error). A first batch of zeros has no copies that
+# differ from it (0 x -1 = 0), so only the running check on training batches can see that error.
+DATA_DEPENDENT = {
+    "max_over_padded_features": (lambda: [MaxCentred(16), MaxCentred(2)], torch.zeros_like, "'head'", False),
+    "leaky_relu_over_a_skipped_block": (
+        lambda: [LeakyLoop(16, 2), LeakyLoop(8, 1)],
+        torch.abs,
+        "'blocks.0'",
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DATA_DEPENDENT))
+def test_a_padding_error_a_lucky_first_batch_hides_stops_the_array(case):
+    """The first batch alone shows no error; the array must stop with a FusionError naming the
+    layer, at the first call or at a running check, and stay stopped."""
+    make_models, first_batch, layer, seen_at_first = DATA_DEPENDENT[case]
+    arr = ModelArray(build([lambda m=m: m for m in make_models()]), dtype=torch.float64)
+    arr.recheck_every = 2  # slot 1 is checked at calls 4, 8, 12
+    opt = hfta_nas.optim.SGD(arr, lr=0.1)
+    batches = make_batches(float_inputs, len(arr), 12)
+    with pytest.raises(FusionError) as refused:
+        for step, (x, y) in enumerate(batches):
+            logits = arr(first_batch(x) if step == 0 else x)
+            loss = sum(F.cross_entropy(logits[b], y[b]) for b in range(len(arr)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    message = str(refused.value)
+    assert "slot 1" in message and f"first at layer {layer}" in message
+    assert ("signs flipped" in message) == seen_at_first and ("training call" in message) != seen_at_first
+    with pytest.raises(FusionError, match="slot 1"):  # stopped: it never trains on
+        arr(batches[0][0])
+
+
+@pytest.mark.parametrize("workload", ["mlp", "bn_cnn"])
+def test_running_checks_leave_exact_training_exact(workload):
+    """A check at every training call finds nothing to refuse and changes no weight or buffer."""
+    builders, make_x = WORKLOADS[workload]
+    models = build(builders)
+    batches = make_batches(make_x, len(models), 6)
+    arr = ModelArray([copy.deepcopy(m) for m in models], dtype=torch.float64)
+    arr.recheck_every = 1
+    opt, _ = array_optimizer(arr, "SGD", schedule=False)
+    run_array(arr, opt, None, batches)
+    hp = per_slot(OPTIMIZERS["SGD"], len(models))
+    for b, model in enumerate(models):
+        run_plain(model, "SGD", {k: v[b] for k, v in hp.items()}, None, slot_batches(batches, b))
+        assert_slot_equals(arr, b, model)
+
+
 # --------------------------------------------- 5. the verification runs once
 def test_verification_runs_once_per_slot_and_again_for_a_replaced_slot(monkeypatch):
     calls = []

@@ -76,3 +76,35 @@ def test_a_keyword_tensor_of_the_wrong_shape_is_a_clear_error():
     arr = ModelArray(models(MaskedEncoder, [0, 1]), dtype=torch.float64)
     with pytest.raises(HftaNasError, match=r"input 1 has shape \[4, 6\]; an array of 2 slots expects"):
         arr(torch.randint(0, 20, (2, 4, 6)), pad_mask=torch.zeros(4, 6, dtype=torch.bool))
+
+
+class SizedTwoInputs(nn.Module):
+    """A dict input to models of different widths: an array of them pads into an envelope."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(5, width), nn.Linear(3, width), nn.Linear(width, 4)
+
+    def forward(self, batch):
+        return self.head(torch.tanh(self.a(batch["image"]) * self.b(batch["meta"][0]))) + batch["meta"][1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_dict_inputs_reach_an_array_of_different_sizes(dtype):
+    """The first call's check splits the dict by slot and casts every tensor in it to float64."""
+    alone = [
+        model.to(dtype) for model in models(lambda: SizedTwoInputs(6), [3]) + models(lambda: SizedTwoInputs(9), [4])
+    ]
+    arr = ModelArray(alone, dtype=dtype)
+    assert arr._slots is not None  # an envelope, not an array of equal shapes
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "image": torch.randn(2, 7, 5, generator=g, dtype=dtype),
+        "meta": (torch.randn(2, 7, 3, generator=g, dtype=dtype), torch.randn(2, 7, 4, generator=g, dtype=dtype)),
+    }
+    out = arr(batch)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    for slot, model in enumerate(alone):
+        own = {"image": batch["image"][slot], "meta": (batch["meta"][0][slot], batch["meta"][1][slot])}
+        torch.testing.assert_close(out[slot], model(own), rtol=tolerance, atol=tolerance)
+    assert arr.padding_cost().per_slot[0][0] == 5 * 6 + 3 * 6 + 6 * 4  # multiply-adds per sample, not per batch

@@ -21,6 +21,7 @@ from torch import nn
 
 from hfta_nas.array._layout import FlatLayout
 from hfta_nas.envelope._placement import SlotEmbedding, conv_box, embed_into, take_from
+from hfta_nas.envelope._probe import own_copy
 from hfta_nas.envelope._template import Envelope
 from hfta_nas.errors import FusionError, HftaNasError
 from hfta_nas.layers._slot_ops import SLOT_OPS
@@ -44,9 +45,15 @@ class EnvelopeSlots:
         for name, value in self.constants.items():
             if value.is_floating_point() and value.dtype != torch.float64:
                 self.constants[name] = value.to(dtype)
-        # Each slot's own model, kept until it has been checked against its embedding (first call).
+        # Each slot's own model, kept until it has been checked against its embedding (first call),
+        # then in `verified` (on the CPU) for the running checks with the slot's current weights.
         self.unverified: dict[int, nn.Module] = {slot: copy.deepcopy(m) for slot, m in enumerate(models)}
+        self.verified: dict[int, nn.Module] = {}
         self.macs: dict[int, tuple[int, int]] = {}
+
+    def mark_verified(self, slot: int) -> None:
+        # The probe's float64 CPU copy, so that a running check copies no model.
+        self.verified[slot] = own_copy(self.unverified.pop(slot))
 
     def zero_tensors(self, source: nn.Module, dtype: torch.dtype, device: torch.device):
         """The array's flat [B, P] and stacked buffers, all zero, before the slots are written."""
@@ -93,6 +100,7 @@ class EnvelopeSlots:
         params = dict(model.named_parameters(remove_duplicate=False))
         self.write(slot, params, dict(model.named_buffers()), flat=flat, array_buffers=array_buffers)
         self.unverified[slot] = copy.deepcopy(model)
+        self.verified.pop(slot, None)
         self.macs.pop(slot, None)
 
     def sync_conv_boxes(self, template: nn.Module) -> None:
@@ -119,6 +127,7 @@ class EnvelopeSlots:
         self.constants = {name: value.index_select(0, index) for name, value in self.constants.items()}
         self.embeddings = [self.embeddings[b] for b in keep]
         self.unverified = {keep.index(b): m for b, m in self.unverified.items() if b in keep}
+        self.verified = {keep.index(b): m for b, m in self.verified.items() if b in keep}
         self.macs = {keep.index(b): m for b, m in self.macs.items() if b in keep}
 
     def state_dict(self, slot: int, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor]):

@@ -4,12 +4,19 @@ Placement rules (`_merge.py`) cover the layers torch ships; a user's module
 may do anything with its sizes (a reshape, a mean over features, a scale by
 1/width). So before an array of different sizes trains, every slot's own model
 and the template running that slot's padded tensors are compared on the first
-batch (at most `PROBE_SAMPLES` samples) in float64 on the CPU: outputs in
+batch (at most `PROBE_SAMPLES` samples) and on two adversarial copies of it
+(signs flipped, times 1000) in float64 on the CPU: outputs in
 train and eval mode, every parameter gradient of a random linear loss, and the
 buffers after the training-mode forward (BatchNorm running stats). Dropout is
 off on both sides (their masks differ by design). A mismatch raises
 FusionError naming the first layer whose output differs, so a combination
 that cannot be embedded exactly is refused, never trained differently.
+
+A padding error may depend on the data (a max over padded features differs only
+where all of a sample's real features are negative), so no batch proves a slot
+exact for all data: while the array trains, `recheck_slot` repeats the
+comparison now and then on a training batch with the slot's current weights
+(`ModelArray.recheck_every`), and a mismatch stops the array.
 
 The same pass counts multiply-adds (torch's FlopCounterMode): what the slot's
 own model needs per sample and what its place in the envelope executes.
@@ -26,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from hfta_nas.envelope._placement import SlotEmbedding, take_from
@@ -103,7 +110,7 @@ def _as_float64(x: Any) -> Any:
 
 def count_macs(module: nn.Module, state: dict[str, torch.Tensor] | None, inputs: tuple[Any, ...]) -> int:
     """Multiply-adds per sample of one forward of `module` (with `state` swapped in, if given)."""
-    samples = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), 1)
+    samples = next((x.shape[0] for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor) and x.dim() > 0), 1)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         if state is None:
             module(*inputs)
@@ -203,7 +210,8 @@ def _probing(template: nn.Module):
         template.train(training)
 
 
-def _own_copy(model: nn.Module) -> nn.Module:
+def own_copy(model: nn.Module) -> nn.Module:
+    """A float64 CPU copy of `model` in training mode with its dropout off: what the probe compares."""
     own = copy.deepcopy(model).cpu().double()
     for m in own.modules():
         if isinstance(m, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)):
@@ -299,36 +307,80 @@ def _first_differing_layer(placed: PlacedSlot, own: nn.Module, state, inputs) ->
     return ""
 
 
+# The first check also compares on these copies of the batch's floating-point inputs: the
+# padding errors that depend on the data (a max over padded features, where real values meet
+# the padding's zeros; f(0) != 0 applied where a block is skipped) depend on the signs and
+# sizes of the values. What no copy of one batch reveals, the running check may catch later.
+ADVERSARIAL_COPIES = (("the first batch with its signs flipped", -1.0), ("the first batch times 1000", 1e3))
+
+
 def verify_slot(placed: PlacedSlot, slot: int, model: nn.Module, inputs: tuple[Any, ...]) -> tuple[int, int]:
     """Raise FusionError unless slot `slot` (`placed`) computes what `model` computes on `inputs`
-    (one slot's batch). Returns (useful, executed) multiply-adds per sample."""
-    inputs = tuple(_as_float64(_samples(x)) for x in inputs)
-    own = _own_copy(model)
+    (one slot's batch) and on its adversarial copies. Returns (useful, executed) multiply-adds per sample."""
+    inputs = tree_map(lambda x: _as_float64(_samples(x)), inputs)
+    compare_slot(placed, slot, model, inputs, "the first batch")
+    for what, factor in ADVERSARIAL_COPIES:
+        # A copy the user's own model cannot run (it checks its inputs, say) proves nothing: skipped.
+        compare_slot(placed, slot, model, _scaled(inputs, factor), what, own_may_fail=True)
+    # Multiply-adds depend on shapes only: fresh copies in eval mode count as the compared ones.
+    with _probing(placed.template):
+        placed.template.eval()
+        return count_macs(own_copy(model).eval(), None, inputs), count_macs(
+            placed.template, _initial_state(placed), inputs
+        )
+
+
+def recheck_slot(placed: PlacedSlot, slot: int, own: nn.Module, inputs: tuple[Any, ...], when: str) -> None:
+    """The running check: `verify_slot`'s comparison on one training batch, with the slot's current
+    weights loaded into `own` (an `own_copy` of its model, which this check may change, so that it
+    makes no copy of its own); FusionError on a mismatch."""
+    compare_slot(placed, slot, own, tree_map(lambda x: _as_float64(_samples(x)), inputs), when, copied=True)
+
+
+def _scaled(inputs: Any, factor: float) -> Any:
+    return tree_map(lambda x: x * factor if isinstance(x, torch.Tensor) and x.is_floating_point() else x, inputs)
+
+
+def compare_slot(
+    placed: PlacedSlot,
+    slot: int,
+    model: nn.Module,
+    inputs: tuple[Any, ...],
+    when: str,
+    own_may_fail: bool = False,
+    copied: bool = False,
+) -> None:
+    """One comparison of `model` with its place on float64 `inputs`; `when` names the batch in the error.
+    `copied`: `model` is an `own_copy` already, which may be changed (else a copy is made)."""
+    own = model.train() if copied else own_copy(model)  # a copy the last comparison left in eval mode
     state = _initial_state(placed)
     for name in placed.parameter_names:
         state[name].requires_grad_()
     template = placed.template
     with _probing(template), torch.enable_grad():
-        own_out = own(*inputs)  # the user's own model: its errors are the user's, raised as they are
+        try:
+            own_out = own(*inputs)  # the user's own model: its errors are the user's, raised as they are
+        except Exception:  # noqa: BLE001 - an adversarial copy the user's model refuses proves nothing
+            if own_may_fail:
+                return
+            raise
         try:
             padded_out = functional_call(template, state, inputs, tie_weights=True)
         except Exception as error:  # noqa: BLE001 - any failure of the padded forward refuses the combination
             raise FusionError(
-                f"slot {slot}: its model fails when padded into the array's envelope "
+                f"slot {slot}: its model fails when padded into the array's envelope on {when} "
                 f"({type(error).__name__}: {error}); models like it need a separate array."
             ) from None
         try:
             _compare_in_detail(placed, own, state, own_out, padded_out, inputs)
         except _Mismatch as mismatch:
-            where = _first_differing_layer(placed, _own_copy(model), _initial_state(placed), inputs)
+            where = _first_differing_layer(placed, own_copy(model), _initial_state(placed), inputs)
             size = f" (relative difference {mismatch.error:.2g})" if mismatch.error != float("inf") else ""
             raise FusionError(
-                f"slot {slot}: its model and its place in the array's envelope compute different {mismatch.what}"
-                f"{size}{where}; this combination cannot be embedded exactly, "
+                f"slot {slot}: its model and its place in the array's envelope compute different {mismatch.what} "
+                f"on {when}{size}{where}; this combination cannot be embedded exactly, "
                 "so it is refused: train models of this size in a separate array."
             ) from None
-        # Multiply-adds depend on shapes only: the compared copies (stats since updated) count as well.
-        return count_macs(own, None, inputs), count_macs(template, state, inputs)
 
 
 def _initial_state(placed: PlacedSlot) -> dict[str, torch.Tensor]:
