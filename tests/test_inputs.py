@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from hfta_nas import HftaNasError, ModelArray
+from hfta_nas import FusionError, HftaNasError, ModelArray
 
 
 class MaskedEncoder(nn.Module):
@@ -108,3 +108,35 @@ def test_dict_inputs_reach_an_array_of_different_sizes(dtype):
         own = {"image": batch["image"][slot], "meta": (batch["meta"][0][slot], batch["meta"][1][slot])}
         torch.testing.assert_close(out[slot], model(own), rtol=tolerance, atol=tolerance)
     assert arr.padding_cost().per_slot[0][0] == 5 * 6 + 3 * 6 + 6 * 4  # multiply-adds per sample, not per batch
+
+
+class PackedEncoder(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.rnn = nn.GRU(3, hidden, batch_first=True)
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        return self.rnn(packed)[1][-1]
+
+
+class PackedClassifier(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.encoder, self.head = PackedEncoder(hidden), nn.Linear(hidden, 2)
+
+    def forward(self, x, lengths):
+        return self.head(self.encoder(x, lengths))
+
+
+@pytest.mark.parametrize("hidden", [(8, 8), (8, 12)], ids=["equal-shapes", "different-sizes"])
+def test_packed_sequences_are_refused_in_one_line_naming_the_layer(hidden):
+    arr = ModelArray(
+        models(lambda: PackedClassifier(hidden[0]), [0]) + models(lambda: PackedClassifier(hidden[1]), [1])
+    )
+    x = torch.randn(2, 4, 5, 3, dtype=torch.float64)
+    lengths = torch.tensor([[5, 3, 2, 4], [1, 5, 5, 2]])
+    with pytest.raises(FusionError) as refused:
+        arr(x, lengths)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("layer 'encoder' (PackedEncoder) packs sequences")

@@ -3,17 +3,20 @@
 vmap falls back to a loop over slots (exact, slower) where an operator has no
 batching rule, and refuses what a forward cannot do for many slots at once: random
 operations outside the array's own dropout layers, `requires_grad_()`, reading
-`.data`, and outputs that are not tensors. These surface here, once per mode, as a
-FusionFallbackWarning or a FusionError that names the layer whose forward was running.
+`.data`, outputs that are not tensors, and packed sequences (`pack_padded_sequence`).
+These surface here, once per mode, as a FusionFallbackWarning or a FusionError that
+names the layer whose forward was running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from hfta_nas.errors import FusionError, FusionFallbackWarning
 
@@ -46,9 +49,7 @@ _REFUSALS = (
 def watched_first_call(fused: Callable[..., Any], state: dict, inputs: tuple, template: nn.Module) -> Any:
     """`fused(state, *inputs)`, with vmap's per-slot-loop fallbacks and what a fused forward
     cannot do reported (the latter as a FusionError naming the layer of `template` that ran)."""
-    running: list[str] = []  # paths of the modules whose forward is running, innermost last
-    handles = _track_forwards(template, running)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, refusing_packed_sequences(template) as running:
         warnings.simplefilter("always")
         try:
             result = fused(state, *inputs)
@@ -57,9 +58,6 @@ def watched_first_call(fused: Callable[..., Any], state: dict, inputs: tuple, te
             if refusal is None:
                 raise
             raise refusal from error
-        finally:
-            for handle in handles:
-                handle.remove()
     for warning in caught:
         message = str(warning.message)
         if "performance drop" in message:
@@ -77,6 +75,40 @@ def watched_first_call(fused: Callable[..., Any], state: dict, inputs: tuple, te
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return result
+
+
+@contextlib.contextmanager
+def refusing_packed_sequences(template: nn.Module) -> Iterator[list[str]]:
+    """While `template`'s modules run, packing sequences raises a FusionError naming the layer.
+    Yields the paths of the template's modules whose forward is running, innermost last."""
+    running: list[str] = []
+    handles = _track_forwards(template, running)
+    try:
+        with _RefusePacking(template, running):
+            yield running
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class _RefusePacking(TorchFunctionMode):
+    """A PackedSequence holds each slot's sequences as one tensor whose length is the sum of that
+    slot's lengths: the slots' shapes differ, so no array can run them as one tensor (vmap fails
+    deep inside with a message about stacking). Refused where the packing happens, by layer."""
+
+    def __init__(self, template: nn.Module, running: list[str]) -> None:
+        super().__init__()
+        self.template, self.running = template, running
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        # `running` is empty while anything but the template runs (the probe's own model packs freely).
+        if self.running and getattr(func, "__name__", None) == "_pack_padded_sequence":
+            raise FusionError(
+                f"{_where(self.running, self.template)} packs sequences (pack_padded_sequence), which an array "
+                "cannot run: a packed batch's shape depends on each slot's lengths; pass the padded batch to "
+                "the recurrent layer and take each sequence's output at its own last step (out[i, lengths[i] - 1])."
+            )
+        return func(*args, **(kwargs or {}))
 
 
 def _track_forwards(template: nn.Module, running: list[str]) -> list[Any]:
@@ -100,9 +132,14 @@ def _refusal(error: Exception, running: list[str], template: nn.Module) -> Fusio
         if words in text:
             if words == "must only return Tensors":
                 where = f"the model's forward ({type(template).__name__})"
-            elif running and running[-1]:
-                where = f"layer '{running[-1]}' ({type(template.get_submodule(running[-1])).__name__})"
             else:
-                where = f"the model's own forward ({type(template).__name__})"
+                where = _where(running, template)
             return FusionError(f"{where} {what}; {instead}.")
     return None
+
+
+def _where(running: list[str], template: nn.Module) -> str:
+    """The layer whose forward is running, in words."""
+    if running and running[-1]:
+        return f"layer '{running[-1]}' ({type(template.get_submodule(running[-1])).__name__})"
+    return f"the model's own forward ({type(template).__name__})"

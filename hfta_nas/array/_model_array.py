@@ -32,7 +32,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from hfta_nas.array._envelope_slots import EnvelopeSlots, as_tensor
-from hfta_nas.array._first_call import watched_first_call
+from hfta_nas.array._first_call import refusing_packed_sequences, watched_first_call
 from hfta_nas.array._layout import FlatLayout
 from hfta_nas.array._signature import (
     FusionSignature,
@@ -169,9 +169,10 @@ class ModelArray:
         """Compare every not yet checked slot's own model with its embedding on this batch."""
         for slot in sorted(self._slots.unverified):
             slot_inputs = _slot_inputs(inputs, slot, shared_input)
-            self._slots.macs[slot] = verify_slot(
-                self.placed_slot(slot), slot, self._slots.unverified[slot], slot_inputs
-            )
+            with refusing_packed_sequences(self._template):
+                self._slots.macs[slot] = verify_slot(
+                    self.placed_slot(slot), slot, self._slots.unverified[slot], slot_inputs
+                )
             self._slots.mark_verified(slot)
 
     def _recheck_now_and_then(self, inputs: tuple[Any, ...], shared_input: bool) -> None:

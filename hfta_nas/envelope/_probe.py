@@ -366,6 +366,8 @@ def compare_slot(
             raise
         try:
             padded_out = functional_call(template, state, inputs, tie_weights=True)
+        except FusionError:
+            raise  # a refusal that names its layer already
         except Exception as error:  # noqa: BLE001 - any failure of the padded forward refuses the combination
             raise FusionError(
                 f"slot {slot}: its model fails when padded into the array's envelope on {when} "
