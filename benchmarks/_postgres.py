@@ -2,7 +2,9 @@
 
 `throwaway_postgres(database)` starts one in a temporary folder (as the `postgres`
 user when running as root: initdb refuses root), yields its URL, and stops and
-removes it afterwards. `Unavailable` says why none can be started here.
+removes it afterwards; `throwaway_server` yields the server itself, which can be
+stopped and started again (a database outage). `Unavailable` says why none can
+be started here.
 """
 
 from __future__ import annotations
@@ -56,8 +58,44 @@ def _as_postgres() -> tuple[list[str], tuple[int, int] | None]:
     return [runuser, "-u", "postgres", "--"], (account.pw_uid, account.pw_gid)
 
 
+class PostgresServer:
+    """A running throwaway server: its `url`, and `stop()` / `start()` on the same port and data
+    (a database restart, or an outage as long as the caller waits between the two)."""
+
+    def __init__(self, prefix: list[str], pg_ctl: str, data: Path, options: str, log: Path, url: str) -> None:
+        self.prefix, self.pg_ctl, self.data, self.options, self.log, self.url = prefix, pg_ctl, data, options, log, url
+        self.running = False
+
+    def start(self) -> None:
+        subprocess.run(
+            [*self.prefix, self.pg_ctl, "-D", str(self.data), "-o", self.options, "-l", str(self.log), "-w", "-t", "60"]
+            + ["start"],
+            check=True,
+            capture_output=True,
+            timeout=90,
+        )
+        self.running = True
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server ("fast": connections are closed; "immediate": as a crash)."""
+        subprocess.run(
+            [*self.prefix, self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        self.running = False
+
+
 @contextlib.contextmanager
 def throwaway_postgres(database: str = "hfta_nas") -> Iterator[str]:
+    """A throwaway server's URL (see `throwaway_server`)."""
+    with throwaway_server(database) as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def throwaway_server(database: str = "hfta_nas") -> Iterator[PostgresServer]:
     initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
     if not (initdb and pg_ctl):
         raise Unavailable(
@@ -68,7 +106,7 @@ def throwaway_postgres(database: str = "hfta_nas") -> Iterator[str]:
     prefix, owner = _as_postgres()
     base = Path(tempfile.mkdtemp(prefix="hfta-nas-pg-"))  # its parents must be readable by the postgres user
     data, sockets, log = base / "data", base / "sock", base / "server.log"
-    started = False
+    server = None
     try:
         sockets.mkdir()
         base.chmod(0o755)
@@ -83,27 +121,24 @@ def throwaway_postgres(database: str = "hfta_nas") -> Iterator[str]:
             timeout=120,
         )
         options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "60", "start"],
-            check=True,
-            capture_output=True,
-            timeout=90,
+        server = PostgresServer(
+            prefix, pg_ctl, data, options, log, f"postgresql://postgres@127.0.0.1:{port}/{database}"
         )
-        started = True
+        server.start()
         import psycopg
 
         with psycopg.connect(
             f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True
         ) as connection:
             connection.execute(f"CREATE DATABASE {database}")
-        yield f"postgresql://postgres@127.0.0.1:{port}/{database}"
+        yield server
     except subprocess.CalledProcessError as error:
         server_log = log.read_text(errors="replace") if log.exists() else ""
         raise RuntimeError(
             f"{error.cmd[len(prefix)]} failed: {error.stderr!r} {error.stdout!r}\n{server_log}"
         ) from error
     finally:
-        if started:
+        if server is not None and server.running:
             subprocess.run(
                 [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60
             )

@@ -1,0 +1,193 @@
+"""Searches on a PostgreSQL server that goes away: stopped mid-search for longer than the heartbeat
+grace (two workers wait it out, nothing is taken over, the budget is exact), gone for longer than
+the patience (one line, exit 2, a re-run finishes the study), and one worker cut off from it by a
+network partition (the other takes its trials over; its late results are dropped, never counted
+twice). Workers hold mid-array on a rendezvous while the fault is made; the outage's length is the
+fault itself, not a wait for something to happen."""
+
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from hfta_nas.search import open_storage
+from hfta_nas.search._ledger import RETRY_OF
+from tests._rendezvous import GUARD_S, Rendezvous, held_command, wait_for
+from tests._tcp_link import CuttableLink
+from tests.test_workers import ROOT, assert_study_ended, counted, space_text, worker_env
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture
+def postgres():
+    """A throwaway PostgreSQL server that a test can stop and start."""
+    from benchmarks._postgres import Unavailable, throwaway_server
+
+    try:
+        context = throwaway_server("hfta_nas_outage")
+        server = context.__enter__()
+    except Unavailable as why:
+        pytest.skip(str(why))
+    try:
+        yield server
+    finally:
+        context.__exit__(None, None, None)
+
+
+def mid_array(point, trial, step=None):
+    """At a trial's report of an epoch before the last (of 6): its worker is mid-array."""
+    return point == "report" and step < 6
+
+
+def search_command(space, storage, name, out, *extra):
+    return held_command(
+        "search", str(space), "--threads", "1", "--storage", storage, "--study-name", name, "--out", str(out), *extra
+    )
+
+
+def start(argv, log_path, env):
+    with open(log_path, "w") as log:
+        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish(processes):
+    """Each process's exit status (a guard against a hang, not a pass condition)."""
+    codes = []
+    for process in processes:
+        try:
+            codes.append(process.wait(timeout=GUARD_S))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            codes.append(process.wait())
+    return codes
+
+
+def stored_trials(url, name):
+    return optuna.load_study(study_name=name, storage=open_storage(url)[0]).get_trials(deepcopy=False)
+
+
+def interrupted(trials):
+    return [t for t in trials if str(t.user_attrs.get("fail_reason", "")).startswith("interrupted")]
+
+
+def logs(tmp_path):
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
+
+
+@pytest.mark.slow
+def test_a_database_stopped_mid_search_is_waited_out_by_two_workers(tmp_path, postgres):
+    """The issue's run: the server stopped while two workers train, for longer than the heartbeat
+    grace (2 s beats, 6 s grace, a 10 s outage), then started again. Both workers wait, go on, and
+    finish; the budget is exact, nothing is RUNNING, and no trial was taken over."""
+    n_trials, name = 6, "outage"
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(n_trials=n_trials, epochs=6, name=name))
+    meeting = Rendezvous(tmp_path / "rendezvous")
+    env = worker_env(HFTA_NAS_HEARTBEAT="2", **meeting.env(f"tests.{Path(__file__).stem}:mid_array"))
+    argv = search_command(space, postgres.url, name, tmp_path / "out", "--storage-patience", "300")
+    processes = [start(argv, tmp_path / f"worker{i}.log", env) for i in range(2)]
+    try:
+        meeting.wait(1, processes)  # one worker holds mid-array; the other trains on
+        postgres.stop()
+        meeting.release()
+        time.sleep(10)  # the outage itself
+        postgres.start()
+        codes = finish(processes)
+    finally:
+        meeting.close()
+    output = logs(tmp_path)
+    assert codes == [0, 0], output
+    assert "storage unreachable since" in output and "storage back after" in output, output
+    assert "Traceback" not in output, output
+    trials = stored_trials(postgres.url, name)
+    assert_study_ended(trials, n_trials)
+    assert not interrupted(trials), [t.user_attrs.get("interrupted_because") for t in interrupted(trials)]
+
+
+@pytest.mark.slow
+def test_a_database_gone_past_the_patience_stops_in_one_line_and_a_rerun_finishes(tmp_path, postgres):
+    n_trials, name = 4, "patience"
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(n_trials=n_trials, epochs=6, name=name))
+    meeting = Rendezvous(tmp_path / "rendezvous")
+    env = worker_env(**meeting.env(f"tests.{Path(__file__).stem}:mid_array"))
+    argv = search_command(space, postgres.url, name, tmp_path / "out", "--storage-patience", "2", "--quiet")
+    [worker] = [start(argv, tmp_path / "worker.log", env)]
+    try:
+        meeting.wait(1, [worker])
+        held = [t.number for t in stored_trials(postgres.url, name) if t.state == TrialState.RUNNING]
+        postgres.stop()
+        meeting.release()
+        [code] = finish([worker])
+    finally:
+        meeting.close()
+    output = (tmp_path / "worker.log").read_text()
+    assert code == 2, output
+    assert "Traceback" not in output, output
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("error: storage unreachable for 2 s") and "retried when the study is run again" in last
+
+    postgres.start()
+    rerun = subprocess.run(
+        search_command(space, postgres.url, name, tmp_path / "out", "--quiet"),
+        cwd=ROOT,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+    )
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    trials = stored_trials(postgres.url, name)
+    assert_study_ended(trials, n_trials)
+    assert held and {t.number for t in interrupted(trials)} >= set(held)  # the stopped worker's, retried
+    for number in held:
+        assert any(t.user_attrs.get(RETRY_OF) == number for t in counted(trials)), number
+
+
+@pytest.mark.slow
+def test_a_worker_cut_off_past_the_grace_loses_its_trials_and_its_late_results_are_dropped(tmp_path, postgres):
+    """Worker A reaches the database through a link that is cut while A is mid-array; worker B,
+    directly connected, sees A's heartbeats stop, fails A's trials as interrupted and retrains
+    them. When the link heals, A's next reports find its trials taken over: they are dropped, A
+    ends cleanly, and no parameter set is counted twice."""
+    n_trials, name = 6, "partition"
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(n_trials=n_trials, epochs=6, name=name))
+    host, port = postgres.url.rsplit("@", 1)[1].split("/", 1)[0].split(":")
+    link = CuttableLink((host, int(port)))
+    via_link = postgres.url.replace(f":{port}/", f":{link.port}/")
+    meeting = Rendezvous(tmp_path / "rendezvous")
+    a_env = worker_env(HFTA_NAS_HEARTBEAT="1", **meeting.env(f"tests.{Path(__file__).stem}:mid_array"))
+    out = tmp_path / "out"
+    a = start(search_command(space, via_link, name, out, "--storage-patience", "300"), tmp_path / "a.log", a_env)
+    processes = [a]
+    try:
+        meeting.wait(1, [a])
+        held = [t.number for t in stored_trials(postgres.url, name) if t.state == TrialState.RUNNING]
+        link.cut()
+        meeting.release()
+        b_env = worker_env(HFTA_NAS_HEARTBEAT="1")
+        processes.append(start(search_command(space, postgres.url, name, out), tmp_path / "b.log", b_env))
+        wait_for(
+            lambda: {t.number for t in interrupted(stored_trials(postgres.url, name))} >= set(held),
+            "B takes over A's trials",
+        )
+        link.heal()
+        codes = finish(processes)
+    finally:
+        meeting.close()
+        link.close()
+    output = logs(tmp_path)
+    assert codes == [0, 0], output
+    assert "Traceback" not in output and "UpdateFinishedTrialError" not in output, output
+    trials = stored_trials(postgres.url, name)
+    assert_study_ended(trials, n_trials)
+    taken = interrupted(trials)
+    assert held and {t.number for t in taken} >= set(held)
+    assert all("no heartbeat" in t.user_attrs["interrupted_because"] for t in taken), [t.user_attrs for t in taken]
+    originals = [t.user_attrs.get(RETRY_OF, t.number) for t in counted(trials)]
+    assert len(originals) == len(set(originals)) == n_trials  # each parameter set (with its seeds) counted once
