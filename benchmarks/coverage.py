@@ -15,11 +15,22 @@ Data shapes (what seed-to-seed results look like):
 - heavy-tailed: Student's t with 3 degrees of freedom;
 - very skewed (reported, not a target): a log-normal with sigma 1 (skewness 6).
 
-Intervals of a mean: `t` (the report's headline) and `BCa` (scipy's bias-corrected
+Intervals of a mean: `t` (the report's interval of the mean) and `BCa` (scipy's bias-corrected
 accelerated bootstrap, 2000 resamples). Intervals of P(A better than B), two groups
 of n seeds whose true P is 0.71: `newcombe` (the report's) and `BCa` of the
 Mann-Whitney estimate (what the report used before). The last line names the worst
-headline coverage at n >= 5 over the target shapes.
+coverage of the t interval at n >= 5 over the target shapes.
+
+Modes (no bootstrap, so fast; `--modes-only` runs just these):
+- unimodal shapes (the four above and a mirrored gamma with shape 2), n in {5, 8, 16, 32, 64}:
+  how often the mode rule splits a study that has one mode (its false-positive rate), the t
+  interval's coverage, and the normal-theory chi-square interval's coverage of the variance;
+- mixtures, most seeds N(75, 1) (accuracy in points), a share of 5%, 10% or 20% in a worse mode
+  N(40, 1), n in {5, 8, 16, 32}: the t interval of the mean (of the mixture's true mean); the
+  report's headline when modes are found, the good mode's t interval (of the good mode's true
+  mean; with one mode, the t interval of all seeds); the exact interval of the share of seeds in
+  the worse mode (of the true share); and how often the rule finds exactly the worse-mode seeds
+  when the sample has some.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from stability import bootstrap_interval, prob_greater, prob_greater_interval, t_interval
+from stability._stats import clopper_pearson, find_modes, mode_threshold, studentized_gaps, variance_interval
 
 CONFIDENCE = 0.95
 SEED_COUNTS = (3, 5, 8, 16, 32, 64)
@@ -48,6 +60,89 @@ SHAPES: dict[str, tuple[Draw, float]] = {
     "heavy-tailed": (lambda rng, n: rng.standard_t(3, n), 0.0),
     "very skewed": (lambda rng, n: rng.lognormal(0.0, 1.0, n), math.exp(0.5)),
 }
+
+
+# unimodal shapes for the mode rule: (draw, true variance)
+MODE_SHAPES: dict[str, tuple[Draw, float]] = {
+    "normal": (SHAPES["normal"][0], 1.0),
+    "skewed": (SHAPES["skewed"][0], 4.0),
+    "skewed (gamma 2)": (lambda rng, n: -rng.gamma(2.0, 1.0, n), 2.0),
+    "heavy-tailed": (SHAPES["heavy-tailed"][0], 3.0),
+    "very skewed": (SHAPES["very skewed"][0], (math.e - 1) * math.e),
+}
+MODE_SEED_COUNTS = (5, 8, 16, 32, 64)
+MIXTURE_SEED_COUNTS = (5, 8, 16, 32)
+BAD_SHARES = (0.05, 0.10, 0.20)
+GOOD, BAD, SPREAD = 75.0, 40.0, 1.0  # the mixtures' modes, in accuracy points
+
+
+def unimodal_cell(shape: str, n: int, reps: int, rng: np.random.Generator) -> dict[str, Any]:
+    """False-positive rate of the mode rule, t coverage of the mean and chi-square coverage of the variance."""
+    draw, variance = MODE_SHAPES[shape]
+    truth = SHAPES.get(shape, (None, -2.0))[1]  # gamma 2 mirrored: mean -2
+    samples = np.stack([draw(rng, n) for _ in range(reps)])
+    widest = np.nanmax(studentized_gaps(np.sort(samples, axis=-1)), axis=-1)
+    t_hits = [low <= truth <= high for low, high in (t_interval(x, CONFIDENCE) for x in samples)]
+    var_hits = [(v := variance_interval(x, CONFIDENCE))["ci_low"] <= variance <= v["ci_high"] for x in samples]
+    return {
+        "shape": shape,
+        "n": n,
+        "modes_found": float(np.mean(widest >= mode_threshold(n))),
+        "mean_t": float(np.mean(t_hits)),
+        "variance_chi2": float(np.mean(var_hits)),
+    }
+
+
+def mixture_cell(bad_share: float, n: int, reps: int, rng: np.random.Generator) -> dict[str, Any]:
+    hits = {"mean_t": 0, "good_mode": 0, "worse_share_exact": 0}
+    with_bad = found = 0
+    for _ in range(reps):
+        bad = rng.random(n) < bad_share
+        x = np.where(bad, rng.normal(BAD, SPREAD, n), rng.normal(GOOD, SPREAD, n))
+        low, high = t_interval(x, CONFIDENCE)
+        hits["mean_t"] += low <= GOOD - bad_share * (GOOD - BAD) <= high
+        modes = find_modes(x)
+        low, high = t_interval(x[modes["good"]], CONFIDENCE)
+        hits["good_mode"] += low <= GOOD <= high
+        low, high = clopper_pearson(len(modes["worse"]), n, CONFIDENCE)
+        hits["worse_share_exact"] += low <= bad_share <= high
+        if bad.any() and not bad.all():
+            with_bad += 1
+            found += modes["worse"] == list(np.flatnonzero(bad))
+    return {
+        "bad_share": bad_share,
+        "n": n,
+        **{name: count / reps for name, count in hits.items()},
+        "modes_found_when_present": found / with_bad if with_bad else math.nan,
+    }
+
+
+def run_modes(reps: int, seed: int, mode_counts: tuple[int, ...], mixture_counts: tuple[int, ...]) -> dict[str, Any]:
+    rng = np.random.default_rng(seed + 1)
+    unimodal = [unimodal_cell(shape, n, reps, rng) for shape in MODE_SHAPES for n in mode_counts]
+    mixtures = [mixture_cell(share, n, reps, rng) for share in BAD_SHARES for n in mixture_counts]
+    return {"unimodal": unimodal, "mixtures": mixtures}
+
+
+def modes_markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "| unimodal data | n | mode rule splits it | mean: t | variance: chi-square |",
+        "|---|--:|--:|--:|--:|",
+        *(
+            f"| {r['shape']} | {r['n']} | {r['modes_found']:.1%} | {r['mean_t']:.1%} | {r['variance_chi2']:.1%} |"
+            for r in result["unimodal"]
+        ),
+        "",
+        "| worse-mode share | n | mean: t | headline: good mode's t | worse share: exact | modes found when present |",
+        "|--:|--:|--:|--:|--:|--:|",
+        *(
+            f"| {r['bad_share']:.0%} | {r['n']} | {r['mean_t']:.1%} | {r['good_mode']:.1%} | "
+            f"{r['worse_share_exact']:.1%} | "
+            f"{r['modes_found_when_present']:.1%} |"
+            for r in result["mixtures"]
+        ),
+    ]
+    return "\n".join(lines)
 
 
 def true_p_better(draw: Draw, shift: float, pairs: int = 4_000_000) -> float:
@@ -115,7 +210,7 @@ def run(reps: int, seed_counts: tuple[int, ...], seed: int) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "| data | n | mean: t (headline) | mean: BCa | P(A better): Newcombe (headline) | P(A better): BCa |",
+        "| data | n | mean: t | mean: BCa | P(A better): Newcombe (the report's) | P(A better): BCa |",
         "|---|--:|--:|--:|--:|--:|",
     ]
     for r in result["rows"]:
@@ -133,7 +228,7 @@ def worst_headline(result: dict[str, Any]) -> str:
     mean = max(cells, key=lambda r: abs(r["mean_t"] - CONFIDENCE))
     p = max(cells, key=lambda r: abs(r["p_better_newcombe"] - CONFIDENCE))
     return (
-        f"coverage: headline intervals at n >= 5 on normal, skewed and heavy-tailed data: mean (t) "
+        f"coverage: intervals at n >= 5 on normal, skewed and heavy-tailed data: mean (t) "
         f"{min(r['mean_t'] for r in cells):.1%}-{max(r['mean_t'] for r in cells):.1%} (furthest from 95%: "
         f"{mean['shape']} n={mean['n']}), P(A better) (Newcombe) {min(r['p_better_newcombe'] for r in cells):.1%}-"
         f"{max(r['p_better_newcombe'] for r in cells):.1%} (furthest: {p['shape']} n={p['n']}); "
@@ -147,15 +242,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="100 replicates, n in {3, 8}")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
+    parser.add_argument("--modes-only", action="store_true", help="only the mode rule and mixture tables (fast)")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be positive")
     reps, counts = (100, (3, 8)) if args.quick else (args.reps, SEED_COUNTS)
-    result = run(reps, counts, args.seed)
-    print(markdown(result))
+    mode_counts, mixture_counts = ((8,), (8,)) if args.quick else (MODE_SEED_COUNTS, MIXTURE_SEED_COUNTS)
+    result = {"confidence": CONFIDENCE, "reps": reps, "seed": args.seed, "rows": []}
+    if not args.modes_only:
+        result = run(reps, counts, args.seed)
+        print(markdown(result))
+    result.update(run_modes(reps, args.seed, mode_counts, mixture_counts))
+    print(modes_markdown(result))
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(worst_headline(result))
+    if not args.modes_only:
+        print(worst_headline(result))
     return 0
 
 

@@ -469,7 +469,11 @@ def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
         for key in ("mean_t", "mean_bca", "p_better_newcombe", "p_better_bca"):
             assert 0.0 <= row[key] <= 1.0
     assert abs(result["rows"][0]["true_p_better"] - 0.71) < 0.01  # normal data, a shift of 0.78 sd
-    assert coverage.worst_headline(result).startswith("coverage: headline intervals at n >= 5")
+    assert coverage.worst_headline(result).startswith("coverage: intervals at n >= 5")
+    assert [(r["shape"], r["n"]) for r in result["unimodal"]] == [(s, 8) for s in coverage.MODE_SHAPES]
+    assert [(r["bad_share"], r["n"]) for r in result["mixtures"]] == [(s, 8) for s in coverage.BAD_SHARES]
+    for row in result["mixtures"]:
+        assert row["modes_found_when_present"] >= 0.98  # a mode 35 sd lower is found when seeds are in it
 
 
 @pytest.mark.slow
