@@ -1126,6 +1126,35 @@ def _time_shares(account: dict[str, dict[str, float]]) -> str:
     return ", ".join(f"{name} {share:.0%}" for name, share in phases) + f"; overhead {account['overhead']['share']:.0%}"
 
 
+@main.command("storage-proxy")
+@click.option(
+    "--storage",
+    required=True,
+    help="The database the workers share: postgresql://..., mysql://... or sqlite:///FILE (not a journal file).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
+@click.option("--port", default=13000, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--storage-patience",
+    default=None,
+    type=float,
+    metavar="SECONDS",
+    help="How long the proxy waits for an unreachable database before it stops [default: 600].",
+)
+@_friendly_errors
+def storage_proxy(storage, host, port, storage_patience) -> None:
+    """Serve a database to many workers through Optuna's gRPC storage proxy: one process holds the
+    database connections and a cache, and the workers use --storage grpc://HOST:PORT."""
+    from hfta_nas import DEFAULT_STORAGE_PATIENCE_S
+    from hfta_nas.search import serve_proxy
+
+    patience = DEFAULT_STORAGE_PATIENCE_S if storage_patience is None else storage_patience
+    try:
+        serve_proxy(storage, host, port, patience, ready=lambda line: click.echo(line, err=True))
+    except KeyboardInterrupt:
+        click.echo("storage proxy stopped", err=True)
+
+
 @main.command()
 @click.option("--storage", default=None, help="Optuna storage URL or journal file [default: runs/hfta-nas.journal].")
 @click.option(

@@ -39,6 +39,7 @@ from hfta_nas.search._storage import (
     dashboard_command,
     missing_storage_file,
     open_storage,
+    serve_proxy,
 )
 from hfta_nas.search._study_texts import attach_study_file, set_study_text, study_text
 from hfta_nas.search._trial_seeded import TrialSeededSampler, trial_sampler_seed
@@ -86,6 +87,7 @@ __all__ = [
     "patient",
     "plan",
     "run_workers",
+    "serve_proxy",
     "set_study_text",
     "study_report",
     "study_text",

@@ -28,6 +28,7 @@ import abc
 import errno
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -81,8 +82,11 @@ def is_passing(error: BaseException) -> bool:
 
 
 def _passes(error: BaseException) -> bool:
-    if isinstance(error, ConnectionError):  # refused, reset, aborted (a gRPC proxy, a raw socket)
+    if isinstance(error, ConnectionError):  # refused, reset, aborted (a raw socket)
         return True
+    if "grpc" in sys.modules and isinstance(error, sys.modules["grpc"].RpcError):  # a gRPC storage proxy
+        code = error.code() if callable(getattr(error, "code", None)) else None
+        return code in (sys.modules["grpc"].StatusCode.UNAVAILABLE, sys.modules["grpc"].StatusCode.DEADLINE_EXCEEDED)
     if isinstance(error, OSError) and error.errno in _PASSING_OS_ERRORS:
         return True
     try:

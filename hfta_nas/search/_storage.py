@@ -30,6 +30,7 @@ import shlex
 import sqlite3
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas.search._patience import DEFAULT_PATIENCE_S, PatientStorage, is_passing, unwrapped
 
 DEFAULT_STORAGE = "runs/hfta-nas.journal"
-_URL_SCHEMES = ("sqlite:", "postgresql", "mysql", "oracle", "mssql", "redis:")
+_URL_SCHEMES = ("sqlite:", "postgresql", "mysql", "oracle", "mssql", "redis:", "grpc:")
 
 
 def _location(storage: str | None) -> str:
@@ -75,6 +76,8 @@ def check_patience(patience: float) -> None:
 
 def _open(storage: str | None) -> tuple[BaseStorage, str]:
     location = _location(storage)
+    if location.startswith("grpc://"):
+        return _grpc_proxy(location), location
     if location.startswith(_URL_SCHEMES):
         _check_sqlite_folder(location)
         _check_sqlite_is_optunas(location)
@@ -113,6 +116,60 @@ def _open(storage: str | None) -> tuple[BaseStorage, str]:
 
 # what Optuna's journal reader raises for a record it cannot apply (an unknown op code: AssertionError)
 _UNREADABLE_RECORD = (ValueError, KeyError, TypeError, AssertionError)
+
+
+GRPC_READY_S = 10.0  # how long opening a grpc:// storage waits for its proxy to answer
+
+
+def _grpc_proxy(location: str) -> BaseStorage:
+    """Optuna's client of a gRPC storage proxy (`hfta-nas storage-proxy`) at grpc://HOST:PORT,
+    once the proxy answers; HftaNasError when the address is malformed or nothing answers."""
+    host, _, port = location[len("grpc://") :].rstrip("/").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise HftaNasError(f"cannot open storage '{location}': expected grpc://HOST:PORT (a port from 1 to 65535)")
+    try:
+        from optuna.storages import GrpcStorageProxy
+    except ImportError as error:  # grpcio is a dependency; a trimmed install may lack it
+        raise HftaNasError(f"cannot open storage '{location}': {error}; pip install grpcio protobuf") from None
+    with warnings.catch_warnings():  # Optuna marks the proxy "experimental"
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        proxy = GrpcStorageProxy(host=host.strip("[]"), port=int(port))
+    try:
+        proxy.wait_server_ready(timeout=GRPC_READY_S)
+    except ConnectionError:
+        proxy.close()
+        raise HftaNasError(
+            f"cannot open storage '{location}': no gRPC storage proxy answered at {host}:{port} within "
+            f"{GRPC_READY_S:.0f} s; start one with `hfta-nas storage-proxy --storage DATABASE_URL --port {port}`"
+        ) from None
+    return proxy
+
+
+def serve_proxy(storage: str, host: str, port: int, patience: float, ready: Callable[[str], None]) -> None:
+    """Serve `storage` (a database URL) to workers as a gRPC storage proxy at host:port until
+    interrupted; `ready` gets the line to show once it listens. The proxy's own calls to the
+    database ride out outages of `patience` seconds, so its workers wait with it."""
+    location = _location(storage)
+    if not location.startswith(_URL_SCHEMES) or location.startswith(("grpc://", "redis:")):
+        raise HftaNasError(
+            f"cannot serve '{location}' through a gRPC proxy: expected a database URL (postgresql://..., "
+            "mysql://..., sqlite:///FILE); Optuna's proxy does not serve journal files"
+        )
+    opened, shown = open_storage(location, patience)
+    from optuna.storages._grpc.server import make_server  # run_grpc_proxy_server, without its blocking wait
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        server = make_server(opened, host, port)
+    try:
+        server.start()
+    except RuntimeError as error:  # grpc: "Failed to bind to address"
+        raise HftaNasError(f"cannot serve the storage proxy on {host}:{port}: {error}; give another --port") from None
+    ready(f"gRPC storage proxy for {shown} at {host}:{port}; workers use --storage grpc://{host}:{port}")
+    try:
+        server.wait_for_termination()
+    finally:
+        server.stop(grace=None)
 
 
 def _damaged(location: str, error: BaseException) -> str:
@@ -547,6 +604,8 @@ def missing_storage_file(location: str | None) -> Path | None:
 def _readable(location: str) -> BaseStorage | None:
     """The storage at `location` opened for reading, or None when there is nothing to read
     yet (opening would create a database or journal file)."""
+    if location.startswith("grpc://"):
+        return _grpc_proxy(location)
     if location.startswith(_URL_SCHEMES):
         if missing_storage_file(location) is not None:
             return None
