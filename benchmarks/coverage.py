@@ -45,8 +45,17 @@ from typing import Any
 
 import numpy as np
 
-from stability import bootstrap_interval, prob_greater, prob_greater_interval, t_interval
-from stability._stats import clopper_pearson, find_modes, mode_threshold, studentized_gaps, variance_interval
+from stability import (
+    bootstrap_interval,
+    clopper_pearson,
+    find_modes,
+    mode_threshold,
+    prob_greater,
+    prob_greater_interval,
+    studentized_gaps,
+    t_interval,
+    variance_interval,
+)
 
 CONFIDENCE = 0.95
 SEED_COUNTS = (3, 5, 8, 16, 32, 64)

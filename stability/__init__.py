@@ -26,7 +26,19 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
     from stability._design import plan, source_seed
     from stability._result import Analysis, StabilityResult
     from stability._runner import run_stability
-    from stability._stats import bootstrap_interval, prob_greater, prob_greater_interval, t_interval
+    from stability._stats import (
+        bootstrap_interval,
+        clopper_pearson,
+        failure_rate,
+        find_modes,
+        mode_threshold,
+        prob_greater,
+        prob_greater_interval,
+        seeds_to_see_failure,
+        studentized_gaps,
+        t_interval,
+        variance_interval,
+    )
     from stability._study import StudyReport, default_artifact_dir, report, run_study
 
 # public name -> (module, its name there)
@@ -43,6 +55,13 @@ _PUBLIC = {
     "prob_greater": ("stability._stats", "prob_greater"),
     "prob_greater_interval": ("stability._stats", "prob_greater_interval"),
     "t_interval": ("stability._stats", "t_interval"),
+    "clopper_pearson": ("stability._stats", "clopper_pearson"),
+    "failure_rate": ("stability._stats", "failure_rate"),
+    "find_modes": ("stability._stats", "find_modes"),
+    "mode_threshold": ("stability._stats", "mode_threshold"),
+    "seeds_to_see_failure": ("stability._stats", "seeds_to_see_failure"),
+    "studentized_gaps": ("stability._stats", "studentized_gaps"),
+    "variance_interval": ("stability._stats", "variance_interval"),
     "report_command": ("stability._cli", "report"),
     "stability_command": ("stability._cli", "stability"),
     "StudyReport": ("stability._study", "StudyReport"),
@@ -70,6 +89,13 @@ __all__ = [
     "source_seed",
     "stability_command",
     "t_interval",
+    "clopper_pearson",
+    "failure_rate",
+    "find_modes",
+    "mode_threshold",
+    "seeds_to_see_failure",
+    "studentized_gaps",
+    "variance_interval",
 ]
 
 

@@ -180,7 +180,15 @@ class Analysis:
                    iqr, iqm, min, max, range, cv, normality_stat, normality_p,
                    n_outliers, outliers (str: comma-separated seed_index values),
                    best_of_k (str: JSON {k: expected best}), noise_floor_std,
-                   variance_ratio (observed var / noise-floor var; NaN for losses)
+                   variance_ratio (observed var / noise-floor var; NaN for losses);
+                   modes (1 or 2, `_stats.find_modes`), mode_stat, mode_threshold,
+                   good_mode_n/mean/std/ci_low/ci_high, worse_mode_n/mean/std,
+                   worse_mode_seeds (str: comma-separated seed_index values);
+                   seeds gone wrong: bad_failed, bad_in_worse_mode, bad_below
+                   (--fail-below), bad_n of bad_of, bad_rate, bad_low, bad_high
+                   (Clopper-Pearson), bad_upper (one-sided); headline (str: "bimodal:
+                   k of n seeds in a mode m points lower" or "one mode: mean ± sd").
+                   ci_method is "crossed init x data" for the grid design
     per_epoch:     config, design, metric, epoch, n, mean, std, ci_low, ci_high (t interval)
     comparisons:   one row per (metric, a, b) pair of configs (design "all"):
                    metric, a, b, better ("higher" or "lower": the metric's direction),
@@ -188,15 +196,22 @@ class Analysis:
                    mwu_p_holm (Holm across the pairs of that metric, per test),
                    cohen_d, cliff_delta (positive: A better), p_a_better,
                    p_a_better_low, p_a_better_high (Newcombe's interval),
-                   aso_eps_min (below 0.5: A tends to be better), aso_confidence
-                   (Bonferroni-adjusted across the pairs)
+                   aso_eps_min (below 0.5: A tends to be better), mean_diff_low,
+                   mean_diff_high (Welch), paired (both configs ran the same seeds
+                   slot for slot), n_pairs, paired_diff_low/high, paired_t,
+                   paired_t_p(_holm), wilcoxon_w, wilcoxon_p(_holm), p_a_better_pairs
+                   with its Clopper-Pearson interval (NaN when not paired),
+                   good_mode_diff, a_bad_n, a_bad_of, b_bad_n, b_bad_of, bad_rate_p
+                   (Fisher's exact)(_holm), aso_confidence (Bonferroni-adjusted across
+                   the pairs)
     ranking:       metric, rank, config, mean, ci_low, ci_high (the headline interval)
     power:         config, metric, std, n, min_detectable_diff (at the current n,
                    alpha 0.05, power 0.8), and seeds_needed_<d> for a few differences d
     decomposition: config, metric, source, variance, ci_low, ci_high, share  (empty without
                    --decompose; per config, one row per source plus source "total"
                    (design "all") and "sum_of_sources")
-    settings:      confidence, bootstrap_seed, n_resamples, alpha, power
+    settings:      confidence, bootstrap_seed, n_resamples, alpha, power, fail_below
+                   ({metric: threshold}), mode_rule, seeds_to_see_1_in_10_with_90_percent
     """
 
     summary: pd.DataFrame

@@ -393,6 +393,8 @@ def test_the_exported_best_config_is_accepted(tmp_path):
         (["--storage", "postgresql://nobody@127.0.0.1:1/x"], "cannot open storage"),
         (["--device", "tpu"], "unknown device"),
         (["--array-size", "0"], "--array-size must be a positive integer"),
+        (["--fail-below", "60"], "--fail-below 60: accuracies are fractions from 0 to 1 (did you mean 0.6?)"),
+        (["--metric", "test_loss", "--fail-below", "0.5"], "test_loss is better lower"),
     ],
 )
 def test_stability_user_errors_exit_2_without_traceback(tmp_path, tiny_config, args, message):
