@@ -472,7 +472,9 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         budget = kwargs["n_trials"] if kwargs["n_trials"] is not None else loaded.budget.n_trials
         left = None if budget is None else budget - counted_trials(kwargs.get("storage"), study_name)
         gpus = len(visible_gpus()) if device.startswith("cuda") else 0
-        workers, notes = workers_to_start(workers, left, kwargs.get("threads"), os.cpu_count() or 1, gpus)
+        workers, notes = workers_to_start(
+            workers, left, kwargs.get("threads"), os.cpu_count() or 1, gpus, available_memory()
+        )
         for note in notes:
             click.echo(note, err=True)
         exits = run_workers(worker_commands(arguments, workers, device=device))
@@ -499,17 +501,33 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+WORKER_MEMORY_BYTES = 512 * 2**20  # what one search worker holds at the least (measured: 500 MB on the MLP space)
+
+
 def workers_to_start(
-    asked: int, trials_left: int | None, threads: int | None, cores: int, gpus: int
+    asked: int,
+    trials_left: int | None,
+    threads: int | None,
+    cores: int,
+    gpus: int,
+    memory_bytes: int | None = None,
 ) -> tuple[int, list[str]]:
     """How many of the `asked` workers to start, and a line for each thing the user should know:
-    never more workers than trials left in the budget (None: a timeout-only budget); more
+    never more workers than trials left in the budget (None: a timeout-only budget), nor than
+    the available memory (`memory_bytes`; None: unknown) holds at WORKER_MEMORY_BYTES each; more
     workers than GPUs, or workers x threads beyond the cores, are started but said."""
     notes = []
     count = asked
     if trials_left is not None and asked > max(trials_left, 1):
         count = max(trials_left, 1)
         notes.append(f"--workers {asked}: {max(trials_left, 0)} trial(s) left in the budget, so {count} started")
+    fit = max(1, memory_bytes // WORKER_MEMORY_BYTES) if memory_bytes is not None else None
+    if fit is not None and count > fit:
+        notes.append(
+            f"--workers {count}: the {memory_bytes / 2**30:.1f} GiB of memory available holds {fit} worker(s) "
+            f"of {WORKER_MEMORY_BYTES // 2**20} MiB each, so {fit} started"
+        )
+        count = fit
     if gpus > 0 and count > gpus:
         notes.append(f"--workers {count} on {gpus} GPU(s): workers share GPUs (worker i uses GPU i mod {gpus})")
     per_worker = threads if threads is not None else max(1, cores // count)  # as worker_commands shares them
@@ -519,6 +537,18 @@ def workers_to_start(
             "they compete for the cores; fewer workers or threads are faster"
         )
     return count, notes
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can give new processes (Linux's MemAvailable); None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def worker_arguments(ctx: Any, drop: Sequence[str] = ("workers",)) -> list[str]:

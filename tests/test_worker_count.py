@@ -18,6 +18,16 @@ def test_no_more_workers_than_trials_left():
     assert workers_to_start(3, 10, 2, 8, 0) == (3, [])
 
 
+def test_no_more_workers_than_the_memory_holds():
+    """`--workers 2**40` with a timeout-only budget started processes until memory ran out."""
+    count, notes = workers_to_start(2**40, None, 1, 2, 0, memory_bytes=6 * 2**30)
+    assert count == 12 and notes[0] == (
+        "--workers 1099511627776: the 6.0 GiB of memory available holds 12 worker(s) of 512 MiB each, so 12 started"
+    )
+    assert workers_to_start(4, 10, 1, 8, 0, memory_bytes=2**40) == (4, [])
+    assert workers_to_start(4, 10, 1, 8, 0, memory_bytes=2**20)[0] == 1  # never fewer than one
+
+
 def test_oversubscription_is_said_not_refused():
     count, notes = workers_to_start(8, 100, None, 2, 0)  # one thread each, as worker_commands shares 2 cores
     assert count == 8 and notes == [
