@@ -33,7 +33,9 @@ from search_spaces._errors import Problem, SpaceError
 from search_spaces._schema import (
     DISTRIBUTIONS,
     FOREIGN_DISTRIBUTIONS,
+    BatchSize,
     Categorical,
+    Epochs,
     Fixed,
     Fraction,
     IntLogUniform,
@@ -92,7 +94,7 @@ def _checker(tp: Any) -> Checker:
 
 _ANY: Checker = lambda value: None
 _DATA_LEAVES: dict[str, Checker] = {
-    "batch_size": _checker(PositiveInt),
+    "batch_size": _checker(BatchSize),
     "val_fraction": _checker(Fraction),
     "test_fraction": _checker(Fraction),
     "split_seed": _checker(NonNegativeInt),
@@ -620,7 +622,9 @@ def _leaf(context: _Context, path: str) -> Checker | str:
         if parts[1] in _DATA_LEAVES:
             return _DATA_LEAVES[parts[1]]
     if root == "training":
-        if parts[1:] in (["epochs"], ["accumulate"]):
+        if parts[1:] == ["epochs"]:
+            return _checker(Epochs)
+        if parts[1:] == ["accumulate"]:
             return _checker(PositiveInt)
         if parts[1:] in (["clip_norm"], ["clip_value"]):
             return _checker(PositiveFloat)

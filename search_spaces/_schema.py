@@ -28,6 +28,9 @@ from search_spaces._yaml import Loc, Where
 # ------------------------------------------------------------------ value types
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# settings with a ceiling (hfta_nas._limits), as a fixed value and as a searched param's range alike
+Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS)]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 UnitFactor = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
@@ -155,7 +158,7 @@ class DataSpec(_Strict):
     """The dataset and its split; `dataset` is a name, a .npz/.csv path or 'module:function'."""
 
     dataset: str = "mnist1d"
-    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] = 100
+    batch_size: BatchSize = 100
     val_fraction: Fraction = 0.1
     test_fraction: Fraction = 0.1
     split_seed: NonNegativeInt = 0
@@ -243,7 +246,7 @@ class TrainingSpec(_Strict):
     `clip_value`: searchable per slot), micro-batches per step (`accumulate`) and
     per-slot early stopping."""
 
-    epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] = 10
+    epochs: Epochs = 10
     optimizer: OptimizerSpec = OptimizerSpec()
     schedule: ScheduleSpec | None = None
     clip_norm: PositiveFloat | None = None

@@ -574,6 +574,21 @@ OPTION_CASES = [
     ("search --array-size 10**6", [*SEARCH, "--array-size", "1000000"], "array size must be at most 4096"),
     ("search --set epochs 1e9", [*SEARCH, "--set", "training.epochs=1000000000"], "expected a value <= 1000000"),
     ("search --set params=null", [*SEARCH, "--set", "params=null"], "params searches nothing"),
+    # a searched range is held to the setting's ceiling, as a fixed value is (a drawn 10^9 epochs
+    # was refused only after the study was written)
+    (
+        "search params epochs up to 1e9",
+        [*SEARCH, "--set", "params.training.epochs={{distribution: int_uniform, min: 1, max: 1000000000}}"],
+        "params.training.epochs: 'max': expected a value <= 1000000",
+    ),
+    (
+        "search params batch size choices up to 1e12",
+        [*SEARCH, "--set", "params.data.batch_size={{distribution: categorical, values: [8, 1000000000000]}}"],
+        "params.data.batch_size: 'values[1]' = 1000000000000: expected a value <= 16777216",
+    ),
+    ("search --storage-patience -1", [*SEARCH, "--storage-patience", "-1"], "storage patience must be a number"),
+    ("search --storage-patience nan", [*SEARCH, "--storage-patience", "nan"], "storage patience must be a number"),
+    ("search --storage grpc nonsense", [*SEARCH, "--storage", "grpc://x"], "expected grpc://HOST:PORT"),
     (
         "search val_acc minimized",
         [*SEARCH, "--set", "study.directions=[minimize]"],
