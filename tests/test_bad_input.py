@@ -1061,8 +1061,16 @@ SEARCH_OPTIONS = {
     "--dtype": _TEXTS,
     "--study-name": _TEXTS,
     "--storage": _TEXTS,
+    "--storage-patience": _TEXTS,
     "--set": _SETTINGS,
 }
+
+
+def _some_of(options):
+    """Up to 4 of `options`, each with a value drawn from its own strategy."""
+    return st.lists(st.sampled_from(sorted(options)), max_size=4, unique=True).flatmap(
+        lambda names: st.fixed_dictionaries({name: options[name] for name in names})
+    )
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -1070,7 +1078,7 @@ SEARCH_OPTIONS = {
     st.sampled_from(sorted(SEARCH_OPTIONS))
     .flatmap(lambda o: st.tuples(st.just(o), SEARCH_OPTIONS[o]))
     .map(lambda pair: {pair[0]: pair[1]})
-    | st.dictionaries(st.sampled_from(sorted(SEARCH_OPTIONS)), _TEXTS, max_size=4)
+    | _some_of(SEARCH_OPTIONS)
 )
 def test_any_search_options_plan_or_give_one_line_and_exit_2(tmp_path_factory, options):
     """`hfta-nas search --dry-run` with random values of its options: a plan (exit 0) or one
@@ -1111,6 +1119,25 @@ STABILITY_OPTIONS = {
     "--metric": _TEXTS,
     "--bootstrap-seed": _TEXTS,
     "--out": _TEXTS,
+    "--fail-below": _TEXTS,
+    # a config's settings past their ceilings or without sense (any text too)
+    "--set": st.one_of(
+        st.sampled_from(
+            [
+                "epochs=1000000000",
+                "epochs=0",
+                "data.batch_size=1000000000000",
+                "training.epochs=-1",
+                "hparams={lr: -1}",
+                "hparams=null",
+                "model=nonsense",
+                "model_config={width: 0}",
+                "optimizer=''",
+                "dataset=../x",
+            ]
+        ),
+        st.text(max_size=20),
+    ),
 }
 
 
@@ -1119,7 +1146,7 @@ class _ReachedTraining(HftaNasError):
 
 
 @settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(st.dictionaries(st.sampled_from(sorted(STABILITY_OPTIONS)), _TEXTS, max_size=4))
+@given(_some_of(STABILITY_OPTIONS))
 def test_any_stability_options_reach_training_or_give_one_line_and_exit_2(tmp_path_factory, options):
     """`hfta-nas stability` with random values of its options: every value is checked before the
     first array trains (here the training is replaced by a sentinel error), and a refused one is
