@@ -46,21 +46,42 @@ from search_spaces._space import SearchSpace
 _PER_SLOT_OPTIMIZER = ("name", "amsgrad", "maximize", "nesterov", "centered")
 
 
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _data_of(config: Any, datasets: dict[str, Dataset], device: str, dtype: str) -> Dataset:
+    """`config`'s dataset, loaded once per distinct data section into `datasets`."""
+    kwargs = config.dataset_kwargs()
+    key = repr((str(config.dataset), sorted(kwargs.items())))
+    if key not in datasets:
+        datasets[key] = load_dataset(config.dataset, **kwargs, device=device, dtype=_DTYPES[dtype])
+    return datasets[key]
+
+
+def preload_data(space: SearchSpace, *, device: str = "cpu", dtype: str = "float32") -> dict[str, Dataset]:
+    """The data of one candidate of the space (every param at its lower end or first choice),
+    loaded: a data file that cannot be read is refused before a study is written. The result
+    is the cache `candidate_builder` takes (`datasets`), so the data is not loaded twice."""
+    datasets: dict[str, Dataset] = {}
+    first = {path: _first_value(param) for path, param in space.searched.items()}
+    _data_of(space.resolve(first), datasets, device, dtype)
+    return datasets
+
+
+def _first_value(param: Any) -> Any:
+    return param.values[0] if hasattr(param, "values") else param.min
+
+
 def candidate_builder(
-    space: SearchSpace, *, device: str = "cpu", dtype: str = "float32"
+    space: SearchSpace, *, device: str = "cpu", dtype: str = "float32", datasets: dict[str, Dataset] | None = None
 ) -> Callable[[optuna.Trial], Candidate]:
     """`build(trial)` for `hfta_nas.optimize`: the space's suggests, resolved to a Candidate
-    (datasets are loaded once per distinct data section)."""
-    datasets: dict[str, Dataset] = {}
-    torch_dtype = {"float32": torch.float32, "float64": torch.float64}[dtype]
+    (datasets are loaded once per distinct data section, into `datasets` when given)."""
+    datasets = {} if datasets is None else datasets
 
     def build(trial: optuna.Trial) -> Candidate:
         config = space.resolve(space.suggest(trial))
-        kwargs = config.dataset_kwargs()
-        key = repr((str(config.dataset), sorted(kwargs.items())))
-        if key not in datasets:
-            datasets[key] = load_dataset(config.dataset, **kwargs, device=device, dtype=torch_dtype)
-        data = datasets[key]
+        data = _data_of(config, datasets, device, dtype)
         factory = resolve_model(
             config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes
         )
@@ -281,10 +302,10 @@ def run_search(
     out = checked_out_dir(
         out_dir if out_dir is not None else default_out_dir(study_name_of(space, study_name)), "--out"
     )
+    datasets = preload_data(space, device=device, dtype=dtype)  # unreadable data fails before the study is written
     study = open_space_study(space, storage, study_name, adopt=adopt, storage_patience=storage_patience)
-    return optimize(
-        study, candidate_builder(space, device=device, dtype=dtype), out_dir=out, on_event=on_event, **options
-    )
+    build = candidate_builder(space, device=device, dtype=dtype, datasets=datasets)
+    return optimize(study, build, out_dir=out, on_event=on_event, **options)
 
 
 def plan_search(

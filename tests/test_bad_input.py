@@ -25,6 +25,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 import yaml
@@ -1202,6 +1203,31 @@ def test_a_malformed_npz_is_refused_before_the_study_is_written(env):
     (env.tmp / "bad.npz").write_bytes(b"PK\x03\x04 a cut archive")
     (env.tmp / "space.yaml").write_text(space_text())
     check_refused(env, [*SEARCH, "--set", "data.dataset={tmp}/bad.npz"], "it is not a zip archive")
+
+
+@pytest.mark.parametrize(
+    ("name", "write", "message"),
+    [
+        ("header.csv", lambda path: path.write_text("x,y\n"), "has a header but no rows"),
+        (
+            "huge_label.npz",
+            lambda path: np.savez(path, x=np.zeros((20, 4), "f4"), y=np.array([0] * 19 + [10**12])),
+            "labels 'y' contain the value 1000000000000",
+        ),
+        (
+            "no_val.npz",
+            lambda path: np.savez(path, x_train=np.zeros((8, 2)), y_train=np.zeros(8, int), x_test=np.zeros((2, 2))),
+            "lacks ['x_val', 'y_val', 'y_test']",
+        ),
+    ],
+    ids=["csv-header-only", "npz-label-1e12", "npz-without-val"],
+)
+def test_data_that_cannot_be_read_is_refused_before_the_study_is_written(env, name, write, message):
+    """Data files are read before the study opens (they were read at the first trial's build,
+    after the study and its first trial were written)."""
+    write(env.tmp / name)
+    (env.tmp / "space.yaml").write_text(space_text())
+    check_refused(env, [*SEARCH, "--set", f"data.dataset={{tmp}}/{name}"], message)
 
 
 def test_a_study_hfta_nas_did_not_make_is_refused_unless_adopted(tmp_path):
