@@ -124,6 +124,9 @@ COMPARISON_COLUMNS = (
     "a_bad_of",
     "b_bad_n",
     "b_bad_of",
+    "bad_rate_test",
+    "a_only_bad",
+    "b_only_bad",
     "bad_rate_p",
     "bad_rate_p_holm",
     "aso_confidence",
@@ -156,7 +159,14 @@ def analyse(
     return Analysis(
         summary=summary,
         per_epoch=_per_epoch(result.curves, seeds, confidence),
-        comparisons=_comparisons(seeds, metrics, summary, confidence=confidence, bootstrap_seed=int(bootstrap_seed)),
+        comparisons=_comparisons(
+            seeds,
+            metrics,
+            summary,
+            confidence=confidence,
+            bootstrap_seed=int(bootstrap_seed),
+            fail_below=dict(fail_below or {}),
+        ),
         ranking=_ranking(summary),
         power=_power(summary, differences),
         decomposition=_decomposition(seeds, metrics, confidence),
@@ -312,14 +322,22 @@ def _per_epoch(curves: pd.DataFrame, seeds: pd.DataFrame, confidence: float) -> 
 
 
 def _comparisons(
-    seeds: pd.DataFrame, metrics: list[str], summary: pd.DataFrame, *, confidence: float, bootstrap_seed: int
+    seeds: pd.DataFrame,
+    metrics: list[str],
+    summary: pd.DataFrame,
+    *,
+    confidence: float,
+    bootstrap_seed: int,
+    fail_below: dict[str, float] | None = None,
 ) -> pd.DataFrame:
     """Every pair of configurations on the main design, "better" read in the metric's direction.
 
     When the two configurations ran the same seeds slot for slot (what `compare` does), the
     paired figures (paired t, Wilcoxon signed-rank, P(A better) over pairs) are the ones that
     fit the design; `paired` says so. The independent-sample figures are kept beside them.
-    Failure rates (from the summary) are compared by Fisher's exact test.
+    Failure rates (from the summary) are compared by McNemar's exact test when the seeds are
+    paired (it uses which slots went wrong under each), else by Fisher's exact test; `bad_rate_test`
+    names the one used.
 
     One correction policy, per metric over its pairs (the family a reader scans when asking
     "which configs differ?"): Holm adjusts each test's p-values separately; ASO, which has no
@@ -367,9 +385,7 @@ def _comparisons(
                     "a_bad_of": int(summary_a["bad_of"]),
                     "b_bad_n": int(summary_b["bad_n"]),
                     "b_bad_of": int(summary_b["bad_of"]),
-                    "bad_rate_p": _stats.compare_rates(
-                        summary_a["bad_n"], summary_a["bad_of"], summary_b["bad_n"], summary_b["bad_of"]
-                    ),
+                    **_rate_test(rows_a, rows_b, metric, summary_a, summary_b, (fail_below or {}).get(metric), paired),
                     "aso_confidence": aso_confidence,
                 }
             )
@@ -381,6 +397,41 @@ def _comparisons(
 
 
 _SEED_SOURCES = ("seed_init", "seed_data", "seed_dropout", "seed_split")
+
+
+def _rate_test(
+    rows_a: pd.DataFrame,
+    rows_b: pd.DataFrame,
+    metric: str,
+    summary_a: Mapping[str, Any],
+    summary_b: Mapping[str, Any],
+    fail_below: float | None,
+    paired: bool,
+) -> dict[str, Any]:
+    """The test of two failure rates that fits the design: McNemar's exact test on the slots of
+    shared seeds, Fisher's exact test on independent seeds."""
+    if paired:
+        wrong_a = _gone_wrong(rows_a, metric, summary_a, fail_below)
+        wrong_b = _gone_wrong(rows_b, metric, summary_b, fail_below)
+        slots = sorted(wrong_a)
+        figures = _stats.compare_paired_rates([wrong_a[i] for i in slots], [wrong_b[i] for i in slots])
+        return {"bad_rate_test": "McNemar exact (paired)", **figures}
+    p = _stats.compare_rates(summary_a["bad_n"], summary_a["bad_of"], summary_b["bad_n"], summary_b["bad_of"])
+    return {"bad_rate_test": "Fisher exact", "a_only_bad": np.nan, "b_only_bad": np.nan, "bad_rate_p": p}
+
+
+def _gone_wrong(
+    rows: pd.DataFrame, metric: str, summary: Mapping[str, Any], fail_below: float | None
+) -> dict[int, bool]:
+    """seed_index -> whether that seed went wrong, by the summary's rule (so the counts agree with
+    bad_n): it gave no value (failed, diverged), is in the worse mode, or is below `fail_below`."""
+    values, index, _ = _values(rows, metric)
+    worse = {int(i) for i in str(summary["worse_mode_seeds"]).split(",") if i.strip()}
+    completed = dict(zip(index.tolist(), values.tolist()))
+    return {
+        int(i): i not in completed or int(i) in worse or (fail_below is not None and completed[i] < fail_below)
+        for i in rows["seed_index"]
+    }
 
 
 def _seed_plan(rows: pd.DataFrame) -> list[tuple[Any, ...]]:

@@ -498,7 +498,7 @@ def _comparison_line(c: dict[str, Any], scale: float, unit: str) -> str:
     return (
         f"{c['a']} vs {c['b']} ({'same seeds' if c['paired'] else 'independent seeds'}): diff {diff}, {tests}; "
         f"gone wrong {c['a_bad_n']} of {c['a_bad_of']} vs {c['b_bad_n']} of {c['b_bad_of']} "
-        f"(Fisher p={g(c['bad_rate_p'], '.3g')})"
+        f"({'McNemar' if c['paired'] else 'Fisher'} p={g(c['bad_rate_p'], '.3g')})"
     )
 
 

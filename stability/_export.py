@@ -193,7 +193,8 @@ def _write_latex(report: _Report, out: Path) -> list[Path]:
         parts.append(
             _latex(
                 failures,
-                caption="Seeds gone wrong per configuration, compared by Fisher's exact test (Holm-adjusted).",
+                caption="Seeds gone wrong per configuration, compared by McNemar's exact test when the seeds "
+                "are shared, else Fisher's exact test (Holm-adjusted).",
                 label="tab:stability-failures",
             )
         )
@@ -312,9 +313,10 @@ COMPARISON_TEXT = (
     "when neither study splits)."
 )
 FAILURE_COMPARISON_TEXT = (
-    "Seeds gone wrong (failed, in a worse mode, or below --fail-below) per configuration, and Fisher's exact "
-    "test of the difference between the two rates (Holm-adjusted across the pairs). With shared seeds the "
-    "outcomes are paired, which Fisher's test ignores: it is conservative there."
+    "Seeds gone wrong (failed, in a worse mode, or below --fail-below) per configuration, and an exact test of "
+    "the difference between the two rates (Holm-adjusted across the pairs). With shared seeds the outcomes are "
+    "paired: McNemar's exact test (a binomial test on the discordant slots, those wrong under one configuration "
+    "only; 'A only / B only' counts them). With independent seeds: Fisher's exact test."
 )
 
 
@@ -578,11 +580,18 @@ def _comparison_tables(report: _Report) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "B": r["b"],
                 "gone wrong A": f"{int(r['a_bad_n'])} of {int(r['a_bad_of'])}",
                 "gone wrong B": f"{int(r['b_bad_n'])} of {int(r['b_bad_of'])}",
-                "Fisher p (Holm)": f"{_p(r['bad_rate_p'])} ({_p(r['bad_rate_p_holm'])})",
+                "A only / B only": (
+                    f"{int(r['a_only_bad'])} / {int(r['b_only_bad'])}" if np.isfinite(r["a_only_bad"]) else "n/a"
+                ),
+                "test p (Holm)": f"{_rate_test_name(r)} {_p(r['bad_rate_p'])} ({_p(r['bad_rate_p_holm'])})",
                 "good mode A - B": f(r["good_mode_diff"]),
             }
         )
     return pd.DataFrame(differences), pd.DataFrame(failures)
+
+
+def _rate_test_name(row: Any) -> str:
+    return "McNemar" if str(row.get("bad_rate_test", "")).startswith("McNemar") else "Fisher"
 
 
 def _ranking_table(report: _Report, ranking: pd.DataFrame) -> pd.DataFrame:

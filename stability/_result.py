@@ -201,9 +201,11 @@ class Analysis:
                    slot for slot), n_pairs, paired_diff_low/high, paired_t,
                    paired_t_p(_holm), wilcoxon_w, wilcoxon_p(_holm), p_a_better_pairs
                    with its Clopper-Pearson interval (NaN when not paired),
-                   good_mode_diff, a_bad_n, a_bad_of, b_bad_n, b_bad_of, bad_rate_p
-                   (Fisher's exact)(_holm), aso_confidence (Bonferroni-adjusted across
-                   the pairs)
+                   good_mode_diff, a_bad_n, a_bad_of, b_bad_n, b_bad_of, bad_rate_test
+                   ("McNemar exact (paired)" on shared seeds, else "Fisher exact"),
+                   a_only_bad, b_only_bad (McNemar's discordant slots; NaN when not
+                   paired), bad_rate_p(_holm), aso_confidence (Bonferroni-adjusted
+                   across the pairs)
     ranking:       metric, rank, config, mean, ci_low, ci_high (the headline interval)
     power:         config, metric, std, n, min_detectable_diff (at the current n,
                    alpha 0.05, power 0.8), and seeds_needed_<d> for a few differences d

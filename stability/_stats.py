@@ -283,6 +283,24 @@ def compare_rates(bad_a: int, of_a: int, bad_b: int, of_b: int) -> float:
     return float(stats.fisher_exact(table, alternative="two-sided").pvalue)
 
 
+def compare_paired_rates(bad_a: ArrayLike, bad_b: ArrayLike) -> dict[str, Any]:
+    """McNemar's exact test of a difference between two failure rates when the seeds are paired
+    (bad_a[i] and bad_b[i]: whether slot i went wrong under A and under B, same seeds).
+
+    Only the discordant slots (wrong under one configuration, right under the other) carry
+    information; under no difference each is equally likely to go either way, so the count of
+    A-only slots is binomial(discordant, 1/2): an exact two-sided binomial test. Fisher's test
+    treats the two columns as independent samples and, with shared seeds, is conservative.
+    No discordant slot: p = 1 (nothing speaks for a difference)."""
+    a, b = np.asarray(bad_a, dtype=bool).reshape(-1), np.asarray(bad_b, dtype=bool).reshape(-1)
+    if a.size != b.size:
+        raise ValueError(f"compare_paired_rates needs as many slots of A as of B, got {a.size} and {b.size}.")
+    a_only, b_only = int(np.sum(a & ~b)), int(np.sum(b & ~a))
+    discordant = a_only + b_only
+    p = float(stats.binomtest(a_only, discordant, 0.5).pvalue) if discordant else (1.0 if a.size else NAN)
+    return {"a_only_bad": a_only, "b_only_bad": b_only, "bad_rate_p": p}
+
+
 def summarize(
     values: ArrayLike,
     *,

@@ -337,12 +337,15 @@ def test_every_export_format_carries_the_modes_and_the_failure_rate(bimodal):
     for name in ("report.md", "report.html", "report.tex"):
         text = (bimodal / name).read_text()
         assert "bimodal: 1 of 8 seeds" in text and "Clopper-Pearson" in text, name
-        assert "1 of 8 = 12.5" in text and "Fisher" in text, name
+        assert "1 of 8 = 12.5" in text and "McNemar" in text, name  # shared seeds: the paired test
 
 
 def test_comparisons_of_shared_seeds_are_paired_in_the_report(bimodal):
     markdown = (bimodal / "report.md").read_text()
     assert "same (7 pairs)" in markdown and "paired " in markdown and "Wilcoxon " in markdown
+    # A's seed 0 failed, B_wide's seed 5 is in its worse mode: one discordant slot each way
+    row = next(line for line in markdown.splitlines() if line.startswith("| A ") and "McNemar" in line)
+    assert [cell.strip() for cell in row.split("|")[3:7]] == ["1 of 8", "1 of 8", "1 / 1", "McNemar 1.000 (1.000)"]
 
 
 def test_fail_below_counts_seeds_under_a_threshold(tmp_path):

@@ -766,3 +766,52 @@ def test_analyse_uses_paired_methods_only_when_seeds_are_shared(analysed):
     involved = (apart.comparisons["a"] == first) | (apart.comparisons["b"] == first)
     assert not apart.comparisons.loc[involved, "paired"].any()
     assert apart.comparisons.loc[involved, "paired_t_p"].isna().all()
+
+
+# --------------------------------------------------------------------------- paired failure rates
+
+
+def test_mcnemar_exact_is_a_binomial_test_of_the_discordant_slots(no_warnings):
+    # 10 shared seeds: 2 go wrong under both, 4 under A only, 0 under B only, 4 under neither
+    bad_a = [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
+    bad_b = [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+    row = _stats.compare_paired_rates(bad_a, bad_b)
+    assert (row["a_only_bad"], row["b_only_bad"]) == (4, 0)
+    assert close(row["bad_rate_p"], 2 * 0.5**4)  # two-sided: all 4 discordant slots the same way
+    # by hand for 5 against 1: P(X <= 1) + P(X >= 5), X ~ binomial(6, 1/2)
+    by_hand = (math.comb(6, 0) + math.comb(6, 1) + math.comb(6, 5) + math.comb(6, 6)) / 2**6
+    assert close(_stats.compare_paired_rates([1] * 5 + [0], [0] * 5 + [1])["bad_rate_p"], by_hand)
+    assert _stats.compare_paired_rates([1, 0, 1], [1, 0, 1])["bad_rate_p"] == 1.0  # no discordant slot
+    assert math.isnan(_stats.compare_paired_rates([], [])["bad_rate_p"])
+    with pytest.raises(ValueError, match="as many slots"):
+        _stats.compare_paired_rates([1, 0], [1])
+
+
+def test_mcnemar_sees_what_fisher_misses_when_the_same_seeds_go_wrong():
+    """Shared seeds that fail under both configs carry no evidence of a difference; Fisher's test
+    counts them as independent draws. 12 of 20 vs 6 of 20, the 6 of B all among A's 12: McNemar
+    sees 6 discordant slots all one way (p = 0.031), Fisher 12/20 vs 6/20 (p = 0.11)."""
+    bad_a = [1] * 12 + [0] * 8
+    bad_b = [1] * 6 + [0] * 14
+    mcnemar = _stats.compare_paired_rates(bad_a, bad_b)["bad_rate_p"]
+    fisher = _stats.compare_rates(12, 20, 6, 20)
+    assert close(mcnemar, 2 * 0.5**6) and mcnemar < 0.05 < fisher
+
+
+def test_analyse_compares_failure_rates_of_shared_seeds_by_mcnemar(analysed):
+    result, an = analysed
+    rows = an.comparisons.query("metric == 'test_acc'").set_index(["a", "b"])
+    assert (rows["bad_rate_test"] == "McNemar exact (paired)").all()
+    # A's seed 2 failed, B and C completed every seed: one discordant slot, A only
+    assert (rows.loc[("A", "B"), "a_only_bad"], rows.loc[("A", "B"), "b_only_bad"]) == (1, 0)
+    assert rows.loc[("A", "B"), "bad_rate_p"] == 1.0  # binomial(1, 1/2): one slot proves nothing
+    summary = an.summary.set_index(["config", "design", "metric"])
+    for (a, b), row in rows.iterrows():  # the discordant counts agree with each config's bad_n
+        bad_a, bad_b = summary.loc[(a, "all", "test_acc"), "bad_n"], summary.loc[(b, "all", "test_acc"), "bad_n"]
+        assert row["a_only_bad"] - row["b_only_bad"] == bad_a - bad_b
+    seeds = result.seeds.copy()
+    seeds.loc[seeds["config"] == "A", "seed_init"] += 1000  # A no longer shares seeds with B and C
+    apart = analyse(StabilityResult(seeds, result.curves, result.metadata), n_resamples=100)
+    row = apart.comparisons.query("metric == 'test_acc' and a == 'A' and b == 'B'").iloc[0]
+    assert row["bad_rate_test"] == "Fisher exact" and math.isnan(row["a_only_bad"])
+    assert close(row["bad_rate_p"], _stats.compare_rates(1, 5, 0, 5))
