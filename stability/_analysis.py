@@ -136,6 +136,18 @@ POWER_COLUMNS = ("config", "metric", "std", "n", "min_detectable_diff")
 # `config` is not in the contract's list, but a study of several configurations run with
 # --decompose has one decomposition per configuration, and without it their rows would collide.
 DECOMPOSITION_COLUMNS = ("config", "method", "metric", "source", "variance", "ci_low", "ci_high", "share")
+MODE_SOURCE_COLUMNS = (
+    "config",
+    "method",
+    "metric",
+    "source",
+    "worse_n",
+    "runs",
+    "levels",
+    "levels_with_worse",
+    "p",
+    "verdict",
+)
 
 
 def analyse(
@@ -170,6 +182,7 @@ def analyse(
         ranking=_ranking(summary),
         power=_power(summary, differences),
         decomposition=_decomposition(seeds, metrics, confidence),
+        mode_sources=_mode_sources(seeds, metrics, summary),
         settings={
             **common,
             "alpha": ALPHA,
@@ -521,3 +534,89 @@ def _decomposition(seeds: pd.DataFrame, metrics: list[str], confidence: float) -
                 ]
     frame = _frame(rows, DECOMPOSITION_COLUMNS)
     return frame.astype({c: float for c in ("variance", "ci_low", "ci_high", "share")}) if rows else frame
+
+
+# --------------------------------------------------------------------------- which source moves seeds between modes
+
+
+def _mode_sources(seeds: pd.DataFrame, metrics: list[str], summary: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration that ran --decompose and found a worse mode: which seed source moves runs
+    into it. Grid: are the worse-mode runs concentrated in some init (or data) seeds, by the exact
+    test `_stats.mode_follows_levels`. Sources: how many runs of each one-at-a-time design fall on
+    the worse side of the main design's split (a design with runs in both modes shows that its
+    source moves runs between modes by itself)."""
+    rows = []
+    by_design = summary.set_index(["config", "design", "metric"])
+    for config, group in seeds.groupby("config", sort=False):
+        designs = set(group["design"])
+        sources = [s for s in SOURCES if f"only_{s}" in designs]
+        for metric in metrics:
+            found = []
+            if "grid" in designs and by_design.loc[(config, "grid", metric), "modes"] == 2:
+                found += _grid_mode_rows(
+                    group[group["design"] == "grid"], metric, by_design.loc[(config, "grid", metric)]
+                )
+            if sources and "all" in designs and by_design.loc[(config, "all", metric), "modes"] == 2:
+                found += _sources_mode_rows(group, sources, metric)
+            rows += [{"config": config, "metric": metric, **row} for row in found]
+    frame = _frame(rows, MODE_SOURCE_COLUMNS)
+    return frame.astype({"p": float}) if rows else frame
+
+
+def _grid_mode_rows(grid: pd.DataFrame, metric: str, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The grid's worse-mode runs against its init seeds and its data seeds, and the verdict."""
+    _, index, _ = _values(grid, metric)
+    completed = grid.set_index("seed_index").loc[index]
+    worse = np.isin(index, [int(i) for i in str(summary["worse_mode_seeds"]).split(",") if i.strip()])
+    tests = {
+        source: _stats.mode_follows_levels(worse, completed[f"seed_{source}"].to_numpy()) for source in ("init", "data")
+    }
+    verdict = _grid_verdict(tests)
+    return [{"method": "grid", "source": source, **figures, "verdict": verdict} for source, figures in tests.items()]
+
+
+def _grid_verdict(tests: Mapping[str, Mapping[str, Any]]) -> str:
+    """ "the worse mode follows the init seed: ..." in words, from the two exact tests at ALPHA."""
+    init, data = tests["init"], tests["data"]
+    where = (
+        f"its {init['worse_n']} of {init['runs']} runs lie in {init['levels_with_worse']} of {init['levels']} init "
+        f"seeds (exact p = {_p_text(init['p'])}) and {data['levels_with_worse']} of {data['levels']} data seeds "
+        f"(p = {_p_text(data['p'])})"
+    )
+    follows = [source for source in ("init", "data") if tests[source]["p"] < ALPHA]
+    if follows == ["init", "data"]:
+        return f"the worse mode follows both the init and the data seed: {where}"
+    if follows:
+        return f"the worse mode follows the {follows[0]} seed: {where}"
+    return (
+        f"the worse mode follows neither seed on its own: {where}; an interaction of the two, dropout, or too few "
+        "worse runs to tell"
+    )
+
+
+def _sources_mode_rows(group: pd.DataFrame, sources: Sequence[str], metric: str) -> list[dict[str, Any]]:
+    """Each only_<source> design's runs on the worse side of the main design's split (the midpoint of
+    the gap between its modes): a source whose design has runs in both modes moves runs by itself."""
+    higher = _higher_is_better(metric)
+    values, _, _ = _values(group[group["design"] == "all"], metric)
+    split = _stats.find_modes(values, higher)
+    good, worse = values[split["good"]], values[split["worse"]]
+    cut = (np.min(good) + np.max(worse)) / 2 if higher else (np.max(good) + np.min(worse)) / 2
+    counts = {}
+    for source in sources:
+        runs, _, _ = _values(group[group["design"] == f"only_{source}"], metric)
+        counts[source] = (int(np.sum(runs < cut if higher else runs > cut)), int(runs.size))
+    moving = [s for s, (w, n) in counts.items() if 0 < w < n]
+    told = "; ".join(f"{s} alone: {w} of {n} runs in the worse mode" for s, (w, n) in counts.items())
+    verdict = f"no source moves runs between modes by itself: {told}"
+    if moving:
+        verdict = f"the worse mode follows {' and '.join(moving)} (runs in both modes when it alone varies): {told}"
+    return [
+        {"method": "sources", "source": s, "worse_n": w, "runs": n, "levels": n, "levels_with_worse": w}
+        | {"p": np.nan, "verdict": verdict}
+        for s, (w, n) in counts.items()
+    ]
+
+
+def _p_text(p: float) -> str:
+    return "n/a" if not np.isfinite(p) else f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"

@@ -419,6 +419,13 @@ def _summary(done: Any, metric: str) -> dict[str, Any]:
         "decomposition": [
             _clean(r) for r in analysis.decomposition[analysis.decomposition["metric"] == metric].to_dict("records")
         ],
+        "mode_sources": list(  # one verdict per configuration and method, in order
+            dict.fromkeys(
+                f"{r['config']}: {r['verdict']}"
+                for r in analysis.mode_sources.to_dict("records")
+                if r["metric"] == metric
+            )
+        ),
         "seconds": metadata.get("seconds"),
         "arrays": metadata.get("arrays", []),
         "reused_seeds": metadata.get("reused_seeds", 0),
@@ -459,6 +466,8 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     for d in summary["decomposition"]:
         share = "" if d.get("share") is None else f" ({d['share']:.0%} of the sum of sources)"
         console.print(f"variance from {d['source']}: {d['variance']:.3g}{share}")
+    for verdict in summary["mode_sources"]:
+        console.print(verdict)
     arrays = summary["arrays"]
     if arrays:
         sizes = ", ".join(str(a["size"]) for a in arrays)

@@ -90,11 +90,12 @@ def _write_csv(report: _Report, out: Path) -> list[Path]:
         "ranking": report.analysis.ranking,
         "power": report.analysis.power,
         "decomposition": report.analysis.decomposition,
+        "mode_sources": report.analysis.mode_sources,
     }
     written = []
     for name, frame in frames.items():
-        if name in ("comparisons", "decomposition") and frame.empty:
-            continue  # only meaningful with several configs / --decompose
+        if name in ("comparisons", "decomposition", "mode_sources") and frame.empty:
+            continue  # only meaningful with several configs / --decompose (and a worse mode)
         path = out / f"{name}.csv"
         atomic_write_text(path, frame.to_csv(index=False))
         written.append(path)
@@ -118,6 +119,7 @@ def _write_json(report: _Report, out: Path) -> list[Path]:
         "ranking": _records(analysis.ranking),
         "power": _records(analysis.power),
         "decomposition": _records(analysis.decomposition),
+        "mode_sources": _records(analysis.mode_sources),
         "per_epoch": _records(analysis.per_epoch),
         "seeds": _records(report.result.seeds),
     }
@@ -279,6 +281,12 @@ def _sections(report: _Report) -> list[_Section]:
                 "variance",
             )
         )
+    mode_sources = analysis.mode_sources
+    mode_sources = mode_sources[mode_sources["metric"] == report.metric] if not mode_sources.empty else mode_sources
+    if not mode_sources.empty:
+        sections.append(
+            _Section("Which seed moves runs between modes", MODE_SOURCES_TEXT, _mode_sources_table(mode_sources))
+        )
     sections.append(
         _Section(
             "All metrics",
@@ -386,6 +394,36 @@ def _decomposition_text(metadata: dict[str, Any]) -> str:
         "intervals may be noise. Method 'grid' (--decompose grid): init seeds crossed with data seeds, one run "
         "per cell; two-way random-effects ANOVA components with 95% intervals (modified large-sample for init "
         f"and data, chi-square for their interaction, which holds the residual: {residual})."
+    )
+
+
+MODE_SOURCES_TEXT = (
+    "When a decomposition design splits into two modes: which source of randomness sends runs to the worse one. "
+    "Grid: the worse-mode runs against the grid's init seeds and its data seeds; an exact permutation test "
+    "(Fisher-Freeman-Halton, with the chi-square statistic) asks whether they crowd into some seeds of a source "
+    "more than runs placed at random would (p below 0.05: the mode follows that source; one worse run gives p = 1, "
+    "as it cannot crowd anywhere). Sources: each one-at-a-time design's runs on the worse side of the main "
+    "design's split; a source whose design has runs in both modes moves runs between modes by itself, and a "
+    "design with every run in the worse mode says the other sources' fixed seeds put them there."
+)
+
+
+def _mode_sources_table(mode_sources: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "config": r["config"],
+                "method": r["method"],
+                "source": r["source"],
+                "worse-mode runs": f"{int(r['worse_n'])} of {int(r['runs'])}",
+                "its seeds holding them": (
+                    f"{int(r['levels_with_worse'])} of {int(r['levels'])}" if r["method"] == "grid" else ""
+                ),
+                "exact p": _p(r["p"]) if np.isfinite(r["p"]) else "",
+                "verdict": r["verdict"],
+            }
+            for _, r in mode_sources.iterrows()
+        ]
     )
 
 

@@ -212,6 +212,14 @@ class Analysis:
     decomposition: config, metric, source, variance, ci_low, ci_high, share  (empty without
                    --decompose; per config, one row per source plus source "total"
                    (design "all") and "sum_of_sources")
+    mode_sources:  which seed source moves runs into the worse mode (empty without
+                   --decompose or without a worse mode): config, method ("grid": one
+                   row per source, init and data, with the exact test of the worse-mode
+                   runs crowding into some of its levels, `_stats.mode_follows_levels`;
+                   "sources": one row per only_<source> design, its runs below the
+                   main design's split), metric, source, worse_n, runs, levels,
+                   levels_with_worse, p (grid only), verdict (str: "the worse mode
+                   follows the init seed: ...")
     settings:      confidence, bootstrap_seed, n_resamples, alpha, power, fail_below
                    ({metric: threshold}), mode_rule, seeds_to_see_1_in_10_with_90_percent
     """
@@ -222,4 +230,5 @@ class Analysis:
     ranking: pd.DataFrame
     power: pd.DataFrame
     decomposition: pd.DataFrame
+    mode_sources: pd.DataFrame = field(default_factory=pd.DataFrame)
     settings: dict[str, Any] = field(default_factory=dict)

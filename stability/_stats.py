@@ -301,6 +301,42 @@ def compare_paired_rates(bad_a: ArrayLike, bad_b: ArrayLike) -> dict[str, Any]:
     return {"a_only_bad": a_only, "b_only_bad": b_only, "bad_rate_p": p}
 
 
+def mode_follows_levels(worse: ArrayLike, levels: ArrayLike) -> dict[str, Any]:
+    """Whether the worse-mode runs crowd into some levels of one seed source (e.g. a few init seeds
+    of a grid), by an exact permutation test: how often the worse runs, placed at random among all
+    runs (the grid's margins kept), would be at least as concentrated. Concentration is
+    sum over levels of worse_in_level^2 / runs_in_level (the chi-square statistic of the
+    levels x {worse, good} table, up to constants, when the margins are fixed). Its null
+    distribution is the multivariate hypergeometric of the per-level counts, summed exactly level by
+    level (Fisher-Freeman-Halton's test with this statistic); Fraction keys keep ties exact.
+
+    Returns worse_n, runs, levels, levels_with_worse and p (1 when fewer than two runs are worse:
+    one run cannot crowd anywhere; NaN without runs)."""
+    from fractions import Fraction
+
+    worse = np.asarray(worse, dtype=bool).reshape(-1)
+    names, level_of = np.unique(np.asarray(levels).reshape(-1), return_inverse=True)
+    sizes = np.bincount(level_of, minlength=names.size)
+    counts = np.bincount(level_of, weights=worse, minlength=names.size).astype(int)
+    w, n = int(worse.sum()), int(worse.size)
+    row = {"worse_n": w, "runs": n, "levels": int(names.size), "levels_with_worse": int(np.sum(counts > 0))}
+    if n == 0:
+        return {**row, "p": NAN}
+    if w < 2 or w == n:
+        return {**row, "p": 1.0}
+    observed = sum(Fraction(int(c) ** 2, int(m)) for c, m in zip(counts, sizes))
+    ways: dict[tuple[int, Fraction], int] = {(0, Fraction(0)): 1}  # (worse placed so far, statistic) -> count
+    for m in sizes.tolist():
+        following: dict[tuple[int, Fraction], int] = {}
+        for (placed, statistic), count in ways.items():
+            for c in range(min(m, w - placed) + 1):
+                key = (placed + c, statistic + Fraction(c * c, m))
+                following[key] = following.get(key, 0) + count * math.comb(m, c)
+        ways = following
+    extreme = sum(count for (placed, statistic), count in ways.items() if placed == w and statistic >= observed)
+    return {**row, "p": extreme / math.comb(n, w)}
+
+
 def summarize(
     values: ArrayLike,
     *,

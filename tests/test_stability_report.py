@@ -365,3 +365,17 @@ def test_fail_below_counts_seeds_under_a_threshold(tmp_path):
     ):
         with pytest.raises(HftaNasError, match=re.escape(message)):
             check_fail_below(threshold, metric)
+
+
+def test_the_report_says_which_seed_the_worse_mode_follows(tmp_path):
+    from tests.test_stability_stats import grid_result
+
+    result = grid_result({(1, j) for j in range(5)})  # init seed 1 sends all its runs to the worse mode
+    write_report(result, analyse(result, n_resamples=100), tmp_path, formats=("md", "csv", "json"), plot_formats=())
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Which seed moves runs between modes" in markdown
+    assert "the worse mode follows the init seed: its 5 of 25 runs lie in 1 of 5 init seeds" in markdown
+    frame = pd.read_csv(tmp_path / "mode_sources.csv")
+    assert set(frame["source"]) == {"init", "data"} and (frame["method"] == "grid").all()
+    document = json.loads((tmp_path / "report.json").read_text())
+    assert {r["source"] for r in document["mode_sources"]} == {"init", "data"}

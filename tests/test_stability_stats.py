@@ -20,6 +20,7 @@ from stability._analysis import (
     COMPARISON_COLUMNS,
     DECOMPOSITION_COLUMNS,
     MODE_RULE,
+    MODE_SOURCE_COLUMNS,
     PER_EPOCH_COLUMNS,
     POWER_COLUMNS,
     RANKING_COLUMNS,
@@ -815,3 +816,100 @@ def test_analyse_compares_failure_rates_of_shared_seeds_by_mcnemar(analysed):
     row = apart.comparisons.query("metric == 'test_acc' and a == 'A' and b == 'B'").iloc[0]
     assert row["bad_rate_test"] == "Fisher exact" and math.isnan(row["a_only_bad"])
     assert close(row["bad_rate_p"], _stats.compare_rates(1, 5, 0, 5))
+
+
+# --------------------------------------------------------------------------- which source moves seeds between modes
+
+
+def test_mode_follows_levels_is_exact():
+    k = 5
+    init, data = np.repeat(range(k), k), np.tile(range(k), k)
+    one_init = init == 2  # every run of init seed 2 is in the worse mode, across all data seeds
+    follows = _stats.mode_follows_levels(one_init, init)
+    assert (follows["worse_n"], follows["levels_with_worse"], follows["levels"]) == (5, 1, 5)
+    assert close(follows["p"], 5 / math.comb(25, 5))  # only the 5 ways of filling one level are as crowded
+    assert _stats.mode_follows_levels(one_init, data)["p"] == 1.0  # one run per data seed: as even as can be
+    assert _stats.mode_follows_levels((init == 2) & (data == 0), init)["p"] == 1.0  # one worse run cannot crowd
+    assert math.isnan(_stats.mode_follows_levels([], [])["p"])
+
+
+def test_mode_follows_levels_matches_brute_force_enumeration():
+    """Unequal levels (a grid with failed runs left out): every placement of the worse runs counted."""
+    levels = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 3, 3])
+    worse = np.zeros(levels.size, dtype=bool)
+    worse[[0, 1, 2, 7]] = True
+
+    def crowding(mask):
+        return sum(np.sum(mask[levels == v]) ** 2 / np.sum(levels == v) for v in np.unique(levels))
+
+    observed = crowding(worse)
+    placements = list(itertools.combinations(range(levels.size), int(worse.sum())))
+    as_crowded = 0
+    for chosen in placements:
+        mask = np.zeros(levels.size, dtype=bool)
+        mask[list(chosen)] = True
+        as_crowded += crowding(mask) >= observed - 1e-12
+    assert close(_stats.mode_follows_levels(worse, levels)["p"], as_crowded / len(placements))
+
+
+def grid_result(worse_cells, k=5, seed=3):
+    """One config's k x k init x data grid: runs near 80% accuracy, the cells in `worse_cells`
+    (init level, data level) near 40%."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(k):
+        for j in range(k):
+            centre = 0.40 if (i, j) in worse_cells else 0.80
+            acc = centre + rng.normal(0, 0.01)
+            row = {"config": "A", "seed_index": i * k + j, "design": "grid", "seed_init": 100 + i}
+            row |= {"seed_data": 200 + j, "seed_dropout": 300 + i * k + j, "status": "completed", "epochs": 3}
+            rows.append(row | {"test_acc": acc, "test_loss": 2 - acc, "train_acc": acc, "train_loss": 2 - acc})
+    seeds = pd.DataFrame(rows, columns=[*SEED_COLUMNS, *METRICS])
+    return StabilityResult(seeds, pd.DataFrame(columns=list(CURVE_COLUMNS)), {"n_test": 1000})
+
+
+@pytest.mark.parametrize(
+    ("worse_cells", "verdict"),
+    [
+        ({(1, j) for j in range(5)} | {(3, j) for j in range(5)}, "the worse mode follows the init seed"),
+        ({(i, 4) for i in range(5)}, "the worse mode follows the data seed"),
+        ({(0, 1), (2, 3), (4, 0)}, "the worse mode follows neither seed on its own"),
+    ],
+)
+def test_analyse_says_which_seed_the_worse_mode_follows_on_a_grid(worse_cells, verdict):
+    an = analyse(grid_result(worse_cells), n_resamples=100)
+    rows = an.mode_sources.query("metric == 'test_acc'").set_index("source")
+    assert list(rows.index) == ["init", "data"] and (rows["method"] == "grid").all()
+    assert rows["verdict"].str.startswith(verdict + ":").all()
+    assert (rows["worse_n"] == len(worse_cells)).all() and (rows["runs"] == 25).all()
+    loss = an.mode_sources.query("metric == 'test_loss'")  # the worse mode of a loss is the higher one
+    assert loss["verdict"].str.startswith(verdict + ":").all()
+
+
+def test_analyse_without_a_worse_mode_has_no_mode_sources():
+    an = analyse(grid_result(set()), n_resamples=100)
+    assert an.mode_sources.empty and tuple(an.mode_sources.columns) == MODE_SOURCE_COLUMNS
+
+
+def test_analyse_says_which_one_at_a_time_design_moves_runs_between_modes():
+    """Main design: 2 of 8 seeds in a worse mode; only_init has runs in both modes, only_data none
+    in the worse one: the worse mode follows init."""
+    rows = []
+    values = {
+        "all": [0.8, 0.81, 0.4, 0.79, 0.8, 0.41, 0.8, 0.82],
+        "only_init": [0.8, 0.4, 0.81, 0.79, 0.42, 0.8, 0.8, 0.81],
+        "only_data": [0.8, 0.81, 0.79, 0.8, 0.8, 0.82, 0.79, 0.8],
+    }
+    for design, accs in values.items():
+        for i, acc in enumerate(accs):
+            row = {"config": "A", "seed_index": i, "design": design, "seed_init": 100 + i, "seed_data": 200 + i}
+            row |= {"seed_dropout": 300, "status": "completed", "epochs": 3, "test_acc": acc}
+            rows.append(row | {"test_loss": 2 - acc, "train_acc": acc, "train_loss": 2 - acc})
+    seeds = pd.DataFrame(rows, columns=[*SEED_COLUMNS, *METRICS])
+    result = StabilityResult(seeds, pd.DataFrame(columns=list(CURVE_COLUMNS)), {"n_test": 1000})
+    found = analyse(result, n_resamples=100).mode_sources.query("metric == 'test_acc'").set_index("source")
+    assert found.loc["init", "worse_n"] == 2 and found.loc["data", "worse_n"] == 0
+    assert found["verdict"].iloc[0] == (
+        "the worse mode follows init (runs in both modes when it alone varies): "
+        "init alone: 2 of 8 runs in the worse mode; data alone: 0 of 8 runs in the worse mode"
+    )
