@@ -528,6 +528,35 @@ def test_the_readme_worked_example_runs(tmp_path):
     assert comparison["better"] == "higher" and 0.0 <= comparison["p_a_better_low"] <= comparison["p_a_better"]
 
 
+def test_the_bimodal_seeds_example_runs(tmp_path):
+    """`hfta-nas stability examples/bimodal_seeds/sgd_high_lr.yaml --seeds 32` (2 seeds, 1 epoch here)."""
+    root = Path(__file__).resolve().parents[1]
+    example = root / "examples/bimodal_seeds/sgd_high_lr.yaml"
+    assert load_config(example).hparams["lr"] == 0.25  # the learning rate docs/stability.md reads
+    result = cli(
+        "stability",
+        example,
+        "--seeds",
+        2,
+        "--set",
+        "epochs=1",
+        "--threads",
+        1,
+        "--storage",
+        tmp_path / "s.journal",
+        "--out",
+        tmp_path / "r",
+        "--format",
+        "json",
+        "--plot-format",
+        "png",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)["configs"]
+    assert row["config"] == "sgd_high_lr" and row["n"] + row["n_failed"] == 2
+
+
 def test_vary_split_redraws_each_seeds_train_validation_partition(tmp_path, tiny_config):
     result = cli(
         "stability",
