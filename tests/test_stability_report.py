@@ -188,6 +188,51 @@ def test_latex_tables_fit_the_page_and_are_plain_ascii(written, tmp_path):
     assert done.returncode == 0, done.stdout[-2000:]
 
 
+def compiled_latex(tex: str, folder) -> tuple[int, str]:
+    """pdflatex's exit status and log for the export inside a plain article (skipped without pdflatex
+    or booktabs: `apt-get install texlive-latex-recommended` brings both)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pdflatex") is None or shutil.which("kpsewhich") is None:
+        pytest.skip("pdflatex is not installed")
+    found = subprocess.run(["kpsewhich", "booktabs.sty"], capture_output=True, text=True, check=False)
+    if not found.stdout.strip():
+        pytest.skip("booktabs.sty is not installed")
+    (folder / "report.tex").write_text(tex)
+    (folder / "doc.tex").write_text(
+        "\\documentclass{article}\\usepackage{booktabs}\\begin{document}\n\\input{report.tex}\n\\end{document}\n"
+    )
+    done = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return done.returncode, (folder / "doc.log").read_text(errors="replace")
+
+
+def test_the_latex_export_compiles_without_errors(written, tmp_path):
+    _, _, out, _ = written
+    status, log = compiled_latex((out / "report.tex").read_text(), tmp_path)
+    assert status == 0 and not re.search(r"^! ", log, flags=re.M), log[-3000:]
+    assert "Undefined control sequence" not in log and "Missing $ inserted" not in log
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the tables are wider than an article's text width (345pt): measured 147-512pt too wide on "
+    "2026-11-27; they need narrower columns (wrapped text, fewer columns per table) to fit",
+)
+def test_the_latex_tables_fit_an_article_text_width(written, tmp_path):
+    _, _, out, _ = written
+    _, log = compiled_latex((out / "report.tex").read_text(), tmp_path)
+    too_wide = [float(points) for points in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
+    assert max(too_wide, default=0.0) <= 5.0, too_wide  # a few points of overhang would not show
+
+
 def test_a_rebuilt_report_is_identical(written, tmp_path):
     result, _, out, _ = written
     result.save(tmp_path / "saved")
