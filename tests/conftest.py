@@ -42,3 +42,20 @@ def every_epoch_checkpoints(monkeypatch):
     """Search arrays checkpoint at every epoch's end (not by their time budget), so a test can
     stop a search at a chosen epoch and know which checkpoint the re-run continues."""
     monkeypatch.setattr("hfta_nas.search._array_job.CHECKPOINT_SHARE", None)
+
+
+@pytest.fixture
+def postgres():
+    """A throwaway PostgreSQL server on 127.0.0.1 (trust auth) that a test can stop and start;
+    removed after the test, skipped where none can be started here."""
+    from benchmarks._postgres import Unavailable, throwaway_server
+
+    try:
+        context = throwaway_server("hfta_nas_tests")
+        server = context.__enter__()
+    except Unavailable as why:
+        pytest.skip(str(why))
+    try:
+        yield server
+    finally:
+        context.__exit__(None, None, None)

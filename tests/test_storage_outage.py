@@ -22,22 +22,6 @@ from tests.test_workers import ROOT, assert_study_ended, counted, space_text, wo
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-@pytest.fixture
-def postgres():
-    """A throwaway PostgreSQL server that a test can stop and start."""
-    from benchmarks._postgres import Unavailable, throwaway_server
-
-    try:
-        context = throwaway_server("hfta_nas_outage")
-        server = context.__enter__()
-    except Unavailable as why:
-        pytest.skip(str(why))
-    try:
-        yield server
-    finally:
-        context.__exit__(None, None, None)
-
-
 def mid_array(point, trial, step=None):
     """At a trial's report of an epoch before the last (of 6): its worker is mid-array."""
     return point == "report" and step < 6

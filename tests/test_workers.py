@@ -199,19 +199,9 @@ def test_simultaneous_first_opens_of_a_fresh_sqlite_file_all_succeed(tmp_path):
 
 # ------------------------------------------------------------------- PostgreSQL
 @pytest.fixture
-def postgres_url():
-    """A throwaway PostgreSQL server on 127.0.0.1 (trust auth), stopped and removed after the test."""
-    from benchmarks._postgres import Unavailable, throwaway_postgres
-
-    try:
-        server = throwaway_postgres("hfta_nas_workers")
-        url = server.__enter__()
-    except Unavailable as why:
-        pytest.skip(str(why))
-    try:
-        yield url
-    finally:
-        server.__exit__(None, None, None)
+def postgres_url(postgres):
+    """The URL of a throwaway PostgreSQL server (conftest's `postgres`)."""
+    return postgres.url
 
 
 @pytest.mark.slow
