@@ -13,6 +13,7 @@ import base64
 import html
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,9 +160,9 @@ def _write_html(report: _Report, out: Path) -> list[Path]:
 
 
 def _write_latex(report: _Report, out: Path) -> list[Path]:
-    """Booktabs tables of the metric per configuration, split so that each stays readable at its
-    natural size (no \\resizebox), and the comparisons when any; for \\input{} in a paper
-    (needs \\usepackage{booktabs})."""
+    """Booktabs tables of the metric per configuration, split into tables of a few columns, and the
+    comparisons when any; each in \\footnotesize, its long cells wrapped to fit the text width (never
+    scaled: no \\resizebox). For \\input{} in a paper (needs \\usepackage{booktabs}, nothing else)."""
     name = report.metric.replace("_", " ")
     parts = [
         _latex(
@@ -704,14 +705,134 @@ _LATEX_SYMBOLS = {
 }
 
 
-def _latex(table: pd.DataFrame, *, caption: str, label: str) -> str:
-    """A booktabs table at its natural size, ASCII and math only."""
-    styler = table.style.hide(axis="index").format(escape="latex")
-    styler = styler.format_index(escape="latex", axis="columns")
-    text = styler.to_latex(hrules=True, caption=caption, label=label, position="htbp", position_float="centering")
+# The tables are set in \footnotesize with narrow gaps between columns; a column whose longest cell
+# would make the table wider than the text width wraps its text (ragged right) in a p{} column.
+_LATEX_SIZE = "\\footnotesize"
+_LATEX_TABCOLSEP_PT = (4.0, 3.0, 2.0)  # half the gap between columns: the widest that lets every word fit
+_LATEX_TEXT_WIDTH_PT = 345.0  # an article's \textwidth: the widths are written as fractions of \linewidth
+# Advance widths in points of \footnotesize text (cmr8, from its metrics), and of the math symbols that
+# _LATEX_SYMBOLS writes; other characters count as 4.5pt. The estimate is only used to choose where text
+# wraps: _LATEX_MARGIN makes it err towards wrapping rather than overhanging.
+_LATEX_CHAR_PT = {
+    **dict.fromkeys("ijl.,:;[]'!`", 2.36),
+    **dict.fromkeys("f", 2.6),
+    **dict.fromkeys(" -", 2.83),
+    **dict.fromkeys("I", 3.06),
+    "_": 3.8,
+    **dict.fromkeys("rst()", 3.35),
+    **dict.fromkeys("cez", 3.78),
+    **dict.fromkeys("0123456789ago/J", 4.25),
+    **dict.fromkeys("kqvxy", 4.49),
+    **dict.fromkeys("bdhnpuS", 4.72),
+    **dict.fromkeys("LZ", 5.31),
+    **dict.fromkeys("EFP", 5.78),
+    **dict.fromkeys("w", 6.14),
+    **dict.fromkeys("ABCDGHKNOQRTUVXY", 6.67),
+    **dict.fromkeys("m%#=+", 7.08),
+    **dict.fromkeys("MW", 8.73),
+    **dict.fromkeys("±×≥≤≈", 7.0),
+    "–": 4.25,
+    "—": 8.5,
+}
+_LATEX_MARGIN = 1.05
+
+
+def _latex_width(text: str) -> float:
+    """Estimated width in points of `text` set in one line."""
+    return _LATEX_MARGIN * sum(_LATEX_CHAR_PT.get(c, 4.5) for c in text)
+
+
+def _latex_words(text: str) -> list[str]:
+    """The pieces of `text` that cannot be broken across lines (it breaks at spaces, hyphens and underscores)."""
+    return re.split(r"[ ]+|(?<=_)|(?<=-)(?!\d)", text.strip()) or [""]
+
+
+def _latex_escape(text: str) -> str:
+    """Plain text as LaTeX: special characters escaped, the symbols of _LATEX_SYMBOLS in math mode."""
+    special = {
+        "\\": "\\textbackslash{}",
+        "&": "\\&",
+        "%": "\\%",
+        "$": "\\$",
+        "#": "\\#",
+        "_": "\\_\\allowbreak{}",  # long configuration names (resnet18_sgd_lr0.1) may wrap after an underscore
+        "{": "\\{",
+        "}": "\\}",
+        "~": "\\textasciitilde{}",
+        "^": "\\textasciicircum{}",
+    }
+    text = "".join(special.get(c, c) for c in text)
+    text = re.sub(r"-(?=\d)", r"\\mbox{-}", text)  # a minus sign (-5.97%, 4.8e-06) never ends a line
     for symbol, replacement in _LATEX_SYMBOLS.items():
         text = text.replace(symbol, replacement)
     return text
+
+
+def _latex_column_widths(natural: list[float], least: list[float], room: float) -> list[float]:
+    """Widths in points: every column at its natural width when they fit in `room`, else the widest
+    capped at one common width (never below a column's longest word) so that they fill `room`."""
+    if sum(natural) <= room:
+        return natural
+    low, high = 0.0, max(natural)
+    for _ in range(60):
+        cap = (low + high) / 2
+        if sum(min(n, max(cap, m)) for n, m in zip(natural, least)) > room:
+            high = cap
+        else:
+            low = cap
+    return [min(n, max(low, m)) for n, m in zip(natural, least)]
+
+
+def _latex(table: pd.DataFrame, *, caption: str, label: str) -> str:
+    """A booktabs table in \\footnotesize that fits the text width without scaling: the columns whose
+    text is too long for one line wrap it (ragged right, numbers ragged left), each column a p{}
+    column written as a fraction of \\linewidth; ASCII and math only, and no package beyond booktabs."""
+    cells = [[("n/a" if pd.isna(v) else str(v)) for v in row] for row in table.itertuples(index=False)]
+    headers = [str(c) for c in table.columns]
+    numeric = [pd.api.types.is_numeric_dtype(table[c]) for c in table.columns]
+    longest = [max([_latex_width(row[i]) for row in cells], default=0.0) for i in range(len(headers))]
+    least = [
+        max(_latex_width(word) for text in [*(row[i] for row in cells), header] for word in _latex_words(text))
+        for i, header in enumerate(headers)
+    ]
+    gap = next(
+        (g for g in _LATEX_TABCOLSEP_PT if sum(least) <= _LATEX_TEXT_WIDTH_PT - 2 * g * len(headers)),
+        _LATEX_TABCOLSEP_PT[-1],
+    )
+    room = _LATEX_TEXT_WIDTH_PT - 2 * gap * len(headers)
+    # The headers wrap first, then the longest cells; room left over goes back to the wrapped headers.
+    widths = _latex_column_widths([max(n, m) for n, m in zip(longest, least)], least, room)
+    natural = [max(w, _latex_width(header)) for w, header in zip(widths, headers)]
+    widths = _latex_column_widths(natural, widths, room)
+    spec = "".join(
+        f"p{{\\dimexpr {(w + 2 * gap) / _LATEX_TEXT_WIDTH_PT:.4f}\\linewidth-2\\tabcolsep\\relax}}" for w in widths
+    )
+
+    def row(texts: list[str]) -> str:
+        # \tabularnewline, not \\, ends a row whose last cell is ragged (\raggedright redefines \\)
+        aligned = [
+            ("\\raggedleft " if right else "\\raggedright ") + _latex_escape(t) for t, right in zip(texts, numeric)
+        ]
+        return " & ".join(aligned) + " \\tabularnewline"
+
+    lines = [
+        "\\begin{table}[htbp]",
+        "\\centering",
+        f"\\caption{{{caption}}}",
+        f"\\label{{{label}}}",
+        _LATEX_SIZE,
+        f"\\setlength{{\\tabcolsep}}{{{gap:g}pt}}",
+        f"\\begin{{tabular}}{{{spec}}}",
+        "\\toprule",
+        row(headers),
+        "\\midrule",
+        *[row(r) for r in cells],
+        "\\bottomrule",
+        "\\end{tabular}",
+        "\\end{table}",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------- JSON

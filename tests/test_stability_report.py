@@ -164,17 +164,22 @@ def test_latex_table_escapes_names_and_uses_booktabs(written):
 
 
 def test_latex_tables_fit_the_page_and_are_plain_ascii(written, tmp_path):
-    """Split into tables of at most 9 columns at their natural size (a 14-column table scaled to the text
-    width printed at ~3pt), symbols in math mode; compiled when pdflatex is installed."""
+    """Split into tables of at most 9 columns in \\footnotesize, never scaled (a 14-column table scaled to the
+    text width printed at ~3pt), symbols in math mode; compiled when pdflatex is installed."""
     import shutil
     import subprocess
 
     _, _, out, _ = written
     tex = (out / "report.tex").read_text()
     assert tex.isascii(), sorted({c for c in tex if not c.isascii()})
-    assert "\\resizebox" not in tex and tex.count("\\begin{tabular}") == 5
-    for columns in re.findall(r"\\begin\{tabular\}\{([a-z]+)\}", tex):
-        assert len(columns) <= 9, columns
+    assert "\\resizebox" not in tex and "\\scalebox" not in tex and tex.count("\\begin{tabular}") == 5
+    assert tex.count("\\footnotesize") == 5 and not re.search(r"\\(scriptsize|tiny)\b", tex)
+    specs = re.findall(r"^\\begin\{tabular\}\{(.*)\}$", tex, flags=re.M)
+    assert len(specs) == 5
+    for spec in specs:  # wrapped columns, each a fraction of the line width
+        widths = [float(f) for f in re.findall(r"p\{\\dimexpr ([\d.]+)\\linewidth-2\\tabcolsep\\relax\}", spec)]
+        assert 0 < len(widths) <= 9 and spec.count("p{") == len(widths), spec
+        assert sum(widths) <= 1.0001, spec
     assert "95\\% intervals" not in tex  # the caption names the interval it shows
     assert "$\\pm$" in tex
     if shutil.which("pdflatex") is None:
@@ -221,14 +226,14 @@ def test_the_latex_export_compiles_without_errors(written, tmp_path):
     assert "Undefined control sequence" not in log and "Missing $ inserted" not in log
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the tables are wider than an article's text width (345pt): measured 147-512pt too wide on "
-    "2026-11-27; they need narrower columns (wrapped text, fewer columns per table) to fit",
-)
-def test_the_latex_tables_fit_an_article_text_width(written, tmp_path):
-    _, _, out, _ = written
-    _, log = compiled_latex((out / "report.tex").read_text(), tmp_path)
+@pytest.mark.parametrize("study", ["written", "bimodal"])
+def test_the_latex_tables_fit_an_article_text_width(study, request, tmp_path):
+    """No table, and no cell of one, overhangs an article's 345pt text width (before the columns wrapped
+    their text, 147-512pt did); the long headlines of a bimodal study wrap as well."""
+    fixture = request.getfixturevalue(study)
+    out = fixture[2] if study == "written" else fixture
+    status, log = compiled_latex((out / "report.tex").read_text(), tmp_path)
+    assert status == 0, log[-3000:]
     too_wide = [float(points) for points in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
     assert max(too_wide, default=0.0) <= 5.0, too_wide  # a few points of overhang would not show
 
