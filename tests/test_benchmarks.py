@@ -458,6 +458,52 @@ def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    reason="known failures of the search, found by these rounds: a host cut off past the grace exits 2 with "
+    "'training raised UpdateFinishedTrialError' instead of dropping its taken-over trial; a worker still opening "
+    "the storage when the database restarts exits 2 with 'cannot open storage'",
+    strict=False,
+)
+def test_two_chaos_rounds_restart_the_database_and_partition_a_host(tmp_path):
+    """`--faults network,database --seed 9` draws a database stopped as a crash for 3.4 s under three
+    hosts, then one host of three cut off for 9.9 s (past the 6 s heartbeat grace): each round's
+    invariants hold and nothing of the hosts' namespaces is left."""
+    from benchmarks import _netns, _postgres
+
+    why = _netns.why_not()
+    if why is not None:
+        pytest.skip(f"no network namespaces: {why}")
+    if not (_postgres._binary("initdb") and _postgres._binary("pg_ctl")):
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = tmp_path / "chaos.json"
+    argv = ["--faults", "network,database", "--rounds", "2", "--seed", "9"]
+    argv += ["--partition-seconds", "8-10", "--outage-seconds", "3-5", "--json", str(out)]
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.chaos", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+    )
+    if "chaos: no PostgreSQL" in completed.stdout:
+        pytest.skip(completed.stdout.strip().splitlines()[0])
+    assert completed.returncode == 0, completed.stdout[-5000:] + completed.stderr[-3000:]
+    record = json.loads(out.read_text())
+    rounds = record["rounds"]
+    assert [(r["fault"], r["hosts"], r["target"], r["length_s"], r["stop_mode"]) for r in rounds] == [
+        ("db-restart", 3, -1, 3.4, "immediate"),
+        ("partition", 3, 2, 9.9, ""),
+    ]
+    assert all(r["problems"] == [] and r["namespaces"] for r in rounds), [r["problems"] for r in rounds]
+    assert all(r["codes"] == [0, 0, 0] for r in rounds), [r["codes"] for r in rounds]
+    assert set(record["by_fault"]) == {"db-restart", "partition"}
+    assert completed.stdout.strip().endswith("2 passed, 0 failed")
+    assert "left after the run" not in completed.stdout
+
+
+@pytest.mark.slow
 def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
     from benchmarks import coverage
 
