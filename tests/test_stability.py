@@ -557,6 +557,36 @@ def test_the_bimodal_seeds_example_runs(tmp_path):
     assert row["config"] == "sgd_high_lr" and row["n"] + row["n_failed"] == 2
 
 
+def test_the_two_modes_example_runs(tmp_path):
+    """`hfta-nas stability examples/bimodal_seeds/deep_mlp_sgd.yaml --seeds 32` (4 seeds, 1 epoch here)."""
+    root = Path(__file__).resolve().parents[1]
+    example = root / "examples/bimodal_seeds/deep_mlp_sgd.yaml"
+    config = load_config(example)
+    assert (config.hparams["lr"], config.epochs, config.model_config["depth"]) == (0.09, 60, 9)  # as the docs read
+    result = cli(
+        "stability",
+        example,
+        "--seeds",
+        4,
+        "--set",
+        "epochs=1",
+        "--threads",
+        1,
+        "--storage",
+        tmp_path / "s.journal",
+        "--out",
+        tmp_path / "r",
+        "--format",
+        "json",
+        "--plot-format",
+        "png",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)["configs"]
+    assert row["config"] == "deep_mlp_sgd" and row["n"] + row["n_failed"] == 4
+
+
 def test_vary_split_redraws_each_seeds_train_validation_partition(tmp_path, tiny_config):
     result = cli(
         "stability",
