@@ -458,12 +458,6 @@ def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="known failures of the search, found by these rounds: a host cut off past the grace exits 2 with "
-    "'training raised UpdateFinishedTrialError' instead of dropping its taken-over trial; a worker still opening "
-    "the storage when the database restarts exits 2 with 'cannot open storage'",
-    strict=False,
-)
 def test_two_chaos_rounds_restart_the_database_and_partition_a_host(tmp_path):
     """`--faults network,database --seed 9` draws a database stopped as a crash for 3.4 s under three
     hosts, then one host of three cut off for 9.9 s (past the 6 s heartbeat grace): each round's

@@ -175,3 +175,39 @@ def test_a_worker_cut_off_past_the_grace_loses_its_trials_and_its_late_results_a
     assert all("no heartbeat" in t.user_attrs["interrupted_because"] for t in taken), [t.user_attrs for t in taken]
     originals = [t.user_attrs.get(RETRY_OF, t.number) for t in counted(trials)]
     assert len(originals) == len(set(originals)) == n_trials  # each parameter set (with its seeds) counted once
+
+
+@pytest.mark.slow
+def test_a_server_that_goes_away_while_a_worker_opens_it_is_waited_for(postgres, monkeypatch):
+    """The server answered the first connection, then restarted while the worker checked Optuna's
+    tables under the schema lock (chaos round: "terminating connection due to administrator
+    command"): the open is retried, not refused as if the URL were wrong."""
+    import sqlalchemy.exc
+
+    real, calls = optuna.storages.get_storage, []
+
+    def restarted_once(url):
+        calls.append(url)
+        if len(calls) == 1:
+            raise sqlalchemy.exc.OperationalError("SELECT 1", {}, ConnectionResetError(104, "terminating connection"))
+        return real(url)
+
+    monkeypatch.setattr(optuna.storages, "get_storage", restarted_once)
+    storage, _ = open_storage(postgres.url, patience=60)
+    assert len(calls) == 2 and optuna.get_all_study_summaries(storage) == []
+
+
+def test_a_server_that_refuses_the_first_connection_is_refused_at_once(monkeypatch):
+    """A wrong URL (nothing listens) must not wait out the patience: no retry pause is taken."""
+    import socket
+
+    from hfta_nas import HftaNasError
+
+    pauses = []
+    monkeypatch.setattr("hfta_nas.search._patience.time.sleep", pauses.append)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(HftaNasError, match="cannot open storage"):
+        open_storage(f"postgresql://postgres@127.0.0.1:{port}/none", patience=600)
+    assert pauses == []

@@ -183,9 +183,13 @@ def test_heartbeats_are_not_judged_until_the_storage_has_been_back_long_enough()
     assert stale_reason(frozen, now=now, interval=interval, connected_for=31 + MOST_DELAY_S) is not None
 
 
-def test_connected_for_counts_from_the_end_of_the_last_outage():
+def test_connected_for_counts_from_the_opening_and_from_the_end_of_the_last_outage():
+    """A worker that has just opened the storage may have missed an outage that ended a moment
+    before: it waits as one just back from an outage does."""
     storage, clock = patient_on(Flaky(down=3))
-    assert storage.connected_for() == float("inf")
+    assert storage.connected_for() == 0.0
+    clock.now += 100
+    assert storage.connected_for() == pytest.approx(100.0)
     storage.get_all_studies()
     assert storage.connected_for() == 0.0
     clock.now += 7

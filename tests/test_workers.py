@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 
 from hfta_nas.search import counts, open_storage
 from hfta_nas.search._ledger import RETRY_OF
+from hfta_nas.search._recovery import fail_and_retry
 from hfta_nas.search._storage import study_lock
 from search_spaces import parse_space, run_search
 from tests._rendezvous import GUARD_S, Rendezvous, held_command, wait_exited, wait_for
@@ -401,6 +402,34 @@ def test_a_worker_killed_before_its_first_heartbeat_is_retried_at_once(tmp_path)
     assert "exited" in orphan.user_attrs["interrupted_because"], orphan.user_attrs
     assert any(t.user_attrs.get(RETRY_OF) == orphan.number and t.params == orphan.params for t in counted(trials))
     assert summary.trials.get("COMPLETE") == 2
+
+
+def test_a_trial_taken_over_before_its_array_starts_leaves_its_slot_untold(tmp_path, monkeypatch):
+    """This worker asked a trial, was cut off past the heartbeat grace, and another worker failed
+    the trial as interrupted and queued its retry: when its array starts, the first write about
+    that trial finds it finished. The slot leaves after its first epoch, nothing is told twice,
+    and the search ends normally with the retry trained in its place."""
+    from hfta_nas.search import _array_job
+    from hfta_nas.search._ledger import Ledger, Outcome
+
+    space, journal = tmp_path / "space.yaml", tmp_path / "study.journal"
+    space.write_text(space_text(n_trials=3, epochs=2))
+    tell_start, taken = _array_job.ArrayJob._tell_start, []
+
+    def taken_over_first(self, proposal, slot, **extra):
+        if not taken:  # another worker's retry_stale_trials, as it would run meanwhile
+            taken.append(proposal.number)
+            fail_and_retry(Ledger(proposal.trial.study, None), proposal.trial, "no heartbeat for 40 s", lambda e: None)
+        return tell_start(self, proposal, slot, **extra)
+
+    monkeypatch.setattr(_array_job.ArrayJob, "_tell_start", taken_over_first)
+    run_search(parse_space(space.read_text(), source=str(space)), storage=str(journal), out_dir=tmp_path / "out")
+    trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
+    assert_study_ended(trials, 3)
+    [first] = taken
+    assert trials[first].state == TrialState.FAIL and trials[first].user_attrs["outcome"] == Outcome.INTERRUPTED.value
+    assert "train_start" not in trials[first].user_attrs  # nothing of this worker's was written after the takeover
+    assert [t.number for t in counted(trials) if t.user_attrs.get(RETRY_OF) == first]  # its retry counted once
 
 
 def _trials(url, name):

@@ -15,6 +15,7 @@ a trial's Optuna duration also counts the time it waited for its array.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -197,8 +198,22 @@ class ArrayJob:
         return any(name.startswith("test_") for name in names)
 
     def _start_slot(self, proposal: Proposal, slot: int, **extra: Any) -> None:
+        self.started[proposal.number] = time.monotonic()
+        self.static[proposal.number] = static_metrics(proposal, self.ctx.metrics, self.ctx.device, self.ctx.dtype)
+        self.records[proposal.number] = slot_record(proposal)
         with self.ctx.account.phase("storage"):
-            self._tell_start(proposal, slot, **extra)
+            try:
+                self._tell_start(proposal, slot, **extra)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # This worker was cut off (or paused) past the heartbeat grace after asking the trial:
+                # another worker failed it as stale and retries it. Its slot trains untold until its
+                # first epoch ends, then leaves; nothing is told twice.
+                self.ended[proposal.number] = 0
+                self.ctx.emit(
+                    TrialEnded(
+                        proposal.number, "FAIL", reason="taken over: another worker retried it before it started"
+                    )
+                )
 
     def _tell_start(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         trial = proposal.trial
@@ -214,9 +229,6 @@ class ArrayJob:
             **extra,
         ).items():
             trial.set_user_attr(key, value)
-        self.started[proposal.number] = time.monotonic()
-        self.static[proposal.number] = static_metrics(proposal, self.ctx.metrics, self.ctx.device, self.ctx.dtype)
-        self.records[proposal.number] = slot_record(proposal)
 
     # -------------------------------------------------------------------- run
     def run(self) -> Generator[Request, Proposal | None, None]:
@@ -383,7 +395,8 @@ class ArrayJob:
         )
         self.ctx.emit(ArraySplit(len(running), half, str(error)))
         for proposal in running:
-            proposal.trial.set_user_attr("out_of_memory", f"{type(error).__name__}: {error}")
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # taken over meanwhile
+                proposal.trial.set_user_attr("out_of_memory", f"{type(error).__name__}: {error}")
         return Requeue(running, half)
 
     # ------------------------------------------------------------- per epoch

@@ -17,9 +17,10 @@ does not hold and calls one stale when
 
 Heartbeat ages are judged only by a worker that has reached the storage for
 longer than `grace` plus the longest pause between retries since its last
-outage: when a database comes back after a restart every heartbeat is as old as
-the outage, and the workers that hold those trials need their next retry and
-one interval to beat again. (Every worker's heartbeat thread reads the storage
+outage (or since it opened the storage: it may have started just after one):
+when a database comes back after a restart every heartbeat is as old as the
+outage, and the workers that hold those trials need their next retry and one
+interval to beat again. (Every worker's heartbeat thread reads the storage
 each interval, even holding nothing, so each sees an outage.) A worker cut off alone (a network
 partition) past the grace does lose its trials to the others; its late results
 are then dropped (`UpdateFinishedTrialError`: "taken over"), never counted twice.

@@ -111,7 +111,7 @@ class _Outage:
         self.patience, self.clock = patience, clock
         self.lock = threading.Lock()
         self.since: float | None = None  # clock time of the first failed call of this outage
-        self.back_at = float("-inf")  # when the storage last answered after an outage (none yet: always)
+        self.back_at = clock()  # when the storage came back from its last outage, or was opened
         self.gave_up: str | None = None
 
     def failed(self, error: BaseException) -> float:
@@ -142,6 +142,39 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {first[:160]}"
 
 
+def _retried(
+    outage: _Outage, sleep: Callable[[float], None], call: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """`call(*args, **kwargs)`, its passing errors retried with back-off until `outage`'s patience runs out."""
+    if outage.gave_up is not None:
+        raise StorageUnreachable(outage.gave_up)
+    delay = FIRST_DELAY_S
+    while True:
+        try:
+            result = call(*args, **kwargs)
+        except Exception as error:
+            if not is_passing(error):
+                raise
+            left = outage.failed(error)
+            if left <= 0:
+                outage.gave_up = (
+                    f"storage unreachable for {outage.patience:.0f} s (its patience; "
+                    f"--storage-patience sets it): {_short(error)}; stopped; trials left RUNNING are "
+                    "retried when the study is run again"
+                )
+                raise StorageUnreachable(outage.gave_up) from None
+            sleep(min(delay * random.uniform(0.5, 1.0), left))
+            delay = min(2 * delay, MOST_DELAY_S)
+            continue
+        outage.answered()
+        return result
+
+
+def retried(call: Callable[..., Any], patience: float) -> Any:
+    """`call()`, retried through an outage of up to `patience` seconds (outside a storage: opening one)."""
+    return _retried(_Outage(patience, time.monotonic), time.sleep, call)
+
+
 class PatientStorage(BaseStorage):
     """`inner`, with every call retried through outages of up to `patience` seconds (see the module docstring).
 
@@ -163,7 +196,8 @@ class PatientStorage(BaseStorage):
         return getattr(self.__dict__["inner"], name)
 
     def connected_for(self) -> float:
-        """Seconds since the storage came back from its last outage (infinite when it had none; 0 during one)."""
+        """Seconds since the storage came back from its last outage, or was opened (0 during an outage):
+        a worker that has just started may have missed an outage that ended a moment ago."""
         return 0.0 if self.outage.since is not None else self.outage.clock() - self.outage.back_at
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -185,28 +219,7 @@ class PatientStorage(BaseStorage):
 
     def patiently(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`call(*args, **kwargs)`, retried through an outage of the storage (a lock on the same database)."""
-        if self.outage.gave_up is not None:
-            raise StorageUnreachable(self.outage.gave_up)
-        delay = FIRST_DELAY_S
-        while True:
-            try:
-                result = call(*args, **kwargs)
-            except Exception as error:
-                if not is_passing(error):
-                    raise
-                left = self.outage.failed(error)
-                if left <= 0:
-                    self.outage.gave_up = (
-                        f"storage unreachable for {self.outage.patience:.0f} s (its patience; "
-                        f"--storage-patience sets it): {_short(error)}; stopped; trials left RUNNING are "
-                        "retried when the study is run again"
-                    )
-                    raise StorageUnreachable(self.outage.gave_up) from None
-                self.sleep(min(delay * random.uniform(0.5, 1.0), left))
-                delay = min(2 * delay, MOST_DELAY_S)
-                continue
-            self.outage.answered()
-            return result
+        return _retried(self.outage, self.sleep, call, *args, **kwargs)
 
     def _already_set(self, trial_id: int, state: TrialState, values: Any = None, **_: Any) -> bool:
         stored = self.inner.get_trial(trial_id)

@@ -40,7 +40,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from hfta_nas._limits import MAX_STORAGE_PATIENCE_S
 from hfta_nas.errors import HftaNasError
-from hfta_nas.search._patience import DEFAULT_PATIENCE_S, PatientStorage, is_passing, unwrapped
+from hfta_nas.search._patience import DEFAULT_PATIENCE_S, PatientStorage, is_passing, retried, unwrapped
 
 DEFAULT_STORAGE = "runs/hfta-nas.journal"
 _URL_SCHEMES = ("sqlite:", "postgresql", "mysql", "oracle", "mssql", "redis:", "grpc:")
@@ -61,7 +61,7 @@ def open_storage(storage: str | None, patience: float = DEFAULT_PATIENCE_S) -> t
     storage cannot be reached (a wrong URL must not wait); after that, every call rides out an
     outage of up to `patience` seconds (`PatientStorage`)."""
     check_patience(patience)
-    opened, location = _open(storage)
+    opened, location = _open(storage, patience)
     return PatientStorage(opened, patience), location
 
 
@@ -74,7 +74,7 @@ def check_patience(patience: float) -> None:
         )
 
 
-def _open(storage: str | None) -> tuple[BaseStorage, str]:
+def _open(storage: str | None, patience: float = DEFAULT_PATIENCE_S) -> tuple[BaseStorage, str]:
     location = _location(storage)
     if location.startswith("grpc://"):
         return _grpc_proxy(location), location
@@ -82,7 +82,7 @@ def _open(storage: str | None) -> tuple[BaseStorage, str]:
         _check_sqlite_folder(location)
         _check_sqlite_is_optunas(location)
         try:
-            return _get_storage(_with_timeouts(_with_driver(location))), location
+            return _get_storage(_with_timeouts(_with_driver(location)), patience), location
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
             raise HftaNasError(
                 f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}; "
@@ -357,10 +357,12 @@ def _one_line(error: BaseException) -> str:
     return " ".join(line for line in lines if line and not line.startswith("(Background on this error at:"))
 
 
-def _get_storage(url: str) -> BaseStorage:
+def _get_storage(url: str, patience: float = DEFAULT_PATIENCE_S) -> BaseStorage:
     """Optuna's storage for `url`; on PostgreSQL, workers that open a fresh database
     at once create its tables one at a time (under an advisory lock): concurrent
-    CREATE TYPE / CREATE TABLE fail there with duplicate-key errors."""
+    CREATE TYPE / CREATE TABLE fail there with duplicate-key errors. A server that refuses the
+    first connection fails at once (a wrong URL must not wait); one that goes away after it
+    answered (a restart while the tables are checked) is waited for, up to `patience` seconds."""
     database = _sqlite_file(url)
     if database is not None and os.name == "posix":
         # SQLite has no advisory lock; processes that open a fresh file at once raced to create its
@@ -377,12 +379,16 @@ def _get_storage(url: str) -> BaseStorage:
 
     engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
     try:
-        with engine.connect() as connection:
-            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
-            try:
-                return optuna.storages.get_storage(url)
-            finally:
+        engine.connect().close()  # the first contact: no retry
+
+        def tables_checked_under_the_lock() -> BaseStorage:
+            with engine.connect() as connection:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+                storage = optuna.storages.get_storage(url)
                 connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+                return storage  # (a connection that drops takes its advisory lock with it)
+
+        return retried(tables_checked_under_the_lock, patience)
     finally:
         engine.dispose()
 
