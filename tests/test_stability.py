@@ -499,16 +499,14 @@ def test_configs_that_fuse_train_as_one_array_of_k_x_s_slots():
             np.testing.assert_allclose(mine[metric].to_numpy(), alone.seeds[metric].to_numpy(), rtol=1e-10)
 
 
-def test_the_readme_worked_example_runs(tmp_path):
-    """`hfta-nas stability compare examples/adam_vs_sgd/adam.yaml examples/adam_vs_sgd/sgd.yaml` (2 seeds here)."""
-    root = Path(__file__).resolve().parents[1]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run_example(tmp_path, *args):
+    """`hfta-nas stability ARGS` on the worked examples, small, with its JSON summary."""
     result = cli(
         "stability",
-        "compare",
-        root / "examples/adam_vs_sgd/adam.yaml",
-        root / "examples/adam_vs_sgd/sgd.yaml",
-        "--seeds",
-        2,
+        *args,
         "--threads",
         1,
         "--storage",
@@ -522,7 +520,14 @@ def test_the_readme_worked_example_runs(tmp_path):
         "--json",
     )
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)
+    return json.loads(result.output)
+
+
+def test_the_readme_worked_example_runs(tmp_path):
+    """`hfta-nas stability compare examples/adam_vs_sgd/adam.yaml examples/adam_vs_sgd/sgd.yaml` (2 seeds here)."""
+    summary = run_example(
+        tmp_path, "compare", EXAMPLES / "adam_vs_sgd/adam.yaml", EXAMPLES / "adam_vs_sgd/sgd.yaml", "--seeds", 2
+    )
     assert [row["config"] for row in summary["configs"]] == ["adam", "sgd"]
     (comparison,) = summary["comparisons"]
     assert comparison["better"] == "higher" and 0.0 <= comparison["p_a_better_low"] <= comparison["p_a_better"]
@@ -530,60 +535,18 @@ def test_the_readme_worked_example_runs(tmp_path):
 
 def test_the_bimodal_seeds_example_runs(tmp_path):
     """`hfta-nas stability examples/bimodal_seeds/sgd_high_lr.yaml --seeds 32` (2 seeds, 1 epoch here)."""
-    root = Path(__file__).resolve().parents[1]
-    example = root / "examples/bimodal_seeds/sgd_high_lr.yaml"
+    example = EXAMPLES / "bimodal_seeds/sgd_high_lr.yaml"
     assert load_config(example).hparams["lr"] == 0.25  # the learning rate docs/stability.md reads
-    result = cli(
-        "stability",
-        example,
-        "--seeds",
-        2,
-        "--set",
-        "epochs=1",
-        "--threads",
-        1,
-        "--storage",
-        tmp_path / "s.journal",
-        "--out",
-        tmp_path / "r",
-        "--format",
-        "json",
-        "--plot-format",
-        "png",
-        "--json",
-    )
-    assert result.exit_code == 0, result.output
-    (row,) = json.loads(result.output)["configs"]
+    (row,) = run_example(tmp_path, example, "--seeds", 2, "--set", "epochs=1")["configs"]
     assert row["config"] == "sgd_high_lr" and row["n"] + row["n_failed"] == 2
 
 
 def test_the_two_modes_example_runs(tmp_path):
     """`hfta-nas stability examples/bimodal_seeds/deep_mlp_sgd.yaml --seeds 32` (4 seeds, 1 epoch here)."""
-    root = Path(__file__).resolve().parents[1]
-    example = root / "examples/bimodal_seeds/deep_mlp_sgd.yaml"
+    example = EXAMPLES / "bimodal_seeds/deep_mlp_sgd.yaml"
     config = load_config(example)
     assert (config.hparams["lr"], config.epochs, config.model_config["depth"]) == (0.09, 60, 9)  # as the docs read
-    result = cli(
-        "stability",
-        example,
-        "--seeds",
-        4,
-        "--set",
-        "epochs=1",
-        "--threads",
-        1,
-        "--storage",
-        tmp_path / "s.journal",
-        "--out",
-        tmp_path / "r",
-        "--format",
-        "json",
-        "--plot-format",
-        "png",
-        "--json",
-    )
-    assert result.exit_code == 0, result.output
-    (row,) = json.loads(result.output)["configs"]
+    (row,) = run_example(tmp_path, example, "--seeds", 4, "--set", "epochs=1")["configs"]
     assert row["config"] == "deep_mlp_sgd" and row["n"] + row["n_failed"] == 4
 
 
