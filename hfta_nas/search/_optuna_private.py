@@ -23,6 +23,14 @@ def study_id(study: optuna.Study) -> int:
     return study._study_id
 
 
+def grpc_proxy_server(storage: BaseStorage, host: str, port: int):
+    """Optuna's gRPC storage proxy server for `storage`, not started: what `run_grpc_proxy_server`
+    runs, without its blocking wait (so the caller can say when it listens, and stop it)."""
+    from optuna.storages._grpc.server import make_server
+
+    return make_server(storage, host, port)
+
+
 def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
     """A trial's id in its storage (unique across the storage's studies, unlike its number)."""
     return trial._trial_id

@@ -13,8 +13,13 @@ psycopg 3 driver, a dependency of this project, when psycopg2 is absent:
 
 Several workers on one study take `study_lock` around "count the budget, then
 ask": a PostgreSQL advisory lock, a MySQL named lock, or an exclusive lock on a
-file beside a journal or SQLite file. Other storages get no lock, and workers
-that race for the last trials may then overshoot n_trials by a few.
+file beside a journal or SQLite file. Other storages (a gRPC proxy, `grpc://HOST:PORT`,
+which `serve_proxy` runs in front of a database) get no lock, and workers that race
+for the last trials may then overshoot n_trials by a few.
+
+Every opened storage is a `PatientStorage`: its calls ride out an outage of up to the
+storage patience (`_patience`). Opening is not patient about the first connection, so
+a wrong URL is refused at once.
 """
 
 from __future__ import annotations
@@ -156,11 +161,11 @@ def serve_proxy(storage: str, host: str, port: int, patience: float, ready: Call
             "mysql://..., sqlite:///FILE); Optuna's proxy does not serve journal files"
         )
     opened, shown = open_storage(location, patience)
-    from optuna.storages._grpc.server import make_server  # run_grpc_proxy_server, without its blocking wait
+    from hfta_nas.search._optuna_private import grpc_proxy_server
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        server = make_server(opened, host, port)
+        server = grpc_proxy_server(opened, host, port)
     try:
         server.start()
     except RuntimeError as error:  # grpc: "Failed to bind to address"
