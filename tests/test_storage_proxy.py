@@ -13,9 +13,8 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from cli import main
-from hfta_nas.search import open_storage
-from tests._rendezvous import GUARD_S, Rendezvous, held_command
-from tests.test_storage_outage import finish, logs, start, stored_trials
+from tests._rendezvous import GUARD_S, Rendezvous
+from tests.test_storage_outage import finish, logs, search_command, start, stored_trials
 from tests.test_workers import assert_study_ended, counted, hfta_nas_command, space_text, worker_env
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -97,7 +96,7 @@ def test_three_workers_share_a_study_through_one_proxy(tmp_path, proxy):
         timeout=GUARD_S,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    trials = optuna.load_study(study_name=name, storage=open_storage(proxy.url)[0]).get_trials(deepcopy=False)
+    trials = stored_trials(proxy.url, name)
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in trials)
     # No study lock reaches through the proxy: workers racing for the last places may each take
     # one (documented); everything they asked is trained and told.
@@ -116,7 +115,7 @@ def test_a_worker_waits_out_a_restart_of_its_proxy(tmp_path, proxy):
     space.write_text(space_text(n_trials=n_trials, epochs=4, name=name))
     meeting = Rendezvous(tmp_path / "rendezvous")
     env = worker_env(**meeting.env(f"tests.{Path(__file__).stem}:mid_array"))
-    argv = held_command("search", str(space), "--threads", "1", "--storage", proxy.url, "--out", str(tmp_path / "o"))
+    argv = search_command(space, proxy.url, name, tmp_path / "o")
     worker = start(argv, tmp_path / "worker.log", env)
     try:
         meeting.wait(1, [worker])
