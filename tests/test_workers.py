@@ -432,6 +432,29 @@ def test_a_trial_taken_over_before_its_array_starts_leaves_its_slot_untold(tmp_p
     assert [t.number for t in counted(trials) if t.user_attrs.get(RETRY_OF) == first]  # its retry counted once
 
 
+def test_a_ctrl_c_right_after_an_ask_leaves_no_trial_running(tmp_path, monkeypatch):
+    """The SIGINT that Ctrl-C (or a killed --workers parent) sends can land just after Optuna
+    created a trial and before the worker recorded it as held: the stop must still tell it
+    (a clean-clone CI run once left such a trial RUNNING)."""
+    space, journal = tmp_path / "space.yaml", tmp_path / "study.journal"
+    space.write_text(space_text(n_trials=4, epochs=2))
+    ask, asks = optuna.Study.ask, []
+
+    def ask_then_interrupted(study, *args, **kwargs):
+        trial = ask(study, *args, **kwargs)
+        asks.append(trial.number)
+        if len(asks) == 2:
+            signal.raise_signal(signal.SIGINT)  # delivered here, at once, by Python's default handler
+        return trial
+
+    monkeypatch.setattr(optuna.Study, "ask", ask_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_search(parse_space(space.read_text(), source=str(space)), storage=str(journal), out_dir=tmp_path / "out")
+    trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
+    assert len(asks) == 2 and not [t.number for t in trials if t.state == TrialState.RUNNING]
+    assert trials[asks[1]].user_attrs.get("outcome") == "interrupted"
+
+
 def _trials(url, name):
     try:
         study = optuna.load_study(study_name=name, storage=open_storage(url)[0])

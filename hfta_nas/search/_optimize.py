@@ -59,6 +59,7 @@ from hfta_nas.search._packing import (
 from hfta_nas.search._patience import StorageUnreachable
 from hfta_nas.search._recovery import (
     interrupt_held,
+    interrupts_deferred,
     retry_stale_trials,
     told_despite_interrupts,
     wait_for_other_workers,
@@ -380,16 +381,18 @@ class _Search:
 
     # --------------------------------------------------------------- asking
     def _ask(self, fixed: dict[str, Any] | None = None) -> Proposal:
-        with self.account.phase("ask"):
+        # A Ctrl-C (or the SIGINT a killed parent sends) between the ask and `asked` would leave the
+        # trial RUNNING and held by no one: it waits until the trial is held, and the stop tells it.
+        with self.account.phase("ask"), interrupts_deferred():
             if fixed:
                 self.study.enqueue_trial(fixed, skip_if_exists=False)
             trial = self.study.ask()
+            self.asked[trial_id(trial)] = trial  # held (and failed on an error) from here on
         with self.account.phase("storage"):
             # whose it is, from the ask on: a worker killed before its first heartbeat leaves
             # trials that the next run on this machine retries at once
             trial.set_user_attr(WORKER_ATTR, self.worker)
             trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
-        self.asked[trial_id(trial)] = trial  # held (and failed on an error) from here on
         with self.account.phase("ask"):
             candidate = self._built(trial)
         with self.account.phase("checks"):

@@ -122,6 +122,24 @@ def interrupts_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT held back until the block ends, then delivered to the handler it would have reached
+    (main thread only; elsewhere nothing): for a step that must not be cut in two, such as asking
+    a trial and recording it as held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if arrived:
+        signal.raise_signal(signal.SIGINT)
+
+
 def told_despite_interrupts(tell: Callable[[], None], attempts: int = 3) -> None:
     """Run `tell` to its end with SIGINT ignored; a KeyboardInterrupt raised from a signal that
     came in just before is absorbed and `tell` runs again (it skips what it already told)."""
