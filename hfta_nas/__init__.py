@@ -1,7 +1,7 @@
 """hfta-nas: train many candidate models at once as one horizontally fused array.
 
-The search core (`hfta_nas.search`: `optimize`, `plan`, `Candidate`,
-`SearchSummary`) loads on first use (PEP 562), so engine-only use never imports
+The search core (`hfta_nas.search`: `optimize`, `plan`, `pbt`, `Candidate`,
+`Explore`, `SearchSummary`, `PBTSummary`) loads on first use (PEP 562), so engine-only use never imports
 Optuna; `from hfta_nas import optimize` works as before.
 """
 
@@ -38,9 +38,9 @@ from hfta_nas.train._trainer import ArrayTrainer, EarlyStopping, EpochReport, Sl
 
 if TYPE_CHECKING:  # loaded on first use, see __getattr__
     from hfta_nas import search as search  # re-exported on first use
-    from hfta_nas.search import Candidate, SearchSummary, optimize, plan
+    from hfta_nas.search import Candidate, Explore, PBTSummary, SearchSummary, optimize, pbt, plan
 
-_SEARCH_NAMES = ("Candidate", "SearchSummary", "optimize", "plan")
+_SEARCH_NAMES = ("Candidate", "Explore", "PBTSummary", "SearchSummary", "optimize", "pbt", "plan")
 
 __all__ = [
     "ArrayTrainer",
@@ -57,12 +57,14 @@ __all__ = [
     "REGRESSION_LOSSES",
     "Objective",
     "EpochReport",
+    "Explore",
     "FusionError",
     "FusionFallbackWarning",
     "FusionSignature",
     "HftaNasError",
     "ModelArray",
     "PaddingCost",
+    "PBTSummary",
     "SearchSummary",
     "SlotResult",
     "TrainRun",
@@ -75,6 +77,7 @@ __all__ = [
     "optim",
     "optimize",
     "padding_cost",
+    "pbt",
     "plan",
     "train",
     "trained_metric_names",

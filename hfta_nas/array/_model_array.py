@@ -578,6 +578,23 @@ class ModelArray:
         for listener in self._listeners:
             listener.reset_slot(slot)
 
+    def copy_slot(self, source: int, target: int) -> None:
+        """Make slot `target` a copy of slot `source`: weights, buffers, dropout seed and dropout
+        call counters (so it draws the masks the source would draw), and in everything attached
+        the optimizer state, hyper-parameters and schedule position. No other slot is touched.
+        Population-based training's exploit: one indexed copy per tensor, nothing leaves the device."""
+        source, target = self._check_slot(source), self._check_slot(target)
+        if self._slots is not None:
+            raise FusionError(
+                "copy_slot needs an array of one architecture (equal shapes); this one pads models of "
+                "different sizes into an envelope, so one slot's tensors do not fit another's place."
+            )
+        with torch.no_grad():
+            for tensor in (self.flat.detach(), *self.buffers.values(), *self._slot_random.values(), self.dropout_seeds):
+                tensor[target] = tensor[source]
+        for listener in self._listeners:
+            listener.copy_slot(source, target)
+
 
 def _slot_inputs(inputs: tuple[Any, ...], slot: int, shared_input: bool) -> tuple[Any, ...]:
     """One slot's share of a call's inputs: every tensor in them (dicts and tuples too) cut at `slot`."""

@@ -19,6 +19,7 @@ cutmix need 1-D ([C, L]) or 2-D ([C, H, W]) samples.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -182,6 +183,11 @@ class SlotAugmenter:
     def replace_slot(self, slot: int, seed: int) -> None:
         self.rngs[slot] = self._rng(seed)
         self.noise[slot] = self._noise_generator(seed)
+
+    def copy_slot(self, source: int, target: int) -> None:
+        """Slot `target` continues slot `source`'s random streams (it augments as the source would)."""
+        self.rngs[target] = copy.deepcopy(self.rngs[source])
+        self.noise[target] = torch.Generator(device=self.device).set_state(self.noise[source].get_state())
 
     def state_dict(self) -> dict[str, Any]:
         return {

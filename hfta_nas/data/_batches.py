@@ -138,6 +138,15 @@ class EpochOrder:
         self._generators[b] = torch.Generator().manual_seed(self._seeds[b])
         self._epochs[b] = 0
 
+    def copy_slot(self, source: int, target: int) -> None:
+        """Slot `target` continues slot `source`'s order: its seed, epochs drawn and generator state,
+        so both draw the same batches from now on. A shared order has no slots and is left as it is."""
+        if self._shared:
+            return
+        source, target = self._slot_index(source), self._slot_index(target)
+        self._seeds[target], self._epochs[target] = self._seeds[source], self._epochs[source]
+        self._generators[target] = torch.Generator().set_state(self._generators[source].get_state())
+
     def state_dict(self) -> dict[str, Any]:
         """Where every order stands (seeds, generator states, epochs drawn), for a checkpoint."""
         return {

@@ -277,6 +277,18 @@ class ArrayOptimizer:
         for follower in self._followers:
             follower.reset_slot(slot)
 
+    def copy_slot(self, source: int, target: int) -> None:
+        """Slot `target` takes slot `source`'s hyper-parameters, state and step count (and, in every
+        follower, its schedule position and loss scale): it steps on as the source would."""
+        for name, values in self.hparams.items():  # replaced, never edited in place (`_clipping_in_use`)
+            self.hparams[name] = values.clone()
+            self.hparams[name][target] = values[source]
+        for values in (*self.state.values(), self.steps, self.active):
+            values[target] = values[source]
+        self._any_frozen = bool((~self.active).any())
+        for follower in self._followers:
+            follower.copy_slot(source, target)
+
     def _initial_state(self, name: str, slot: int) -> float | torch.Tensor:
         """The value a fresh torch.optim state tensor starts from (zero for most)."""
         return 0.0

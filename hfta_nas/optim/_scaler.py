@@ -128,6 +128,10 @@ class SlotGradScaler:
         """A refilled slot starts with a fresh scaler, as a new GradScaler would."""
         self.scales[slot], self.growth_tracker[slot] = self.init_scale, 0
 
+    def copy_slot(self, source: int, target: int) -> None:
+        """Slot `target` takes slot `source`'s loss scale and growth count."""
+        self.scales[target], self.growth_tracker[target] = self.scales[source], self.growth_tracker[source]
+
     def hparams_changed(self, slot: int, names: Any) -> None:
         """Hyper-parameters do not touch the scale."""
 

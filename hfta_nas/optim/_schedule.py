@@ -150,6 +150,12 @@ class LRSchedule:
         self.position[slot] = 0
         self._apply()
 
+    def copy_slot(self, source: int, target: int) -> None:
+        """Slot `target` takes slot `source`'s kind, parameters, base lr and position."""
+        for values in (self.kind, *self.params.values(), self.base_lr, self.position):
+            values[target] = values[source]
+        self._apply()
+
     def hparams_changed(self, slot: int, names: set[str]) -> None:
         if "lr" in names:
             self.base_lr[slot] = self.optimizer.hparams["lr"][slot]

@@ -18,6 +18,8 @@ from hfta_nas.search._events import (
     ArraySplit,
     ArrayStarted,
     EpochEnded,
+    PBTExploited,
+    PBTStarted,
     SearchStarted,
     SlotRefilled,
     TrialEnded,
@@ -27,6 +29,8 @@ from hfta_nas.search._events import (
 from hfta_nas.search._ledger import Outcome, counts, outcome_of
 from hfta_nas.search._optimize import SearchSummary, check_options, optimize
 from hfta_nas.search._patience import PatientStorage, StorageUnreachable, patient
+from hfta_nas.search._pbt import PBTSummary, pbt
+from hfta_nas.search._pbt_settings import Explore, PBTSettings
 from hfta_nas.search._plan import PlannedArray, SearchPlan, plan
 from hfta_nas.search._storage import (
     DEFAULT_STORAGE,
@@ -55,7 +59,12 @@ __all__ = [
     "ArrayStarted",
     "Candidate",
     "EpochEnded",
+    "Explore",
     "Outcome",
+    "PBTExploited",
+    "PBTSettings",
+    "PBTStarted",
+    "PBTSummary",
     "PatientStorage",
     "PlannedArray",
     "SearchPlan",
@@ -85,6 +94,7 @@ __all__ = [
     "optimize",
     "outcome_of",
     "patient",
+    "pbt",
     "plan",
     "run_workers",
     "serve_proxy",

@@ -121,3 +121,27 @@ class ArrayEnded:
 
 
 Event = Any  # one of the dataclasses above
+
+
+@dataclass(frozen=True)
+class PBTStarted:
+    """A population-based training run began (or continued from its checkpoint after `resumed_from_epoch`)."""
+
+    study: str
+    storage: str
+    dashboard: str
+    trials: list[int]  # the members, in slot order
+    epochs: int
+    interval: int
+    metric: str
+    resumed_from_epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class PBTExploited:
+    """After `epoch` epochs member `target` copied member `source` and explored to new values."""
+
+    epoch: int
+    target: int
+    source: int
+    changes: dict[str, tuple[float, float]]  # hyper-parameter -> (copied value, explored value)

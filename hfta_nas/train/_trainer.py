@@ -478,6 +478,24 @@ class ArrayTrainer:
         self.slot_ids[position] = new_id
         self.results[new_id] = SlotResult(new_id)
 
+    def copy_slot(self, source_id: Any, target_id: Any) -> None:
+        """Population-based training's exploit: the slot `target_id` becomes a copy of `source_id`
+        (weights, buffers, optimizer state and hyper-parameters, schedule position, loss scale, dropout
+        counters, data order and augmentation streams), so from here it trains exactly as the source
+        would. It keeps its own id and results; no other slot is touched."""
+        if self.splits is not None:
+            raise HftaNasError("slots with their own train/validation splits cannot be copied onto each other.")
+        source, target = self.position_of(source_id), self.position_of(target_id)
+        for sid in (source_id, target_id):
+            if self.results[sid].status != "running":
+                raise HftaNasError(f"slot {sid!r} is {self.results[sid].status}; only running slots are copied.")
+        if source == target:
+            return
+        self.array.copy_slot(source, target)
+        self.order.copy_slot(source, target)
+        if self.augmenter is not None and not self.shared_order:
+            self.augmenter.copy_slot(source, target)
+
     # ------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything that changes while the array trains, at an epoch's end: the slots (which

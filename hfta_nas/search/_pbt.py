@@ -1,0 +1,440 @@
+"""`pbt(study, build, data)`: population-based training inside one fused array.
+
+The population is the array's slots, one Optuna trial per member (asked from the study, so
+the sampler draws the starting hyper-parameters and `build(trial)` turns each into a
+Candidate, as for `optimize`). Every member reports its metric each epoch (the dashboard
+shows the curves). After every `interval` epochs the worst quantile of the running members
+copy a member of the best quantile (exploit: `ArrayTrainer.copy_slot`, one indexed copy per
+tensor, nothing leaves the device) and change their explored hyper-parameters (explore: a
+per-slot value in the optimizer). At the end each member is told COMPLETE with its last value.
+
+Checkpoints: the whole run (array, optimizer, orders, the records and the random generator)
+is saved after every epoch beside the storage; a run that was killed or stopped leaves its
+members RUNNING, and calling `pbt` again on the study continues it bit-identically.
+One process trains a population: `--workers` does not apply, nor do pruners (members are
+never pruned; the worst copy the best instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from hfta_nas.array._model_array import ModelArray
+from hfta_nas.data import Dataset
+from hfta_nas.errors import HftaNasError
+from hfta_nas.optim import OPTIMIZERS
+from hfta_nas.search._array_job import per_slot_hparams, per_slot_schedule
+from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, tensor_shapes, trial_seeds
+from hfta_nas.search._events import PBTExploited, PBTStarted, TrialEnded
+from hfta_nas.search._export import BestExport
+from hfta_nas.search._ledger import Ledger, Outcome
+from hfta_nas.search._optuna_private import storage_of, trial_id
+from hfta_nas.search._pbt_files import write_pbt_files
+from hfta_nas.search._pbt_records import Exploit, Records
+from hfta_nas.search._pbt_settings import Explore, PBTSettings
+from hfta_nas.search._storage import checkpoint_folder, dashboard_command, storage_location
+from hfta_nas.train._checkpoint import enabled as checkpoints_enabled
+from hfta_nas.train._checkpoint import load as load_checkpoint
+from hfta_nas.train._checkpoint import remove as remove_checkpoint
+from hfta_nas.train._checkpoint import save as save_checkpoint
+from hfta_nas.train._objectives import higher_is_better
+from hfta_nas.train._run import DTYPES, _checked_device
+from hfta_nas.train._trainer import ArrayTrainer
+
+log = logging.getLogger(__name__)
+MEMBER_ATTR = "pbt_member"  # a trial's slot in its population (and that it is one)
+CHECKPOINT = "pbt.pt"
+
+
+@dataclass
+class PBTSummary:
+    """What a PBT run did, for the table, `--json` and the caller."""
+
+    study_name: str
+    storage: str
+    dashboard: str
+    metric: str
+    direction: str
+    population: int
+    epochs: int
+    interval: int
+    trials: list[int]
+    best: dict[str, Any]  # number, value, params, schedule, lineage
+    exploits: int
+    seconds: float
+    curve: list[tuple[float, float]]  # (seconds since this run started, the population's best) per epoch
+    resumed_from_epoch: int | None = None
+    exported: dict[str, str] = field(default_factory=dict)  # what -> path
+
+
+def pbt(
+    study: optuna.Study,
+    build: Callable[[optuna.Trial], Candidate],
+    data: Dataset | None = None,
+    *,
+    population: int = 8,
+    interval: int = 4,
+    metric: str | None = None,
+    quantile: float = 0.25,
+    resample_probability: float = 0.25,
+    explore: Mapping[str, Explore] | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    out_dir: str | Path | None = None,
+    on_event: Callable[[Any], None] | None = None,
+) -> PBTSummary:
+    """Population-based training of `population` members of `build(trial)` in one array (module docstring).
+
+    - interval: epochs between exploit-and-explore rounds; the epochs are the candidates'.
+    - metric: what ranks members and what each trial is told [default: the study's metric name, else
+      val_acc]; quantile: the share of members that copy (and of those copied), at least one.
+    - explore: optimizer hyper-parameter name (lr, weight_decay, momentum, beta1, beta2, clip_norm, ...)
+      -> `Explore(low, high, log, factors)`; resample_probability: the chance a value is drawn afresh.
+    - seed: the members' init / data / dropout seeds derive from (seed, trial number), and the
+      exploit / explore draws from seed.
+    - out_dir: the best member's weights and config, its schedule (`best_schedule.yaml`) and `pbt.png`.
+    """
+    settings = PBTSettings(population, interval, metric, quantile, resample_probability, dict(explore or {}))
+    return _PBTRun(study, build, data, settings, seed, device, dtype, out_dir, on_event).run()
+
+
+class _PBTRun:
+    """One run of `pbt`; see the module docstring."""
+
+    def __init__(self, study, build, data, settings, seed, device, dtype, out_dir, on_event) -> None:
+        if dtype not in DTYPES:
+            raise HftaNasError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
+        if len(study.directions) != 1:
+            raise HftaNasError(
+                f"population-based training ranks members by one metric; the study has {len(study.directions)} "
+                "objectives. Use a single-objective study."
+            )
+        self.study, self.build, self.data, self.settings, self.seed = study, build, data, settings, seed
+        self.device, self.dtype = _checked_device(device), DTYPES[dtype]
+        self.metric = settings.metric or (study.metric_names or ["val_acc"])[0]
+        told = (study.metric_names or ["val_acc"])[0]
+        if self.metric != told:
+            raise HftaNasError(
+                f"pbt ranks members by '{self.metric}' but the study's metric is '{told}'; a member's trial is "
+                "told the value it is ranked by, so give the same metric to both."
+            )
+        self.direction = study.direction.name.lower()
+        if self.direction == "maximize" and not higher_is_better(self.metric):
+            log.warning("the study maximizes %s, which is usually minimized", self.metric)
+        self.emit = on_event or (lambda event: None)
+        self.location = storage_location(storage_of(study))
+        self.ledger = Ledger(study, None)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.export = BestExport(study, self.out_dir, [self.metric], [self.direction])
+        folder = checkpoint_folder(self.location, study.study_name) if checkpoints_enabled() else None
+        self.path = folder / CHECKPOINT if folder is not None else None
+        self.proposals: list[Proposal] = []
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> PBTSummary:
+        started = time.monotonic()
+        resumed = self._resumed()
+        trainer, records = resumed if resumed is not None else self._started()
+        first = self.proposals[0].candidate
+        start_epoch = trainer.epoch if resumed is not None else None
+        self.emit(
+            PBTStarted(
+                self.study.study_name,
+                self.location,
+                dashboard_command(self.location),
+                [p.number for p in self.proposals],
+                first.epochs,
+                self.settings.interval,
+                self.metric,
+                start_epoch,
+            )
+        )
+        curve: list[tuple[float, float]] = []
+        try:
+            for report in trainer.epochs(first.epochs):
+                self._tell_epoch(report, trainer, records)
+                curve.append((time.monotonic() - started, self._best_value(report)))
+                if report.epoch % self.settings.interval == 0 and report.epoch < first.epochs:
+                    self._exploit_and_explore(report, trainer, records)
+                self._save(trainer, records)
+        except (KeyboardInterrupt, SystemExit):
+            raise  # the members stay RUNNING with the checkpoint: the next call continues them
+        except Exception as error:
+            raise self._failed(error) from error
+        best = self._finish(trainer, records)
+        return PBTSummary(
+            self.study.study_name,
+            self.location,
+            dashboard_command(self.location),
+            self.metric,
+            self.direction,
+            len(self.proposals),
+            first.epochs,
+            self.settings.interval,
+            [p.number for p in self.proposals],
+            best,
+            records.exploits,
+            time.monotonic() - started,
+            curve,
+            start_epoch,
+            dict(self.export.files),
+        )
+
+    # ------------------------------------------------------------- the population
+    def _started(self) -> tuple[ArrayTrainer, Records]:
+        """A fresh population: members asked from the study, checked, built into one array."""
+        self._fail_orphans(reason="its PBT run stopped before its first checkpoint; a new population trained")
+        asked = []
+        try:
+            for slot in range(self.settings.population):
+                trial = self.study.ask()
+                asked.append(trial)
+                trial.set_user_attr(MEMBER_ATTR, slot)
+                self.proposals.append(self._proposal(trial))
+            self._check_population()
+            trainer = self._trainer()
+        except BaseException as error:  # nothing trained: the asked trials are failed, not left RUNNING
+            for trial in asked:
+                self.ledger.fail(trial, Outcome.FAILED, f"not trained: {error}")
+            raise
+        return trainer, Records([p.number for p in self.proposals], self.seed)
+
+    def _proposal(self, trial: optuna.Trial) -> Proposal:
+        try:
+            candidate = self.build(trial)
+        except HftaNasError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the user's build function
+            raise HftaNasError(f"build(trial) raised {type(error).__name__}: {error}") from error
+        if not isinstance(candidate, Candidate):
+            raise HftaNasError(f"build(trial) must return an hfta_nas.Candidate, got {type(candidate).__name__}.")
+        candidate = candidate.checked(self.data)
+        return Proposal(trial, candidate, trial_seeds(self.seed, trial.number), meta_shell(candidate), 0)
+
+    def _check_population(self) -> None:
+        """One architecture and one set of shared settings; explored names that the optimizer keeps per slot."""
+        first = self.proposals[0]
+        for other in self.proposals[1:]:
+            if tensor_shapes(other.shell) != tensor_shapes(first.shell):
+                differ = sorted(k for k, v in other.trial.params.items() if first.trial.params.get(k) != v)
+                raise HftaNasError(
+                    f"population-based training copies weights between members, so they share one architecture; "
+                    f"trials {first.number} and {other.number} build different models (params that differ: "
+                    f"{', '.join(differ) or 'none'}). Search only hyper-parameters a slot keeps for itself."
+                )
+            if other.candidate.shared_settings() != first.candidate.shared_settings():
+                raise HftaNasError(
+                    f"trials {first.number} and {other.number} differ in settings an array shares (data, batch size, "
+                    "epochs, optimizer, schedule kind, loss, augmentation, precision); PBT members share them."
+                )
+        candidate = first.candidate
+        if candidate.early_stopping is not None:
+            raise HftaNasError("early stopping does not apply to PBT: its worst members copy the best instead.")
+        optimizer = OPTIMIZERS[candidate.optimizer]
+        per_slot = [name for name in optimizer.defaults if name not in optimizer.flags]
+        for name in self.settings.explore:
+            if name not in per_slot:
+                raise HftaNasError(
+                    f"pbt cannot explore '{name}': explore changes hyper-parameters a slot keeps for itself, and "
+                    f"{candidate.optimizer} has {', '.join(per_slot)}; hyper-parameters that change the model's "
+                    "shapes cannot be explored (an exploit copies weights of one shape)."
+                )
+
+    def _trainer(self) -> ArrayTrainer:
+        proposals, first = self.proposals, self.proposals[0].candidate
+        array = ModelArray(
+            [p.build() for p in proposals],
+            dropout_seeds=[p.seeds["dropout"] for p in proposals],
+            device=self.device,
+            dtype=self.dtype,
+        )
+        candidates = [p.candidate for p in proposals]
+        optimizer = OPTIMIZERS[first.optimizer](array, **per_slot_hparams(candidates))
+        return ArrayTrainer(
+            array,
+            optimizer,
+            first.data.to(self.device, self.dtype),
+            schedule=per_slot_schedule(optimizer, candidates),
+            data_seeds=[p.seeds["data"] for p in proposals],
+            slot_ids=[p.number for p in proposals],
+            evaluate_test=self.metric.startswith("test_"),
+            **first.training_settings().trainer_kwargs(),
+        )
+
+    # ------------------------------------------------------------------ per epoch
+    def _tell_epoch(self, report: Any, trainer: ArrayTrainer, records: Records) -> None:
+        records.record_epoch({n: self._explored_now(trainer, n) for n in report.metrics})
+        for proposal in self.proposals:
+            number = proposal.number
+            if number in report.failed:
+                self.ledger.fail(proposal.trial, Outcome.FAILED, report.failed[number])
+                self.emit(TrialEnded(number, "FAIL", reason=report.failed[number]))
+            elif number in report.metrics and report.epoch not in proposal.reported:
+                proposal.reported.add(report.epoch)
+                proposal.trial.report(report.metrics[number][self.metric], report.epoch)
+
+    def _explored_now(self, trainer: ArrayTrainer, number: int) -> dict[str, float]:
+        """The explored hyper-parameters of a member as set (a scheduled lr: its base lr)."""
+        slot = trainer.position_of(number)
+        values = {}
+        for name in self.settings.explore:
+            source = trainer.schedule.base_lr if name == "lr" and trainer.schedule is not None else None
+            values[name] = float((source if source is not None else trainer.optimizer.hparams[name])[slot])
+        return values
+
+    def _ranked(self, report: Any) -> list[int]:
+        """The running members, best first (a non-finite value ranks last)."""
+        sign = -1.0 if self.direction == "maximize" else 1.0
+
+        def key(number: int) -> tuple[bool, float, int]:
+            value = report.metrics[number][self.metric]
+            return (not math.isfinite(value), sign * value if math.isfinite(value) else 0.0, number)
+
+        return sorted((n for n in report.metrics if n not in report.failed), key=key)
+
+    def _best_value(self, report: Any) -> float:
+        ranked = self._ranked(report)
+        return report.metrics[ranked[0]][self.metric] if ranked else math.nan
+
+    def _exploit_and_explore(self, report: Any, trainer: ArrayTrainer, records: Records) -> None:
+        ranked = self._ranked(report)
+        movers = max(1, min(math.ceil(len(ranked) * self.settings.quantile), len(ranked) // 2))
+        if len(ranked) < 2:
+            return
+        for target, source in records.pairs(ranked, movers):
+            trainer.copy_slot(source, target)
+            slot = trainer.position_of(target)
+            copied = self._explored_now(trainer, target)
+            explored = {
+                name: how.new_value(copied[name], records.rng, self.settings.resample_probability)
+                for name, how in self.settings.explore.items()
+            }
+            trainer.optimizer.set_hparams(slot, **explored)
+            exploit = Exploit(
+                report.epoch, target, source, trainer.position_of(source), {n: (copied[n], explored[n]) for n in copied}
+            )
+            records.exploited(exploit)
+            self._write_records(target, records)
+            self.emit(PBTExploited(report.epoch, target, source, exploit.changes))
+
+    def _write_records(self, number: int, records: Records) -> None:
+        """A member's schedule and lineage as trial attributes (at its exploits and at the end)."""
+        trial = self._by_number(number).trial
+        trial.set_user_attr("pbt_schedule", records.schedule[number])
+        trial.set_user_attr("pbt_lineage", records.lineage[number])
+
+    def _by_number(self, number: int) -> Proposal:
+        return next(p for p in self.proposals if p.number == number)
+
+    # ---------------------------------------------------------------- checkpoints
+    def _save(self, trainer: ArrayTrainer, records: Records) -> None:
+        if self.path is None:
+            return
+        state = {
+            "trainer": trainer.state_dict(),
+            "records": records.state_dict(),
+            "trials": {p.number: trial_id(p.trial) for p in self.proposals},
+            "seed": self.seed,
+            "device": self.device.type,
+            "dtype": str(self.dtype),
+        }
+        save_checkpoint(self.path, state)
+
+    def _resumed(self) -> tuple[ArrayTrainer, Records] | None:
+        """The stopped run of this study, continued from its checkpoint when every member is still RUNNING
+        and it trained on this kind of device, in this dtype, from this seed; else None."""
+        state = load_checkpoint(self.path) if self.path is not None else None
+        if state is None:
+            return None
+        storage = storage_of(self.study)
+        ids = state["trials"]
+        if any(storage.get_trial(i).state != TrialState.RUNNING for i in ids.values()) or (
+            state["device"],
+            state["dtype"],
+            state["seed"],
+        ) != (self.device.type, str(self.dtype), self.seed):
+            log.warning("the PBT checkpoint %s is of another run; a new population trains", self.path)
+            remove_checkpoint(self.path)
+            return None
+        trials = [optuna.Trial(self.study, ids[number]) for number in state["trainer"]["initial_ids"]]
+        self.proposals = [self._proposal(trial) for trial in trials]
+        for proposal in self.proposals:
+            proposal.reported.update(storage.get_trial(trial_id(proposal.trial)).intermediate_values)
+        self._check_population()
+        trainer = self._trainer()
+        trainer.restore(state["trainer"])
+        return trainer, Records.from_state(state["records"])
+
+    def _fail_orphans(self, reason: str) -> None:
+        """Members of a stopped run that left no checkpoint (or one that cannot continue) are failed."""
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if MEMBER_ATTR in trial.user_attrs:
+                self.ledger.fail(trial, Outcome.FAILED, reason)
+
+    # ------------------------------------------------------------------- the end
+    def _failed(self, error: Exception) -> HftaNasError:
+        """Training raised: every member is failed (not trained), the checkpoint goes, one line is raised."""
+        reason = f"{type(error).__name__}: {error}" if not isinstance(error, HftaNasError) else str(error)
+        for proposal in self.proposals:
+            if self.ledger.is_running(proposal.trial):
+                self.ledger.fail(proposal.trial, Outcome.FAILED, f"not trained: the PBT run stopped on {reason}")
+        if self.path is not None:
+            remove_checkpoint(self.path)
+        return HftaNasError(f"the PBT run stopped: {reason}; its members were failed")
+
+    def _finish(self, trainer: ArrayTrainer, records: Records) -> dict[str, Any]:
+        """Tell every member its last value, export the best one, drop the checkpoint; the best's record."""
+        finals: dict[int, float] = {}
+        for proposal in self.proposals:
+            result = trainer.results[proposal.number]
+            self._write_records(proposal.number, records)
+            proposal.trial.set_user_attr("pbt_slot_values", records.values[proposal.number])
+            proposal.trial.set_user_attr("pbt_roots", records.roots[proposal.number])
+            proposal.trial.set_user_attr("epochs_run", result.epochs)
+            if result.status != "completed" or not self.ledger.is_running(proposal.trial):
+                continue
+            value = result.final[self.metric]
+            if not math.isfinite(value):
+                self.ledger.fail(proposal.trial, Outcome.FAILED, f"non-finite {self.metric} {value}")
+                continue
+            self.ledger.complete(proposal.trial, [value])
+            finals[proposal.number] = value
+            self.emit(TrialEnded(proposal.number, "COMPLETE", [value]))
+        best = self._export_best(trainer, records, finals)
+        if self.path is not None:
+            remove_checkpoint(self.path)
+        return best
+
+    def _export_best(self, trainer: ArrayTrainer, records: Records, finals: dict[int, float]) -> dict[str, Any]:
+        if not finals:
+            return {}
+        pick = max if self.direction == "maximize" else min
+        number = pick(finals, key=lambda n: (finals[n], -n) if pick is max else (finals[n], n))
+        proposal = self._by_number(number)
+        self.export.offer(
+            proposal,
+            [finals[number]],
+            trainer.array.slot_state_dict(trainer.position_of(number)),
+            self.study.study_name,
+        )
+        best = {
+            "number": number,
+            "value": finals[number],
+            "params": dict(proposal.trial.params),
+            "seeds": dict(proposal.seeds),
+            "schedule": records.schedule[number],
+            "lineage": records.lineage[number],
+        }
+        if self.out_dir is not None:
+            self.export.files.update(write_pbt_files(self.out_dir, best, records, self.metric))
+        return best
