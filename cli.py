@@ -458,6 +458,11 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
 
             check_patience(kwargs["storage_patience"])
         loaded = load_space(kwargs["space"], kwargs["overrides"])  # a bad space fails once, here, not K times
+        if loaded.pbt is not None:
+            raise click.UsageError(
+                f"--workers {workers}: {loaded.source} has a pbt block, whose population trains as one array in one "
+                "process; run it without --workers"
+            )
         _print_sweep_notes(loaded)
         if kwargs.get("out_dir") is not None:
             _checked_out_dir(kwargs["out_dir"], "--out")
@@ -623,11 +628,16 @@ def worker_commands(args: list[str], workers: int, *, device: str) -> list[tuple
 
 
 def _print_sweep_notes(space: Any) -> None:
-    """How a W&B sweep file was read: one line per key, on stderr (nothing for our own files)."""
+    """How a W&B sweep file was read: one line per key, on stderr (nothing for our own files); what a
+    pbt block leaves unused."""
+    from search_spaces._pbt import pbt_notes
+
     if space.notes:
         click.echo(f"{space.source} is a W&B sweep file, read as:", err=True)
         for note in space.notes:
             click.echo(f"  {note}", err=True)
+    for note in pbt_notes(space):
+        click.echo(note, err=True)
 
 
 def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
@@ -823,6 +833,11 @@ def search(
     loaded = load_space(space, overrides).with_overrides(sampler=sampler, pruner=pruner, seed=seed)
     if "HFTA_NAS_WORKER" not in os.environ:  # a worker's parent said it once
         _print_sweep_notes(loaded)
+    if dry_run and loaded.pbt is not None:
+        raise click.UsageError(
+            f"--dry-run plans a search's arrays; {loaded.source} has a pbt block: its {loaded.pbt.population} members "
+            "train as one array (run it without --dry-run)"
+        )
     if dry_run:
         plan = plan_search(
             loaded,
@@ -866,6 +881,9 @@ def search(
         )
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str))
+        return
+    if loaded.pbt is not None:
+        _print_pbt_summary(summary)
         return
     _print_search_summary(summary)
 
@@ -1003,6 +1021,21 @@ class _SearchProgress:
             f"architecture(s), {event.waste:.0%} padding, trials {event.trials}"
         )
 
+    def _on_PBTStarted(self, event: Any) -> str:
+        self.metrics, self.directions = [event.metric], [event.direction]
+        if self.enabled:
+            self.task = self.progress.add_task("trials", total=len(event.trials))
+        again = f", continued after epoch {event.resumed_from_epoch}" if event.resumed_from_epoch else ""
+        return (
+            f"study [bold]{event.study}[/] in {event.storage}: population-based training of {len(event.trials)} "
+            f"members (trials {event.trials}), {event.epochs} epochs, exploit every {event.interval}{again}\n"
+            f"watch it live: [bold]{event.dashboard}[/]"
+        )
+
+    def _on_PBTExploited(self, event: Any) -> str:
+        changes = ", ".join(f"{name} {old:.3g} -> {new:.3g}" for name, (old, new) in event.changes.items())
+        return f"epoch {event.epoch}: trial {event.target} copies trial {event.source}; {changes}"
+
     def _on_ArrayResumed(self, event: Any) -> str:
         return (
             f"array {event.array}: continues from epoch {event.epoch} (the checkpoint of a stopped run); "
@@ -1113,6 +1146,31 @@ def _print_search_summary(summary: Any) -> None:
         console.print(f"time: {_time_shares(summary.time_account)}")
     for what, path in summary.exported.items():
         console.print(f"best {what}: {path}")
+    console.print(f"dashboard: {summary.dashboard}")
+    for step in _next_steps(summary):
+        console.print(f"next: {step}", soft_wrap=True)
+
+
+def _print_pbt_summary(summary: Any) -> None:
+    """The best member of a PBT run, its schedule's changes, and where its files are."""
+    from hfta_nas.runtime import command_console
+
+    console = command_console()
+    best = summary.best
+    if not best:
+        console.print(f"study {summary.study_name}: no member completed")
+        return
+    console.print(
+        f"study {summary.study_name}: {summary.population} members, {summary.epochs} epochs, "
+        f"{summary.exploits} exploits in {summary.seconds:.1f} s; best: trial {best['number']} "
+        f"{summary.metric} {best['value']:.4g}"
+    )
+    for name, values in best["schedule"].items():
+        changes = [f"epoch {e + 1}: {v:.3g}" for e, v in enumerate(values) if e == 0 or v != values[e - 1]]
+        console.print(f"  {name}: {', '.join(changes)}", soft_wrap=True)
+    labels = {"plot": "population plot (pbt.png)", "schedule": "best member's schedule"}
+    for what, path in summary.exported.items():
+        console.print(f"{labels.get(what, f'best {what}')}: {path}")
     console.print(f"dashboard: {summary.dashboard}")
     for step in _next_steps(summary):
         console.print(f"next: {step}", soft_wrap=True)

@@ -30,6 +30,7 @@ from hfta_nas.models import FAMILIES, family_defaults, model_factory
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS, LRSchedule
 from search_spaces import _optuna
 from search_spaces._errors import Problem, SpaceError
+from search_spaces._pbt_checks import check_pbt
 from search_spaces._schema import (
     DISTRIBUTIONS,
     FOREIGN_DISTRIBUTIONS,
@@ -230,6 +231,7 @@ def validate(data: Any, where: Where) -> Validated:
         _check_param(run, context, path, param)
     _check_fractions(run, context)
     _check_metric_splits(run, context)
+    check_pbt(run.add, file, params)
     if file.budget.n_trials is None and file.budget.timeout is None:
         run.add(("budget",), "give 'n_trials' or 'timeout' (or both); with neither the search would never stop")
     file = _check_sampler_and_pruner(run, file, params)
@@ -927,7 +929,7 @@ def _check_sampler_and_pruner(run: _Run, file: SpaceFile, params: dict[str, Para
         except Exception as error:  # Optuna's own argument checks (ValueError, TypeError, ...)
             run.add(("sampler", "kwargs"), f"sampler '{sampler.name}' rejected its arguments: {error}")
 
-    name = pruner.name or ("none" if multi else "median")
+    name = pruner.name or ("none" if multi or file.pbt is not None else "median")  # pbt never prunes
     if multi and name != "none":
         run.add(
             ("pruner", "name"),

@@ -278,6 +278,30 @@ class ModelSpec(_Strict):
         return value
 
 
+class PBTExploreSpec(_Strict):
+    """How explore changes one hyper-parameter: multiplied by one of `factors` (clipped to [min, max]),
+    or drawn afresh from [min, max] (log-uniformly when `log`) with the run's resample probability.
+    min, max and log default to the param's distribution in `params` when it is searched there."""
+
+    factors: Annotated[list[Annotated[float, Field(gt=0, allow_inf_nan=False)]], Field(min_length=1)] = [0.8, 1.25]
+    min: FiniteFloat | None = None
+    max: FiniteFloat | None = None
+    log: bool | None = None
+
+
+class PBTSpec(_Strict):
+    """Population-based training instead of a search: `population` members (one Optuna trial each, the
+    slots of one array) train `training.epochs` epochs; every `interval` epochs the worst `quantile` copy
+    a member of the best `quantile` (weights, optimizer state, schedule position) and explore."""
+
+    population: Annotated[int, Field(ge=2, le=MAX_ARRAY_SIZE)] = 8
+    interval: PositiveInt = 4
+    metric: str | None = None  # default: the study's metric
+    quantile: Annotated[float, Field(gt=0, le=0.5)] = 0.25
+    resample_probability: Annotated[float, Field(ge=0, le=1)] = 0.25
+    explore: Annotated[dict[str, PBTExploreSpec], Field(min_length=1)]
+
+
 # ---------------------------------------------------------------- distributions
 class _Distribution(_Strict):
     distribution: str
@@ -372,7 +396,19 @@ FOREIGN_KEYS = {
 
 
 # --------------------------------------------------------- error descriptions
-_ROOT_KEYS = ("study", "sampler", "pruner", "budget", "array", "data", "training", "model", "seed", "params")
+_ROOT_KEYS = (
+    "study",
+    "sampler",
+    "pruner",
+    "budget",
+    "array",
+    "data",
+    "training",
+    "model",
+    "pbt",
+    "seed",
+    "params",
+)
 
 
 def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str] | None:
@@ -478,5 +514,6 @@ class SpaceFile(_Strict):
     data: DataSpec = DataSpec()
     training: TrainingSpec = TrainingSpec()
     model: ModelSpec = ModelSpec()
+    pbt: PBTSpec | None = None
     seed: NonNegativeInt | None = 0
     params: dict[str, Any] = {}

@@ -25,6 +25,7 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
 from hfta_nas.runtime import checked_out_dir
 from hfta_nas.search import (
+    PBTSummary,
     SearchPlan,
     SearchSummary,
     StepCost,
@@ -36,15 +37,14 @@ from hfta_nas.search import (
     copy_of_stored_study,
     open_storage,
     optimize,
+    pbt,
     plan,
     set_study_text,
 )
+from search_spaces._pbt import pbt_options
+from search_spaces._pbt_checks import per_slot
 from search_spaces._sources import check_sources
 from search_spaces._space import SearchSpace
-
-# Searched params an array keeps per slot; every other one fixes the architecture.
-_PER_SLOT_OPTIMIZER = ("name", "amsgrad", "maximize", "nesterov", "centered")
-
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -107,23 +107,7 @@ def candidate_builder(
 
 def architecture_params(space: SearchSpace) -> list[str]:
     """The searched params that fix a candidate's array: all but per-slot optimizer and schedule values."""
-    per_slot = [
-        f"training.optimizer.{k}"
-        for k in (
-            "lr",
-            "weight_decay",
-            "momentum",
-            "dampening",
-            "betas",
-            "beta1",
-            "beta2",
-            "eps",
-            "alpha",
-            "lr_decay",
-            "initial_accumulator_value",
-        )
-    ]
-    return [p for p in space.searched if p not in per_slot and not p.startswith("training.schedule.")]
+    return [p for p in space.searched if not per_slot(p)]
 
 
 def check_searches_something(space: SearchSpace) -> None:
@@ -290,13 +274,15 @@ def run_search(
     on_event: Callable[[Any], None] | None = None,
     adopt: bool = False,
     storage_patience: float | None = None,
-) -> SearchSummary:
-    """Search a space file's space; options left None come from the file. A stored study of that
+) -> SearchSummary | PBTSummary:
+    """Search a space file's space (a PBTSummary: population-based training, when it has a pbt block); options
+    left None come from the file. A stored study of that
     name that hfta-nas did not make is refused unless `adopt` (its RUNNING trials would be failed).
     The storage may be unreachable for up to `storage_patience` seconds at a time (see PatientStorage)."""
     if storage_patience is not None:
         check_patience(storage_patience)
-    check_searches_something(space)
+    if space.pbt is None:  # a population may start alike: explore makes its members differ
+        check_searches_something(space)
     check_sources(space)  # a missing factory or data file fails here, before any trial is asked
     options = _options(space, n_trials, timeout, array_size, device, dtype)
     out = checked_out_dir(
@@ -305,6 +291,8 @@ def run_search(
     datasets = preload_data(space, device=device, dtype=dtype)  # unreadable data fails before the study is written
     study = open_space_study(space, storage, study_name, adopt=adopt, storage_patience=storage_patience)
     build = candidate_builder(space, device=device, dtype=dtype, datasets=datasets)
+    if space.pbt is not None:
+        return pbt(study, build, out_dir=out, on_event=on_event, device=device, dtype=dtype, **pbt_options(space))
     return optimize(study, build, out_dir=out, on_event=on_event, **options)
 
 

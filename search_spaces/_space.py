@@ -39,6 +39,7 @@ from search_spaces._schema import (
     ModelSpec,
     NonNegativeInt,
     Param,
+    PBTSpec,
     PrunerSpec,
     SamplerSpec,
     SpaceFile,
@@ -70,6 +71,7 @@ class SearchSpace(_Strict):
     model: ModelSpec
     seed: NonNegativeInt | None
     params: dict[str, Param]
+    pbt: PBTSpec | None = None  # population-based training instead of a search
     text: str
     source: str
     notes: tuple[str, ...] = ()  # how a W&B sweep file's keys were read (empty for our own files)
@@ -250,6 +252,7 @@ class SearchSpace(_Strict):
             data=self.data,
             training=self.training,
             model=self.model,
+            pbt=self.pbt,
             seed=self.seed,
             params={},
         )
@@ -340,6 +343,7 @@ def parse_space(text: str, source: str = "<string>", overrides: Sequence[str] = 
         data=file.data,
         training=file.training,
         model=file.model,
+        pbt=file.pbt,
         seed=file.seed,
         params=checked.params,
         text=text,

@@ -134,6 +134,7 @@ class PBTStarted:
     epochs: int
     interval: int
     metric: str
+    direction: str  # maximize or minimize
     resumed_from_epoch: int | None = None
 
 

@@ -156,6 +156,7 @@ class _PBTRun:
                 first.epochs,
                 self.settings.interval,
                 self.metric,
+                self.direction,
                 start_epoch,
             )
         )

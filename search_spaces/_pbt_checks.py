@@ -1,0 +1,103 @@
+"""The checks of a space file's `pbt:` block, each problem located at its key.
+
+A PBT population is one array of one architecture whose members copy each other's weights,
+so a PBT space may search (for the starting population) and explore only what a slot keeps
+for itself: optimizer hyper-parameters (and, searched only, schedule values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hfta_nas.optim import OPTIMIZERS
+from search_spaces._schema import Fixed, LogUniform, Param, SpaceFile, Uniform
+from search_spaces._yaml import Loc
+
+# Searched params an array keeps per slot (the optimizer's hyper-parameters and the schedule's values).
+PER_SLOT_OPTIMIZER = (
+    "lr",
+    "weight_decay",
+    "momentum",
+    "dampening",
+    "betas",
+    "beta1",
+    "beta2",
+    "eps",
+    "alpha",
+    "lr_decay",
+    "initial_accumulator_value",
+    "clip_value",
+    "clip_norm",
+)
+
+
+def per_slot(path: str) -> bool:
+    """Whether a searched param is one an array keeps per slot (else it fixes the array's architecture)."""
+    return path.startswith("training.schedule.") or path in {f"training.optimizer.{k}" for k in PER_SLOT_OPTIMIZER}
+
+
+def explorable(optimizer: str) -> list[str]:
+    """The hyper-parameters of `optimizer` that explore may change: those a slot keeps, not flags."""
+    cls = OPTIMIZERS[optimizer]
+    return [name for name in cls.defaults if name not in cls.flags]
+
+
+def check_pbt(add: Callable[[Loc, str], None], file: SpaceFile, params: dict[str, Param]) -> None:
+    """Add every problem of `file`'s pbt block (nothing when it has none)."""
+    spec = file.pbt
+    if spec is None:
+        return
+    if len(file.study.metrics) > 1:
+        add(("study", "metrics"), "pbt ranks members by one metric; give study.metrics a single one")
+    elif spec.metric is not None and spec.metric != file.study.metrics[0]:
+        add(
+            ("pbt", "metric"),
+            f"pbt ranks by '{spec.metric}' but study.metrics is '{file.study.metrics[0]}': each member's trial "
+            "is told the value it is ranked by; give the same metric (or leave pbt.metric out)",
+        )
+    if file.training.early_stopping is not None:
+        add(("training", "early_stopping"), "early stopping does not apply to pbt: its worst members copy the best")
+    for path, param in params.items():
+        if not per_slot(path) and not isinstance(param, Fixed):
+            add(
+                ("params", path),
+                "a pbt population is one architecture with shared settings; searching this gives members different "
+                "ones: fix it, or drop the pbt block to search it",
+            )
+    optimizer = file.training.optimizer.name
+    names = explorable(optimizer) if optimizer in OPTIMIZERS else []
+    for key, how in spec.explore.items():
+        _check_explored(add, key, how, params.get(key), optimizer, names)
+
+
+def _check_explored(
+    add: Callable[[Loc, str], None], key: str, how: Any, param: Param | None, optimizer: str, names: list[str]
+) -> None:
+    loc: Loc = ("pbt", "explore", key)
+    name = key.removeprefix("training.optimizer.")
+    if not key.startswith("training.optimizer.") or name not in names:
+        shapes = key.startswith(("model.", "data.")) or key in ("training.batch_size", "training.epochs")
+        why = "changes the model's shapes or the array's shared settings, which" if shapes else "is not a value that"
+        add(
+            loc,
+            f"'{key}' {why} explore cannot change per slot; explore takes {optimizer}'s hyper-parameters: "
+            f"{', '.join(f'training.optimizer.{n}' for n in names)}",
+        )
+        return
+    low, high, log = explore_bounds(how, param)
+    if low is None or high is None:
+        add(loc, "give min and max (or search it in params with a uniform or log_uniform distribution)")
+    elif not low < high:
+        add(loc, f"min must be below max, got min {low} and max {high}")
+    elif log and low <= 0:
+        add(loc, f"a log-scale explore needs min > 0, got {low}")
+
+
+def explore_bounds(how: Any, param: Param | None) -> tuple[float | None, float | None, bool]:
+    """(min, max, log) of one explored hyper-parameter: its own, else its searched distribution's."""
+    searched = param if isinstance(param, (Uniform, LogUniform)) else None
+    low = how.min if how.min is not None else (searched.min if searched else None)
+    high = how.max if how.max is not None else (searched.max if searched else None)
+    log = how.log if how.log is not None else isinstance(searched, LogUniform)
+    return low, high, log
