@@ -78,12 +78,12 @@ def _check_explored(
     name = key.removeprefix("training.optimizer.")
     if not key.startswith("training.optimizer.") or name not in names:
         shapes = key.startswith(("model.", "data.")) or key in ("training.batch_size", "training.epochs")
-        why = "changes the model's shapes or the array's shared settings, which" if shapes else "is not a value that"
-        add(
-            loc,
-            f"'{key}' {why} explore cannot change per slot; explore takes {optimizer}'s hyper-parameters: "
-            f"{', '.join(f'training.optimizer.{n}' for n in names)}",
+        why = (
+            "changes the model's shapes or a setting the array shares, so members could not copy each other's weights"
+            if shapes
+            else f"is not a hyper-parameter {optimizer} keeps per slot"
         )
+        add(loc, f"'{key}' {why}; explore takes {', '.join(f'training.optimizer.{n}' for n in names)}")
         return
     low, high, log = explore_bounds(how, param)
     if low is None or high is None:

@@ -1,0 +1,272 @@
+"""`hfta_nas.pbt` end to end: each member is a trial whose attributes hold its schedule and lineage as
+they happened, a stopped run resumes bit-identically, space files and the CLI run it, and bad
+settings are refused in one line (located in a space file)."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+from conftest import synthetic_dataset
+from torch import nn
+
+import hfta_nas
+from hfta_nas import Candidate, Explore, HftaNasError
+from hfta_nas.search import PBTExploited
+from search_spaces import SpaceError, load_space, parse_space
+
+EPOCHS, POPULATION, INTERVAL = 6, 4, 2
+SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn_pbt.yaml"
+
+
+def build(trial, width=16):
+    lr = trial.suggest_float("lr", 1e-3, 1e-1, log=True)
+    return Candidate(
+        model=lambda: nn.Sequential(
+            nn.Flatten(), nn.Linear(24, width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(width, 3)
+        ),
+        optimizer="sgd",
+        hparams={"lr": lr, "momentum": 0.9},
+        schedule={"kind": "cosine", "t_max": EPOCHS},
+        epochs=EPOCHS,
+        batch_size=16,
+    )
+
+
+def study_in(path, name="pbt"):
+    path.mkdir(parents=True, exist_ok=True)
+    return optuna.create_study(
+        direction="maximize",
+        storage=f"sqlite:///{path / 'study.db'}",
+        study_name=name,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        load_if_exists=True,
+    )
+
+
+def run(study, out, **extra):
+    data = synthetic_dataset(n_train=96, dtype=torch.float64)
+    options = dict(population=POPULATION, interval=INTERVAL, explore={"lr": Explore(1e-3, 1e-1, log=True)}, seed=3)
+    return hfta_nas.pbt(study, build, data, dtype="float64", out_dir=out, **{**options, **extra})
+
+
+def test_members_are_trials_with_their_schedule_and_lineage(tmp_path):
+    events = []
+    study = study_in(tmp_path)
+    summary = run(study, tmp_path / "out", on_event=events.append)
+    trials = {t.number: t for t in study.trials}
+    assert sorted(trials) == summary.trials and all(t.state.name == "COMPLETE" for t in trials.values())
+    exploits = [e for e in events if isinstance(e, PBTExploited)]
+    assert summary.exploits == len(exploits) == (EPOCHS // INTERVAL - 1) * 1  # 1 mover of 4 per round
+    # the schedules the records should hold, rebuilt from the events alone
+    slot_values = {n: [] for n in trials}
+    schedules = {n: [] for n in trials}
+    current = {n: trials[n].params["lr"] for n in trials}
+    for epoch in range(1, EPOCHS + 1):
+        for n in trials:
+            slot_values[n].append(current[n])
+            schedules[n].append(current[n])
+        for e in (e for e in exploits if e.epoch == epoch):
+            schedules[e.target] = list(schedules[e.source])
+            current[e.target] = e.changes["lr"][1]
+            assert e.changes["lr"][0] == current[e.source]  # copied from the source, then explored
+    for n, trial in trials.items():
+        assert trial.user_attrs["pbt_slot_values"]["lr"] == pytest.approx(slot_values[n], rel=1e-12)
+        assert trial.user_attrs["pbt_schedule"]["lr"] == pytest.approx(schedules[n], rel=1e-12)
+        lineage = [(x["epoch"], x["from_trial"]) for x in trial.user_attrs["pbt_lineage"]]
+        assert lineage == [(e.epoch, e.source) for e in exploits if e.target == n]
+        assert sorted(trial.intermediate_values) == list(range(1, EPOCHS + 1))
+        assert trial.value == trial.intermediate_values[EPOCHS]
+    best = max(trials.values(), key=lambda t: (t.value, -t.number))
+    assert summary.best["number"] == best.number
+    written = yaml.safe_load((tmp_path / "out" / "best_schedule.yaml").read_text())
+    assert written["schedule"]["lr"] == pytest.approx(schedules[best.number], rel=1e-12)
+    assert (tmp_path / "out" / "pbt.png").stat().st_size > 0 and (tmp_path / "out" / "best_weights.pt").exists()
+
+
+def test_a_stopped_run_resumes_bit_identically(tmp_path):
+    whole = run(study_in(tmp_path / "a"), tmp_path / "a" / "out")
+
+    def stop_at_the_second_exploit(event):
+        if isinstance(event, PBTExploited) and event.epoch == 2 * INTERVAL:
+            raise KeyboardInterrupt
+
+    stopped = study_in(tmp_path / "b")
+    with pytest.raises(KeyboardInterrupt):
+        run(stopped, tmp_path / "b" / "out", on_event=stop_at_the_second_exploit)
+    assert all(t.state.name == "RUNNING" for t in stopped.trials)  # left for the next call to continue
+    resumed = run(study_in(tmp_path / "b"), tmp_path / "b" / "out")
+    assert resumed.resumed_from_epoch == 2 * INTERVAL - 1
+    a, b = study_in(tmp_path / "a").trials, study_in(tmp_path / "b").trials
+    for x, y in zip(a, b):
+        assert (x.state, x.value, x.intermediate_values) == (y.state, y.value, y.intermediate_values)
+        assert x.user_attrs["pbt_schedule"] == y.user_attrs["pbt_schedule"]
+        assert x.user_attrs["pbt_lineage"] == y.user_attrs["pbt_lineage"]
+    weights_a = torch.load(tmp_path / "a" / "out" / "best_weights.pt")
+    weights_b = torch.load(tmp_path / "b" / "out" / "best_weights.pt")
+    assert whole.best["number"] == resumed.best["number"]
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"population": 1}, "population must be an integer of at least 2"),
+        ({"quantile": 0.7}, r"quantile must be in \(0, 0.5\]"),
+        ({"explore": {}}, "explore names no hyper-parameter"),
+        ({"explore": {"width": Explore(1, 2)}}, "cannot explore 'width'.*change the model's shapes"),
+        ({"explore": {"nesterov": Explore(0, 1)}}, "cannot explore 'nesterov'"),
+        ({"metric": "val_loss"}, "ranks members by 'val_loss' but the study's metric is 'val_acc'"),
+    ],
+)
+def test_bad_settings_are_one_line_and_leave_no_trial_running(tmp_path, settings, message):
+    study = study_in(tmp_path)
+    with pytest.raises(HftaNasError, match=message) as error:
+        run(study, None, **settings)
+    assert "\n" not in str(error.value)
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+
+
+def test_explore_bounds_are_checked():
+    with pytest.raises(HftaNasError, match="finite low < high"):
+        Explore(1.0, 1.0)
+    with pytest.raises(HftaNasError, match="log-scale explore needs low > 0"):
+        Explore(0.0, 1.0, log=True)
+    with pytest.raises(HftaNasError, match="factors must be positive"):
+        Explore(0.1, 1.0, factors=(0.0,))
+
+
+def test_members_of_different_architectures_are_refused(tmp_path):
+    study = study_in(tmp_path)
+    widths = iter([16, 16, 32, 16])
+    with pytest.raises(HftaNasError, match="share one architecture; trials 0 and 2 build different models"):
+        hfta_nas.pbt(
+            study,
+            lambda trial: build(trial, width=next(widths)),
+            synthetic_dataset(),
+            population=4,
+            explore={"lr": Explore(1e-3, 1e-1, log=True)},
+        )
+    assert {t.state.name for t in study.trials} == {"FAIL"}
+
+
+def test_a_multi_objective_study_is_refused():
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    with pytest.raises(HftaNasError, match="ranks members by one metric"):
+        hfta_nas.pbt(study, build, synthetic_dataset(), explore={"lr": Explore(1e-3, 1e-1)})
+
+
+# ------------------------------------------------------------------------ space files
+PBT_FILE = """\
+study: {{metrics: [val_acc]}}
+pbt:
+  population: 4
+  interval: 2
+  explore:
+    {explored}: {{factors: [0.8, 1.25]}}
+training: {{epochs: 4, optimizer: {{name: adam, lr: 1.0e-3}}}}
+params:
+  training.optimizer.lr: {{distribution: log_uniform, min: 1.0e-4, max: 1.0e-2}}
+{extra}"""
+
+
+def pbt_file(explored="training.optimizer.lr", extra=""):
+    return PBT_FILE.format(explored=explored, extra=extra)
+
+
+@pytest.mark.parametrize(
+    "text,line,key,message",
+    [
+        (pbt_file("model.config.channels"), 6, "pbt.explore.model.config.channels", "changes the model's shapes"),
+        (
+            pbt_file("training.optimizer.amsgrad"),
+            6,
+            "pbt.explore.training.optimizer.amsgrad",
+            "is not a hyper-parameter adam keeps per slot",
+        ),
+        (
+            pbt_file(extra="  model.config.kernel_size: {distribution: int_uniform, min: 3, max: 7, step: 2}\n"),
+            10,
+            "params.model.config.kernel_size",
+            "one architecture",
+        ),
+        (pbt_file().replace("population: 4", "population: 1"), 3, "pbt.population", "expected a value >= 2"),
+        (
+            pbt_file().replace("  interval: 2", "  interval: 2\n  quantle: 0.2"),
+            5,
+            "pbt.quantle",
+            "did you mean 'quantile'",
+        ),
+        (
+            pbt_file().replace("{factors: [0.8, 1.25]}", "{factors: []}"),
+            6,
+            "pbt.explore.training.optimizer.lr.factors",
+            "at least 1 item",
+        ),
+    ],
+)
+def test_bad_pbt_blocks_are_located(text, line, key, message):
+    with pytest.raises(SpaceError) as error:
+        parse_space(text, "space.yaml")
+    problem = error.value.problems[0]
+    assert (problem.key, message in problem.message) == (key, True), problem
+    assert problem.line == line
+
+
+def test_the_shipped_pbt_space_explores_within_its_searched_bounds():
+    from search_spaces._pbt import pbt_notes, pbt_options
+
+    space = load_space(SPACE)
+    options = pbt_options(space)
+    assert options["explore"]["lr"] == Explore(1e-4, 3e-2, log=True, factors=(0.8, 1.25))
+    assert space.pruner.name == "none" and not any("pruner" in n for n in pbt_notes(space))
+    with_pruner = parse_space(pbt_file().replace("params:", "pruner: median\nparams:"))
+    assert any("pruner 'median' does not apply" in n for n in pbt_notes(with_pruner))
+
+
+def test_hfta_nas_search_runs_a_pbt_space(tmp_path):
+    """The CLI end to end: members told COMPLETE, files written, the summary names the best."""
+    command = [
+        sys.executable,
+        "-m",
+        "cli",
+        "search",
+        str(SPACE),
+        "--storage",
+        str(tmp_path / "study.journal"),
+        "--out",
+        str(tmp_path / "out"),
+        "--set",
+        "training.epochs=4",
+        "--set",
+        "pbt.interval=2",
+        "--set",
+        "pbt.population=3",
+        "--set",
+        "data.num_samples=600",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert "best: trial" in done.stdout and "population plot (pbt.png)" in done.stdout
+    for name in ("best_weights.pt", "best_config.yaml", "best_schedule.yaml", "pbt.png"):
+        assert (tmp_path / "out" / name).exists(), name
+    study = optuna.load_study(
+        study_name="mnist1d-cnn-pbt",
+        storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(tmp_path / "study.journal"))
+        ),
+    )
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    assert all(math.isfinite(t.value) for t in study.trials)
+
+
+@pytest.mark.parametrize("option", [["--workers", "2"], ["--dry-run"]])
+def test_workers_and_dry_run_are_refused_for_pbt(tmp_path, option):
+    command = [sys.executable, "-m", "cli", "search", str(SPACE), "--storage", str(tmp_path / "s.journal"), *option]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2 and "pbt block" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "s.journal").exists()
