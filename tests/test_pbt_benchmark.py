@@ -1,0 +1,98 @@
+"""The PBT benchmark runs end to end (`--quick`) and writes every method's figures.
+
+This checks the script, not the timings: each of the four methods ran once on
+the quick budget, its figures are finite, the summary's ratios are those of the
+runs, and the plain loop Ray's members train is the `plain` method's loop.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._rendezvous import GUARD_S
+
+pytest.importorskip("ray.tune", reason="the ray_pbt method needs Ray Tune: pip install 'hfta-nas[bench]'")
+
+# one test process runs the benchmark files (pytest-xdist --dist loadgroup), so quick runs do not overlap
+pytestmark = pytest.mark.xdist_group(name="benchmarks")
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ["pbt", "tpe", "plain", "ray_pbt"]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-pbt") / "pbt.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.pbt", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(out.read_text()), out.with_suffix(".txt").read_text(), completed.stdout
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+@pytest.mark.slow
+def test_quick_run_has_every_method_with_finite_figures(quick_run):
+    result, table, stdout = quick_run
+    assert result["quick"] is True and result["threads"] == 1 and result["seeds"] == [0]
+    assert (result["population"], result["epochs"], result["interval"]) == (4, 4, 2)
+    assert list(result["runs"]) == METHODS and list(result["summary"]["methods"]) == METHODS
+    budget = result["population"] * result["epochs"]
+    for method, runs in result["runs"].items():
+        (run,) = runs
+        assert _finite(run["seconds"]) and run["seconds"] > 0, method
+        assert _finite(run["best_value"]) and 0.0 <= run["best_value"] <= 1.0, method
+        assert _finite(run["epochs_trained"]) and run["epochs_trained"] >= 1, method
+        curve = run["curve"]  # best so far: never goes back, and within the run's clock
+        assert curve and all(a[0] <= b[0] and a[1] < b[1] for a, b in zip(curve, curve[1:])), method
+        assert curve[0][0] >= 0 and curve[-1][0] <= run["seconds"] + 1.0, method
+        cell = result["summary"]["methods"][method]
+        assert all(_finite(cell[key]["median"]) for key in ("seconds", "best_value", "epochs_trained")), method
+    assert result["runs"]["pbt"][0]["epochs_trained"] == budget  # a PBT member is never pruned
+    assert result["runs"]["tpe"][0]["epochs_trained"] <= budget >= result["runs"]["plain"][0]["epochs_trained"]
+    ray = result["runs"]["ray_pbt"][0]
+    assert _finite(ray["startup_s"]) and ray["cpus"] == result["population"]
+    assert all(_finite(v) and v >= 0 for v in ray["checkpoint"].values())
+    assert ray["checkpoint"]["save_s"] > 0  # every member saved at the interval
+    assert table == stdout and all(method in table for method in METHODS)
+
+
+@pytest.mark.slow
+def test_quick_run_ratios_are_those_of_the_runs(quick_run):
+    result, _, _ = quick_run
+    runs, ratios = result["runs"], result["summary"]["ratios"]
+    ray_over_pbt = ratios["ray_pbt_over_pbt_wall"]
+    assert ray_over_pbt["per_seed"] == [pytest.approx(runs["ray_pbt"][0]["seconds"] / runs["pbt"][0]["seconds"])]
+    assert ray_over_pbt["target"] == ">= 3" and isinstance(ray_over_pbt["met"], bool)
+    to_tpe = ratios["pbt_to_tpe_best_over_tpe_wall"]
+    (value,) = to_tpe["per_seed"]  # None: pbt never reached tpe's best on that seed
+    assert value is None or (_finite(value) and value > 0)
+    assert result["summary"]["target"] == runs["tpe"][0]["best_value"]
+    share = result["summary"]["ray"]["checkpoint_share_of_wall"]["median"]
+    assert share == pytest.approx(runs["ray_pbt"][0]["checkpoint"]["total_s"] / runs["ray_pbt"][0]["seconds"])
+
+
+@pytest.mark.slow
+def test_members_start_as_the_plain_trials_of_the_same_number(quick_run):
+    # Before the first exploit, member k of every method is trial k of plain: same params, same seeds.
+    # Ray's members run the plain loop itself (equal values); the arrays agree to a sample or two.
+    same = quick_run[0]["summary"]["same_start"]
+    assert set(same) == {"pbt", "tpe", "ray_pbt"}
+    population, interval = quick_run[0]["population"], quick_run[0]["interval"]
+    assert same["ray_pbt"] == {"compared": population * interval, "max_difference": 0.0}
+    for method in ("pbt", "tpe"):
+        assert same[method]["compared"] >= interval and same[method]["max_difference"] <= 0.02, method
