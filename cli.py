@@ -630,7 +630,7 @@ def worker_commands(args: list[str], workers: int, *, device: str) -> list[tuple
 def _print_sweep_notes(space: Any) -> None:
     """How a W&B sweep file was read: one line per key, on stderr (nothing for our own files); what a
     pbt block leaves unused."""
-    from search_spaces._pbt import pbt_notes
+    from search_spaces import pbt_notes
 
     if space.notes:
         click.echo(f"{space.source} is a W&B sweep file, read as:", err=True)

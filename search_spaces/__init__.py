@@ -18,6 +18,7 @@ The schema is documented key by key in search_spaces/README.md.
 from pathlib import Path
 
 from search_spaces._errors import Problem, SpaceError
+from search_spaces._pbt import pbt_notes, pbt_options
 from search_spaces._resolved import ResolvedConfig, parse_config_overrides, read_text
 from search_spaces._schema import (
     DISTRIBUTIONS,
@@ -68,6 +69,8 @@ __all__ = [
     "open_space_study",
     "parse_config_overrides",
     "parse_space",
+    "pbt_notes",
+    "pbt_options",
     "plan_search",
     "read_text",
     "run_search",

@@ -17,7 +17,7 @@ from torch import nn
 import hfta_nas
 from hfta_nas import Candidate, Explore, HftaNasError
 from hfta_nas.search import PBTExploited
-from search_spaces import SpaceError, load_space, parse_space
+from search_spaces import SpaceError, load_space, parse_space, pbt_notes, pbt_options
 
 EPOCHS, POPULATION, INTERVAL = 6, 4, 2
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn_pbt.yaml"
@@ -218,8 +218,6 @@ def test_bad_pbt_blocks_are_located(text, line, key, message):
 
 
 def test_the_shipped_pbt_space_explores_within_its_searched_bounds():
-    from search_spaces._pbt import pbt_notes, pbt_options
-
     space = load_space(SPACE)
     options = pbt_options(space)
     assert options["explore"]["lr"] == Explore(1e-4, 3e-2, log=True, factors=(0.8, 1.25))
