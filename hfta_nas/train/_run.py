@@ -29,6 +29,7 @@ from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from hfta_nas.train._allocator import keep_freed_memory_unless_disabled
 from hfta_nas.train._checkpoint import Checkpointer
 from hfta_nas.train._checkpoint import enabled as checkpoints_enabled
+from hfta_nas.train._hparam_replay import checked_replay
 from hfta_nas.train._objectives import Objective, as_objective
 from hfta_nas.train._oom import check_budget
 from hfta_nas.train._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult, TrainingSettings
@@ -84,6 +85,7 @@ def train(
     loss: Objective | str | Callable[..., torch.Tensor] | None = None,
     augmentation: Augmentation | None = None,
     precision: str = "float32",
+    hparam_schedule: Mapping[str, Sequence[float]] | Sequence[Mapping[str, Sequence[float]] | None] | None = None,
 ) -> TrainRun:
     """Train one array: slot b is `model` built after `torch.manual_seed(seeds[b])`.
 
@@ -100,11 +102,13 @@ def train(
     name as regression targets; `augmentation`: each slot's training batches
     augmented on the device from its data seed; `precision`: float32, bf16 or fp16
     (autocast; fp16 with per-slot loss scaling); `schedule` holds `kind` plus LRSchedule's
-    arguments. Data order and dropout seeds default to the init seeds; pass
-    them separately to vary one source of randomness at a time. `split_seeds`
-    (one per slot; None keeps the data's split) re-draws each slot's train /
-    validation partition of the data's train and validation samples. On CPU, an
-    array whose estimated memory exceeds `memory_budget` bytes (default:
+    arguments; `hparam_schedule`: per-slot hyper-parameter name -> one value per epoch (one
+    mapping for every slot, or one or None per slot), set before each epoch (lr: the base lr an
+    LR schedule scales), e.g. a population-based training member's `pbt_schedule`. Data order
+    and dropout seeds default to the init seeds; pass them separately to vary one source of
+    randomness at a time. `split_seeds` (one per slot; None keeps the data's split)
+    re-draws each slot's train / validation partition of the data's train and validation
+    samples. On CPU, an array whose estimated memory exceeds `memory_budget` bytes (default:
     $HFTA_NAS_MEMORY_BUDGET, else no limit) raises ArrayOutOfMemory before
     anything is allocated (see hfta_nas.train._oom.train_in_halves for the split).
     `checkpoint`: a file the array is saved to at every epoch's end; a call with
@@ -169,6 +173,7 @@ def train(
             budget=memory_budget,
         )
     schedule = _checked_schedule(schedule) if schedule else None
+    replay = checked_replay(hparam_schedule, len(seeds), OPTIMIZERS[optimizer], epochs)
 
     def make_trainer() -> ArrayTrainer:
         if slot_factories is None:
@@ -218,6 +223,8 @@ def train(
             objective.describe(),
             augmentation,
             precision,
+            # only when given: a checkpoint saved before schedules existed still resumes
+            *([hparam_schedule] if replay is not None else []),
         )
     )
     saver = (
@@ -228,6 +235,9 @@ def train(
     trainer = saver.resume(make_trainer) if saver is not None else make_trainer()
     resumed_epoch, epochs_before = trainer.epoch, sum(r.epochs for r in trainer.results.values())
     started = time.perf_counter()
+    if replay is not None:  # the next epoch's values (a restored trainer holds them already: set again, unchanged)
+        replay.apply(trainer)
+        on_epoch = _then(on_epoch, replay.apply)
     results = trainer.fit(epochs, on_epoch=on_epoch, checkpoint=saver)
     seconds = time.perf_counter() - started
     if saver is not None and remove_checkpoint:
@@ -245,6 +255,20 @@ def train(
         resumed_epoch,
         slot_factories,
     )
+
+
+def _then(
+    on_epoch: Callable[[EpochReport, ArrayTrainer], Any] | None, apply: Callable[[ArrayTrainer], None]
+) -> Callable[[EpochReport, ArrayTrainer], None]:
+    """The caller's `on_epoch`, then `apply(trainer)`: the scheduled values of the coming epoch are set
+    after the caller saw this epoch's and before the checkpoint is saved."""
+
+    def both(report: EpochReport, trainer: ArrayTrainer) -> None:
+        if on_epoch is not None:
+            on_epoch(report, trainer)
+        apply(trainer)
+
+    return both
 
 
 def _checked_schedule(schedule: Mapping[str, Any]) -> dict[str, Any]:
