@@ -21,7 +21,7 @@ from typing import Any
 from hfta_nas import LOSSES, EarlyStopping, Objective, loss_kind
 from hfta_nas.data import Augmentation
 from hfta_nas.models import FAMILIES, family_defaults, load_factory
-from hfta_nas.optim import OPTIMIZERS, LRSchedule
+from hfta_nas.optim import OPTIMIZERS, LRSchedule, hparam_schedule_problems
 from search_spaces._checks import validate
 from search_spaces._errors import Problem, SpaceError
 from search_spaces._overrides import OverriddenWhere, apply_overrides, parse_overrides
@@ -43,6 +43,7 @@ FILE_KEYS = (
     "metrics",
     "augment",
     "precision",
+    "hparam_schedule",
     "origin",
 )
 DATA_KEYS = ("batch_size", "val_fraction", "test_fraction", "split_seed", "num_samples")
@@ -70,6 +71,8 @@ class ResolvedConfig:
     - metrics: user metrics, name -> 'module:function'
     - augment: None, or `hfta_nas.data.Augmentation`'s arguments (shift, flip, noise, mixup, cutmix)
     - precision: float32, bf16 or fp16 (autocast; fp16 with per-slot loss scaling)
+    - hparam_schedule: None, or per-slot hyper-parameter name -> one value per epoch, set before
+      each epoch (lr: the base lr the schedule scales); a PBT member's `pbt_schedule` replayed
     - origin: where the config came from (study, trial, values, seeds, ...); informational,
       not compared by `==`
     """
@@ -88,6 +91,7 @@ class ResolvedConfig:
     metrics: dict[str, str] = field(default_factory=dict)
     augment: dict[str, Any] | None = None
     precision: str = "float32"
+    hparam_schedule: dict[str, list[float]] | None = None
     origin: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # ------------------------------------------------------------ for the engine
@@ -110,6 +114,7 @@ class ResolvedConfig:
             "loss": self.objective(),
             "augmentation": Augmentation(**self.augment) if self.augment else None,
             "precision": self.precision,
+            "hparam_schedule": copy.deepcopy(self.hparam_schedule),
         }
 
     @property
@@ -169,7 +174,7 @@ class ResolvedConfig:
         # written only where set: a config without them reads (and hashes) as before they existed
         if data["accumulate"] == 1:
             del data["accumulate"]
-        for key in ("early_stopping", "loss", "metrics", "augment"):
+        for key in ("early_stopping", "loss", "metrics", "augment", "hparam_schedule"):
             if not data[key]:
                 del data[key]
         if data["precision"] == "float32":
@@ -208,13 +213,27 @@ class ResolvedConfig:
         if sets:
             located.data, where = apply_overrides(located.data, sets), OverriddenWhere(where, sets)
         file = validate(_as_space(located.data, where), where).file
+        config = build(file, {})
+        schedule = checked_hparam_schedule(located.data.get("hparam_schedule"), config, where)
         origin = located.data.get("origin") or {}
-        return dataclasses.replace(build(file, {}), origin=origin)
+        return dataclasses.replace(config, hparam_schedule=schedule, origin=origin)
 
     @classmethod
     def from_file(cls, path: str | Path) -> ResolvedConfig:
         """Read a config written by `to_yaml` (or by hand); `SpaceError` naming file, line and key."""
         return cls.from_yaml(read_text(path), str(path))
+
+
+def checked_hparam_schedule(schedule: Any, config: ResolvedConfig, where: Where) -> dict[str, list[float]] | None:
+    """A config file's `hparam_schedule` for `config`'s optimizer and epochs (None when absent or empty);
+    `SpaceError` with one located line per bad hyper-parameter. Checked after the rest of the file,
+    since it needs the optimizer and the epochs (and the search-space schema has no such key)."""
+    if schedule is None or schedule == {}:
+        return None
+    problems = hparam_schedule_problems(OPTIMIZERS[config.optimizer], schedule, config.epochs)
+    if problems:
+        raise SpaceError([where.problem(("hparam_schedule", *loc), message) for loc, message in problems])
+    return {str(name): [float(value) for value in values] for name, values in schedule.items()}
 
 
 def parse_config_overrides(items: Sequence[str]) -> list[Any]:

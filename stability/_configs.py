@@ -3,7 +3,8 @@
 - a config file exported by `hfta-nas search` (or written by hand, same format);
 - a search space file with every searched parameter fixed by `--params key=value`;
 - the K best trials of a search study (`--study NAME --top-k K`), rebuilt from
-  the space text the search stored in the study;
+  the space text the search stored in the study; a population-based training member
+  comes with its per-epoch schedule (`pbt_schedule`), re-run from scratch;
 - nothing: the shipped default `stability/configs/mnist1d_cnn.yaml`.
 """
 
@@ -20,8 +21,9 @@ import yaml
 from optuna.trial import TrialState
 
 from hfta_nas.errors import HftaNasError
+from hfta_nas.optim import OPTIMIZERS, hparam_schedule_problems
 from hfta_nas.search import study_text
-from search_spaces import ResolvedConfig, parse_space, read_text
+from search_spaces import ResolvedConfig, SearchSpace, parse_space, read_text
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mnist1d_cnn.yaml"
 _SPACE_KEYS = {"study", "sampler", "pruner", "budget", "array", "training", "params", "seed"}
@@ -93,7 +95,8 @@ def label_for(path: str | Path, taken: Sequence[str] = ()) -> str:
 
 
 def top_k_configs(storage: Any, study_name: str, k: int) -> list[LabelledConfig]:
-    """The K best COMPLETE trials of a search study, as configs labelled 'trial N'."""
+    """The K best COMPLETE trials of a search study, as configs labelled 'trial N' ('trial N (PBT
+    schedule)' for a population-based training member, which carries its schedule)."""
     if k < 1:
         raise HftaNasError(f"--top-k must be at least 1, got {k}.")
     try:
@@ -115,9 +118,32 @@ def top_k_configs(storage: Any, study_name: str, k: int) -> list[LabelledConfig]
     else:
         sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
         ranked = sorted(complete, key=lambda t: (sign * t.value, t.number))
-    chosen = []
-    for trial in ranked[:k]:
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    return [_trial_config(space, study_name, trial, by_number) for trial in ranked[:k]]
+
+
+def _trial_config(
+    space: SearchSpace, study_name: str, trial: optuna.trial.FrozenTrial, by_number: Mapping[int, Any]
+) -> LabelledConfig:
+    """One trial as a config; a PBT member's with the schedule its weights trained with."""
+    origin = {"study": study_name, "trial": trial.number, "values": list(trial.values)}
+    schedule = trial.user_attrs.get("pbt_schedule")
+    if not schedule:
         config = space.resolve(space.decode(trial.params))
-        origin = {"study": study_name, "trial": trial.number, "values": list(trial.values)}
-        chosen.append(LabelledConfig(f"trial {trial.number}", dataclasses.replace(config, origin=origin)))
-    return chosen
+        return LabelledConfig(f"trial {trial.number}", dataclasses.replace(config, origin=origin))
+    # An exploit copies every hyper-parameter with the weights and explore changes only the scheduled
+    # ones, so the others are those of the member whose initial weights these descend from (its root).
+    root = (trial.user_attrs.get("pbt_roots") or [trial.number])[-1]
+    config = space.resolve(space.decode(by_number.get(root, trial).params))
+    problems = hparam_schedule_problems(OPTIMIZERS[config.optimizer], schedule, config.epochs)
+    if problems:
+        (loc, message), *_ = problems
+        raise HftaNasError(
+            f"trial {trial.number} of study '{study_name}' has a pbt_schedule that cannot be replayed: "
+            f"{'.'.join(str(part) for part in loc)}: {message}."
+        )
+    schedule = {name: [float(v) for v in values] for name, values in schedule.items()}
+    if root != trial.number:
+        origin["pbt_root"] = root
+    config = dataclasses.replace(config, hparam_schedule=schedule, origin=origin)
+    return LabelledConfig(f"trial {trial.number} (PBT schedule)", config)

@@ -266,8 +266,9 @@ def train_slots(
     checkpoint: Path | None = None,
     remove_checkpoint: bool = True,
 ) -> tuple[list[SeedOutcome], dict[str, Any]]:
-    """One array: slot b trains configuration `slots[b][0]` (its own per-slot hyper-parameters;
-    everything else as `fusable_groups` requires, shared) with the seeds of plan `slots[b][1]`."""
+    """One array: slot b trains configuration `slots[b][0]` (its own per-slot hyper-parameters and
+    per-epoch hyper-parameter schedule; everything else as `fusable_groups` requires, shared) with
+    the seeds of plan `slots[b][1]`."""
     plans = [p for _, p in slots]
     kwargs = slots[0][0].train_kwargs()
     configs = [config for config, _ in slots]
@@ -276,6 +277,9 @@ def train_slots(
     )
     if any(config.model_config != kwargs["model_config"] for config, _ in slots):  # sizes differ: an envelope
         kwargs["slot_model_configs"] = [config.model_config for config, _ in slots]
+    # each slot its own per-epoch schedule (a PBT member's, replayed), or none
+    schedules = [config.hparam_schedule for config in configs]
+    kwargs["hparam_schedule"] = schedules if any(schedules) else None
     run = hfta_nas.train(
         dataset=data,
         device=device,
