@@ -148,3 +148,52 @@ def test_copy_slot_refuses_envelopes_and_ended_slots(tiny_data):
     trainer.results[2].status = "failed"  # as a diverged slot: frozen in place
     with pytest.raises(HftaNasError, match="only running slots"):
         trainer.copy_slot(0, 2)
+
+
+# ------------------------------------------------------------ dropout and augmentation per slot
+def dropout_mlp(rate):
+    return lambda: nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(24, 16),
+        nn.ReLU(),
+        nn.Dropout(rate),
+        nn.Linear(16, 8),
+        nn.Dropout(rate),
+        nn.Linear(8, 3),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_a_slot_given_a_dropout_rate_trains_as_if_built_with_it(dtype):
+    data = synthetic_dataset(dtype=dtype)
+
+    def trained(arr):
+        trainer = ArrayTrainer(arr, hfta_nas.optim.SGD(arr, lr=0.1), data, batch_size=BATCH, data_seeds=DATA_SEEDS)
+        trainer.fit(3)
+        return arr
+
+    built = trained(ModelArray.from_factory(dropout_mlp(0.3), seeds=INIT_SEEDS, dtype=dtype))
+    given = ModelArray.from_factory(dropout_mlp(0.1), seeds=INIT_SEEDS, dtype=dtype)
+    given.use_slot_dropout_rates()
+    given.set_dropout_rate(1, 0.3)
+    trained(given)
+    a, b = built.slot_state_dict(1), given.slot_state_dict(1)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the same masks, bit for bit
+    assert given.dropout_rate(1) == 0.3 and given.dropout_rate(0) == 0.1
+    with pytest.raises(HftaNasError, match=r"in \[0, 1\)"):
+        given.set_dropout_rate(0, 1.0)
+
+
+def test_a_slot_given_a_noise_std_or_mixup_alpha_augments_as_if_built_with_it():
+    from hfta_nas.data import SlotAugmenter
+
+    x, y = torch.randn(3, 8, 2, 12, dtype=torch.float64), torch.randint(0, 3, (3, 8))
+    own = SlotAugmenter(Augmentation(noise=0.1, mixup=0.4), [5, 6, 7])
+    own.set_strength(1, "noise", 0.3)
+    own.set_strength(1, "mixup", 0.9)
+    built = SlotAugmenter(Augmentation(noise=0.3, mixup=0.9), [5, 6, 7])
+    ours, theirs = own(x, y), built(x, y)
+    assert torch.equal(ours.x[1], theirs.x[1]) and ours.strength[1] == theirs.strength[1]
+    assert not torch.equal(ours.x[0], theirs.x[0])  # slot 0 kept its own
+    with pytest.raises(HftaNasError, match="cutmix is off"):
+        own.set_strength(0, "cutmix", 1.0)

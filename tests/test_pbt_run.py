@@ -23,9 +23,10 @@ EPOCHS, POPULATION, INTERVAL = 6, 4, 2
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn_pbt.yaml"
 
 
-def build(trial, width=16):
+def build(trial, width=16, augmentation=None):
     lr = trial.suggest_float("lr", 1e-3, 1e-1, log=True)
     return Candidate(
+        augmentation=augmentation,
         model=lambda: nn.Sequential(
             nn.Flatten(), nn.Linear(24, width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(width, 3)
         ),
@@ -48,10 +49,23 @@ def study_in(path, name="pbt"):
     )
 
 
-def run(study, out, **extra):
+LR = {"lr": Explore(1e-3, 1e-1, log=True)}
+# every kind of value a slot keeps for itself: the optimizer's, the dropout rate, an augmentation's strength
+EVERYTHING = {**LR, "momentum": Explore(0.5, 0.99), "dropout": Explore(0.0, 0.5), "augment.noise": Explore(0.01, 0.5)}
+
+
+def run(study, out, explore=LR, **extra):
     data = synthetic_dataset(n_train=96, dtype=torch.float64)
-    options = dict(population=POPULATION, interval=INTERVAL, explore={"lr": Explore(1e-3, 1e-1, log=True)}, seed=3)
-    return hfta_nas.pbt(study, build, data, dtype="float64", out_dir=out, **{**options, **extra})
+    augmentation = hfta_nas.data.Augmentation(noise=0.1) if "augment.noise" in explore else None
+    options = dict(population=POPULATION, interval=INTERVAL, explore=explore, seed=3)
+    return hfta_nas.pbt(
+        study,
+        lambda trial: build(trial, augmentation=augmentation),
+        data,
+        dtype="float64",
+        out_dir=out,
+        **{**options, **extra},
+    )
 
 
 def test_members_are_trials_with_their_schedule_and_lineage(tmp_path):
@@ -88,8 +102,9 @@ def test_members_are_trials_with_their_schedule_and_lineage(tmp_path):
     assert (tmp_path / "out" / "pbt.png").stat().st_size > 0 and (tmp_path / "out" / "best_weights.pt").exists()
 
 
-def test_a_stopped_run_resumes_bit_identically(tmp_path):
-    whole = run(study_in(tmp_path / "a"), tmp_path / "a" / "out")
+@pytest.mark.parametrize("explore", [LR, EVERYTHING], ids=["lr", "lr+momentum+dropout+noise"])
+def test_a_stopped_run_resumes_bit_identically(tmp_path, explore):
+    whole = run(study_in(tmp_path / "a"), tmp_path / "a" / "out", explore)
 
     def stop_at_the_second_exploit(event):
         if isinstance(event, PBTExploited) and event.epoch == 2 * INTERVAL:
@@ -97,9 +112,9 @@ def test_a_stopped_run_resumes_bit_identically(tmp_path):
 
     stopped = study_in(tmp_path / "b")
     with pytest.raises(KeyboardInterrupt):
-        run(stopped, tmp_path / "b" / "out", on_event=stop_at_the_second_exploit)
+        run(stopped, tmp_path / "b" / "out", explore, on_event=stop_at_the_second_exploit)
     assert all(t.state.name == "RUNNING" for t in stopped.trials)  # left for the next call to continue
-    resumed = run(study_in(tmp_path / "b"), tmp_path / "b" / "out")
+    resumed = run(study_in(tmp_path / "b"), tmp_path / "b" / "out", explore)
     assert resumed.resumed_from_epoch == 2 * INTERVAL - 1
     a, b = study_in(tmp_path / "a").trials, study_in(tmp_path / "b").trials
     for x, y in zip(a, b):
@@ -252,6 +267,10 @@ def test_hfta_nas_search_runs_a_pbt_space(tmp_path):
     assert "best: trial" in done.stdout and "population plot (pbt.png)" in done.stdout
     for name in ("best_weights.pt", "best_config.yaml", "best_schedule.yaml", "pbt.png"):
         assert (tmp_path / "out" / name).exists(), name
+    schedule = yaml.safe_load((tmp_path / "out" / "best_schedule.yaml").read_text())
+    config = yaml.safe_load((tmp_path / "out" / "best_config.yaml").read_text())
+    assert config["hparam_schedule"] == schedule["schedule"]  # what `hfta-nas stability` of it replays
+    assert config["origin"]["seeds"] == schedule["seeds"]  # the root's seeds
     study = optuna.load_study(
         study_name="mnist1d-cnn-pbt",
         storage=optuna.storages.JournalStorage(

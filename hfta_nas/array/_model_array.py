@@ -46,7 +46,7 @@ from hfta_nas.envelope._placement import SlotEmbedding
 from hfta_nas.envelope._probe import PaddingCost, PlacedSlot, count_macs, recheck_slot, verify_slot
 from hfta_nas.envelope._template import Envelope
 from hfta_nas.errors import FusionError, HftaNasError
-from hfta_nas.layers._slot_layers import init_slot_randomness, make_fusable, no_attention_fast_path
+from hfta_nas.layers._slot_layers import SlotDropout, init_slot_randomness, make_fusable, no_attention_fast_path
 from hfta_nas.layers._slot_ops import NeedsVmap, global_hooks_set, native_forward
 
 __all__ = ["FusionSignature", "ModelArray", "check_fusable"]
@@ -577,6 +577,46 @@ class ModelArray:
             self._slot_random[name][slot] = value[0]
         for listener in self._listeners:
             listener.reset_slot(slot)
+
+    def use_slot_dropout_rates(self) -> None:
+        """Give every dropout layer a rate per slot, starting at its own, which `set_dropout_rate` changes
+        for one slot (population-based training explores it). Call it before `load_numeric_state` of an
+        array that had them. Arrays of different sizes have per-slot rates of their own and are refused."""
+        if self._slots is not None:
+            raise FusionError("per-slot dropout rates to explore need an array of one architecture (equal shapes).")
+        for path, module in self._template.named_modules():
+            if isinstance(module, SlotDropout) and not module.per_slot_rate:
+                module.use_slot_rates()
+                name = f"{path}.rate" if path else "rate"
+                self._slot_random[name] = torch.full((len(self),), module.p, dtype=torch.float64, device=self.device)
+
+    def _rate_names(self) -> list[str]:
+        return [name for name in self._slot_random if name == "rate" or name.endswith(".rate")]
+
+    def dropout_rate(self, slot: int) -> float:
+        """The dropout rate of slot `slot`'s first dropout layer (after `use_slot_dropout_rates`)."""
+        names = self._rate_names()
+        if not names:
+            raise HftaNasError(
+                "this array has no per-slot dropout rates (a dropout layer, and use_slot_dropout_rates)."
+            )
+        return float(self._slot_random[names[0]][self._check_slot(slot)])
+
+    def set_dropout_rate(self, slot: int, rate: float) -> None:
+        """Every dropout layer of slot `slot` drops with probability `rate` from its next training call
+        on, as the slot's model built with that rate would; no other slot changes."""
+        slot, names = self._check_slot(slot), self._rate_names()
+        if not names:
+            raise HftaNasError(
+                "this array has no per-slot dropout rates (a dropout layer, and use_slot_dropout_rates)."
+            )
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+            raise HftaNasError(f"a dropout rate must be in [0, 1), got {rate!r}.")
+        for name in names:
+            self._slot_random[name][slot] = float(rate)
+        modules = dict(self._template.named_modules())
+        for name in names:  # a layer whose slots all have rate 0 skips its mask (SlotDropout.forward)
+            modules[name.removesuffix("rate").removesuffix(".")].p = float(self._slot_random[name].max())
 
     def copy_slot(self, source: int, target: int) -> None:
         """Make slot `target` a copy of slot `source`: weights, buffers, dropout seed and dropout

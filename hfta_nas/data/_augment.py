@@ -32,6 +32,7 @@ from torch.nn import functional as F
 from hfta_nas.errors import HftaNasError
 
 _STREAM = 0xA06  # the augmentation's seed stream, apart from the data order's
+STRENGTHS = ("noise", "mixup", "cutmix")  # what a slot may have of its own (population-based training explores it)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class SlotAugmenter:
         self.device = torch.device(device)
         self.rngs = [self._rng(seed) for seed in seeds]
         self.noise = [self._noise_generator(seed) for seed in seeds]
+        # each slot's noise std and mixup / cutmix alpha: the augmentation's, until `set_strength` changes one
+        self.strengths = {name: [float(getattr(augmentation, name))] * len(seeds) for name in STRENGTHS}
 
     def _rng(self, seed: int) -> np.random.Generator:
         return np.random.default_rng([int(seed), _STREAM])
@@ -110,7 +113,11 @@ class SlotAugmenter:
             noise = torch.stack(
                 [torch.randn(x.shape[1:], generator=g, device=x.device, dtype=x.dtype) for g in self.noise]
             )
-            x = x + aug.noise * noise
+            stds = self.strengths["noise"]
+            if len(set(stds)) == 1:
+                x = x + stds[0] * noise
+            else:  # slots of their own std: each row times its own (the same product as a scalar's)
+                x = x + torch.tensor(stds, dtype=x.dtype, device=x.device).reshape(-1, *[1] * (x.dim() - 1)) * noise
         use_mixup, use_cutmix = aug.mixup > 0, aug.cutmix > 0
         if not (use_mixup or use_cutmix):
             return Augmented(x)
@@ -137,7 +144,7 @@ class SlotAugmenter:
         batch, n = x.shape[:2]
         partners, strengths, masks = [], [], []
         for slot, rng in enumerate(self.rngs):
-            alpha = self.augmentation.mixup if mixup[slot] else self.augmentation.cutmix
+            alpha = self.strengths["mixup" if mixup[slot] else "cutmix"][slot]
             lam = float(rng.beta(alpha, alpha))
             partners.append(torch.as_tensor(rng.permutation(n)))
             if mixup[slot]:
@@ -176,23 +183,45 @@ class SlotAugmenter:
         return inside.unsqueeze(0).unsqueeze(0), 1 - area  # broadcast over N and C
 
     # -------------------------------------------------------------- surgery
+    def strength(self, slot: int, name: str) -> float:
+        """Slot `slot`'s noise std, mixup or cutmix alpha."""
+        return self.strengths[name][slot]
+
+    def set_strength(self, slot: int, name: str, value: float) -> None:
+        """Give one slot its own noise std, mixup or cutmix alpha; only augmentations that are on (the
+        array's Augmentation sets them above 0) can change, and mixup / cutmix alphas stay above 0."""
+        if name not in STRENGTHS:
+            raise HftaNasError(f"an augmentation strength is one of {', '.join(STRENGTHS)}, got {name!r}.")
+        if not getattr(self.augmentation, name):
+            raise HftaNasError(f"augmentation {name} is off for this array; turn it on to give slots their own.")
+        least_ok = value > 0 if name != "noise" else value >= 0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not least_ok:
+            raise HftaNasError(f"augmentation {name} must be a finite number {'>=' if name == 'noise' else '>'} 0.")
+        self.strengths[name][slot] = float(value)
+
     def keep_slots(self, keep: Sequence[int]) -> None:
         self.rngs = [self.rngs[b] for b in keep]
         self.noise = [self.noise[b] for b in keep]
+        self.strengths = {name: [values[b] for b in keep] for name, values in self.strengths.items()}
 
     def replace_slot(self, slot: int, seed: int) -> None:
         self.rngs[slot] = self._rng(seed)
         self.noise[slot] = self._noise_generator(seed)
+        for name, values in self.strengths.items():
+            values[slot] = float(getattr(self.augmentation, name))
 
     def copy_slot(self, source: int, target: int) -> None:
         """Slot `target` continues slot `source`'s random streams (it augments as the source would)."""
         self.rngs[target] = copy.deepcopy(self.rngs[source])
         self.noise[target] = torch.Generator(device=self.device).set_state(self.noise[source].get_state())
+        for values in self.strengths.values():
+            values[target] = values[source]
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "rngs": [rng.bit_generator.state for rng in self.rngs],
             "noise": [g.get_state().to("cpu") for g in self.noise],
+            "strengths": copy.deepcopy(self.strengths),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -200,3 +229,5 @@ class SlotAugmenter:
             rng.bit_generator.state = saved
         for generator, saved in zip(self.noise, state["noise"]):
             generator.set_state(saved)
+        if "strengths" in state:  # (checkpoints written before slots had strengths of their own have none)
+            self.strengths = copy.deepcopy(state["strengths"])

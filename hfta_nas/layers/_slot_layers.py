@@ -58,6 +58,12 @@ class SlotDropout(nn.Module):
         if per_slot_rate:  # each slot's own p, a per-slot constant like slot_key
             self.register_buffer("rate", torch.full((), p, dtype=torch.float64))
 
+    def use_slot_rates(self) -> None:
+        """From now on each slot drops with its own rate (the buffer `rate`, per slot like slot_key)."""
+        if not self.per_slot_rate:
+            self.per_slot_rate = True
+            self.register_buffer("rate", torch.full((), self.p, dtype=torch.float64))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x

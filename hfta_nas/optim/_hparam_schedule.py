@@ -1,7 +1,10 @@
-"""Per-epoch hyper-parameter schedules: a slot's optimizer hyper-parameters in each epoch.
+"""Per-epoch hyper-parameter schedules: what a slot keeps for itself, in each epoch.
 
-A schedule maps hyper-parameters a slot keeps for itself (lr, weight_decay, momentum,
-beta1, ...) to one value per epoch. Population-based training records one for each
+A schedule maps what a slot keeps for itself to one value per epoch: its optimizer's
+hyper-parameters (lr, weight_decay, momentum, beta1, ...), "dropout" (the rate of every
+dropout layer) and "augment.noise" / "augment.mixup" / "augment.cutmix" (its noise std and
+mixup / cutmix alpha; whether the model has dropout and the augmentation is on is checked
+when training starts). Population-based training records one for each
 member (the values its weights trained with, through every exploit), and
 `hfta_nas.train` replays it: before epoch e the slot's hyper-parameter is set to
 values[e - 1] (for lr under an LR schedule, the base lr the schedule scales, which is
@@ -17,12 +20,15 @@ from typing import Any
 from hfta_nas.optim._optimizer import ArrayOptimizer
 
 Loc = tuple[str | int, ...]
-_UNIT_INTERVAL = ("beta1", "beta2")  # Adam's betas: in [0, 1), as the optimizer checks them
+DROPOUT, AUGMENT = "dropout", "augment."
+BEYOND_THE_OPTIMIZER = (DROPOUT, *(AUGMENT + name for name in ("noise", "mixup", "cutmix")))
+_UNIT_INTERVAL = ("beta1", "beta2", DROPOUT)  # Adam's betas and dropout rates: in [0, 1)
+_POSITIVE = (AUGMENT + "mixup", AUGMENT + "cutmix")  # Beta(alpha, alpha) needs alpha > 0
 
 
 def schedulable(optimizer: type[ArrayOptimizer]) -> list[str]:
-    """The hyper-parameters of `optimizer` a slot keeps for itself (its flags are shared by the array)."""
-    return [name for name in optimizer.defaults if name not in optimizer.flags]
+    """What a slot of an array with `optimizer` keeps for itself (the optimizer's flags are shared by the array)."""
+    return [*(name for name in optimizer.defaults if name not in optimizer.flags), *BEYOND_THE_OPTIMIZER]
 
 
 def hparam_schedule_problems(optimizer: type[ArrayOptimizer], schedule: Any, epochs: int) -> list[tuple[Loc, str]]:
@@ -65,4 +71,6 @@ def _value_problem(name: str, value: Any) -> str | None:
         return "expected a finite number >= 0"
     if name in _UNIT_INTERVAL and value >= 1:
         return "expected a number in [0, 1)"
+    if name in _POSITIVE and value == 0:
+        return "expected a number > 0"
     return None

@@ -6,7 +6,14 @@ Candidate, as for `optimize`). Every member reports its metric each epoch (the d
 shows the curves). After every `interval` epochs the worst quantile of the running members
 copy a member of the best quantile (exploit: `ArrayTrainer.copy_slot`, one indexed copy per
 tensor, nothing leaves the device) and change their explored hyper-parameters (explore: a
-per-slot value in the optimizer). At the end each member is told COMPLETE with its last value.
+per-slot value in the optimizer, the dropout layers or the augmentation; `_pbt_explore`).
+At the end each member is told COMPLETE with its last value.
+
+A copy takes every hyper-parameter of its source, explored or not, and trains on in the
+source's seeds' streams: the best member's weights are its root's (the member whose initial
+weights they descend from) trained with the best member's schedule. So the export writes the
+root's config and seeds with that schedule (`hparam_schedule`), which re-trains the best member
+exactly.
 
 Checkpoints: the whole run (array, optimizer, orders, the records and the random generator)
 is saved after every epoch beside the storage; a run that was killed or stopped leaves its
@@ -17,6 +24,7 @@ never pruned; the worst copy the best instead).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -38,6 +46,7 @@ from hfta_nas.search._events import PBTExploited, PBTStarted, TrialEnded
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
 from hfta_nas.search._optuna_private import storage_of, trial_id
+from hfta_nas.search._pbt_explore import check_explored
 from hfta_nas.search._pbt_files import write_pbt_files
 from hfta_nas.search._pbt_records import Exploit, Records
 from hfta_nas.search._pbt_settings import Explore, PBTSettings
@@ -48,6 +57,7 @@ from hfta_nas.train._checkpoint import remove as remove_checkpoint
 from hfta_nas.train._checkpoint import save as save_checkpoint
 from hfta_nas.train._objectives import higher_is_better
 from hfta_nas.train._run import DTYPES, _checked_device
+from hfta_nas.train._slot_values import prepare, read, write
 from hfta_nas.train._trainer import ArrayTrainer
 
 log = logging.getLogger(__name__)
@@ -98,8 +108,10 @@ def pbt(
     - interval: epochs between exploit-and-explore rounds; the epochs are the candidates'.
     - metric: what ranks members and what each trial is told [default: the study's metric name, else
       val_acc]; quantile: the share of members that copy (and of those copied), at least one.
-    - explore: optimizer hyper-parameter name (lr, weight_decay, momentum, beta1, beta2, clip_norm, ...)
-      -> `Explore(low, high, log, factors)`; resample_probability: the chance a value is drawn afresh.
+    - explore: name -> `Explore(low, high, log, factors)`; a name is an optimizer hyper-parameter a slot
+      keeps (lr, weight_decay, momentum, beta1, beta2, clip_norm, ...), "dropout" (every dropout layer's
+      rate) or "augment.noise" / "augment.mixup" / "augment.cutmix" (an augmentation the candidate turns
+      on); resample_probability: the chance a value is drawn afresh.
     - seed: the members' init / data / dropout seeds derive from (seed, trial number), and the
       exploit / explore draws from seed.
     - out_dir: the best member's weights and config, its schedule (`best_schedule.yaml`) and `pbt.png`.
@@ -241,15 +253,7 @@ class _PBTRun:
         candidate = first.candidate
         if candidate.early_stopping is not None:
             raise HftaNasError("early stopping does not apply to PBT: its worst members copy the best instead.")
-        optimizer = OPTIMIZERS[candidate.optimizer]
-        per_slot = [name for name in optimizer.defaults if name not in optimizer.flags]
-        for name in self.settings.explore:
-            if name not in per_slot:
-                raise HftaNasError(
-                    f"pbt cannot explore '{name}': explore changes hyper-parameters a slot keeps for itself, and "
-                    f"{candidate.optimizer} has {', '.join(per_slot)}; hyper-parameters that change the model's "
-                    "shapes cannot be explored (an exploit copies weights of one shape)."
-                )
+        check_explored(self.settings.explore, candidate)
 
     def _trainer(self) -> ArrayTrainer:
         proposals, first = self.proposals, self.proposals[0].candidate
@@ -261,7 +265,7 @@ class _PBTRun:
         )
         candidates = [p.candidate for p in proposals]
         optimizer = OPTIMIZERS[first.optimizer](array, **per_slot_hparams(candidates))
-        return ArrayTrainer(
+        trainer = ArrayTrainer(
             array,
             optimizer,
             first.data.to(self.device, self.dtype),
@@ -271,6 +275,8 @@ class _PBTRun:
             evaluate_test=self.metric.startswith("test_"),
             **first.training_settings().trainer_kwargs(),
         )
+        prepare(trainer, self.settings.explore)
+        return trainer
 
     # ------------------------------------------------------------------ per epoch
     def _tell_epoch(self, report: Any, trainer: ArrayTrainer, records: Records) -> None:
@@ -287,11 +293,7 @@ class _PBTRun:
     def _explored_now(self, trainer: ArrayTrainer, number: int) -> dict[str, float]:
         """The explored hyper-parameters of a member as set (a scheduled lr: its base lr)."""
         slot = trainer.position_of(number)
-        values = {}
-        for name in self.settings.explore:
-            source = trainer.schedule.base_lr if name == "lr" and trainer.schedule is not None else None
-            values[name] = float((source if source is not None else trainer.optimizer.hparams[name])[slot])
-        return values
+        return {name: read(trainer, slot, name) for name in self.settings.explore}
 
     def _ranked(self, report: Any) -> list[int]:
         """The running members, best first (a non-finite value ranks last)."""
@@ -320,7 +322,7 @@ class _PBTRun:
                 name: how.new_value(copied[name], records.rng, self.settings.resample_probability)
                 for name, how in self.settings.explore.items()
             }
-            trainer.optimizer.set_hparams(slot, **explored)
+            write(trainer, slot, explored)
             exploit = Exploit(
                 report.epoch, target, source, trainer.position_of(source), {n: (copied[n], explored[n]) for n in copied}
             )
@@ -416,14 +418,24 @@ class _PBTRun:
             remove_checkpoint(self.path)
         return best
 
+    @staticmethod
+    def _replayable(best: Proposal, root: Proposal, schedule: dict[str, list[float]]) -> Proposal:
+        """What the export writes for the best member: its trial, with its root's config and seeds and its
+        schedule (a config that keeps one: `hparam_schedule`), which re-train its weights exactly."""
+        config = root.candidate.config
+        if dataclasses.is_dataclass(config) and hasattr(config, "hparam_schedule"):
+            config = dataclasses.replace(config, hparam_schedule=schedule)
+        candidate = dataclasses.replace(root.candidate, config=config)
+        return Proposal(best.trial, candidate, root.seeds, root.shell, 0)
+
     def _export_best(self, trainer: ArrayTrainer, records: Records, finals: dict[int, float]) -> dict[str, Any]:
         if not finals:
             return {}
         pick = max if self.direction == "maximize" else min
         number = pick(finals, key=lambda n: (finals[n], -n) if pick is max else (finals[n], n))
-        proposal = self._by_number(number)
+        proposal, root = self._by_number(number), self._by_number(records.root_now[number])
         self.export.offer(
-            proposal,
+            self._replayable(proposal, root, records.schedule[number]),
             [finals[number]],
             trainer.array.slot_state_dict(trainer.position_of(number)),
             self.study.study_name,
@@ -432,7 +444,8 @@ class _PBTRun:
             "number": number,
             "value": finals[number],
             "params": dict(proposal.trial.params),
-            "seeds": dict(proposal.seeds),
+            "root": root.number,  # whose initial weights, seeds and other hyper-parameters its weights carry
+            "seeds": dict(root.seeds),
             "schedule": records.schedule[number],
             "lineage": records.lineage[number],
         }

@@ -1,7 +1,8 @@
 """What a PBT run writes beside the best member's weights and config:
 
 - `best_schedule.yaml`: the best member's hyper-parameters per epoch as its weights trained with
-  them (through every exploit), its lineage and seeds: what `hfta-nas stability --study` replays;
+  them (through every exploit), its lineage, and its root (the member whose initial weights its
+  weights descend from) with the root's seeds: what `hfta-nas stability --study` replays;
 - `pbt.png`: the population's explored hyper-parameters over the epochs, one line per slot,
   each epoch coloured by the member whose initial weights the slot's weights descend from.
 
@@ -30,6 +31,7 @@ def write_pbt_files(out_dir: Path, best: dict[str, Any], records: Records, metri
         {
             "trial": best["number"],
             metric: best["value"],
+            "root": best["root"],  # the member whose initial weights, seeds and hyper-parameters it carries
             "seeds": best["seeds"],
             "schedule": {name: [float(v) for v in values] for name, values in best["schedule"].items()},
             "lineage": best["lineage"],

@@ -1,8 +1,9 @@
 """Replaying per-epoch hyper-parameter schedules (`hfta_nas.train(hparam_schedule=...)`).
 
-Before a slot's epoch e (1-based) each of its scheduled hyper-parameters is set to
-schedule[name][e - 1] with `optimizer.set_hparams`; under an LR schedule that sets the base
-lr it scales, as population-based training records it. The values are a function of the
+Before a slot's epoch e (1-based) each of its scheduled values is set to schedule[name][e - 1]
+(`_slot_values.write`: an optimizer hyper-parameter, the dropout rate or an augmentation
+strength); under an LR schedule "lr" sets the base lr it scales, as population-based
+training records it. The values are a function of the
 slot's epoch only, so a trainer restored from a checkpoint is given the values it already
 holds and continues bit-identically.
 """
@@ -14,13 +15,15 @@ from typing import Any
 
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import ArrayOptimizer, hparam_schedule_problems
+from hfta_nas.train._slot_values import write
 from hfta_nas.train._trainer import ArrayTrainer
 
 Schedule = Mapping[str, Sequence[float]]
 
 
 class HparamReplay:
-    """Each slot id's schedule; `apply(trainer)` sets the values of every running slot's coming epoch."""
+    """Each slot id's schedule; `apply(trainer)` sets the values of every running slot's coming epoch
+    (`prepare(trainer, replay.names)` first, when the trainer is built: per-slot dropout rates)."""
 
     def __init__(self, schedules: Mapping[Any, Schedule]) -> None:
         self.schedules = {sid: {name: list(values) for name, values in s.items()} for sid, s in schedules.items()}
@@ -33,7 +36,12 @@ class HparamReplay:
             coming = result.epochs  # 0-based index of the slot's next epoch
             values = {name: v[coming] for name, v in schedule.items() if coming < len(v)}
             if values:
-                trainer.optimizer.set_hparams(trainer.position_of(sid), **values)
+                write(trainer, trainer.position_of(sid), values)
+
+    @property
+    def names(self) -> set[str]:
+        """Everything any slot's schedule sets."""
+        return {name for schedule in self.schedules.values() for name in schedule}
 
 
 def checked_replay(

@@ -32,6 +32,7 @@ from hfta_nas.train._checkpoint import enabled as checkpoints_enabled
 from hfta_nas.train._hparam_replay import checked_replay
 from hfta_nas.train._objectives import Objective, as_objective
 from hfta_nas.train._oom import check_budget
+from hfta_nas.train._slot_values import prepare
 from hfta_nas.train._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult, TrainingSettings
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -185,7 +186,7 @@ def train(
                 models = [_build_seeded(f, seed) for f, seed in zip(slot_factories, seeds)]
             array = ModelArray(models, dropout_seeds=dropout_seeds, device=device, dtype=torch_dtype)
         opt = OPTIMIZERS[optimizer](array, **dict(hparams or {}))
-        return ArrayTrainer(
+        trainer = ArrayTrainer(
             array,
             opt,
             data,
@@ -197,6 +198,9 @@ def train(
                 batch_size, accumulate, early_stopping, objective, augmentation, precision
             ).trainer_kwargs(),
         )
+        if replay is not None:  # per-slot dropout rates exist before a checkpoint is put back
+            prepare(trainer, replay.names)
+        return trainer
 
     fingerprint = repr(
         (
