@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hfta_nas import Explore
-from search_spaces._pbt_checks import explore_bounds
+from search_spaces._pbt_checks import explorable, explore_bounds
 from search_spaces._space import SearchSpace
 
 
@@ -15,10 +15,10 @@ def pbt_options(space: SearchSpace) -> dict[str, Any]:
     spec = space.pbt
     if spec is None:
         raise ValueError(f"{space.source} has no pbt block")
-    explore = {}
+    names, explore = explorable(space._file()), {}
     for key, how in spec.explore.items():
         low, high, log = explore_bounds(how, space.params.get(key))
-        explore[key.removeprefix("training.optimizer.")] = Explore(low, high, log, tuple(how.factors))
+        explore[names[key]] = Explore(low, high, log, tuple(how.factors))
     return {
         "population": spec.population,
         "interval": spec.interval,

@@ -37,10 +37,25 @@ def per_slot(path: str) -> bool:
     return path.startswith("training.schedule.") or path in {f"training.optimizer.{k}" for k in PER_SLOT_OPTIMIZER}
 
 
-def explorable(optimizer: str) -> list[str]:
-    """The hyper-parameters of `optimizer` that explore may change: those a slot keeps, not flags."""
-    cls = OPTIMIZERS[optimizer]
-    return [name for name in cls.defaults if name not in cls.flags]
+def explorable(file: SpaceFile) -> dict[str, str]:
+    """The keys a pbt block may explore -> the name `hfta_nas.pbt` takes: the optimizer's per-slot
+    hyper-parameters, the model's dropout rate and the augmentations' strengths."""
+    optimizer = file.training.optimizer.name
+    cls = OPTIMIZERS.get(optimizer)
+    keys = {f"training.optimizer.{n}": n for n in (cls.defaults if cls else ()) if n not in cls.flags}
+    keys["model.config.dropout"] = "dropout"
+    keys.update({f"training.augment.{n}": f"augment.{n}" for n in ("noise", "mixup", "cutmix")})
+    return keys
+
+
+def _starting_value(file: SpaceFile, params: dict[str, Param], key: str) -> Any:
+    """The value a key starts from in every member: a fixed param's, else the section's."""
+    if isinstance(params.get(key), Fixed):
+        return params[key].value
+    if key == "model.config.dropout":
+        return file.model.config.get("dropout", 0)
+    augment = file.training.augment
+    return getattr(augment, key.rpartition(".")[2], 0) if augment is not None else 0
 
 
 def check_pbt(add: Callable[[Loc, str], None], file: SpaceFile, params: dict[str, Param]) -> None:
@@ -65,26 +80,28 @@ def check_pbt(add: Callable[[Loc, str], None], file: SpaceFile, params: dict[str
                 "a pbt population is one architecture with shared settings; searching this gives members different "
                 "ones: fix it, or drop the pbt block to search it",
             )
-    optimizer = file.training.optimizer.name
-    names = explorable(optimizer) if optimizer in OPTIMIZERS else []
+    keys = explorable(file)
     for key, how in spec.explore.items():
-        _check_explored(add, key, how, params.get(key), optimizer, names)
+        loc: Loc = ("pbt", "explore", key)
+        if key not in keys:
+            add(loc, _not_explorable(key, file.training.optimizer.name, keys))
+        elif not key.startswith("training.optimizer.") and not _starting_value(file, params, key):
+            add(loc, f"'{key}' is 0 (off) in every member; set a starting value above 0 to explore it")
+        else:
+            _check_bounds(add, loc, how, params.get(key), dropout=key == "model.config.dropout")
 
 
-def _check_explored(
-    add: Callable[[Loc, str], None], key: str, how: Any, param: Param | None, optimizer: str, names: list[str]
-) -> None:
-    loc: Loc = ("pbt", "explore", key)
-    name = key.removeprefix("training.optimizer.")
-    if not key.startswith("training.optimizer.") or name not in names:
-        shapes = key.startswith(("model.", "data.")) or key in ("training.batch_size", "training.epochs")
-        why = (
-            "changes the model's shapes or a setting the array shares, so members could not copy each other's weights"
-            if shapes
-            else f"is not a hyper-parameter {optimizer} keeps per slot"
-        )
-        add(loc, f"'{key}' {why}; explore takes {', '.join(f'training.optimizer.{n}' for n in names)}")
-        return
+def _not_explorable(key: str, optimizer: str, keys: dict[str, str]) -> str:
+    shapes = key.startswith(("model.", "data.")) or key in ("training.batch_size", "training.epochs")
+    why = (
+        "changes the model's shapes or a setting the array shares, so members could not copy each other's weights"
+        if shapes
+        else f"is not a value a slot keeps for itself (with optimizer {optimizer})"
+    )
+    return f"'{key}' {why}; explore takes {', '.join(keys)}"
+
+
+def _check_bounds(add: Callable[[Loc, str], None], loc: Loc, how: Any, param: Param | None, dropout: bool) -> None:
     low, high, log = explore_bounds(how, param)
     if low is None or high is None:
         add(loc, "give min and max (or search it in params with a uniform or log_uniform distribution)")
@@ -92,6 +109,8 @@ def _check_explored(
         add(loc, f"min must be below max, got min {low} and max {high}")
     elif log and low <= 0:
         add(loc, f"a log-scale explore needs min > 0, got {low}")
+    elif dropout and not (low >= 0 and high < 1):
+        add(loc, f"a dropout rate is in [0, 1), got min {low} and max {high}")
 
 
 def explore_bounds(how: Any, param: Param | None) -> tuple[float | None, float | None, bool]:

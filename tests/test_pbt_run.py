@@ -201,7 +201,7 @@ def pbt_file(explored="training.optimizer.lr", extra=""):
             pbt_file("training.optimizer.amsgrad"),
             6,
             "pbt.explore.training.optimizer.amsgrad",
-            "is not a hyper-parameter adam keeps per slot",
+            "is not a value a slot keeps for itself",
         ),
         (
             pbt_file(extra="  model.config.kernel_size: {distribution: int_uniform, min: 3, max: 7, step: 2}\n"),
@@ -230,6 +230,21 @@ def test_bad_pbt_blocks_are_located(text, line, key, message):
     problem = error.value.problems[0]
     assert (problem.key, message in problem.message) == (key, True), problem
     assert problem.line == line
+
+
+def test_dropout_and_augmentation_are_explored_from_a_starting_value_above_0():
+    off = pbt_file().replace(
+        "    training.optimizer.lr: {factors: [0.8, 1.25]}",
+        "    model.config.dropout: {min: 0.0, max: 0.6}\n    training.augment.noise: {min: 0.01, max: 0.5}",
+    )
+    with pytest.raises(SpaceError) as error:
+        parse_space(off, "space.yaml")
+    keys = {p.key: p.message for p in error.value.problems}
+    assert "is 0 (off) in every member" in keys["pbt.explore.model.config.dropout"]
+    assert "is 0 (off) in every member" in keys["pbt.explore.training.augment.noise"]
+    on = off.replace("training: {", "model: {family: mlp, config: {dropout: 0.2}}\ntraining: {augment: {noise: 0.1}, ")
+    options = pbt_options(parse_space(on, "space.yaml"))
+    assert options["explore"] == {"dropout": Explore(0.0, 0.6), "augment.noise": Explore(0.01, 0.5)}
 
 
 def test_the_shipped_pbt_space_explores_within_its_searched_bounds():
