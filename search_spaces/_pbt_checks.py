@@ -32,9 +32,16 @@ PER_SLOT_OPTIMIZER = (
 )
 
 
+CLIPPING = ("training.clip_norm", "training.clip_value")  # per-slot gradient clipping (an optimizer hparam)
+
+
 def per_slot(path: str) -> bool:
     """Whether a searched param is one an array keeps per slot (else it fixes the array's architecture)."""
-    return path.startswith("training.schedule.") or path in {f"training.optimizer.{k}" for k in PER_SLOT_OPTIMIZER}
+    return (
+        path.startswith("training.schedule.")
+        or path in CLIPPING
+        or path in {f"training.optimizer.{k}" for k in PER_SLOT_OPTIMIZER}
+    )
 
 
 def explorable(file: SpaceFile) -> dict[str, str]:
@@ -43,6 +50,7 @@ def explorable(file: SpaceFile) -> dict[str, str]:
     optimizer = file.training.optimizer.name
     cls = OPTIMIZERS.get(optimizer)
     keys = {f"training.optimizer.{n}": n for n in (cls.defaults if cls else ()) if n not in cls.flags}
+    keys.update({path: path.rpartition(".")[2] for path in CLIPPING})
     keys["model.config.dropout"] = "dropout"
     keys.update({f"training.augment.{n}": f"augment.{n}" for n in ("noise", "mixup", "cutmix")})
     return keys
@@ -85,10 +93,15 @@ def check_pbt(add: Callable[[Loc, str], None], file: SpaceFile, params: dict[str
         loc: Loc = ("pbt", "explore", key)
         if key not in keys:
             add(loc, _not_explorable(key, file.training.optimizer.name, keys))
-        elif not key.startswith("training.optimizer.") and not _starting_value(file, params, key):
+        elif _needs_a_start(key) and not _starting_value(file, params, key):
             add(loc, f"'{key}' is 0 (off) in every member; set a starting value above 0 to explore it")
         else:
             _check_bounds(add, loc, how, params.get(key), dropout=key == "model.config.dropout")
+
+
+def _needs_a_start(key: str) -> bool:
+    """Dropout and augmentations at 0 are not there at all (no layer, no augmenting) to explore."""
+    return key == "model.config.dropout" or key.startswith("training.augment.")
 
 
 def _not_explorable(key: str, optimizer: str, keys: dict[str, str]) -> str:
