@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from hfta_nas.runtime import atomic_write_bytes, atomic_write_text
@@ -54,13 +55,20 @@ def draw(records: Records, best: int) -> Figure:
     for ax, name in zip(axes, names):
         for member in records.members:
             values, roots = records.values[member].get(name, []), records.roots[member]
-            width = 2.4 if member == best else 1.0
-            for epoch in range(1, len(values)):  # segment epoch -> epoch + 1 in the colour of its weights' root
-                ax.plot([epoch, epoch + 1], values[epoch - 1 : epoch + 1], color=colours[roots[epoch]], linewidth=width)
-            for exploit in records.lineage[member]:  # where the slot copied another: a dot
-                epoch = exploit["epoch"]
-                if epoch < len(values):
-                    ax.plot([epoch + 1], [values[epoch]], "o", markersize=3, color=colours[roots[epoch]])
+            # segment epoch -> epoch + 1 in the colour of the root its weights have in epoch + 1: one
+            # collection per slot (a line object per segment takes seconds to draw for a large population)
+            segments = [[(e, values[e - 1]), (e + 1, values[e])] for e in range(1, len(values))]
+            colors = [colours[roots[e]] for e in range(1, len(values))]
+            ax.add_collection(LineCollection(segments, colors=colors, linewidths=2.4 if member == best else 1.0))
+            exploited = [x["epoch"] for x in records.lineage[member] if x["epoch"] < len(values)]
+            if exploited:  # where the slot copied another: a dot
+                ax.scatter(
+                    [e + 1 for e in exploited],
+                    [values[e] for e in exploited],
+                    s=9,
+                    c=[colours[roots[e]] for e in exploited],
+                )
+        ax.autoscale()
         positive = all(v > 0 for member in records.members for v in records.values[member].get(name, []))
         if positive:
             ax.set_yscale("log")
