@@ -40,7 +40,9 @@ pause before an exploit) never returns and is not counted. The restarts
 themselves (Ray stopping a member and starting it again in a reused actor) are
 not inside the trainable; they are in the wall time only. `exploits` counts the
 lines of Ray's own exploit log (`pbt_global.txt`), `restores` the runs of the
-trainable that loaded a checkpoint and then trained (not those at the last epoch).
+trainable that loaded a checkpoint and then trained: after an exploit, or its own
+checkpoint after Ray paused it (asynchronous PBT pauses a member that reaches a
+perturbation while another member is paused or pending, so that one can run).
 """
 
 from __future__ import annotations
