@@ -24,7 +24,7 @@ Clocks: each method's wall time is what its call took (`run_search`,
 `study.optimize`, Ray's `tuner.fit()`), the data load and the study's set-up
 included; Ray's start-up (`ray.init` and its workers) is measured apart and
 not included. Before anything is timed, pbt, tpe and plain each run once on
-a population of 2 for 1 epoch (untimed), so the data's first build and this
+a population of 2 for 2 epochs (untimed), so the data's first build and this
 process's first-use costs fall on no timed run. Search seed s sets the
 space's `seed` for every method (sampler, trial seeds, PBT's draws; Ray's
 explore draws from Python's and NumPy's generators, seeded with s); the
@@ -87,8 +87,9 @@ def quick_space(space: SearchSpace) -> SearchSpace:
 
 # ---------------------------------------------------------------- all runs
 def warm_up(space: SearchSpace, methods: list[str], device: str, dtype: str) -> None:
-    """Each in-process method once on 2 members / trials of 1 epoch, untimed (Ray starts afresh each run)."""
-    tiny = resized(space, 2, 1, 1)
+    """Each in-process method once on 2 members / trials of 2 epochs, untimed (Ray starts afresh each run);
+    pbt exploits after the first, so its exploit path is warm too."""
+    tiny = resized(space, 2, 2, 1)
     with tempfile.TemporaryDirectory(prefix="bench-pbt-warm-") as folder:
         for method in methods:
             if method != "ray_pbt":
