@@ -302,3 +302,9 @@ def test_workers_and_dry_run_are_refused_for_pbt(tmp_path, option):
     done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 2 and "pbt block" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "s.journal").exists()
+
+
+def test_a_one_epoch_run_writes_its_plot(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "EPOCHS", 1)  # build() reads it: one point per slot, no segment
+    run(study_in(tmp_path), tmp_path / "out", interval=1)
+    assert (tmp_path / "out" / "pbt.png").stat().st_size > 0

@@ -60,6 +60,7 @@ def draw(records: Records, best: int) -> Figure:
             segments = [[(e, values[e - 1]), (e + 1, values[e])] for e in range(1, len(values))]
             colors = [colours[roots[e]] for e in range(1, len(values))]
             ax.add_collection(LineCollection(segments, colors=colors, linewidths=2.4 if member == best else 1.0))
+            ax.plot(range(1, len(values) + 1), values, linestyle="none")  # the axes' limits (even for 1 epoch)
             exploited = [x["epoch"] for x in records.lineage[member] if x["epoch"] < len(values)]
             if exploited:  # where the slot copied another: a dot
                 ax.scatter(
@@ -68,7 +69,6 @@ def draw(records: Records, best: int) -> Figure:
                     s=9,
                     c=[colours[roots[e]] for e in exploited],
                 )
-        ax.autoscale()
         positive = all(v > 0 for member in records.members for v in records.values[member].get(name, []))
         if positive:
             ax.set_yscale("log")
