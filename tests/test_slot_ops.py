@@ -5,6 +5,7 @@ Sequential models, in every combination with the vmap path."""
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import hfta_nas
 from hfta_nas import ModelArray
@@ -361,6 +362,19 @@ def test_pooling_of_unbatched_per_slot_inputs(conv_loop_everywhere):
     assert_matches_separate_models(
         factory, torch.randn(len(SEEDS), *shape, dtype=torch.float64)
     )  # [C, D, H, W] per slot
+
+
+@pytest.mark.parametrize("kernel,length", [(2, 20), (3, 20), (4, 4)])
+def test_tiled_max_pooling_equals_max_pool1d_ties_included(kernel, length):
+    """MaxPool1d with kernel = stride runs as a max over windows (`_windows_max`): the same values,
+    and the gradient at the first maximum of each window, as max_pool1d's, however many tie."""
+    x = torch.randint(-2, 3, (6, 4, length), dtype=torch.float64).relu().requires_grad_()  # many ties (zeros)
+    weights = torch.randn(6, 4, length // kernel, dtype=torch.float64)
+    expected = F.max_pool1d(x, kernel)
+    ours = _slot_ops._windows_max(kernel, x)
+    assert torch.equal(ours, expected)
+    assert torch.equal(*(torch.autograd.grad(out, x, weights)[0] for out in (ours, expected)))
+    assert _slot_ops._tiles(nn.MaxPool1d(kernel)) and not _slot_ops._tiles(nn.MaxPool1d(kernel, stride=1))
 
 
 def test_max_pooling_with_indices_takes_the_vmap_path():
