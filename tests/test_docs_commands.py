@@ -80,6 +80,9 @@ MAPPED: dict[str, str] = {
     "hfta-nas stability --study mnist1d-cnn --top-k 3 --seeds 16": (
         "tests/test_stability.py::test_top_k_trials_of_a_search_are_rerun_across_seeds"
     ),
+    "hfta-nas search search_spaces/mnist1d_cnn_pbt.yaml": (
+        "tests/test_pbt_run.py::test_hfta_nas_search_runs_a_pbt_space"
+    ),
     "hfta-nas stability --study mnist1d-cnn-pbt --top-k 1 --seeds 16": (
         "tests/test_pbt_replay.py::test_stability_study_reruns_the_best_members_schedule_across_seeds"
     ),

@@ -311,10 +311,9 @@ class _PBTRun:
 
     def _exploit_and_explore(self, report: Any, trainer: ArrayTrainer, records: Records) -> None:
         ranked = self._ranked(report)
-        movers = max(1, min(math.ceil(len(ranked) * self.settings.quantile), len(ranked) // 2))
         if len(ranked) < 2:
             return
-        for target, source in records.pairs(ranked, movers):
+        for target, source in records.pairs(ranked, self.settings.movers(len(ranked))):
             trainer.copy_slot(source, target)
             slot = trainer.position_of(target)
             copied = self._explored_now(trainer, target)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from hfta_nas._limits import MAX_ARRAY_SIZE
 from hfta_nas.errors import HftaNasError
 
 
@@ -74,6 +75,8 @@ class PBTSettings:
             if isinstance(value, bool) or not isinstance(value, int) or value < (2 if name == "population" else 1):
                 least = "2 (a population copies between members)" if name == "population" else "1"
                 raise HftaNasError(f"pbt {name} must be an integer of at least {least}, got {value!r}.")
+        if self.population > MAX_ARRAY_SIZE:
+            raise HftaNasError(f"pbt population must be at most {MAX_ARRAY_SIZE} (one array), got {self.population}.")
         if not (_number(self.quantile) and 0 < self.quantile <= 0.5):
             raise HftaNasError(
                 f"pbt quantile must be in (0, 0.5] (the bottom share copies the top share), got {self.quantile!r}."
@@ -88,7 +91,7 @@ class PBTSettings:
         if self.metric is not None and not (isinstance(self.metric, str) and self.metric):
             raise HftaNasError(f"pbt metric must be a metric name such as val_acc, got {self.metric!r}.")
 
-    @property
-    def movers(self) -> int:
-        """How many members copy another at each exploit: the quantile of the population, at least one."""
-        return max(1, min(math.ceil(self.population * self.quantile), self.population // 2))
+    def movers(self, running: int) -> int:
+        """How many of `running` members copy another at an exploit: the quantile of them, at least one
+        and at most half."""
+        return max(1, min(math.ceil(running * self.quantile), running // 2))
