@@ -54,13 +54,20 @@ LR = {"lr": Explore(1e-3, 1e-1, log=True)}
 EVERYTHING = {**LR, "momentum": Explore(0.5, 0.99), "dropout": Explore(0.0, 0.5), "augment.noise": Explore(0.01, 0.5)}
 
 
-def run(study, out, explore=LR, **extra):
+def build_one_diverging(trial, **options):
+    candidate = build(trial, **options)
+    if trial.number == 1:  # a learning rate no model survives
+        candidate.hparams = {"lr": 1e12, "momentum": 0.9}
+    return candidate
+
+
+def run(study, out, explore=LR, builder=build, **extra):
     data = synthetic_dataset(n_train=96, dtype=torch.float64)
     augmentation = hfta_nas.data.Augmentation(noise=0.1) if "augment.noise" in explore else None
     options = dict(population=POPULATION, interval=INTERVAL, explore=explore, seed=3)
     return hfta_nas.pbt(
         study,
-        lambda trial: build(trial, augmentation=augmentation),
+        lambda trial: builder(trial, augmentation=augmentation),
         data,
         dtype="float64",
         out_dir=out,
@@ -102,9 +109,13 @@ def test_members_are_trials_with_their_schedule_and_lineage(tmp_path):
     assert (tmp_path / "out" / "pbt.png").stat().st_size > 0 and (tmp_path / "out" / "best_weights.pt").exists()
 
 
-@pytest.mark.parametrize("explore", [LR, EVERYTHING], ids=["lr", "lr+momentum+dropout+noise"])
-def test_a_stopped_run_resumes_bit_identically(tmp_path, explore):
-    whole = run(study_in(tmp_path / "a"), tmp_path / "a" / "out", explore)
+@pytest.mark.parametrize(
+    "explore,builder",
+    [(LR, build), (EVERYTHING, build), (LR, build_one_diverging)],
+    ids=["lr", "lr+momentum+dropout+noise", "a member diverged"],
+)
+def test_a_stopped_run_resumes_bit_identically(tmp_path, explore, builder):
+    whole = run(study_in(tmp_path / "a"), tmp_path / "a" / "out", explore, builder)
 
     def stop_at_the_second_exploit(event):
         if isinstance(event, PBTExploited) and event.epoch == 2 * INTERVAL:
@@ -112,9 +123,9 @@ def test_a_stopped_run_resumes_bit_identically(tmp_path, explore):
 
     stopped = study_in(tmp_path / "b")
     with pytest.raises(KeyboardInterrupt):
-        run(stopped, tmp_path / "b" / "out", explore, on_event=stop_at_the_second_exploit)
-    assert all(t.state.name == "RUNNING" for t in stopped.trials)  # left for the next call to continue
-    resumed = run(study_in(tmp_path / "b"), tmp_path / "b" / "out", explore)
+        run(stopped, tmp_path / "b" / "out", explore, builder, on_event=stop_at_the_second_exploit)
+    assert {t.state.name for t in stopped.trials} - {"FAIL"} == {"RUNNING"}  # left for the next call to continue
+    resumed = run(study_in(tmp_path / "b"), tmp_path / "b" / "out", explore, builder)
     assert resumed.resumed_from_epoch == 2 * INTERVAL - 1
     a, b = study_in(tmp_path / "a").trials, study_in(tmp_path / "b").trials
     for x, y in zip(a, b):
@@ -308,3 +319,35 @@ def test_a_one_epoch_run_writes_its_plot(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "EPOCHS", 1)  # build() reads it: one point per slot, no segment
     run(study_in(tmp_path), tmp_path / "out", interval=1)
     assert (tmp_path / "out" / "pbt.png").stat().st_size > 0
+
+
+def test_a_diverging_member_fails_alone_and_is_never_copied(tmp_path):
+    study = study_in(tmp_path)
+    events = []
+    hfta_nas.pbt(
+        study,
+        build_one_diverging,
+        synthetic_dataset(n_train=96, dtype=torch.float64),
+        population=POPULATION,
+        interval=INTERVAL,
+        explore=LR,
+        dtype="float64",
+        on_event=events.append,
+    )
+    states = {t.number: t.state.name for t in study.trials}
+    assert states == {0: "COMPLETE", 1: "FAIL", 2: "COMPLETE", 3: "COMPLETE"}
+    assert "non-finite" in study.trials[1].user_attrs["fail_reason"]
+    assert all(1 not in (e.source, e.target) for e in events if isinstance(e, PBTExploited))
+
+
+def test_members_of_a_run_stopped_before_its_first_checkpoint_are_failed_and_a_new_population_trains(tmp_path):
+    def stop_before_training(event):
+        if type(event).__name__ == "PBTStarted":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(study_in(tmp_path), None, on_event=stop_before_training)
+    run(study_in(tmp_path), None)
+    trials = study_in(tmp_path).trials
+    assert [t.state.name for t in trials] == ["FAIL"] * POPULATION + ["COMPLETE"] * POPULATION
+    assert "before its first checkpoint" in trials[0].user_attrs["fail_reason"]

@@ -284,6 +284,7 @@ class _PBTRun:
         for proposal in self.proposals:
             number = proposal.number
             if number in report.failed:
+                self._record_end(proposal, records, trainer.results[number].epochs)
                 self.ledger.fail(proposal.trial, Outcome.FAILED, report.failed[number])
                 self.emit(TrialEnded(number, "FAIL", reason=report.failed[number]))
             elif number in report.metrics and report.epoch not in proposal.reported:
@@ -335,6 +336,13 @@ class _PBTRun:
         trial.set_user_attr("pbt_schedule", records.schedule[number])
         trial.set_user_attr("pbt_lineage", records.lineage[number])
 
+    def _record_end(self, proposal: Proposal, records: Records, epochs: int) -> None:
+        """Everything a member's trial keeps of the run, written once when it ends."""
+        self._write_records(proposal.number, records)
+        proposal.trial.set_user_attr("pbt_slot_values", records.values[proposal.number])
+        proposal.trial.set_user_attr("pbt_roots", records.roots[proposal.number])
+        proposal.trial.set_user_attr("epochs_run", epochs)
+
     def _by_number(self, number: int) -> Proposal:
         return next(p for p in self.proposals if p.number == number)
 
@@ -354,13 +362,16 @@ class _PBTRun:
 
     def _resumed(self) -> tuple[ArrayTrainer, Records] | None:
         """The stopped run of this study, continued from its checkpoint when every member is still RUNNING
-        and it trained on this kind of device, in this dtype, from this seed; else None."""
+        (or failed, having diverged before the checkpoint) and it trained on this kind of device, in this
+        dtype, from this seed; else None."""
         state = load_checkpoint(self.path) if self.path is not None else None
         if state is None:
             return None
         storage = storage_of(self.study)
-        ids = state["trials"]
-        if any(storage.get_trial(i).state != TrialState.RUNNING for i in ids.values()) or (
+        ids, results = state["trials"], state["trainer"]["results"]
+        # every member as the checkpoint left it: RUNNING, or FAIL for one that diverged before it
+        expected = {n: TrialState.FAIL if results[n]["status"] == "failed" else TrialState.RUNNING for n in ids}
+        if any(storage.get_trial(ids[n]).state != expected[n] for n in ids) or (
             state["device"],
             state["dtype"],
             state["seed"],
@@ -399,12 +410,9 @@ class _PBTRun:
         finals: dict[int, float] = {}
         for proposal in self.proposals:
             result = trainer.results[proposal.number]
-            self._write_records(proposal.number, records)
-            proposal.trial.set_user_attr("pbt_slot_values", records.values[proposal.number])
-            proposal.trial.set_user_attr("pbt_roots", records.roots[proposal.number])
-            proposal.trial.set_user_attr("epochs_run", result.epochs)
             if result.status != "completed" or not self.ledger.is_running(proposal.trial):
-                continue
+                continue  # failed (and told, with its records) when it diverged
+            self._record_end(proposal, records, result.epochs)
             value = result.final[self.metric]
             if not math.isfinite(value):
                 self.ledger.fail(proposal.trial, Outcome.FAILED, f"non-finite {self.metric} {value}")
