@@ -46,6 +46,7 @@ from hfta_nas.search._events import PBTExploited, PBTStarted, TrialEnded
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
 from hfta_nas.search._optuna_private import storage_of, trial_id
+from hfta_nas.search._patience import StorageUnreachable
 from hfta_nas.search._pbt_explore import check_explored
 from hfta_nas.search._pbt_files import write_pbt_files
 from hfta_nas.search._pbt_records import Exploit, Records
@@ -180,7 +181,7 @@ class _PBTRun:
                 if report.epoch % self.settings.interval == 0 and report.epoch < first.epochs:
                     self._exploit_and_explore(report, trainer, records)
                 self._save(trainer, records)
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit, StorageUnreachable):
             raise  # the members stay RUNNING with the checkpoint: the next call continues them
         except Exception as error:
             raise self._failed(error) from error
