@@ -1,8 +1,9 @@
 """The checks of a space file's `pbt:` block, each problem located at its key.
 
 A PBT population is one array of one architecture whose members copy each other's weights,
-so a PBT space may search (for the starting population) and explore only what a slot keeps
-for itself: optimizer hyper-parameters (and, searched only, schedule values).
+so a PBT space may search (for the starting population) only what a slot keeps for itself:
+optimizer hyper-parameters, clipping and schedule values; and explore optimizer
+hyper-parameters, clipping, the dropout rate and augmentation strengths.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hfta_nas.optim import OPTIMIZERS
+from hfta_nas.optim import OPTIMIZERS, optimizer_values
+from hfta_nas.search import explore_bounds_problem
 from search_spaces._schema import Fixed, LogUniform, Param, SpaceFile, Uniform
 from search_spaces._yaml import Loc
 
@@ -47,9 +49,8 @@ def per_slot(path: str) -> bool:
 def explorable(file: SpaceFile) -> dict[str, str]:
     """The keys a pbt block may explore -> the name `hfta_nas.pbt` takes: the optimizer's per-slot
     hyper-parameters, the model's dropout rate and the augmentations' strengths."""
-    optimizer = file.training.optimizer.name
-    cls = OPTIMIZERS.get(optimizer)
-    keys = {f"training.optimizer.{n}": n for n in (cls.defaults if cls else ()) if n not in cls.flags}
+    cls = OPTIMIZERS.get(file.training.optimizer.name)
+    keys = {f"training.optimizer.{n}": n for n in (optimizer_values(cls) if cls else ())}
     keys.update({path: path.rpartition(".")[2] for path in CLIPPING})
     keys["model.config.dropout"] = "dropout"
     keys.update({f"training.augment.{n}": f"augment.{n}" for n in ("noise", "mixup", "cutmix")})
@@ -96,7 +97,7 @@ def check_pbt(add: Callable[[Loc, str], None], file: SpaceFile, params: dict[str
         elif _needs_a_start(key) and not _starting_value(file, params, key):
             add(loc, f"'{key}' is 0 (off) in every member; set a starting value above 0 to explore it")
         else:
-            _check_bounds(add, loc, how, params.get(key), dropout=key == "model.config.dropout")
+            _check_bounds(add, loc, how, params.get(key), keys[key])
 
 
 def _needs_a_start(key: str) -> bool:
@@ -114,7 +115,7 @@ def _not_explorable(key: str, optimizer: str, keys: dict[str, str]) -> str:
     return f"'{key}' {why}; explore takes {', '.join(keys)}"
 
 
-def _check_bounds(add: Callable[[Loc, str], None], loc: Loc, how: Any, param: Param | None, dropout: bool) -> None:
+def _check_bounds(add: Callable[[Loc, str], None], loc: Loc, how: Any, param: Param | None, name: str) -> None:
     low, high, log = explore_bounds(how, param)
     if low is None or high is None:
         add(loc, "give min and max (or search it in params with a uniform or log_uniform distribution)")
@@ -122,8 +123,8 @@ def _check_bounds(add: Callable[[Loc, str], None], loc: Loc, how: Any, param: Pa
         add(loc, f"min must be below max, got min {low} and max {high}")
     elif log and low <= 0:
         add(loc, f"a log-scale explore needs min > 0, got {low}")
-    elif dropout and not (low >= 0 and high < 1):
-        add(loc, f"a dropout rate is in [0, 1), got min {low} and max {high}")
+    elif problem := explore_bounds_problem(name, low, high):
+        add(loc, problem)
 
 
 def explore_bounds(how: Any, param: Param | None) -> tuple[float | None, float | None, bool]:

@@ -351,3 +351,84 @@ def test_members_of_a_run_stopped_before_its_first_checkpoint_are_failed_and_a_n
     trials = study_in(tmp_path).trials
     assert [t.state.name for t in trials] == ["FAIL"] * POPULATION + ["COMPLETE"] * POPULATION
     assert "before its first checkpoint" in trials[0].user_attrs["fail_reason"]
+
+
+# ------------------------------------------------------------ review: edges of a run and of its resume
+def test_members_that_differ_only_in_a_dropout_rate_are_refused_before_training(tmp_path):
+    study = study_in(tmp_path)
+
+    def rates_differ(trial):
+        candidate = build(trial)
+        rate = 0.5 if trial.number == 2 else 0.1
+        candidate.model = lambda: nn.Sequential(nn.Flatten(), nn.Linear(24, 16), nn.Dropout(rate), nn.Linear(16, 3))
+        return candidate
+
+    with pytest.raises(HftaNasError, match="trials 0 and 2 build different models"):
+        hfta_nas.pbt(study, rates_differ, synthetic_dataset(), population=4, explore=LR)
+    assert {t.state.name for t in study.trials} == {"FAIL"}
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"metric": "val_lss"}, "'val_lss' is not one"),
+        ({"explore": {"augment.mixup": Explore(0.0, 1.0)}}, "cannot explore 'augment.mixup'"),
+        ({"explore": {"dropout": Explore(0.1, 1.0)}}, r"a dropout rate is in \[0, 1\)"),
+        ({"explore": {"initial_accumulator_value": Explore(0.1, 1.0)}}, "cannot explore"),
+    ],
+)
+def test_metrics_and_bounds_a_run_cannot_use_are_refused_before_training(settings, message):
+    study = optuna.create_study()  # no metric names: pbt's metric is what each trial is told
+    with pytest.raises(HftaNasError, match=message):
+        hfta_nas.pbt(study, build, synthetic_dataset(), population=4, **{"explore": LR, **settings})
+
+
+def test_a_minimizing_study_without_metric_names_ranks_by_the_metric_given(tmp_path):
+    study = optuna.create_study(direction="minimize")
+    summary = hfta_nas.pbt(study, build, synthetic_dataset(), population=2, interval=2, metric="val_loss", explore=LR)
+    assert summary.metric == "val_loss" and summary.best["value"] == min(t.value for t in study.trials)
+
+
+def test_dropout_layers_of_different_rates_cannot_be_given_one(tmp_path):
+    def two_rates(trial):
+        candidate = build(trial)
+        candidate.model = lambda: nn.Sequential(nn.Flatten(), nn.Dropout(0.1), nn.Linear(24, 3), nn.Dropout(0.5))
+        return candidate
+
+    with pytest.raises(HftaNasError, match="dropout layers have different rates"):
+        hfta_nas.pbt(
+            study_in(tmp_path), two_rates, synthetic_dataset(), population=2, explore={"dropout": Explore(0, 0.6)}
+        )
+
+
+def test_a_stopped_run_is_not_continued_with_other_settings(tmp_path):
+    def stop_at_the_first_exploit(event):
+        if isinstance(event, PBTExploited):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(study_in(tmp_path), None, on_event=stop_at_the_first_exploit)
+    with pytest.raises(HftaNasError, match="has a PBT run stopped after epoch 1 with other interval"):
+        run(study_in(tmp_path), None, interval=3)
+    assert {t.state.name for t in study_in(tmp_path).trials} == {"RUNNING"}  # the stopped run stays as it was
+    run(study_in(tmp_path), None)  # with its own settings it continues
+    assert {t.state.name for t in study_in(tmp_path).trials} == {"COMPLETE"}
+
+
+def test_a_run_stopped_while_telling_its_members_is_finished_by_the_next_call(tmp_path):
+    whole = run(study_in(tmp_path / "a"), tmp_path / "a" / "out")
+    told = []
+
+    def stop_after_two_are_told(event):
+        if type(event).__name__ == "TrialEnded":
+            told.append(event.trial)
+            if len(told) == 2:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(study_in(tmp_path / "b"), tmp_path / "b" / "out", on_event=stop_after_two_are_told)
+    resumed = run(study_in(tmp_path / "b"), tmp_path / "b" / "out")
+    assert [(t.state.name, t.value) for t in study_in(tmp_path / "b").trials] == [
+        (t.state.name, t.value) for t in study_in(tmp_path / "a").trials
+    ]
+    assert resumed.best["number"] == whole.best["number"] and resumed.resumed_from_epoch == EPOCHS

@@ -518,6 +518,7 @@ class ModelArray:
         with torch.no_grad():
             for name, target in targets.items():
                 target.copy_(sources[name])
+        self._sync_dropout_p()  # rates put back: the layers that skip their masks follow
         # A slot not yet checked against its own model is checked with the weights it has now.
         for slot, model in self._slots.unverified.items() if self._slots is not None else ():
             model.to(self.dtype).load_state_dict(self.slot_state_dict(slot))
@@ -593,14 +594,25 @@ class ModelArray:
     def _rate_names(self) -> list[str]:
         return [name for name in self._slot_random if name == "rate" or name.endswith(".rate")]
 
+    def has_slot_dropout_rates(self) -> bool:
+        """Whether `use_slot_dropout_rates` gave this array's dropout layers a rate per slot."""
+        return bool(self._rate_names())
+
     def dropout_rate(self, slot: int) -> float:
-        """The dropout rate of slot `slot`'s first dropout layer (after `use_slot_dropout_rates`)."""
+        """The dropout rate of slot `slot` (after `use_slot_dropout_rates`): one rate for all its dropout
+        layers, as `set_dropout_rate` sets it; HftaNasError when its layers have different rates."""
         names = self._rate_names()
         if not names:
             raise HftaNasError(
                 "this array has no per-slot dropout rates (a dropout layer, and use_slot_dropout_rates)."
             )
-        return float(self._slot_random[names[0]][self._check_slot(slot)])
+        rates = sorted({float(self._slot_random[name][self._check_slot(slot)]) for name in names})
+        if len(rates) > 1:
+            raise HftaNasError(
+                f"slot {slot}'s dropout layers have different rates {rates}; a slot's dropout rate is one "
+                "rate for all its layers (build the model with one rate to change it per slot)."
+            )
+        return rates[0]
 
     def set_dropout_rate(self, slot: int, rate: float) -> None:
         """Every dropout layer of slot `slot` drops with probability `rate` from its next training call
@@ -614,8 +626,13 @@ class ModelArray:
             raise HftaNasError(f"a dropout rate must be in [0, 1), got {rate!r}.")
         for name in names:
             self._slot_random[name][slot] = float(rate)
+        self._sync_dropout_p()
+
+    def _sync_dropout_p(self) -> None:
+        """Each per-slot-rate layer's `p` is its largest slot rate: a layer whose slots all have rate 0
+        skips its mask (SlotDropout.forward), one where some slot drops must not."""
         modules = dict(self._template.named_modules())
-        for name in names:  # a layer whose slots all have rate 0 skips its mask (SlotDropout.forward)
+        for name in self._rate_names():
             modules[name.removesuffix("rate").removesuffix(".")].p = float(self._slot_random[name].max())
 
     def copy_slot(self, source: int, target: int) -> None:

@@ -17,18 +17,26 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hfta_nas.data._augment import STRENGTHS
 from hfta_nas.optim._optimizer import ArrayOptimizer
 
 Loc = tuple[str | int, ...]
 DROPOUT, AUGMENT = "dropout", "augment."
-BEYOND_THE_OPTIMIZER = (DROPOUT, *(AUGMENT + name for name in ("noise", "mixup", "cutmix")))
+BEYOND_THE_OPTIMIZER = (DROPOUT, *(AUGMENT + name for name in STRENGTHS))
+ONLY_AT_START = ("initial_accumulator_value",)  # Adagrad's: it fills the state once; later values change nothing
 _UNIT_INTERVAL = ("beta1", "beta2", DROPOUT)  # Adam's betas and dropout rates: in [0, 1)
-_POSITIVE = (AUGMENT + "mixup", AUGMENT + "cutmix")  # Beta(alpha, alpha) needs alpha > 0
+POSITIVE = (AUGMENT + "mixup", AUGMENT + "cutmix")  # Beta(alpha, alpha) needs alpha > 0
+
+
+def optimizer_values(optimizer: type[ArrayOptimizer]) -> list[str]:
+    """The hyper-parameters of `optimizer` a slot keeps for itself and can change while it trains (the
+    flags are shared by the array)."""
+    return [name for name in optimizer.defaults if name not in optimizer.flags and name not in ONLY_AT_START]
 
 
 def schedulable(optimizer: type[ArrayOptimizer]) -> list[str]:
-    """What a slot of an array with `optimizer` keeps for itself (the optimizer's flags are shared by the array)."""
-    return [*(name for name in optimizer.defaults if name not in optimizer.flags), *BEYOND_THE_OPTIMIZER]
+    """What a slot of an array with `optimizer` keeps for itself and can change while it trains."""
+    return [*optimizer_values(optimizer), *BEYOND_THE_OPTIMIZER]
 
 
 def hparam_schedule_problems(optimizer: type[ArrayOptimizer], schedule: Any, epochs: int) -> list[tuple[Loc, str]]:
@@ -71,6 +79,6 @@ def _value_problem(name: str, value: Any) -> str | None:
         return "expected a finite number >= 0"
     if name in _UNIT_INTERVAL and value >= 1:
         return "expected a number in [0, 1)"
-    if name in _POSITIVE and value == 0:
+    if name in POSITIVE and value == 0:
         return "expected a number > 0"
     return None

@@ -30,6 +30,7 @@ from hfta_nas.search._ledger import Outcome, counts, outcome_of
 from hfta_nas.search._optimize import SearchSummary, check_options, optimize
 from hfta_nas.search._patience import PatientStorage, StorageUnreachable, patient
 from hfta_nas.search._pbt import PBTSummary, pbt
+from hfta_nas.search._pbt_explore import bounds_problem as explore_bounds_problem
 from hfta_nas.search._pbt_settings import Explore, PBTSettings
 from hfta_nas.search._plan import PlannedArray, SearchPlan, plan
 from hfta_nas.search._storage import (
@@ -90,6 +91,7 @@ __all__ = [
     "copy_of_stored_study",
     "counts",
     "dashboard_command",
+    "explore_bounds_problem",
     "open_storage",
     "optimize",
     "outcome_of",

@@ -37,19 +37,21 @@ import optuna
 from optuna.trial import TrialState
 
 from hfta_nas.array._model_array import ModelArray
+from hfta_nas.array._signature import equal_shapes
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS
 from hfta_nas.search._array_job import per_slot_hparams, per_slot_schedule
-from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, tensor_shapes, trial_seeds
+from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
 from hfta_nas.search._events import PBTExploited, PBTStarted, TrialEnded
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
 from hfta_nas.search._optuna_private import storage_of, trial_id
 from hfta_nas.search._patience import StorageUnreachable
-from hfta_nas.search._pbt_explore import check_explored
+from hfta_nas.search._pbt_explore import check_explored, check_ranked_metric
 from hfta_nas.search._pbt_files import write_pbt_files
 from hfta_nas.search._pbt_records import Exploit, Records
+from hfta_nas.search._pbt_resume import check_same_run, members_as_left, run_identity
 from hfta_nas.search._pbt_settings import Explore, PBTSettings
 from hfta_nas.search._storage import checkpoint_folder, dashboard_command, storage_location
 from hfta_nas.train._checkpoint import enabled as checkpoints_enabled
@@ -79,7 +81,7 @@ class PBTSummary:
     epochs: int
     interval: int
     trials: list[int]
-    best: dict[str, Any]  # number, value, params, schedule, lineage
+    best: dict[str, Any]  # number, value, params, root, seeds (the root's), schedule, lineage
     exploits: int
     seconds: float
     curve: list[tuple[float, float]]  # (seconds since this run started, the population's best) per epoch
@@ -134,16 +136,17 @@ class _PBTRun:
             )
         self.study, self.build, self.data, self.settings, self.seed = study, build, data, settings, seed
         self.device, self.dtype = _checked_device(device), DTYPES[dtype]
-        self.metric = settings.metric or (study.metric_names or ["val_acc"])[0]
-        told = (study.metric_names or ["val_acc"])[0]
+        # what ranks and what each trial is told: one metric (the study's name for it, when it has one)
+        told = study.metric_names[0] if study.metric_names else (settings.metric or "val_acc")
+        self.metric = settings.metric or told
         if self.metric != told:
             raise HftaNasError(
                 f"pbt ranks members by '{self.metric}' but the study's metric is '{told}'; a member's trial is "
                 "told the value it is ranked by, so give the same metric to both."
             )
         self.direction = study.direction.name.lower()
-        if self.direction == "maximize" and not higher_is_better(self.metric):
-            log.warning("the study maximizes %s, which is usually minimized", self.metric)
+        if (self.direction == "maximize") != higher_is_better(self.metric):
+            log.warning("the study %ss %s; is that the direction you mean?", self.direction[:-1], self.metric)
         self.emit = on_event or (lambda event: None)
         self.location = storage_location(storage_of(study))
         self.ledger = Ledger(study, None)
@@ -151,6 +154,7 @@ class _PBTRun:
         self.export = BestExport(study, self.out_dir, [self.metric], [self.direction])
         folder = checkpoint_folder(self.location, study.study_name) if checkpoints_enabled() else None
         self.path = folder / CHECKPOINT if folder is not None else None
+        self.identity = run_identity(settings, seed, self.device.type, str(self.dtype))
         self.proposals: list[Proposal] = []
 
     # ------------------------------------------------------------------ the run
@@ -207,7 +211,10 @@ class _PBTRun:
     # ------------------------------------------------------------- the population
     def _started(self) -> tuple[ArrayTrainer, Records]:
         """A fresh population: members asked from the study, checked, built into one array."""
-        self._fail_orphans(reason="its PBT run stopped before its first checkpoint; a new population trained")
+        self._fail_orphans(
+            reason="its PBT run left no checkpoint that can continue it (it stopped before its first, or its "
+            "trials were told since); a new population trained"
+        )
         asked = []
         try:
             for slot in range(self.settings.population):
@@ -239,7 +246,7 @@ class _PBTRun:
         """One architecture and one set of shared settings; explored names that the optimizer keeps per slot."""
         first = self.proposals[0]
         for other in self.proposals[1:]:
-            if tensor_shapes(other.shell) != tensor_shapes(first.shell):
+            if not equal_shapes([first.shell, other.shell]):  # shapes, and module settings (a dropout rate)
                 differ = sorted(k for k, v in other.trial.params.items() if first.trial.params.get(k) != v)
                 raise HftaNasError(
                     f"population-based training copies weights between members, so they share one architecture; "
@@ -252,6 +259,7 @@ class _PBTRun:
                     "epochs, optimizer, schedule kind, loss, augmentation, precision); PBT members share them."
                 )
         candidate = first.candidate
+        check_ranked_metric(candidate, self.metric)
         if candidate.early_stopping is not None:
             raise HftaNasError("early stopping does not apply to PBT: its worst members copy the best instead.")
         check_explored(self.settings.explore, candidate)
@@ -285,8 +293,9 @@ class _PBTRun:
         for proposal in self.proposals:
             number = proposal.number
             if number in report.failed:
-                self._record_end(proposal, records, trainer.results[number].epochs)
-                self.ledger.fail(proposal.trial, Outcome.FAILED, report.failed[number])
+                if self.ledger.is_running(proposal.trial):  # (told already when a stopped run got this far)
+                    self._record_end(proposal, records, trainer.results[number].epochs)
+                    self.ledger.fail(proposal.trial, Outcome.FAILED, report.failed[number])
                 self.emit(TrialEnded(number, "FAIL", reason=report.failed[number]))
             elif number in report.metrics and report.epoch not in proposal.reported:
                 proposal.reported.add(report.epoch)
@@ -355,31 +364,22 @@ class _PBTRun:
             "trainer": trainer.state_dict(),
             "records": records.state_dict(),
             "trials": {p.number: trial_id(p.trial) for p in self.proposals},
-            "seed": self.seed,
-            "device": self.device.type,
-            "dtype": str(self.dtype),
+            "identity": self.identity,
         }
         save_checkpoint(self.path, state)
 
     def _resumed(self) -> tuple[ArrayTrainer, Records] | None:
-        """The stopped run of this study, continued from its checkpoint when every member is still RUNNING
-        (or failed, having diverged before the checkpoint) and it trained on this kind of device, in this
-        dtype, from this seed; else None."""
+        """The stopped run of this study continued from its checkpoint (`_pbt_resume`); None when there is
+        none, or its members are not as it left them. HftaNasError for a run with other settings."""
         state = load_checkpoint(self.path) if self.path is not None else None
         if state is None:
             return None
-        storage = storage_of(self.study)
-        ids, results = state["trials"], state["trainer"]["results"]
-        # every member as the checkpoint left it: RUNNING, or FAIL for one that diverged before it
-        expected = {n: TrialState.FAIL if results[n]["status"] == "failed" else TrialState.RUNNING for n in ids}
-        if any(storage.get_trial(ids[n]).state != expected[n] for n in ids) or (
-            state["device"],
-            state["dtype"],
-            state["seed"],
-        ) != (self.device.type, str(self.dtype), self.seed):
+        check_same_run(state, self.identity, self.study.study_name)
+        if not members_as_left(state, self.study):
             log.warning("the PBT checkpoint %s is of another run; a new population trains", self.path)
             remove_checkpoint(self.path)
             return None
+        storage, ids = storage_of(self.study), state["trials"]
         trials = [optuna.Trial(self.study, ids[number]) for number in state["trainer"]["initial_ids"]]
         self.proposals = [self._proposal(trial) for trial in trials]
         for proposal in self.proposals:
@@ -411,7 +411,11 @@ class _PBTRun:
         finals: dict[int, float] = {}
         for proposal in self.proposals:
             result = trainer.results[proposal.number]
-            if result.status != "completed" or not self.ledger.is_running(proposal.trial):
+            told = storage_of(self.study).get_trial(trial_id(proposal.trial))
+            if told.state == TrialState.COMPLETE:  # told before this run was stopped (and continued)
+                finals[proposal.number] = told.value
+                continue
+            if result.status != "completed" or told.state != TrialState.RUNNING:
                 continue  # failed (and told, with its records) when it diverged
             self._record_end(proposal, records, result.epochs)
             value = result.final[self.metric]

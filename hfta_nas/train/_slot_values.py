@@ -18,32 +18,32 @@ from typing import Any
 from hfta_nas.data._augment import STRENGTHS
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS
-from hfta_nas.optim._hparam_schedule import AUGMENT, DROPOUT
+from hfta_nas.optim._hparam_schedule import AUGMENT, DROPOUT, optimizer_values
 from hfta_nas.train._trainer import ArrayTrainer
 
 
 def slot_value_names(optimizer: str, augmentation: Any = None) -> list[str]:
-    """The names a slot of an array with this optimizer (and augmentation) keeps for itself."""
-    cls = OPTIMIZERS[optimizer]
-    names = [name for name in cls.defaults if name not in cls.flags]
+    """The names a slot of an array with this optimizer (and augmentation) keeps for itself and can
+    change while it trains."""
     on = [f"{AUGMENT}{name}" for name in STRENGTHS if augmentation is not None and getattr(augmentation, name)]
-    return [*names, DROPOUT, *on]
+    return [*optimizer_values(OPTIMIZERS[optimizer]), DROPOUT, *on]
 
 
 def prepare(trainer: ArrayTrainer, names: Collection[str]) -> None:
     """Per-slot dropout rates in the array when `names` holds dropout (before a checkpoint is restored);
-    HftaNasError when the model has no dropout layer, or a named augmentation is off."""
+    HftaNasError when the model has no dropout layer or layers of different rates, or a named augmentation
+    is off or shared by every slot (one data order for all)."""
     for name in (n for n in names if n.startswith(AUGMENT)):
         if trainer.augmenter is None or not getattr(trainer.augmenter.augmentation, name.removeprefix(AUGMENT)):
             raise HftaNasError(f"'{name}' cannot change per slot: that augmentation is off (turn it on first).")
+        if trainer.shared_order:
+            raise HftaNasError(f"'{name}' cannot change per slot: every slot shares one augmented batch.")
     if DROPOUT in names:
         trainer.array.use_slot_dropout_rates()
-        try:
-            trainer.array.dropout_rate(0)
-        except HftaNasError:
-            raise HftaNasError(
-                "'dropout' cannot change per slot: the model has no dropout layer (nn.Dropout)."
-            ) from None
+        if not trainer.array.has_slot_dropout_rates():
+            raise HftaNasError("'dropout' cannot change per slot: the model has no dropout layer (nn.Dropout).")
+        for slot in range(len(trainer.array)):
+            trainer.array.dropout_rate(slot)  # one rate per slot, or the one line saying its layers differ
 
 
 def read(trainer: ArrayTrainer, slot: int, name: str) -> float:
