@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from matplotlib.collections import LineCollection
-from matplotlib.figure import Figure
 
 from hfta_nas.runtime import atomic_write_bytes, atomic_write_text
 from hfta_nas.search._pbt_records import Records
@@ -46,8 +44,12 @@ def write_pbt_files(out_dir: Path, best: dict[str, Any], records: Records, metri
     return {"schedule": str(out_dir / SCHEDULE), "plot": str(out_dir / PLOT)}
 
 
-def draw(records: Records, best: int) -> Figure:
-    """One panel per explored hyper-parameter (see the module docstring); the best member's slot drawn thicker."""
+def draw(records: Records, best: int) -> Any:
+    """One panel per explored hyper-parameter (see the module docstring); the best member's slot drawn thicker.
+    A matplotlib Figure (imported here: a search that never draws one does not load matplotlib)."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.figure import Figure
+
     names = sorted({name for values in records.values.values() for name in values})
     figure = Figure(figsize=(7, 2.6 * max(len(names), 1)), layout="constrained")
     axes = figure.subplots(max(len(names), 1), 1, squeeze=False)[:, 0]
