@@ -57,6 +57,18 @@ def spread(values: Sequence[float | None], direction: str | None = None) -> dict
     return {key: (None if math.isinf(v) else v) for key, v in (("median", median), ("min", low), ("max", high))}
 
 
+def metric_text(value: float | None, metric: str) -> str:
+    """A metric's value as the tables print it: accuracies in percent, others to 4 places; "-" for none."""
+    if value is None:
+        return "-"
+    return f"{100 * value:.2f}%" if metric.endswith("_acc") else f"{value:.4f}"
+
+
+def spread_text(cell: dict[str, float | None], show: Any) -> str:
+    """A `spread` cell as "median [min, max]", each value through `show`."""
+    return f"{show(cell['median'])} [{show(cell['min'])}, {show(cell['max'])}]"
+
+
 def grid_curves(
     curves: Sequence[Sequence[tuple[float, float]]], direction: str, grid: np.ndarray
 ) -> dict[str, np.ndarray]:

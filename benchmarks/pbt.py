@@ -62,7 +62,7 @@ import optuna
 import torch
 
 import hfta_nas
-from benchmarks._anytime import spread, time_to
+from benchmarks._anytime import metric_text, spread, spread_text, time_to
 from benchmarks._cli import comma_list, write_result
 from benchmarks._pbt_methods import METHODS, RUNNERS_PBT, resized
 from benchmarks._ray_search import MISSING_RAY, ray_available
@@ -238,20 +238,10 @@ def same_start(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ output
-def _value(value: float | None, metric: str) -> str:
-    if value is None:
-        return "-"
-    return f"{100 * value:.2f}%" if metric.endswith("_acc") else f"{value:.4f}"
-
-
-def _range(cell: dict[str, float | None], show: Any) -> str:
-    return f"{show(cell['median'])} [{show(cell['min'])}, {show(cell['max'])}]"
-
-
 def print_table(figures: dict[str, Any], quick: bool) -> None:
     metric, summary = figures["metric"], figures["summary"]
     seconds = lambda v: "-" if v is None else f"{v:.1f}"
-    value = lambda v: _value(v, metric)
+    value = lambda v: metric_text(v, metric)
     print(
         f"{Path(figures['space']).name}: population {figures['population']} x {figures['epochs']} epochs, "
         f"interval {figures['interval']}, quantile {figures['quantile']}, resample {figures['resample_probability']}, "
@@ -263,36 +253,38 @@ def print_table(figures: dict[str, Any], quick: bool) -> None:
     print(f"{'method':>7}  {'wall s':>20}  {'best ' + metric:>28}  {'s to target':>18}  {'slot-epochs':>16}")
     for method, cell in summary["methods"].items():
         print(
-            f"{method:>7}  {_range(cell['seconds'], seconds):>20}  {_range(cell['best_value'], value):>28}  "
-            f"{_range(cell['time_to_target'], seconds):>18}  {_range(cell['epochs_trained'], lambda v: f'{v:g}'):>16}"
+            f"{method:>7}  {spread_text(cell['seconds'], seconds):>20}  {spread_text(cell['best_value'], value):>28}  "
+            f"{spread_text(cell['time_to_target'], seconds):>18}  "
+            f"{spread_text(cell['epochs_trained'], lambda v: f'{v:g}'):>16}"
         )
     ratio = lambda v: "never" if v is None else f"{v:.2f}"
     for name, cell in summary["ratios"].items():
         per_seed = ", ".join(ratio(v) for v in cell["per_seed"])
         print(
-            f"{name}: {_range(cell, ratio)} (target {cell['target']}: {'met' if cell['met'] else 'not met'}); "
+            f"{name}: {spread_text(cell, ratio)} (target {cell['target']}: {'met' if cell['met'] else 'not met'}); "
             f"per seed {per_seed}"
         )
     ray = summary["ray"]
     if ray:
         share, count = (lambda v: f"{v:.1%}"), (lambda v: f"{v:g}")
         print(
-            f"ray_pbt: start-up {_range(ray['startup_s'], seconds)} s, not in wall s; first epoch reported "
-            f"{_range(ray['first_result_s'], seconds)} s into wall s; "
-            f"{_range(ray['exploits'], count)} exploits, {_range(ray['restores'], count)} restores that trained on"
+            f"ray_pbt: start-up {spread_text(ray['startup_s'], seconds)} s, not in wall s; first epoch reported "
+            f"{spread_text(ray['first_result_s'], seconds)} s into wall s; "
+            f"{spread_text(ray['exploits'], count)} exploits, "
+            f"{spread_text(ray['restores'], count)} restores that trained on"
         )
         print(
-            f"ray_pbt: checkpoint saves + loads + copies {_range(ray['checkpoint_s'], lambda v: f'{v:.2f}')} s "
-            f"summed over members = {_range(ray['checkpoint_share_of_wall'], share)} of wall s, "
-            f"{_range(ray['checkpoint_share_of_workers'], share)} of the workers' time (wall s x workers; "
-            f"training and evaluation: {_range(ray['train_share_of_workers'], share)})"
+            f"ray_pbt: checkpoint saves + loads + copies {spread_text(ray['checkpoint_s'], lambda v: f'{v:.2f}')} s "
+            f"summed over members = {spread_text(ray['checkpoint_share_of_wall'], share)} of wall s, "
+            f"{spread_text(ray['checkpoint_share_of_workers'], share)} of the workers' time (wall s x workers; "
+            f"training and evaluation: {spread_text(ray['train_share_of_workers'], share)})"
         )
     if "pbt" in figures["runs"]:
         exploits = [r["exploits"] for r in figures["runs"]["pbt"]]
         print(f"pbt: exploits per run {exploits}")
     if summary["same_start"]:
         checks = "; ".join(
-            f"{method} {_value(cell['max_difference'], metric)} ({cell['compared']} values)"
+            f"{method} {metric_text(cell['max_difference'], metric)} ({cell['compared']} values)"
             for method, cell in summary["same_start"].items()
         )
         print(

@@ -48,7 +48,7 @@ import optuna
 import torch
 
 import hfta_nas
-from benchmarks._anytime import best_so_far, plot, spread, time_to, value_at
+from benchmarks._anytime import best_so_far, metric_text, plot, spread, spread_text, time_to, value_at
 from benchmarks._cli import comma_list, write_result
 from benchmarks._ray_search import MISSING_RAY, ray_available
 from benchmarks._search_methods import (
@@ -162,7 +162,7 @@ def run(
                 trials[method] = done.trials
                 print(
                     f"  seed {seed} {method:>9}: {done.seconds:6.1f} s, best "
-                    f"{_number(runs[method][-1]['best_value'], metric)}",
+                    f"{metric_text(runs[method][-1]['best_value'], metric)}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -255,20 +255,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]], reference: str, direction: 
 
 
 # ------------------------------------------------------------------ output
-def _number(value: float | None, metric: str) -> str:
-    if value is None:
-        return "-"
-    return f"{100 * value:.2f}%" if metric.endswith("_acc") else f"{value:.4f}"
-
-
-def _range(cell: dict[str, float | None], show: Any) -> str:
-    return f"{show(cell['median'])} [{show(cell['min'])}, {show(cell['max'])}]"
-
-
 def print_table(figures: dict[str, Any], quick: bool) -> None:
     metric, summary = figures["metric"], figures["summary"]
     seconds = lambda v: "never" if v is None else f"{v:.1f}"
-    value = lambda v: _number(v, metric)
+    value = lambda v: metric_text(v, metric)
     print(
         f"{Path(figures['space']).name}: {figures['n_trials']} trials x {figures['epochs']} epochs, "
         f"{figures['sampler']} + {figures['pruner']} pruner, seeds {figures['seeds']}, arrays of "
@@ -287,23 +277,25 @@ def print_table(figures: dict[str, Any], quick: bool) -> None:
     )
     for method, cell in summary["methods"].items():
         best_at = " / ".join(value(v) for v in cell["best_at"])
-        speedup = _range(cell["speedup"], lambda v: "-" if v is None else f"{v:.2f}x")
+        speedup = spread_text(cell["speedup"], lambda v: "-" if v is None else f"{v:.2f}x")
         print(
-            f"{method:>9}  {_range(cell['seconds'], seconds):>18}  {_range(cell['best_value'], value):>26}  "
-            f"{best_at:>28}  {_range(cell['time_to_target'], seconds):>18}  "
+            f"{method:>9}  {spread_text(cell['seconds'], seconds):>18}  {spread_text(cell['best_value'], value):>26}  "
+            f"{best_at:>28}  {spread_text(cell['time_to_target'], seconds):>18}  "
             f"{cell['architectures_trained']:>5g}  {speedup:>18}"
         )
     for method, cell in summary["methods"].items():
         notes = []
         if "startup_s" in cell:
-            notes.append(f"start-up {_range(cell['startup_s'], seconds)} s, not in wall s")
+            notes.append(f"start-up {spread_text(cell['startup_s'], seconds)} s, not in wall s")
         if "first_result_s" in cell:
             notes.append(
-                f"first trial began {_range(cell['first_trial_s'], seconds)} s and reported its first epoch "
-                f"{_range(cell['first_result_s'], seconds)} s after the start"
+                f"first trial began {spread_text(cell['first_trial_s'], seconds)} s and reported its first epoch "
+                f"{spread_text(cell['first_result_s'], seconds)} s after the start"
             )
         if "mean_occupancy" in cell:
-            notes.append(f"mean occupancy {_range(cell['mean_occupancy'], lambda v: '-' if v is None else f'{v:.0%}')}")
+            notes.append(
+                f"mean occupancy {spread_text(cell['mean_occupancy'], lambda v: '-' if v is None else f'{v:.0%}')}"
+            )
         if cell.get("time_account"):
             phases = sorted(
                 ((k, v) for k, v in cell["time_account"].items() if k != "overhead" and v >= 0.01),
@@ -334,7 +326,7 @@ def print_table(figures: dict[str, Any], quick: bool) -> None:
             print(
                 f"same number and parameters in plain and {other} (same seeds): trials "
                 f"{[p['number'] for p in pairs]}; per-epoch {metric} differ by at most "
-                f"{_number(max(gaps, default=0.0), metric)}"
+                f"{metric_text(max(gaps, default=0.0), metric)}"
             )
 
 
