@@ -146,7 +146,6 @@ def test_a_stopped_run_resumes_bit_identically(tmp_path, explore, builder):
         ({"explore": {}}, "explore names no hyper-parameter"),
         ({"explore": {"width": Explore(1, 2)}}, "cannot explore 'width'.*change the model's shapes"),
         ({"explore": {"nesterov": Explore(0, 1)}}, "cannot explore 'nesterov'"),
-        ({"metric": "val_loss"}, "ranks members by 'val_loss' but the study's metric is 'val_acc'"),
     ],
 )
 def test_bad_settings_are_one_line_and_leave_no_trial_running(tmp_path, settings, message):
@@ -155,6 +154,14 @@ def test_bad_settings_are_one_line_and_leave_no_trial_running(tmp_path, settings
         run(study, None, **settings)
     assert "\n" not in str(error.value)
     assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+
+
+def test_a_metric_other_than_the_studys_named_one_is_refused(tmp_path):
+    study = study_in(tmp_path)
+    study.set_metric_names(["val_acc"])
+    with pytest.raises(HftaNasError, match="ranks members by 'val_loss' but the study's metric is 'val_acc'"):
+        run(study, None, metric="val_loss")
+    assert not study.trials
 
 
 def test_explore_bounds_are_checked():
@@ -350,7 +357,7 @@ def test_members_of_a_run_stopped_before_its_first_checkpoint_are_failed_and_a_n
     run(study_in(tmp_path), None)
     trials = study_in(tmp_path).trials
     assert [t.state.name for t in trials] == ["FAIL"] * POPULATION + ["COMPLETE"] * POPULATION
-    assert "before its first checkpoint" in trials[0].user_attrs["fail_reason"]
+    assert "no checkpoint that can continue it (it stopped before its first" in trials[0].user_attrs["fail_reason"]
 
 
 # ------------------------------------------------------------ review: edges of a run and of its resume
