@@ -222,3 +222,31 @@ def test_a_copy_carries_batch_norm_statistics_momentum_and_the_fp16_loss_scale()
     assert trainer.scaler.scales[0] == trainer.scaler.scales[1]
     momentum = opt.state["momentum_buffer"]
     torch.testing.assert_close(momentum[0], momentum[1], rtol=1e-5, atol=1e-6)
+
+
+def test_put_back_rates_decide_which_dropout_layers_draw_masks():
+    """A layer built with rate 0 skips its masks; a slot given a rate above 0 must make it draw them,
+    also in an array that gets the rates back from a checkpoint."""
+    data = synthetic_dataset()
+    given = ModelArray.from_factory(dropout_mlp(0.0), seeds=INIT_SEEDS, dtype=torch.float64)
+    given.use_slot_dropout_rates()
+    given.set_dropout_rate(2, 0.4)
+    restored = ModelArray.from_factory(dropout_mlp(0.0), seeds=INIT_SEEDS, dtype=torch.float64)
+    restored.use_slot_dropout_rates()
+    restored.load_numeric_state(given.numeric_state())
+    x = data.x_train[:16].expand(3, *data.x_train[:16].shape)
+    assert torch.equal(given(x), restored(x))
+    assert not torch.equal(given(x)[2], given.eval()(x)[2])  # slot 2 does drop in training mode
+
+
+def test_one_augmented_batch_for_all_slots_has_no_per_slot_strength():
+    with pytest.raises(HftaNasError, match="every slot shares one augmented batch"):
+        hfta_nas.train(
+            mlp,
+            dataset=synthetic_dataset(),
+            seeds=[0, 1],
+            epochs=2,
+            shared_order=True,
+            augmentation=Augmentation(noise=0.1),
+            hparam_schedule={"augment.noise": [0.1, 0.2]},
+        )

@@ -439,3 +439,20 @@ def test_a_run_stopped_while_telling_its_members_is_finished_by_the_next_call(tm
         (t.state.name, t.value) for t in study_in(tmp_path / "a").trials
     ]
     assert resumed.best["number"] == whole.best["number"] and resumed.resumed_from_epoch == EPOCHS
+
+
+@pytest.mark.parametrize(
+    "optimizer,augmentation,explore,message",
+    [
+        ("sgd", {"mixup": 0.4}, {"augment.mixup": Explore(0.0, 1.0)}, "a Beta alpha is above 0"),
+        ("adagrad", None, {"initial_accumulator_value": Explore(0.1, 1.0)}, "cannot explore"),
+    ],
+)
+def test_values_explore_cannot_set_are_refused(optimizer, augmentation, explore, message):
+    def candidate(trial):
+        built = build(trial, augmentation=hfta_nas.data.Augmentation(**augmentation) if augmentation else None)
+        built.optimizer, built.hparams = optimizer, {"lr": built.hparams["lr"]}
+        return built
+
+    with pytest.raises(HftaNasError, match=message):
+        hfta_nas.pbt(optuna.create_study(direction="maximize"), candidate, synthetic_dataset(), explore=explore)
