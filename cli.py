@@ -804,7 +804,8 @@ def search(
     adopt,
 ) -> None:
     """Search SPACE (a YAML file, see search_spaces/README.md) with Optuna: every proposed
-    candidate trains as proposed, packed into arrays by measured cost. Re-running resumes the study."""
+    candidate trains as proposed, packed into arrays by measured cost. Re-running resumes the study.
+    A space with a pbt: block trains one population in one array instead (population-based training)."""
     import dataclasses
 
     import optuna
