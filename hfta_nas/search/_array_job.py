@@ -173,22 +173,7 @@ class ArrayJob:
                 proposals = proposals[:half]
 
     def _trainer(self, proposals: list[Proposal], slot_ids: list[int] | None = None) -> ArrayTrainer:
-        models = [p.build() for p in proposals]
-        array = ModelArray(
-            models, dropout_seeds=[p.seeds["dropout"] for p in proposals], device=self.ctx.device, dtype=self.ctx.dtype
-        )
-        candidates = [p.candidate for p in proposals]
-        optimizer = OPTIMIZERS[self.first.optimizer](array, **per_slot_hparams(candidates))
-        return ArrayTrainer(
-            array,
-            optimizer,
-            self.first.data.to(self.ctx.device, self.ctx.dtype),
-            schedule=per_slot_schedule(optimizer, candidates),
-            data_seeds=[p.seeds["data"] for p in proposals],
-            slot_ids=slot_ids or [p.number for p in proposals],
-            evaluate_test=self._needs_test(),
-            **self.first.training_settings().trainer_kwargs(),
-        )
+        return array_trainer(proposals, self.ctx.device, self.ctx.dtype, self._needs_test(), slot_ids)
 
     def _needs_test(self) -> bool:
         """Whether any objective (or the early-stopping rule) reads the test split: else a search's
@@ -517,6 +502,36 @@ class ArrayJob:
 
 
 # ------------------------------------------------------------------ settings
+def array_trainer(
+    proposals: list[Proposal],
+    device: torch.device,
+    dtype: torch.dtype,
+    evaluate_test: bool,
+    slot_ids: list[int] | None = None,
+) -> ArrayTrainer:
+    """The trainer of an array of `proposals` (fusable, with the settings an array shares): each slot its
+    model built from its init seed, its hyper-parameters, schedule, data and dropout seeds."""
+    first = proposals[0].candidate
+    array = ModelArray(
+        [p.build() for p in proposals],
+        dropout_seeds=[p.seeds["dropout"] for p in proposals],
+        device=device,
+        dtype=dtype,
+    )
+    candidates = [p.candidate for p in proposals]
+    optimizer = OPTIMIZERS[first.optimizer](array, **per_slot_hparams(candidates))
+    return ArrayTrainer(
+        array,
+        optimizer,
+        first.data.to(device, dtype),
+        schedule=per_slot_schedule(optimizer, candidates),
+        data_seeds=[p.seeds["data"] for p in proposals],
+        slot_ids=slot_ids or [p.number for p in proposals],
+        evaluate_test=evaluate_test,
+        **first.training_settings().trainer_kwargs(),
+    )
+
+
 def slot_options(proposal: Proposal, trainer: ArrayTrainer) -> dict[str, Any]:
     """`ArrayTrainer.replace`'s arguments for a proposal refilling a slot."""
     schedule = schedule_of(proposal.candidate) if trainer.schedule is not None else None

@@ -176,6 +176,36 @@ class Candidate:
         return getattr(self.loss, "__qualname__", repr(self.loss)) if self.loss is not None else None
 
 
+def built(build: Callable[[optuna.Trial], Any], trial: optuna.Trial) -> Any:
+    """`build(trial)`, its errors as one HftaNasError line."""
+    try:
+        return build(trial)
+    except HftaNasError:
+        raise
+    except SystemExit as exit_:  # user code must not end the process without the trials told
+        raise HftaNasError(f"build(trial) called sys.exit({exit_.code!r})") from None
+    except Exception as error:  # noqa: BLE001 - the user's build function
+        raise HftaNasError(f"build(trial) raised {type(error).__name__}: {error}") from error
+
+
+def as_candidate(candidate: Any) -> Candidate:
+    """`candidate` if it is one, else the HftaNasError a build returning something else gets."""
+    if not isinstance(candidate, Candidate):
+        raise HftaNasError(f"build(trial) must return a hfta_nas.Candidate, got {type(candidate).__name__}.")
+    return candidate
+
+
+def check_split_has_data(candidate: Candidate, metric: str) -> None:
+    """HftaNasError when a trained metric of the validation or test split has no samples to be measured on."""
+    split = metric.split("_", 1)[0]
+    if split in ("val", "test") and len(getattr(candidate.data, f"y_{split}")) == 0:
+        name = {"val": "validation", "test": "test"}[split]
+        raise HftaNasError(
+            f"metric '{metric}' needs {name} data, but the data has no {name} samples "
+            f"(a {split}_fraction of 0?); give the split samples or choose another metric."
+        )
+
+
 def trial_seeds(base_seed: int, trial_number: int) -> dict[str, int]:
     """Independent init / data / dropout seeds for a trial, from the search's seed."""
     states = np.random.SeedSequence([base_seed, trial_number]).spawn(3)

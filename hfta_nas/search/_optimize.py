@@ -39,7 +39,15 @@ from hfta_nas.data import Dataset
 from hfta_nas.envelope._probe import padding_fraction
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, FreedSlot, JobContext, Request
-from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
+from hfta_nas.search._candidate import (
+    Candidate,
+    Proposal,
+    as_candidate,
+    built,
+    check_split_has_data,
+    meta_shell,
+    trial_seeds,
+)
 from hfta_nas.search._cost import StepCost, StepCostCache, StepCurve, cost_from_dict, device_name, measure_step_cost
 from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, TrialWaits
 from hfta_nas.search._export import BestExport
@@ -394,9 +402,9 @@ class _Search:
             trial.set_user_attr(WORKER_ATTR, self.worker)
             trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
         with self.account.phase("ask"):
-            candidate = self._built(trial)
+            candidate = built(self.build, trial)
         with self.account.phase("checks"):
-            candidate = _as_candidate(candidate).checked(self.data)
+            candidate = as_candidate(candidate).checked(self.data)
             self._check_metrics(candidate)
             shell = meta_shell(candidate)
             architecture = architecture_key(shell)
@@ -404,17 +412,6 @@ class _Search:
         seeds = trial_seeds(self.seed, trial.user_attrs.get(RETRY_OF, trial.number))
         self.proposed.add(architecture)
         return Proposal(trial, candidate, seeds, shell, macs)
-
-    def _built(self, trial: optuna.Trial) -> Any:
-        """`build(trial)`, its errors as one HftaNasError line."""
-        try:
-            return self.build(trial)
-        except HftaNasError:
-            raise
-        except SystemExit as exit_:  # user code must not end the process without the trials told
-            raise HftaNasError(f"build(trial) called sys.exit({exit_.code!r})") from None
-        except Exception as error:  # noqa: BLE001 - the user's build function
-            raise HftaNasError(f"build(trial) raised {type(error).__name__}: {error}") from error
 
     def _ended_trials(self) -> dict[int, int]:
         """Trials told how they ended for good (not failed as interrupted) -> the epochs they trained."""
@@ -429,7 +426,7 @@ class _Search:
         """The proposal of a trial that is no longer asked (it ended before a checkpoint of its array), from
         its stored parameters: a resumed array rebuilds its slots' models from it."""
         trial = optuna.trial.FixedTrial(record["params"], number=record["origin"])
-        candidate = _as_candidate(self.build(trial)).checked(self.data)
+        candidate = as_candidate(self.build(trial)).checked(self.data)
         return Proposal(trial, candidate, trial_seeds(self.seed, record["origin"]), meta_shell(candidate), 0)
 
     def _checkpoint_folder(self) -> Path | None:
@@ -444,13 +441,8 @@ class _Search:
         for metric in self.metrics:
             if metric not in known:
                 raise HftaNasError(f"unknown metric '{metric}': expected one of {', '.join(sorted(known))}.")
-            split = metric.split("_", 1)[0]
-            if metric in trained and split in ("val", "test") and len(getattr(candidate.data, f"y_{split}")) == 0:
-                name = {"val": "validation", "test": "test"}[split]
-                raise HftaNasError(
-                    f"metric '{metric}' needs {name} data, but the data has no {name} samples "
-                    f"(a {split}_fraction of 0?); give the split samples or choose another metric."
-                )
+            if metric in trained:
+                check_split_has_data(candidate, metric)
 
     def _replicate_round(self, pool: list[Proposal]) -> list[Proposal]:
         """One array: the first waiting (else a freely asked) trial and copies of its `replicate` params."""
@@ -698,12 +690,6 @@ class _Search:
             dict(self.ctx.export.files),
             self.account.report(),
         )
-
-
-def _as_candidate(candidate: Any) -> Candidate:
-    if not isinstance(candidate, Candidate):
-        raise HftaNasError(f"build(trial) must return a hfta_nas.Candidate, got {type(candidate).__name__}.")
-    return candidate
 
 
 def _same_array(a: Proposal, b: Proposal) -> bool:

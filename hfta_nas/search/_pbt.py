@@ -36,13 +36,11 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from hfta_nas.array._model_array import ModelArray
 from hfta_nas.array._signature import equal_shapes
 from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
-from hfta_nas.optim import OPTIMIZERS
-from hfta_nas.search._array_job import per_slot_hparams, per_slot_schedule
-from hfta_nas.search._candidate import Candidate, Proposal, meta_shell, trial_seeds
+from hfta_nas.search._array_job import array_trainer
+from hfta_nas.search._candidate import Candidate, Proposal, as_candidate, built, meta_shell, trial_seeds
 from hfta_nas.search._events import PBTExploited, PBTStarted, TrialEnded
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
@@ -231,15 +229,7 @@ class _PBTRun:
         return trainer, Records([p.number for p in self.proposals], self.seed)
 
     def _proposal(self, trial: optuna.Trial) -> Proposal:
-        try:
-            candidate = self.build(trial)
-        except HftaNasError:
-            raise
-        except Exception as error:  # noqa: BLE001 - the user's build function
-            raise HftaNasError(f"build(trial) raised {type(error).__name__}: {error}") from error
-        if not isinstance(candidate, Candidate):
-            raise HftaNasError(f"build(trial) must return an hfta_nas.Candidate, got {type(candidate).__name__}.")
-        candidate = candidate.checked(self.data)
+        candidate = as_candidate(built(self.build, trial)).checked(self.data)
         return Proposal(trial, candidate, trial_seeds(self.seed, trial.number), meta_shell(candidate), 0)
 
     def _check_population(self) -> None:
@@ -265,25 +255,7 @@ class _PBTRun:
         check_explored(self.settings.explore, candidate)
 
     def _trainer(self) -> ArrayTrainer:
-        proposals, first = self.proposals, self.proposals[0].candidate
-        array = ModelArray(
-            [p.build() for p in proposals],
-            dropout_seeds=[p.seeds["dropout"] for p in proposals],
-            device=self.device,
-            dtype=self.dtype,
-        )
-        candidates = [p.candidate for p in proposals]
-        optimizer = OPTIMIZERS[first.optimizer](array, **per_slot_hparams(candidates))
-        trainer = ArrayTrainer(
-            array,
-            optimizer,
-            first.data.to(self.device, self.dtype),
-            schedule=per_slot_schedule(optimizer, candidates),
-            data_seeds=[p.seeds["data"] for p in proposals],
-            slot_ids=[p.number for p in proposals],
-            evaluate_test=self.metric.startswith("test_"),
-            **first.training_settings().trainer_kwargs(),
-        )
+        trainer = array_trainer(self.proposals, self.device, self.dtype, evaluate_test=self.metric.startswith("test_"))
         prepare(trainer, self.settings.explore)
         return trainer
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim._hparam_schedule import POSITIVE
+from hfta_nas.search._candidate import check_split_has_data
 from hfta_nas.search._pbt_settings import Explore
 from hfta_nas.train._objectives import as_objective
 from hfta_nas.train._slot_values import DROPOUT, slot_value_names
@@ -48,6 +49,4 @@ def check_ranked_metric(candidate: Any, metric: str) -> None:
             f"pbt ranks members by a metric measured every epoch; '{metric}' is not one (measured: "
             f"{', '.join(measured)})."
         )
-    split = metric.split("_", 1)[0]
-    if split in ("val", "test") and len(getattr(candidate.data, f"y_{split}")) == 0:
-        raise HftaNasError(f"pbt ranks members by '{metric}', but the data has no {split} samples.")
+    check_split_has_data(candidate, metric)
