@@ -598,14 +598,19 @@ class ModelArray:
         """Whether `use_slot_dropout_rates` gave this array's dropout layers a rate per slot."""
         return bool(self._rate_names())
 
-    def dropout_rate(self, slot: int) -> float:
-        """The dropout rate of slot `slot` (after `use_slot_dropout_rates`): one rate for all its dropout
-        layers, as `set_dropout_rate` sets it; HftaNasError when its layers have different rates."""
+    def _rate_names_given(self) -> list[str]:
+        """`_rate_names`, or HftaNasError when there are none to read or set."""
         names = self._rate_names()
         if not names:
             raise HftaNasError(
                 "this array has no per-slot dropout rates (a dropout layer, and use_slot_dropout_rates)."
             )
+        return names
+
+    def dropout_rate(self, slot: int) -> float:
+        """The dropout rate of slot `slot` (after `use_slot_dropout_rates`): one rate for all its dropout
+        layers, as `set_dropout_rate` sets it; HftaNasError when its layers have different rates."""
+        names = self._rate_names_given()
         rates = sorted({float(self._slot_random[name][self._check_slot(slot)]) for name in names})
         if len(rates) > 1:
             raise HftaNasError(
@@ -617,11 +622,7 @@ class ModelArray:
     def set_dropout_rate(self, slot: int, rate: float) -> None:
         """Every dropout layer of slot `slot` drops with probability `rate` from its next training call
         on, as the slot's model built with that rate would; no other slot changes."""
-        slot, names = self._check_slot(slot), self._rate_names()
-        if not names:
-            raise HftaNasError(
-                "this array has no per-slot dropout rates (a dropout layer, and use_slot_dropout_rates)."
-            )
+        slot, names = self._check_slot(slot), self._rate_names_given()
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
             raise HftaNasError(f"a dropout rate must be in [0, 1), got {rate!r}.")
         for name in names:
