@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import hfta_nas
+from tests._benchmark_runs import run_from_checkout
 from tests._rendezvous import GUARD_S
 
 # one test process runs this file (pytest-xdist --dist loadgroup): its module fixtures, the quick runs, run once
@@ -35,16 +36,7 @@ METHODS = ["serial", "processes", "vmap", "array", "limit"]
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "quick.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.throughput", "--quick", "--out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=GUARD_S,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    completed = run_from_checkout("-m", "benchmarks.throughput", "--quick", "--out", str(out))
     return json.loads(out.read_text()), completed.stdout
 
 
@@ -296,33 +288,23 @@ def envelope_quick_run(tmp_path_factory):
     """`python -m benchmarks.envelope --quick` cut down to one mixed workload and two tiny sweep
     series (a few seconds)."""
     out = tmp_path_factory.mktemp("bench-envelope") / "envelope.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.envelope",
-            "--quick",
-            "--threads",
-            "1",
-            "--workloads",
-            "mlp",
-            "--sweep",
-            "mlp",
-            "--mixes",
-            "pair,ladder",
-            "--ratios",
-            "1,0.5",
-            "--json",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=GUARD_S,
+    completed = run_from_checkout(
+        "-m",
+        "benchmarks.envelope",
+        "--quick",
+        "--threads",
+        "1",
+        "--workloads",
+        "mlp",
+        "--sweep",
+        "mlp",
+        "--mixes",
+        "pair,ladder",
+        "--ratios",
+        "1,0.5",
+        "--json",
+        str(out),
     )
-    assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(out.read_text()), completed.stdout
 
 

@@ -7,14 +7,11 @@ runs, and the plain loop Ray's members train is the `plain` method's loop.
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests._rendezvous import GUARD_S
+from tests._benchmark_runs import run_from_checkout
 
 pytest.importorskip("ray.tune", reason="the ray_pbt method needs Ray Tune: pip install 'hfta-nas[bench]'")
 
@@ -28,16 +25,7 @@ METHODS = ["pbt", "tpe", "plain", "ray_pbt"]
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-pbt") / "pbt.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.pbt", "--quick", "--out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=GUARD_S,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    completed = run_from_checkout("-m", "benchmarks.pbt", "--quick", "--out", str(out))
     return json.loads(out.read_text()), out.with_suffix(".txt").read_text(), completed.stdout
 
 
