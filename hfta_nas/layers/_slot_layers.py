@@ -52,14 +52,15 @@ class SlotDropout(nn.Module):
         super().__init__()
         self.p = p  # with per_slot_rate: the largest slot's rate (0: no slot drops anything)
         self.channel_dims = channel_dims
-        self.per_slot_rate = per_slot_rate
+        self.per_slot_rate = False
         self.register_buffer("slot_key", torch.zeros((), dtype=torch.int64))
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
-        if per_slot_rate:  # each slot's own p, a per-slot constant like slot_key
-            self.register_buffer("rate", torch.full((), p, dtype=torch.float64))
+        if per_slot_rate:
+            self.use_slot_rates()
 
     def use_slot_rates(self) -> None:
-        """From now on each slot drops with its own rate (the buffer `rate`, per slot like slot_key)."""
+        """From now on each slot drops with its own rate (the buffer `rate`, starting at p: a per-slot
+        constant like slot_key)."""
         if not self.per_slot_rate:
             self.per_slot_rate = True
             self.register_buffer("rate", torch.full((), self.p, dtype=torch.float64))
