@@ -179,9 +179,11 @@ class _PBTRun:
         try:
             for report in trainer.epochs(first.epochs):
                 self._tell_epoch(report, trainer, records)
-                curve.append((time.monotonic() - started, self._best_value(report)))
+                running = {n: m[self.metric] for n, m in report.metrics.items() if n not in report.failed}
+                ranked = self._ranked(running)
+                curve.append((time.monotonic() - started, running[ranked[0]] if ranked else math.nan))
                 if report.epoch % self.settings.interval == 0 and report.epoch < first.epochs:
-                    self._exploit_and_explore(report, trainer, records)
+                    self._exploit_and_explore(report.epoch, ranked, trainer, records)
                 self._save(trainer, records)
         except (KeyboardInterrupt, SystemExit, StorageUnreachable):
             raise  # the members stay RUNNING with the checkpoint: the next call continues them
@@ -278,22 +280,19 @@ class _PBTRun:
         slot = trainer.position_of(number)
         return {name: read(trainer, slot, name) for name in self.settings.explore}
 
-    def _ranked(self, report: Any) -> list[int]:
-        """The running members, best first (a non-finite value ranks last)."""
+    def _ranked(self, values: Mapping[int, float]) -> list[int]:
+        """Members (trial number -> metric value) best first: a non-finite value ranks last, ties go to
+        the lower trial number."""
         sign = -1.0 if self.direction == "maximize" else 1.0
 
         def key(number: int) -> tuple[bool, float, int]:
-            value = report.metrics[number][self.metric]
+            value = values[number]
             return (not math.isfinite(value), sign * value if math.isfinite(value) else 0.0, number)
 
-        return sorted((n for n in report.metrics if n not in report.failed), key=key)
+        return sorted(values, key=key)
 
-    def _best_value(self, report: Any) -> float:
-        ranked = self._ranked(report)
-        return report.metrics[ranked[0]][self.metric] if ranked else math.nan
-
-    def _exploit_and_explore(self, report: Any, trainer: ArrayTrainer, records: Records) -> None:
-        ranked = self._ranked(report)
+    def _exploit_and_explore(self, epoch: int, ranked: list[int], trainer: ArrayTrainer, records: Records) -> None:
+        """The running members `ranked` best first: the worst copy the best and explore."""
         if len(ranked) < 2:
             return
         for target, source in records.pairs(ranked, self.settings.movers(len(ranked))):
@@ -306,11 +305,11 @@ class _PBTRun:
             }
             write(trainer, slot, explored)
             exploit = Exploit(
-                report.epoch, target, source, trainer.position_of(source), {n: (copied[n], explored[n]) for n in copied}
+                epoch, target, source, trainer.position_of(source), {n: (copied[n], explored[n]) for n in copied}
             )
             records.exploited(exploit)
             self._write_records(target, records)
-            self.emit(PBTExploited(report.epoch, target, source, exploit.changes))
+            self.emit(PBTExploited(epoch, target, source, exploit.changes))
 
     def _write_records(self, number: int, records: Records) -> None:
         """A member's schedule and lineage as trial attributes (at its exploits and at the end)."""
@@ -415,8 +414,7 @@ class _PBTRun:
     def _export_best(self, trainer: ArrayTrainer, records: Records, finals: dict[int, float]) -> dict[str, Any]:
         if not finals:
             return {}
-        pick = max if self.direction == "maximize" else min
-        number = pick(finals, key=lambda n: (finals[n], -n) if pick is max else (finals[n], n))
+        number = self._ranked(finals)[0]
         proposal, root = self._by_number(number), self._by_number(records.root_now[number])
         self.export.offer(
             self._replayable(proposal, root, records.schedule[number]),
