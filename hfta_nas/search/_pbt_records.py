@@ -16,6 +16,7 @@ Everything here is plain lists and dicts, saved in checkpoints and in trial attr
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,29 +87,11 @@ class Records:
         self.exploits += 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "members": list(self.members),
-            "seed": self.seed,
-            "values": copy.deepcopy(self.values),
-            "roots": copy.deepcopy(self.roots),
-            "schedule": copy.deepcopy(self.schedule),
-            "lineage": copy.deepcopy(self.lineage),
-            "root_now": dict(self.root_now),
-            "exploits": self.exploits,
-            "rng": copy.deepcopy(self.rng.bit_generator.state),
-        }
+        """Every field, copied, and the random generator's state."""
+        return {**dataclasses.asdict(self), "rng": copy.deepcopy(self.rng.bit_generator.state)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Records:
-        records = cls(
-            list(state["members"]),
-            state["seed"],
-            copy.deepcopy(state["values"]),
-            copy.deepcopy(state["roots"]),
-            copy.deepcopy(state["schedule"]),
-            copy.deepcopy(state["lineage"]),
-            dict(state["root_now"]),
-            state["exploits"],
-        )
+        records = cls(**copy.deepcopy({f.name: state[f.name] for f in dataclasses.fields(cls)}))
         records.rng.bit_generator.state = copy.deepcopy(state["rng"])
         return records
