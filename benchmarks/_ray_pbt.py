@@ -48,13 +48,10 @@ perturbation while another member is paused or pending, so that one can run).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
-import os
 import statistics
 import tempfile
 import time
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -66,7 +63,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks._anytime import best_so_far
-from benchmarks._ray_search import _RECORDS, _callback, _import_ray, _threads, _wait_for_idle_workers
+from benchmarks._ray_search import _callback, _import_ray, _threads, local_ray
 from benchmarks._search_common import _metric
 from benchmarks.stability import _TORCH_OPTIMIZERS
 from hfta_nas import Explore
@@ -300,15 +297,7 @@ def run_ray_pbt(space: SearchSpace, device: str, dtype: str, folder: Path, cpus:
     explore = {OPTIMIZER + name: how for name, how in options["explore"].items()}
     metric, direction, population = space.study.metrics[0], space.directions[0], options["population"]
     cpus = cpus or population
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's new console output ignores verbose=0
-    started = time.perf_counter()
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    key = uuid.uuid4().hex
-    _RECORDS[key] = {"trials": {}}
-    try:
-        _wait_for_idle_workers(cpus)
-        startup = time.perf_counter() - started
+    with local_ray(cpus) as cluster:
         members = initial_population(space, population, list(explore))
         param_space = {"member": tune.grid_search(list(range(population)))}
         param_space.update({name: tune.sample_from(_Initial(members, name)) for name in members[0] if name != "member"})
@@ -339,23 +328,20 @@ def run_ray_pbt(space: SearchSpace, device: str, dtype: str, folder: Path, cpus:
                 name="bench-ray-pbt",
                 storage_path=str((folder / "ray-pbt").resolve()),
                 verbose=0,
-                callbacks=[_callback(key)],
+                callbacks=[_callback(cluster.key)],
             ),
         )
         wall = time.perf_counter()
         grid = tuner.fit()
         seconds = time.perf_counter() - wall
-    finally:
-        ray.shutdown()
-        records = _RECORDS.pop(key)["trials"]
     if grid.errors:
         raise RuntimeError(f"a Ray trial failed: {grid.errors[0]}")
-    figures = _figures(records, wall, metric, direction, space.training.epochs, options["interval"])
+    figures = _figures(cluster.trials, wall, metric, direction, space.training.epochs, options["interval"])
     log = folder / "ray-pbt" / "bench-ray-pbt" / "pbt_global.txt"  # Ray's PBT writes a line per exploit
     exploits = len(log.read_text().splitlines()) if log.exists() else 0
     return {
         "seconds": seconds,
-        "startup_s": startup,
+        "startup_s": cluster.startup_s,
         "cpus": cpus,
         "exploits": exploits,
         "ray_version": ray.__version__,

@@ -48,11 +48,14 @@ OptunaSearch tells the sampler a stopped trial as COMPLETE with its last value
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -128,6 +131,36 @@ def _trainable(config: dict[str, Any], space: SearchSpace, device: str, dtype: s
     plain_objective(space, device, dtype, _DATASETS)(trial)
 
 
+@dataclass
+class LocalRay:
+    """A local Ray cluster from `local_ray`: the key of its Tune callback (`_callback`), its start-up
+    seconds, and, after the block, what the callback saw of each trial."""
+
+    key: str
+    startup_s: float = math.nan
+    trials: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def local_ray(cpus: int) -> Iterator[LocalRay]:
+    """A local Ray cluster of `cpus` workers with no network, its workers up before the block starts
+    (their start-up is Ray's, not the run's); shut down after the block."""
+    ray = _import_ray()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's new console output ignores verbose=0
+    started = time.perf_counter()
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    cluster = LocalRay(uuid.uuid4().hex)
+    _RECORDS[cluster.key] = {"trials": {}}
+    try:
+        _wait_for_idle_workers(cpus)
+        cluster.startup_s = time.perf_counter() - started
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.trials = _RECORDS.pop(cluster.key)["trials"]
+
+
 def _wait_for_idle_workers(count: int, timeout: float = 20.0) -> None:
     """Wait until Ray's `count` prestarted workers are up (processes titled ray::IDLE under this one):
     Tune's trial actors start in them, so their start-up belongs to Ray's, not to the search's clock.
@@ -199,15 +232,7 @@ def run_ray(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: 
 
     metric, direction, epochs = space.study.metrics[0], space.directions[0], space.training.epochs
     threads = torch.get_num_threads()
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's new console output ignores verbose=0
-    started = time.perf_counter()
-    ray.init(num_cpus=processes, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    key = uuid.uuid4().hex
-    _RECORDS[key] = {"trials": {}}
-    try:
-        _wait_for_idle_workers(processes)
-        startup = time.perf_counter() - started
+    with local_ray(processes) as cluster:
         mode = "max" if direction == "maximize" else "min"
         searcher = OptunaSearch(
             _DefineByRun(space), metric=metric, mode=mode, sampler=space.make_sampler(seed=space.seed)
@@ -230,15 +255,16 @@ def run_ray(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: 
                 reuse_actors=True,
             ),
             run_config=tune.RunConfig(
-                name="bench-ray", storage_path=str((folder / "ray").resolve()), verbose=0, callbacks=[_callback(key)]
+                name="bench-ray",
+                storage_path=str((folder / "ray").resolve()),
+                verbose=0,
+                callbacks=[_callback(cluster.key)],
             ),
         )
         start, wall, cpu = datetime.now(), time.perf_counter(), time.process_time()
         grid = tuner.fit()
         seconds, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    finally:
-        ray.shutdown()
-        records = _RECORDS.pop(key)["trials"]
+    records = cluster.trials
     if grid.errors:  # an exception in the objective ends `plain`'s study.optimize too
         raise RuntimeError(f"a Ray trial failed: {grid.errors[0]}")
     trials = [_frozen(space, record, start, wall, epochs, metric) for record in records.values()]
@@ -246,7 +272,7 @@ def run_ray(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: 
     pids = {r["results"][-1]["pid"] for r in records.values() if r["results"]}
     cpu += sum(r["results"][-1]["cpu_s"] for r in records.values() if r["results"])
     extra = {
-        "startup_s": startup,
+        "startup_s": cluster.startup_s,
         "processes": processes,
         "reduction_factor": REDUCTION_FACTOR,
         "ray_version": ray.__version__,
