@@ -1,9 +1,10 @@
-"""Argument parsing shared by the benchmark commands."""
+"""Argument parsing and result writing shared by the benchmark commands."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +31,28 @@ def comma_list(
         return values
 
     return parse
+
+
+def package_versions() -> dict[str, str]:
+    """The versions a search benchmark's figures depend on, for its JSON (Ray's when it is installed)."""
+    import numpy as np  # imported here: the engine benchmarks that parse arguments with this module need none
+    import optuna
+    import torch
+
+    import hfta_nas
+
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "optuna": optuna.__version__,
+        "numpy": np.__version__,
+        "hfta_nas": hfta_nas.__version__,
+    }
+    try:
+        import ray
+    except ImportError:
+        return versions
+    return {**versions, "ray": ray.__version__}
 
 
 def write_result(result: dict[str, Any], out: Path, module: str, argv: Sequence[str] | None) -> None:

@@ -57,13 +57,11 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import optuna
 import torch
 
-import hfta_nas
 from benchmarks._anytime import metric_text, spread, spread_text, time_to
-from benchmarks._cli import comma_list, write_result
+from benchmarks._cli import comma_list, package_versions, write_result
 from benchmarks._pbt_methods import METHODS, RUNNERS_PBT, resized
 from benchmarks._ray_search import MISSING_RAY, ray_available
 from benchmarks.search import check_space
@@ -130,7 +128,7 @@ def run(
         "ray_cpus": cpus or options["population"],
         "runs": runs,
         "summary": summarize(runs, direction),
-        "versions": _versions(),
+        "versions": package_versions(),
         "machine": {
             "cpu_count": os.cpu_count(),
             "cores_available": len(os.sched_getaffinity(0)),
@@ -139,21 +137,6 @@ def run(
             "load_average_after": list(os.getloadavg()),
         },
     }
-
-
-def _versions() -> dict[str, str]:
-    versions = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "optuna": optuna.__version__,
-        "numpy": np.__version__,
-        "hfta_nas": hfta_nas.__version__,
-    }
-    if ray_available():
-        import ray
-
-        versions["ray"] = ray.__version__
-    return versions
 
 
 # ---------------------------------------------------------------- summary

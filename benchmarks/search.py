@@ -43,13 +43,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import optuna
 import torch
 
-import hfta_nas
 from benchmarks._anytime import best_so_far, metric_text, plot, spread, spread_text, time_to, value_at
-from benchmarks._cli import comma_list, write_result
+from benchmarks._cli import comma_list, package_versions, write_result
 from benchmarks._ray_search import MISSING_RAY, ray_available
 from benchmarks._search_methods import (
     DEFAULT_METHODS,
@@ -190,13 +188,7 @@ def run(
         "summary": summarize(runs, reference, direction),
         "same_trials": same,
         "same_trials_ray": same_ray,
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "optuna": optuna.__version__,
-            "numpy": np.__version__,
-            "hfta_nas": hfta_nas.__version__,
-        },
+        "versions": package_versions(),
         "machine": {
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),
