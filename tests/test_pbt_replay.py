@@ -5,8 +5,6 @@ located line when it cannot be replayed), and end to end: the members of a PBT s
 from scratch with their schedules end where PBT left them, and `hfta-nas stability --study` re-runs
 the best one across seeds."""
 
-import json
-
 import numpy as np
 import optuna
 import pytest
@@ -26,6 +24,7 @@ from search_spaces import ResolvedConfig, SpaceError
 from stability._configs import DEFAULT_CONFIG, load_config, top_k_configs
 from stability._design import SeedPlan
 from stability._runner import train_slots
+from tests.test_stability import stability_json
 
 EPOCHS, BATCH = 4, 16
 SEEDS, DATA_SEEDS = [3, 1, 4], [10, 11, 12]
@@ -295,26 +294,7 @@ def test_every_member_replayed_from_scratch_ends_where_pbt_left_it(pbt_study):
 
 def test_stability_study_reruns_the_best_members_schedule_across_seeds(pbt_study, tmp_path):
     journal, study = pbt_study
-    result = cli(
-        "stability",
-        "--study",
-        "tiny-pbt",
-        "--top-k",
-        1,
-        "--storage",
-        journal,
-        "--seeds",
-        3,
-        "--out",
-        tmp_path / "r",
-        "--format",
-        "json",
-        "--plot-format",
-        "png",
-        "--json",
-    )
-    assert result.exit_code == 0, result.output
-    (row,) = json.loads(result.output)["configs"]
+    (row,) = stability_json(journal, tmp_path / "r", "--study", "tiny-pbt", "--top-k", 1, "--seeds", 3)["configs"]
     assert row["config"] == f"trial {study.best_trial.number} (PBT schedule)" and row["n"] == 3
     stored = [
         s

@@ -331,26 +331,7 @@ def test_top_k_trials_of_a_search_are_rerun_across_seeds(tmp_path):
     journal = tmp_path / "s.journal"
     searched = cli("search", space, "--storage", journal, "--out", tmp_path / "best", "--json")
     assert searched.exit_code == 0, searched.output
-    result = cli(
-        "stability",
-        "--study",
-        "tiny-search",
-        "--top-k",
-        2,
-        "--storage",
-        journal,
-        "--seeds",
-        3,
-        "--out",
-        tmp_path / "top",
-        "--format",
-        "json",
-        "--plot-format",
-        "png",
-        "--json",
-    )
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)
+    summary = stability_json(journal, tmp_path / "top", "--study", "tiny-search", "--top-k", 2, "--seeds", 3)
     assert len(summary["configs"]) == 2 and all(c["config"].startswith("trial ") for c in summary["configs"])
     assert len(summary["comparisons"]) == 1
 
@@ -502,25 +483,19 @@ def test_configs_that_fuse_train_as_one_array_of_k_x_s_slots():
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def run_example(tmp_path, *args):
-    """`hfta-nas stability ARGS` on the worked examples, small, with its JSON summary."""
+def stability_json(storage, out, *args):
+    """`hfta-nas stability ARGS` storing its seeds in `storage`, its JSON tables and PNG plots in `out`;
+    its JSON summary (after asserting it succeeded)."""
     result = cli(
-        "stability",
-        *args,
-        "--threads",
-        1,
-        "--storage",
-        tmp_path / "s.journal",
-        "--out",
-        tmp_path / "r",
-        "--format",
-        "json",
-        "--plot-format",
-        "png",
-        "--json",
+        "stability", *args, "--storage", storage, "--out", out, "--format", "json", "--plot-format", "png", "--json"
     )
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
+
+
+def run_example(tmp_path, *args):
+    """`hfta-nas stability ARGS` on the worked examples, small, with its JSON summary."""
+    return stability_json(tmp_path / "s.journal", tmp_path / "r", *args, "--threads", 1)
 
 
 def test_the_readme_worked_example_runs(tmp_path):
