@@ -50,7 +50,7 @@ class Augmentation:
             raise HftaNasError(f"augmentation shift must be an integer >= 0 (samples of padding), got {self.shift!r}.")
         if not isinstance(self.flip, bool):
             raise HftaNasError(f"augmentation flip must be true or false, got {self.flip!r}.")
-        for name in ("noise", "mixup", "cutmix"):
+        for name in STRENGTHS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise HftaNasError(f"augmentation {name} must be a finite number >= 0, got {value!r}.")
