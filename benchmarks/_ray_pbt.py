@@ -63,7 +63,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks._anytime import best_so_far
-from benchmarks._ray_search import _callback, _import_ray, _threads, local_ray
+from benchmarks._ray_search import _import_ray, _threads, local_ray
 from benchmarks._search_common import _metric
 from benchmarks.stability import _TORCH_OPTIMIZERS
 from hfta_nas import Explore
@@ -324,12 +324,7 @@ def run_ray_pbt(space: SearchSpace, device: str, dtype: str, folder: Path, cpus:
                 num_samples=1,
                 reuse_actors=True,
             ),
-            run_config=tune.RunConfig(
-                name="bench-ray-pbt",
-                storage_path=str((folder / "ray-pbt").resolve()),
-                verbose=0,
-                callbacks=[_callback(cluster.key)],
-            ),
+            run_config=cluster.run_config("bench-ray-pbt", folder / "ray-pbt"),
         )
         wall = time.perf_counter()
         grid = tuner.fit()

@@ -133,12 +133,18 @@ def _trainable(config: dict[str, Any], space: SearchSpace, device: str, dtype: s
 
 @dataclass
 class LocalRay:
-    """A local Ray cluster from `local_ray`: the key of its Tune callback (`_callback`), its start-up
-    seconds, and, after the block, what the callback saw of each trial."""
+    """A local Ray cluster from `local_ray`: the key of its Tune callback (`_callback`, in `run_config`), its
+    start-up seconds, and, after the block, what the callback saw of each trial."""
 
     key: str
     startup_s: float = math.nan
     trials: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def run_config(self, name: str, folder: Path) -> Any:
+        """Tune's RunConfig of a run on this cluster: quiet, results under `folder`, seen by its callback."""
+        from ray import tune
+
+        return tune.RunConfig(name=name, storage_path=str(folder.resolve()), verbose=0, callbacks=[_callback(self.key)])
 
 
 @contextlib.contextmanager
@@ -254,12 +260,7 @@ def run_ray(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: 
                 max_concurrent_trials=processes,
                 reuse_actors=True,
             ),
-            run_config=tune.RunConfig(
-                name="bench-ray",
-                storage_path=str((folder / "ray").resolve()),
-                verbose=0,
-                callbacks=[_callback(cluster.key)],
-            ),
+            run_config=cluster.run_config("bench-ray", folder / "ray"),
         )
         start, wall, cpu = datetime.now(), time.perf_counter(), time.process_time()
         grid = tuner.fit()
