@@ -120,7 +120,10 @@ def throwaway_server(database: str = "hfta_nas") -> Iterator[PostgresServer]:
             capture_output=True,
             timeout=120,
         )
-        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
+        # fsync off: nothing here survives an OS crash, and a server crash (an immediate stop) loses nothing
+        # the OS was given. Commits stay synchronous: asynchronous ones are acknowledged before their WAL is
+        # written, so a crash would lose trials a client was told exist, which no real database does.
+        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=on"
         server = PostgresServer(
             prefix, pg_ctl, data, options, log, f"postgresql://postgres@127.0.0.1:{port}/{database}"
         )
