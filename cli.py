@@ -3,7 +3,8 @@
 Every command parses options, calls one function of `hfta_nas` (or of the
 search_spaces / stability packages) and prints the result. User errors
 (`HftaNasError`) print one clear line and exit with status 2, never a
-traceback.
+traceback. SIGTERM stops a command as Ctrl-C does (one line, exit 143 instead
+of 130): a scheduler's time limit loses nothing.
 
 Start-up imports only click and yaml: each command imports what it needs when
 it runs, and the stability commands load on first use (`_LAZY_COMMANDS`), so
@@ -13,14 +14,17 @@ the statistics and plots of `stability`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import click
@@ -29,16 +33,46 @@ import yaml
 EXIT_USER_ERROR = 2
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (Slurm's time limit and scancel, docker stop, systemd, kill), raised where Ctrl-C
+    raises KeyboardInterrupt, so every path that stops cleanly on Ctrl-C (the arrays in flight told,
+    their trials queued again) stops the same way; `signum` tells the engine which signal it was
+    (a --workers parent forwards it)."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises `Terminated` while a command runs (main thread only; a SIGTERM handler
+    someone else installed, or an inherited SIG_IGN, is left alone)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _friendly_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn user errors into `error: ...` on stderr and exit status 2."""
+    """Turn user errors into `error: ...` on stderr and exit status 2; Ctrl-C and SIGTERM into one
+    line and 128 + the signal's number (130, 143)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+            with _sigterm_as_interrupt():
+                return command(*args, **kwargs)
+        except KeyboardInterrupt as stop:
+            signum = getattr(stop, "signum", signal.SIGINT)
+            click.echo("terminated by SIGTERM" if signum == signal.SIGTERM else "interrupted", err=True)
+            sys.exit(128 + signum)
         except OSError as error:
             if error.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise

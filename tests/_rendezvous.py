@@ -8,7 +8,8 @@ runs; the only time limit is a guard against a hung test.
 
 Processes started with `held_command(...)` hold at the first place where a condition holds:
 `point(name, subject, **info)` is called at a trial's report ("report", the optuna Trial,
-step=epoch) and after an array's checkpoint is written ("checkpoint", the Checkpointer), and the
+step=epoch), after an array's checkpoint is written ("checkpoint", the Checkpointer) and when an
+array's epoch has trained ("epoch", the ArrayTrainer, epoch=its number; any command), and the
 condition is a `module:function` named in the process's environment. Only the first process
 (of all started with one Rendezvous) to meet its condition holds; the others run on.
 """
@@ -135,12 +136,14 @@ def point(name: str, subject, **info) -> None:
 
 
 def install_points() -> None:
-    """Call `point` at every trial report and after every array checkpoint of this process."""
+    """Call `point` at every trial report, after every array checkpoint and at every array epoch's
+    end of this process."""
     import optuna
 
     from hfta_nas.train._checkpoint import Checkpointer
+    from hfta_nas.train._trainer import ArrayTrainer
 
-    report, save = optuna.trial.Trial.report, Checkpointer.__call__
+    report, save, epochs = optuna.trial.Trial.report, Checkpointer.__call__, ArrayTrainer.epochs
 
     def reported(trial, value, step):
         report(trial, value, step)
@@ -150,7 +153,12 @@ def install_points() -> None:
         save(checkpointer, trainer)
         point("checkpoint", checkpointer)
 
-    optuna.trial.Trial.report, Checkpointer.__call__ = reported, saved
+    def trained(trainer, *args, **kwargs):
+        for epoch in epochs(trainer, *args, **kwargs):
+            point("epoch", trainer, epoch=epoch.epoch)
+            yield epoch
+
+    optuna.trial.Trial.report, Checkpointer.__call__, ArrayTrainer.epochs = reported, saved, trained
 
 
 def held_command(*args: str) -> list[str]:

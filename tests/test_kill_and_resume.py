@@ -190,22 +190,31 @@ def test_search_killed_mid_array_resumes_keeps_finished_trials_and_retries_the_k
     assert set(out.glob(".*.tmp")) <= left_by_the_kill  # the re-run's own atomic writes all completed
 
 
-def test_search_stopped_by_ctrl_c_leaves_nothing_running_and_the_next_run_trains_the_rest(tmp_path):
+@pytest.mark.parametrize(
+    ("sent", "status", "line", "because"),
+    [
+        (signal.SIGINT, 130, "interrupted", "Ctrl-C (SIGINT) stopped its search"),
+        # Slurm's time limit and scancel, docker stop, systemd, kill: handled as Ctrl-C is
+        (signal.SIGTERM, 143, "terminated by SIGTERM", "SIGTERM stopped its search"),
+    ],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_search_stopped_by_ctrl_c_or_sigterm_leaves_nothing_running_and_the_next_run_trains_the_rest(
+    tmp_path, sent, status, line, because
+):
     space = tmp_path / "space.yaml"
     space.write_text(search_space())
     journal, out = tmp_path / "s.journal", tmp_path / "out"
     args = ["search", str(space), "--threads", "1", "--storage", str(journal), "--out", str(out), "--quiet"]
-    studies, returncode = stop_where(args, tmp_path / "first.log", MID_SECOND_ARRAY, journal, sent=signal.SIGINT)
-    stopped = studies["killed"]
-    assert returncode == 130, (tmp_path / "first.log").read_text()[-2000:]
-    assert (
-        "interrupted" in (tmp_path / "first.log").read_text()
-        and "Traceback" not in (tmp_path / "first.log").read_text()
-    )
-    assert not [t.number for t in stopped if t.state == TrialState.RUNNING]  # told at Ctrl-C, not left for a re-run
+    studies, returncode = stop_where(args, tmp_path / "first.log", MID_SECOND_ARRAY, journal, sent=sent)
+    stopped, printed = studies["killed"], (tmp_path / "first.log").read_text()
+    assert returncode == status, printed[-2000:]
+    assert line in printed.splitlines() and "Traceback" not in printed, printed[-2000:]
+    assert not [t.number for t in stopped if t.state == TrialState.RUNNING]  # told at the stop, not left for a re-run
     interrupted = [t for t in stopped if t.user_attrs.get("outcome") == "interrupted"]
+    assert interrupted and all(t.user_attrs["interrupted_because"] == because for t in interrupted)
     queued = [t for t in stopped if t.state == TrialState.WAITING]
-    assert interrupted and sorted(map(repr, (t.params for t in interrupted))) == sorted(
+    assert sorted(map(repr, (t.params for t in interrupted))) == sorted(
         map(repr, (t.system_attrs["fixed_params"] for t in queued))
     )  # each queued again with its parameters
 
@@ -229,6 +238,45 @@ hparams: {lr: 0.01}
 epochs: 15
 data: {batch_size: 32}
 """
+
+
+def first_epoch(point: str, subject, **_) -> bool:
+    """When the first array's first epoch has trained (any command)."""
+    return point == "epoch"
+
+
+def _sigterm_commands(tmp_path: Path) -> dict[str, list[str]]:
+    """The commands a scheduler may stop, each writing into `tmp_path`."""
+    config, pbt_space = tmp_path / "tiny.yaml", tmp_path / "pbt.yaml"
+    config.write_text(STABILITY_CONFIG)
+    pbt_space.write_text(
+        tiny_space_text(
+            study={"name": "pbt", "metrics": ["val_acc"]},
+            pbt={"population": 4, "interval": 2, "explore": {"training.optimizer.lr": {"factors": [0.8, 1.25]}}},
+            training={"epochs": 30, "optimizer": {"name": "adam", "lr": 1e-3}},
+            params={"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2}},
+        )
+    )
+    journal = ["--storage", str(tmp_path / "s.journal"), "--threads", "1"]
+    return {
+        "train": ["train", "--model", "mlp", "--dataset", "digits", "--seeds", "2", "--epochs", "30", "--threads", "1"],
+        "stability": ["stability", str(config), "--seeds", "2", *journal, "--out", str(tmp_path / "report")],
+        "pbt": ["search", str(pbt_space), *journal, "--out", str(tmp_path / "out"), "--quiet"],
+    }
+
+
+@pytest.mark.parametrize("command", ["train", "stability", "pbt"])
+def test_sigterm_stops_every_command_in_one_line_with_status_143(tmp_path, command):
+    """As Ctrl-C stops them (exit 130), the same command run again continues: stored seeds are
+    reused, a PBT population is continued (the search's arrays are told and retried: the test above)."""
+    args = _sigterm_commands(tmp_path)[command]
+    journal, log = tmp_path / "s.journal", tmp_path / "first.log"
+    studies, returncode = stop_where(args, log, f"{THIS_MODULE}:first_epoch", journal, sent=signal.SIGTERM)
+    printed = log.read_text(errors="replace")
+    assert returncode == 143, printed[-2000:]
+    assert printed.splitlines()[-1] == "terminated by SIGTERM" and "Traceback" not in printed, printed[-2000:]
+    if command == "pbt":  # as on Ctrl-C, its members wait for the next run (which continues or replaces them)
+        assert {t.state for t in studies["pbt"]} == {TrialState.RUNNING}
 
 
 _ARRAYS_CHECKPOINTED: set[Path] = set()

@@ -147,15 +147,8 @@ def test_workers_stop_and_tell_their_trials_when_their_parent_is_killed(tmp_path
         stderr=subprocess.DEVNULL,
     )
 
-    def workers_holding_trials():
-        if not journal.exists() or not journal.stat().st_size:
-            return set()
-        trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).trials
-        workers = {pid_of(t) for t in trials if t.state == TrialState.RUNNING} - {None}
-        return workers if len(workers) == 2 else set()
-
     try:
-        workers = wait_for(workers_holding_trials, "both workers should hold trials before the kill")
+        workers = wait_for(_workers_holding_trials(journal), "both workers should hold trials before the kill")
     finally:
         parent.kill()
         parent.wait()
@@ -163,6 +156,55 @@ def test_workers_stop_and_tell_their_trials_when_their_parent_is_killed(tmp_path
     trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]  # told as interrupted, none left held
     assert any(t.user_attrs.get("outcome") == "interrupted" for t in trials)
+
+
+def test_a_sigterm_to_the_parent_reaches_every_worker_and_each_stops_as_on_ctrl_c(tmp_path):
+    """SIGTERM of `hfta-nas search --workers 2` alone (Slurm's `--signal=B:TERM@...` to the batch
+    shell, docker stop, kill): the parent forwards it, each worker tells its trials and queues them
+    again, and the parent exits 143 with one line."""
+    space, journal, log = tmp_path / "space.yaml", tmp_path / "study.journal", tmp_path / "parent.log"
+    space.write_text(space_text(n_trials=40, epochs=30))
+    command = [*hfta_nas_command(), "search", str(space), "--workers", "2", "--threads", "1"]
+    with open(log, "wb") as output:
+        parent = subprocess.Popen(
+            [*command, "--storage", str(journal), "--out", str(tmp_path / "out"), "--quiet"],
+            cwd=tmp_path,
+            env=worker_env(),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        workers = wait_for(_workers_holding_trials(journal), "both workers should hold trials before the SIGTERM")
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(timeout=GUARD_S)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait()
+    printed = log.read_text(errors="replace")
+    assert parent.returncode == 143, printed[-3000:]
+    assert "terminated by SIGTERM" in printed.splitlines() and "Traceback" not in printed, printed[-3000:]
+    wait_exited(workers)
+    trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    interrupted = [t for t in trials if t.user_attrs.get("outcome") == "interrupted"]
+    assert interrupted and {pid_of(t) for t in interrupted} <= workers  # told by the workers themselves
+    assert {t.user_attrs["interrupted_because"] for t in interrupted} == {"SIGTERM stopped its search"}
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    assert len(waiting) == len(interrupted)  # each queued again, for the next run
+
+
+def _workers_holding_trials(journal):
+    """A condition for `wait_for`: the pids of the two workers once each holds a RUNNING trial."""
+
+    def holding():
+        if not journal.exists() or not journal.stat().st_size:
+            return set()
+        trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).trials
+        workers = {pid_of(t) for t in trials if t.state == TrialState.RUNNING} - {None}
+        return workers if len(workers) == 2 else set()
+
+    return holding
 
 
 FIRST_OPEN = """
@@ -453,6 +495,43 @@ def test_a_ctrl_c_right_after_an_ask_leaves_no_trial_running(tmp_path, monkeypat
     trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
     assert len(asks) == 2 and not [t.number for t in trials if t.state == TrialState.RUNNING]
     assert trials[asks[1]].user_attrs.get("outcome") == "interrupted"
+
+
+def test_a_sigterm_right_after_an_ask_and_another_during_the_tell_lose_no_trial(tmp_path, monkeypatch):
+    """A SIGTERM (under the command line's handler) lands just after an ask, and a second one
+    (a scheduler signals every process, the --workers parent forwards it) while the stopping
+    search tells its trials: every held trial is told and queued again, none left RUNNING."""
+    from cli import Terminated, _sigterm_as_interrupt
+
+    space, journal = tmp_path / "space.yaml", tmp_path / "study.journal"
+    space.write_text(space_text(n_trials=4, epochs=2))
+    ask, enqueue, asks, second = optuna.Study.ask, optuna.Study.enqueue_trial, [], []
+
+    def ask_then_terminated(study, *args, **kwargs):
+        trial = ask(study, *args, **kwargs)
+        asks.append(trial.number)
+        if len(asks) == 2:
+            signal.raise_signal(signal.SIGTERM)  # held until the trial is recorded as held, then raised
+        return trial
+
+    def enqueue_then_terminated_again(study, *args, **kwargs):
+        if len(asks) == 2 and not second:  # the stop's first retry: between its fail and its enqueue
+            second.append(True)
+            signal.raise_signal(signal.SIGTERM)
+        return enqueue(study, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.Study, "ask", ask_then_terminated)
+    monkeypatch.setattr(optuna.Study, "enqueue_trial", enqueue_then_terminated_again)
+    with pytest.raises(Terminated), _sigterm_as_interrupt():
+        run_search(parse_space(space.read_text(), source=str(space)), storage=str(journal), out_dir=tmp_path / "out")
+    assert second, "the second SIGTERM was not sent during the tell"
+    trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    interrupted = [t for t in trials if t.user_attrs.get("outcome") == "interrupted"]
+    assert sorted(t.number for t in interrupted) == asks  # both held trials, the one asked as the signal came too
+    assert {t.user_attrs["interrupted_because"] for t in interrupted} == {"SIGTERM stopped its search"}
+    queued = [t.user_attrs.get(RETRY_OF) for t in trials if t.state == TrialState.WAITING]
+    assert sorted(queued) == asks  # each queued again: the second SIGTERM cut no tell short
 
 
 def _trials(url, name):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -39,6 +40,17 @@ from hfta_nas.search._optuna_private import storage_of, trial_id
 from hfta_nas.search._patience import PatientStorage
 
 INTERRUPTED = "interrupted: its worker stopped (killed, crashed or lost) while it ran; failed and retried"
+
+# The signals that stop a worker cleanly, as Ctrl-C does: SIGINT raises KeyboardInterrupt (Python's
+# own handler), SIGTERM (a scheduler's time limit, scancel, docker stop, kill) a KeyboardInterrupt
+# whose `signum` says so (the command line installs that handler).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_STOPPED_BY = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+
+
+def stop_signal(stop: BaseException | None) -> signal.Signals:
+    """The signal behind a KeyboardInterrupt: the one its `signum` names, else SIGINT."""
+    return signal.Signals(getattr(stop, "signum", signal.SIGINT))
 
 
 def retry_stale_trials(ledger: Ledger, held: Collection[int], worker: str, emit: Callable[[object], None]) -> int:
@@ -77,13 +89,15 @@ def fail_and_retry(ledger: Ledger, trial: FrozenTrial | optuna.Trial, why: str, 
 
 
 def interrupt_held(ledger: Ledger, held: Collection[optuna.Trial], emit: Callable[[object], None]) -> None:
-    """Ctrl-C: the trials this worker holds are failed as interrupted and queued again at once,
-    so nothing is left RUNNING and the next run trains them first."""
+    """Ctrl-C or SIGTERM: the trials this worker holds are failed as interrupted and queued again
+    at once, so nothing is left RUNNING and the next run trains them first. Called while the
+    KeyboardInterrupt is handled: its signal is named in each trial's `interrupted_because`."""
+    why = f"{_STOPPED_BY[stop_signal(sys.exc_info()[1])]} stopped its search"
     told: list[object] = []  # events are emitted once every trial is told: printing may fail now
     with ledger.lock:  # (a killed parent took the worker's stdout with it)
         for trial in held:
             if ledger.is_running(trial):
-                fail_and_retry(ledger, trial, "Ctrl-C (SIGINT) stopped its search", told.append)
+                fail_and_retry(ledger, trial, why, told.append)
     for event in told:
         with contextlib.suppress(Exception):
             emit(event)
@@ -109,39 +123,42 @@ def wait_for_other_workers(
 
 @contextlib.contextmanager
 def interrupts_ignored() -> Iterator[None]:
-    """SIGINT ignored while a stopping worker tells its trials (main thread only; elsewhere
-    nothing): a second Ctrl-C, or one that reached another thread, must not cut the telling
-    short. The caller retries once more for a signal that arrived just before."""
+    """SIGINT and SIGTERM ignored while a stopping worker tells its trials (main thread only;
+    elsewhere nothing): a second Ctrl-C or SIGTERM (a scheduler signals every process of a job,
+    the --workers parent forwards it too), or one that reached another thread, must not cut the
+    telling short. The caller retries once more for a signal that arrived just before."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """SIGINT held back until the block ends, then delivered to the handler it would have reached
-    (main thread only; elsewhere nothing): for a step that must not be cut in two, such as asking
-    a trial and recording it as held."""
+    """SIGINT and SIGTERM held back until the block ends, then delivered to the handler they would
+    have reached (main thread only; elsewhere nothing): for a step that must not be cut in two, such
+    as asking a trial and recording it as held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     arrived: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(signum))
+    previous = {signum: signal.signal(signum, lambda got, frame: arrived.append(got)) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if arrived:
-        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(arrived[0])
 
 
 def told_despite_interrupts(tell: Callable[[], None], attempts: int = 3) -> None:
-    """Run `tell` to its end with SIGINT ignored; a KeyboardInterrupt raised from a signal that
+    """Run `tell` to its end with SIGINT and SIGTERM ignored; a KeyboardInterrupt raised from a signal that
     came in just before is absorbed and `tell` runs again (it skips what it already told)."""
     with interrupts_ignored():
         for attempt in range(attempts):

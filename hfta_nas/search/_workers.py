@@ -8,9 +8,10 @@ in the storage under a study lock, dead workers' trials are retried; see
 `_driver` and `_heartbeat`). With several GPUs visible and a CUDA device asked
 for, worker i sees only GPU i mod count (`CUDA_VISIBLE_DEVICES`); on CPU the cores are shared out with `--threads`
 unless given. Their output is relayed line by line, prefixed `[worker i]`.
-Ctrl-C (SIGINT) reaches every worker; any still running 10 s later is
-terminated, then killed. Trials a stopped worker held are retried by the next
-run on the study.
+Ctrl-C (SIGINT) reaches every worker; a SIGTERM of this process (a scheduler's
+time limit, scancel, docker stop) is forwarded to them, and each stops as on
+Ctrl-C; any still running 10 s later is signalled again, then killed. Trials a
+stopped worker held are retried by the next run on the study.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from hfta_nas.search._recovery import stop_signal
 
 
 @dataclass
@@ -72,8 +75,8 @@ def run_workers(
 ) -> list[WorkerExit]:
     """Start one worker process per (argv, environment) of `commands` (the command line builds
     them: `cli.worker_commands`), relay their output through `echo`, wait for all, and return how
-    each ended. KeyboardInterrupt stops them all (SIGINT, then SIGTERM, then SIGKILL) and is
-    raised again."""
+    each ended. A KeyboardInterrupt (Ctrl-C, or SIGTERM through the command line's handler) stops
+    them all with the same signal, then SIGTERM, then SIGKILL, and is raised again."""
     echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
     started = time.monotonic()
     processes: list[subprocess.Popen] = []
@@ -98,8 +101,8 @@ def run_workers(
             relays.append(relay)
         for process in processes:
             process.wait()
-    except KeyboardInterrupt:
-        _stop(processes, grace_s)
+    except KeyboardInterrupt as stop:
+        _stop(processes, grace_s, stop_signal(stop))
         raise
     finally:
         for relay in relays:
@@ -137,10 +140,14 @@ def _relay(process: subprocess.Popen, prefix: str, echo: Callable[[str], None]) 
         echo(prefix + line.rstrip("\n"))
 
 
-def _stop(processes: list[subprocess.Popen], grace_s: float) -> None:
-    """SIGINT every worker still running (a terminal's Ctrl-C reached them already;
-    a `kill -INT` of this process did not), then SIGTERM, then SIGKILL."""
-    for sig, wait in ((None, 2.0), (signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+def _stop(processes: list[subprocess.Popen], grace_s: float, first: signal.Signals = signal.SIGINT) -> None:
+    """Send `first` (the signal that stopped this process) to every worker still running (a
+    terminal's Ctrl-C, or a scheduler's SIGTERM to every process of a job, reached them already;
+    a `kill` of this process alone did not), then SIGTERM, then SIGKILL."""
+    steps = [(None, 2.0), (first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)]
+    if first == signal.SIGTERM:
+        del steps[2]  # sent already
+    for sig, wait in steps:
         alive = [p for p in processes if p.poll() is None]
         if not alive:
             return
