@@ -5,6 +5,7 @@ A kill in the middle leaves the old file (or none), never a truncated one.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -45,7 +46,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
-    _atomic(Path(path), lambda stream: torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, stream))
+    # serialised in memory first: torch's zip writer reports a failed write to a file (a full
+    # disk) as a RuntimeError; the plain write below raises the OSError that says what happened
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def cache_dir() -> Path | None:

@@ -10,11 +10,18 @@ files of the study's best trial where the published ones name another trial
 staged files of trials that are no longer best, and removes temporary files a
 kill left. So after any kill the next run leaves weights and config of one
 trial, the best.
+
+A trial is told before it is offered, and a failure to write its files (a full
+disk, whatever the exception says) never fails it or the array it trained in:
+the first one is logged at once and kept, and `repair` at the run's end raises it
+(one line, a non-zero exit) when the published pair is not the study's best.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +36,7 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas.search._candidate import Proposal
 
 WEIGHTS, CONFIG, STAGED = "best_weights.pt", "best_config.yaml", ".trials"
+log = logging.getLogger(__name__)
 
 
 class BestExport:
@@ -42,6 +50,7 @@ class BestExport:
         self.study, self.out_dir, self.metrics, self.lock = study, out_dir, metrics, lock or contextlib.nullcontext()
         self.maximize = directions[0] == "maximize"
         self.files: dict[str, str] = {}
+        self.failure: HftaNasError | None = None  # the first offer that could not be written
 
     def best_trial(self) -> FrozenTrial | None:
         """The study's best COMPLETE trial by the first metric (the earliest on a tie)."""
@@ -54,25 +63,45 @@ class BestExport:
     def offer(
         self, proposal: Proposal, values: list[float], weights: Mapping[str, torch.Tensor], study_name: str
     ) -> None:
-        """Stage and publish the trial just told COMPLETE if it is the study's best."""
+        """Stage and publish the trial just told COMPLETE if it is the study's best; a failure
+        is kept in `failure` (and logged), never raised: the trial is told, its array trains on."""
         best = self.best_trial()
         if self.out_dir is None or best is None or best.number != proposal.number:
             return
         staged = self.out_dir / STAGED
-        with self.lock, _writing(self.out_dir):
-            save_weights(dict(weights), staged / f"{proposal.number}.pt")
-            text = _config_text(proposal, values, self.metrics, study_name)
-            if text is not None:
-                atomic_write_text(staged / f"{proposal.number}.yaml", text)
-            self._repair(self.out_dir)
+        try:
+            with self.lock, _writing(self.out_dir, proposal.number):
+                save_weights(dict(weights), staged / f"{proposal.number}.pt")
+                text = _config_text(proposal, values, self.metrics, study_name)
+                if text is not None:
+                    atomic_write_text(staged / f"{proposal.number}.yaml", text)
+                self._repair(self.out_dir)
+        except HftaNasError as error:
+            if self.failure is None:  # noted at once (a long search goes on), raised when the run ends (`repair`)
+                log.warning(
+                    "cannot write trial %d's weights to '%s' (%s): training goes on and every trial is told; "
+                    "the run ends with an error",
+                    proposal.number,
+                    self.out_dir,
+                    _cause(error.__cause__ or error),
+                )
+                self.failure = error
+
+    def _best_is_staged(self) -> bool:
+        best = self.best_trial()
+        return best is None or (self.out_dir is not None and (self.out_dir / STAGED / f"{best.number}.pt").exists())
 
     def repair(self) -> None:
         """Publish the study's best trial from its staged files where the published pair names
-        another; drop other staged trials and temporary files left by a kill."""
-        if self.out_dir is None or not self.out_dir.is_dir():
+        another; drop other staged trials and temporary files left by a kill. Raises the kept
+        `failure` when the study's best could not be staged (a later better trial clears it)."""
+        if self.out_dir is None:
             return
-        with self.lock, _writing(self.out_dir):
-            self._repair(self.out_dir)
+        if self.out_dir.is_dir():
+            with self.lock, _writing(self.out_dir):
+                self._repair(self.out_dir)
+        if self.failure is not None and not self._best_is_staged():
+            raise self.failure
 
     def _repair(self, out_dir: Path) -> None:
         for stray in [*out_dir.glob(".*.tmp"), *(out_dir / STAGED).glob(".*.tmp")]:
@@ -105,16 +134,27 @@ class BestExport:
 
 
 @contextlib.contextmanager
-def _writing(out_dir: Path) -> Iterator[None]:
-    """A full or read-only disk as one line (the study keeps every trial; only the files are missing)."""
+def _writing(out_dir: Path, trial: int | None = None) -> Iterator[None]:
+    """Any failure to write into out_dir as one HftaNasError line naming its cause (a full disk
+    also comes as a RuntimeError from torch's zip writer, or from code this calls)."""
     try:
         yield
-    except OSError as error:
+    except HftaNasError:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever it is, it must not fail a told trial
+        lost = f"trial {trial}'s weights are not saved" if trial is not None else "the files may name an older trial"
         raise HftaNasError(
-            f"cannot write the best trial's weights and config to '{out_dir}': "
-            f"{error.strerror or error}; free space or give another --out (the study keeps every "
-            "trial: re-running the command writes them)"
+            f"cannot write the best trial's weights and config to '{out_dir}': {_cause(error)}; every trained "
+            f"trial is told in the study, but {lost}; free space or give another --out"
         ) from error
+
+
+def _cause(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no space left on the device (disk full)"
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    return f"{type(error).__name__}: {error}"
 
 
 def _config_text(proposal: Proposal, values: list[float], metrics: list[str], study_name: str) -> str | None:

@@ -397,6 +397,9 @@ class _PBTRun:
             finals[proposal.number] = value
             self.emit(TrialEnded(proposal.number, "COMPLETE", [value]))
         best = self._export_best(trainer, records, finals)
+        # the best member's files could not be written (a full disk): one line, with the checkpoint
+        # kept, from which the same command run again (space freed) writes them
+        self.export.repair()
         if self.path is not None:
             remove_checkpoint(self.path)
         return best
