@@ -4,6 +4,35 @@ import pytest
 import torch
 
 from hfta_nas.data import Dataset
+from hfta_nas.errors import FusionError
+
+# A refusal is read in a terminal, a log or a trial's attribute: one line of about 200 characters.
+REFUSAL_LIMIT = 220
+
+
+def refusal_problem(message):
+    """Why a FusionError message is not one short line (None when it is)."""
+    if "\n" in message:
+        return "spans several lines"
+    if len(message) > REFUSAL_LIMIT:
+        return f"has {len(message)} characters (at most {REFUSAL_LIMIT})"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _refusals_are_one_short_line(monkeypatch):
+    """Every FusionError any test makes, anywhere in the suite, is held to one short line."""
+    made = []
+    original = FusionError.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(str(self))
+
+    monkeypatch.setattr(FusionError, "__init__", recording)
+    yield
+    problems = [f"{why}: {message[:300]!r}" for message in made if (why := refusal_problem(message))]
+    assert not problems, "refusal messages must be one line of about 200 characters:\n" + "\n".join(problems)
 
 
 def synthetic_dataset(n_train=60, n_eval=20, shape=(2, 12), classes=3, dtype=torch.float64, seed=0):

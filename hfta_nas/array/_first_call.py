@@ -6,6 +6,12 @@ operations outside the array's own dropout layers, `requires_grad_()`, reading
 `.data`, outputs that are not tensors, and packed sequences (`pack_padded_sequence`).
 These surface here, once per mode, as a FusionFallbackWarning or a FusionError that
 names the layer whose forward was running.
+
+What a forward does per slot that vmap cannot batch (a branch on a tensor's value,
+`.item()`, shapes that depend on the data) raises `NeedsSlotLoop`: the array then runs
+its slots one by one (`_slot_loop.py`), exact and slower. Activation checkpointing is
+refused by name wherever it runs: its backward re-runs the forward after the array has
+taken its per-slot tensors out of the template, with the template's own weights.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -24,14 +31,13 @@ from hfta_nas.errors import FusionError, FusionFallbackWarning
 _REFUSALS = (
     (
         "random operation",
-        "calls a random operation (e.g. F.dropout or torch.rand)",
-        "inside an array randomness must come from nn.Dropout modules so each slot uses its own seed",
+        "calls a random operation (F.dropout, torch.rand, ...)",
+        "inside an array randomness must come from nn.Dropout modules, so that each slot uses its own seed",
     ),
     (
         "requires_grad_()",
         "calls requires_grad_()",
-        "an array takes every slot's gradients at once, so a forward may not switch them on: remove the call "
-        "(parameters already require grad; for an input's gradient use torch.func outside the model)",
+        "an array takes every slot's gradients at once: remove the call (parameters already require grad)",
     ),
     (
         "accessing `data` under vmap",
@@ -46,14 +52,35 @@ _REFUSALS = (
 )
 
 
+# (words of vmap's error, what the forward did): per-slot work a slot-by-slot loop runs exactly
+_PER_SLOT = (
+    ("data-dependent control flow", "branches on a tensor's value"),
+    ("calling .item()", "reads a tensor's value (.item(), float(), int())"),
+    ("dynamic shape", "makes shapes that depend on the data"),
+    ("differently shaped Tensor", "makes shapes that depend on the data"),
+)
+
+
+class NeedsSlotLoop(Exception):
+    """The forward does per slot what one fused call cannot (`what`, naming the layer): run slots one by one."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
 def watched_first_call(fused: Callable[..., Any], state: dict, inputs: tuple, template: nn.Module) -> Any:
     """`fused(state, *inputs)`, with vmap's per-slot-loop fallbacks and what a fused forward
-    cannot do reported (the latter as a FusionError naming the layer of `template` that ran)."""
-    with warnings.catch_warnings(record=True) as caught, refusing_packed_sequences(template) as running:
+    cannot do reported (the latter as a FusionError naming the layer of `template` that ran;
+    per-slot control flow as NeedsSlotLoop)."""
+    with warnings.catch_warnings(record=True) as caught, watching_forward(template) as running:
         warnings.simplefilter("always")
         try:
             result = fused(state, *inputs)
         except (RuntimeError, ValueError) as error:
+            for words, what in _PER_SLOT:
+                if words in str(error):
+                    raise NeedsSlotLoop(f"{running_layer(running, template)} {what}") from error
             refusal = _refusal(error, running, template)
             if refusal is None:
                 raise
@@ -75,6 +102,38 @@ def watched_first_call(fused: Callable[..., Any], state: dict, inputs: tuple, te
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return result
+
+
+@contextlib.contextmanager
+def watching_forward(template: nn.Module) -> Iterator[list[str]]:
+    """While the block runs, what no array can run is refused by name: packed sequences in `template`'s
+    layers, activation checkpointing anywhere. Yields the paths of `template`'s running modules."""
+    with refusing_packed_sequences(template) as running, refusing_checkpoints(lambda: running_layer(running, template)):
+        yield running
+
+
+@contextlib.contextmanager
+def refusing_checkpoints(where: Callable[[], str]) -> Iterator[None]:
+    """While the block runs, torch.utils.checkpoint (either form) raises a FusionError naming `where()`.
+    Both forms are looked up at call time through the module's names, which this swaps for the block."""
+    entries = ("CheckpointFunction", "_checkpoint_without_reentrant_generator")
+    names = [name for name in entries if hasattr(torch_checkpoint, name)]
+    saved = {name: getattr(torch_checkpoint, name) for name in names}
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise FusionError(
+            f"{where()} uses torch.utils.checkpoint, whose backward re-runs the forward without the array's "
+            "per-slot weights; remove the checkpoint (one slot's activations are small) or train the model alone"
+        )
+
+    stand_in = type("RefusedCheckpoint", (), {"apply": staticmethod(refuse)})
+    try:
+        for name in names:
+            setattr(torch_checkpoint, name, stand_in if name == "CheckpointFunction" else refuse)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(torch_checkpoint, name, value)
 
 
 @contextlib.contextmanager
@@ -104,9 +163,8 @@ class _RefusePacking(TorchFunctionMode):
         # `running` is empty while anything but the template runs (the probe's own model packs freely).
         if self.running and getattr(func, "__name__", None) == "_pack_padded_sequence":
             raise FusionError(
-                f"{_where(self.running, self.template)} packs sequences (pack_padded_sequence), which an array "
-                "cannot run: a packed batch's shape depends on each slot's lengths; pass the padded batch to "
-                "the recurrent layer and take each sequence's output at its own last step (out[i, lengths[i] - 1])."
+                f"{running_layer(self.running, self.template)} packs sequences, whose shapes differ per slot: pass "
+                "the padded batch and take each sequence's output at its last step (out[i, lengths[i] - 1])"
             )
         return func(*args, **(kwargs or {}))
 
@@ -133,12 +191,12 @@ def _refusal(error: Exception, running: list[str], template: nn.Module) -> Fusio
             if words == "must only return Tensors":
                 where = f"the model's forward ({type(template).__name__})"
             else:
-                where = _where(running, template)
+                where = running_layer(running, template)
             return FusionError(f"{where} {what}; {instead}.")
     return None
 
 
-def _where(running: list[str], template: nn.Module) -> str:
+def running_layer(running: list[str], template: nn.Module) -> str:
     """The layer whose forward is running, in words."""
     if running and running[-1]:
         return f"layer '{running[-1]}' ({type(template.get_submodule(running[-1])).__name__})"

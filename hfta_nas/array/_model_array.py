@@ -29,23 +29,27 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
 from hfta_nas.array._envelope_slots import EnvelopeSlots, as_tensor
-from hfta_nas.array._first_call import refusing_packed_sequences, watched_first_call
+from hfta_nas.array._first_call import NeedsSlotLoop, running_layer, watched_first_call, watching_forward
 from hfta_nas.array._layout import FlatLayout
+from hfta_nas.array._python_state import carry, changes, put_back, python_state
+from hfta_nas.array._reassigned import keep, reassigned
 from hfta_nas.array._signature import (
     FusionSignature,
+    ShapesDiffer,
     check_equal_shapes,
     check_fusable,
     equal_shapes,
     refuse_frozen,
     refuse_hooked_weights,
 )
+from hfta_nas.array._slot_loop import call_template, refusing_random_operations, slots_one_by_one
 from hfta_nas.envelope._placement import SlotEmbedding
 from hfta_nas.envelope._probe import PaddingCost, PlacedSlot, count_macs, recheck_slot, verify_slot
 from hfta_nas.envelope._template import Envelope
-from hfta_nas.errors import FusionError, HftaNasError
+from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
 from hfta_nas.layers._slot_layers import SlotDropout, init_slot_randomness, make_fusable, no_attention_fast_path
 from hfta_nas.layers._slot_ops import NeedsVmap, global_hooks_set, native_forward
 
@@ -86,16 +90,24 @@ class ModelArray:
     its place in the envelope on the first batch and two adversarial copies
     of it (float64, forward and backward); a mismatch raises FusionError
     naming the layer. While it trains, one slot in turn is compared again on
-    the batch of every `recheck_every`-th training call, with its current
-    weights: a mismatch there stops the array (that call and every later one
-    raise the FusionError), so it never trains on.
+    the whole batch of every `recheck_every`-th training call (a call in
+    training mode, or with gradients on: an array trained in eval mode too),
+    with its current weights: a mismatch there stops the array (that call and
+    every later one raise the FusionError), so it never trains on.
+    `recheck_every = 0` turns the running check off.
+
+    The checks run on a copy of the template, so the user's forward runs once
+    per call, as each slot's own model would: Python state it keeps (a step
+    counter) advances exactly as in plain training. Buffers the forward
+    reassigns (`self.ema = ...`) are kept like in-place updates. A forward
+    that branches on a tensor's value runs its slots one by one (exact, slower).
     """
 
     # Training calls between two running checks. One check is a float64 forward and backward of
-    # one slot's model and of its place on at most 32 samples: on CPU, 1 thread, for an array of
-    # 4 MLPs (64-wide inputs, widths 32-128, batch 64) 1.8 ms against a 1.15 ms training step,
-    # so one check every 100 calls adds about 1.6%.
-    recheck_every = 100
+    # one slot's model and of its place on the whole batch: on CPU, 1 thread, for an array of
+    # 4 MLPs (64-wide inputs, widths 32-128, batch 64) 1.8 ms against a 1.15 ms training step
+    # (measured on 32 samples), so one check every 100 calls adds about 2%.
+    RECHECK_EVERY = 100
 
     def __init__(
         self,
@@ -115,13 +127,18 @@ class ModelArray:
         if first_param is None:
             raise FusionError("the model has no parameters; there is nothing to train in an array.")
         refuse_frozen(models)
+        for model in models:
+            refuse_hooked_weights(model)  # before the shapes are compared, whose message would blame a setting
         dtype = dtype or first_param.dtype
         device = torch.device(device) if device is not None else first_param.device
         self.device, self.dtype = device, dtype
         self._listeners: list[Any] = []
         self._checked_modes: set[tuple[bool, bool]] = set()
         self._training_calls = 0  # counts the calls in training mode, for the running check
+        self._recheck_every = self.RECHECK_EVERY
         self._refusal: FusionError | None = None  # set when the running check found a mismatch
+        self._one_by_one: str | None = None  # why the forward runs slot by slot (None: fused)
+        self._looped_modes: set[tuple[bool, bool]] = set()
 
         # Equal shapes: slot 0's model is the source of names and shapes. Else
         # the envelope of all slots is (FusionError naming the layer if none).
@@ -132,6 +149,7 @@ class ModelArray:
         # its non-tensor attributes; its own tensors are never used.
         template = make_fusable(copy.deepcopy(source)) if envelope is None else envelope.template()
         self._template = template.to(device=device)
+        self._initial_python = python_state(self._template)  # what a forward's Python state starts from
         self._state_keys = list(source.state_dict().keys())
         self._layout = FlatLayout.of(source)
         self._param_aliases = self._layout.aliases
@@ -165,30 +183,56 @@ class ModelArray:
         own_modules = None if self._slots is None else [emb.modules for emb in self._slots.embeddings]
         self._slot_random = init_slot_randomness(self._template, self.dropout_seeds, own_modules)
 
+    @property
+    def recheck_every(self) -> int:
+        """Training calls between two running checks of an array of different sizes; 0: none."""
+        return self._recheck_every
+
+    @recheck_every.setter
+    def recheck_every(self, calls: int) -> None:
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
+            raise HftaNasError(
+                f"recheck_every must be a whole number of training calls, or 0 for no running check; got {calls!r}."
+            )
+        self._recheck_every = calls
+
+    def _probe_template(self) -> nn.Module:
+        """A copy of the template for checks and counts, so that only the array's own calls run the
+        user's forward on it (its Python state advances as in plain training). The tensors are shared,
+        not copied: the checks swap in their own."""
+        memo = {id(t): t for t in (*self._template.parameters(), *self._template.buffers())}
+        return copy.deepcopy(self._template, memo)
+
     def _verify_pending(self, inputs: tuple[Any, ...], shared_input: bool) -> None:
         """Compare every not yet checked slot's own model with its embedding on this batch."""
+        probe = self._probe_template()
         for slot in sorted(self._slots.unverified):
             slot_inputs = _slot_inputs(inputs, slot, shared_input)
-            with refusing_packed_sequences(self._template):
+            with watching_forward(probe):
                 self._slots.macs[slot] = verify_slot(
-                    self.placed_slot(slot), slot, self._slots.unverified[slot], slot_inputs
+                    self.placed_slot(slot, probe), slot, self._slots.unverified[slot], slot_inputs
                 )
             self._slots.mark_verified(slot)
 
     def _recheck_now_and_then(self, inputs: tuple[Any, ...], shared_input: bool) -> None:
         """Every `recheck_every` training calls, compare one slot (in turn) with its own model on this
-        batch: a padding error that depends on the data stops the array when a batch shows it."""
+        whole batch: a padding error that depends on the data stops the array when a batch shows it."""
         self._training_calls += 1
-        if self._training_calls % self.recheck_every:
+        every = self.recheck_every
+        if not every or self._training_calls % every:
             return
-        slot = (self._training_calls // self.recheck_every - 1) % len(self)
+        slot = (self._training_calls // every - 1) % len(self)
         own = self._slots.verified.get(slot)
         if own is None:
             return
         own.load_state_dict(self.slot_state_dict(slot))
+        # The own model's Python state as the template's is now (a forward's step counter, say).
+        carry(changes(self._template, self._initial_python), own, self._slots.embeddings[slot].modules)
         when = f"the batch of training call {self._training_calls}"
+        probe = self._probe_template()
         try:
-            recheck_slot(self.placed_slot(slot), slot, own, _slot_inputs(inputs, slot, shared_input), when)
+            with watching_forward(probe):
+                recheck_slot(self.placed_slot(slot, probe), slot, own, _slot_inputs(inputs, slot, shared_input), when)
         except FusionError as error:
             self._refusal = error  # every later call raises it too: the array never trains on
             raise
@@ -209,7 +253,7 @@ class ModelArray:
         if self._slots is None:
             if not example_inputs:
                 raise HftaNasError("padding_cost() of an array of equal shapes needs an example batch [N, ...].")
-            per_slot = count_macs(self._template, self._slot_state(0), example_inputs)
+            per_slot = count_macs(self._probe_template(), self._slot_state(0), example_inputs)
             return PaddingCost([(per_slot, per_slot)] * len(self))
         if self._slots.unverified:
             if not example_inputs:
@@ -222,14 +266,14 @@ class ModelArray:
         state = {**self._leaves, **self.buffers, **self._slot_random, **self._constants()}
         return {name: value[slot] for name, value in state.items()}
 
-    def placed_slot(self, slot: int) -> PlacedSlot:
-        """Slot `slot` of an array of different sizes as the envelope probe reads it: the template,
-        where the slot sits in it, and its view of every tensor the template reads."""
+    def placed_slot(self, slot: int, template: nn.Module | None = None) -> PlacedSlot:
+        """Slot `slot` of an array of different sizes as the envelope probe reads it: the template
+        (or `template`, a copy of it), where the slot sits in it, and its view of every tensor it reads."""
         slot = self._check_slot(slot)
         if self._slots is None:
             raise HftaNasError("placed_slot() is for arrays of models of different sizes (an envelope).")
         return PlacedSlot(
-            self._template,
+            self._template if template is None else template,
             self._slots.embeddings[slot],
             self._slot_state(slot),
             tuple(self._leaves),
@@ -250,13 +294,9 @@ class ModelArray:
     def _placement(self, model: nn.Module, slot: int) -> SlotEmbedding | None:
         """Where `model` goes in slot `slot` (None: equal shapes); FusionError if it cannot."""
         if self._slots is None:
-            try:
-                self._signature.check(model, slot)
-            except FusionError as error:
-                raise FusionError(
-                    f"this array was built from models of equal shapes, so a new model must have "
-                    f"them too (compared with slot 0): {error}"
-                ) from None
+            difference = self._signature.difference(model, slot)
+            if difference is not None:
+                raise FusionError(f"a new model must match this array of equal shapes: {difference}")
             return None
         return self._slots.envelope.place(model, slot)
 
@@ -289,11 +329,10 @@ class ModelArray:
         refuse_hooked_weights(models[0])  # before the comparison, whose message would blame the factory
         try:
             check_equal_shapes(models)
-        except FusionError as error:
+        except ShapesDiffer as error:
             raise FusionError(
-                f"the model factory built different models on different calls (one per seed): {error} "
-                "A factory must build the same layers and shapes every time; only the initial "
-                "weights may depend on the seed."
+                f"the model factory built different models for different seeds: {error.difference}; "
+                "only the initial weights may depend on the seed"
             ) from None
         return cls(
             models, dropout_seeds=dropout_seeds if dropout_seeds is not None else seeds, device=device, dtype=dtype
@@ -387,30 +426,81 @@ class ModelArray:
             raise self._refusal
         if self._slots is not None and self._slots.unverified:
             self._verify_pending(inputs, shared_input)
-        if self._slots is not None and self.training:
+        if self._slots is not None and (self.training or torch.is_grad_enabled()):
             self._recheck_now_and_then(inputs, shared_input)
         if self._native is not None and not shared_input and len(inputs) == 1 and not keyword_inputs:
             out = self._native_call(inputs[0])
             if out is not None:
                 return out
         state = {**self._leaves, **self.buffers, **self._slot_random, **self._constants()}
-        names, count = list(keyword_inputs), len(inputs)
-
-        def one_slot(slot_state, *slot_inputs):
-            return functional_call(
-                self._template, slot_state, slot_inputs[:count], dict(zip(names, slot_inputs[count:])), tie_weights=True
-            )
-
-        # a tensor is split by slot (dim 0) unless shared; anything else is passed as it is
-        dim = None if shared_input else 0
-        in_dims = (0, *(pytree.tree_map(lambda v: dim if isinstance(v, torch.Tensor) else None, x) for x in batched))
-        fused = vmap(one_slot, in_dims=in_dims, randomness="error")
+        call = call_template(len(inputs), list(keyword_inputs))
         mode = (self.training, shared_input)
         with no_attention_fast_path():
-            if mode in self._checked_modes:
-                return fused(state, *batched)
-            self._checked_modes.add(mode)
+            if self._one_by_one is not None:
+                out, kept = self._slot_by_slot(call, state, batched, mode)
+            else:
+                out, kept = self._fused(call, state, batched, mode)
+        keep(self.buffers, self._leaves, kept)
+        return out
+
+    def _fused(self, call, state: dict[str, torch.Tensor], batched: tuple[Any, ...], mode: tuple[bool, bool]):
+        """(outputs, buffers the forward reassigned) of one vmap call over the slots; on the first
+        call of a mode, watched, and falling back to slot by slot where the forward needs it."""
+
+        def one_slot(slot_state, *slot_inputs):
+            given = dict(slot_state)
+            out = call(self._template, slot_state, slot_inputs)
+            return out, reassigned(given, slot_state)  # functional_call wrote reassigned buffers back
+
+        # a tensor is split by slot (dim 0) unless shared; anything else is passed as it is
+        dim = None if mode[1] else 0
+        in_dims = (0, *(pytree.tree_map(lambda v: dim if isinstance(v, torch.Tensor) else None, x) for x in batched))
+        fused = vmap(one_slot, in_dims=in_dims, randomness="error")
+        if mode in self._checked_modes:
+            return fused(state, *batched)
+        self._checked_modes.add(mode)
+        before = self._stateful_copy()
+        try:
             return watched_first_call(fused, state, batched, self._template)
+        except NeedsSlotLoop as needs:
+            self._put_back(before)  # the fused attempt may have run layers before the one that needs it
+            warnings.warn(
+                f"{needs.what}, which one fused call cannot do for every slot: the array runs its slots one "
+                "by one (exact; one forward per slot instead of one for all).",
+                FusionFallbackWarning,
+                stacklevel=4,
+            )
+            self._one_by_one = needs.what
+            return self._slot_by_slot(call, state, batched, mode)
+
+    def _slot_by_slot(self, call, state: dict[str, torch.Tensor], batched: tuple[Any, ...], mode: tuple[bool, bool]):
+        """`_fused`'s result computed one slot at a time (`_slot_loop.py`); its first call of a mode watched."""
+        shared_input = mode[1]
+
+        def loop():
+            split = lambda inputs, slot: _slot_inputs(inputs, slot, shared_input)  # noqa: E731
+            return slots_one_by_one(self._template, state, batched, split, call, len(self))
+
+        if mode in self._looped_modes:
+            return loop()
+        self._looped_modes.add(mode)
+        with (
+            watching_forward(self._template) as running,
+            refusing_random_operations(lambda: running_layer(running, self._template)),
+        ):
+            return loop()
+
+    def _stateful_copy(self) -> tuple[dict[str, torch.Tensor], Any]:
+        """What a forward may change: buffers and per-slot counters (copies), and its Python state."""
+        tensors = {**self.buffers, **self._slot_random}
+        return {name: value.clone() for name, value in tensors.items()}, python_state(self._template)
+
+    def _put_back(self, saved: tuple[dict[str, torch.Tensor], Any]) -> None:
+        tensors, python = saved
+        with torch.no_grad():
+            for name, value in tensors.items():
+                {**self.buffers, **self._slot_random}[name].copy_(value)
+        put_back(self._template, python)
 
     def _native_call(self, x: Any) -> torch.Tensor | None:
         """The template's output computed without vmap, or None where this call needs vmap
@@ -644,8 +734,8 @@ class ModelArray:
         source, target = self._check_slot(source), self._check_slot(target)
         if self._slots is not None:
             raise FusionError(
-                "copy_slot needs an array of one architecture (equal shapes); this one pads models of "
-                "different sizes into an envelope, so one slot's tensors do not fit another's place."
+                "copy_slot needs an array of equal shapes; this one pads models of different sizes into an "
+                "envelope, where one slot's tensors do not fit another's place"
             )
         with torch.no_grad():
             for tensor in (self.flat.detach(), *self.buffers.values(), *self._slot_random.values(), self.dropout_seeds):

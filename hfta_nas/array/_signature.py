@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hfta_nas.envelope._merge import same_setting, settings_of
+from hfta_nas.envelope._merge import same_setting, settings_of, shown_value
 from hfta_nas.envelope._template import Envelope
 from hfta_nas.errors import FusionError
 
@@ -41,41 +41,49 @@ class FusionSignature:
         self.settings = [(path, settings_of(m)) for path, m in model.named_modules()]
 
     def check(self, model: nn.Module, slot: int) -> None:
-        """Raise FusionError naming the first difference between `model` and the reference (slot 0)."""
+        """Raise ShapesDiffer naming the first difference between `model` and the reference (slot 0)."""
+        difference = self.difference(model, slot)
+        if difference is not None:
+            raise ShapesDiffer(difference)
+
+    def difference(self, model: nn.Module, slot: int) -> str | None:
+        """The first difference between `model` (in slot `slot`) and the reference (slot 0), in words."""
         described = _describe_tensors(model)
         for (kind0, name0, shape0, dtype0), (kind, name, shape, dtype) in zip(self.tensors, described):
             if (kind0, name0) != (kind, name):
-                raise FusionError(
-                    f"slot {slot} has {kind} '{name}' where slot 0 has {kind0} '{name0}'; models must have "
-                    "the same layers."
-                )
+                return f"slot {slot} has {kind} '{name}' where slot 0 has {kind0} '{name0}'"
             if shape0 != shape:
-                raise FusionError(
-                    f"{kind} '{name}' has shape {list(shape)} in slot {slot} but {list(shape0)} in slot 0; "
-                    "only models with equal shapes can be fused into one array."
-                )
+                return f"{kind} '{name}' is {list(shape)} in slot {slot} but {list(shape0)} in slot 0"
             if dtype0 != dtype and not (dtype0.is_floating_point and dtype.is_floating_point):
                 # Floating tensors are all cast to the array's dtype; others must agree.
-                raise FusionError(f"{kind} '{name}' is {dtype} in slot {slot} but {dtype0} in slot 0.")
+                return f"{kind} '{name}' is {dtype} in slot {slot} but {dtype0} in slot 0"
         if len(described) != len(self.tensors):
             longer = slot if len(described) > len(self.tensors) else 0
             extra = (described if longer else self.tensors)[min(len(described), len(self.tensors))]
-            raise FusionError(f"slot {longer} has an extra {extra[0]} '{extra[1]}'; models must have the same layers.")
+            return f"slot {longer} has an extra {extra[0]} '{extra[1]}'"
         for line0, line in zip(self.structure, repr(model).splitlines()):
             if line0 != line:
-                raise FusionError(
-                    f"slot {slot} differs from slot 0 in structure: '{line.strip()}' vs '{line0.strip()}'; "
-                    "slots share one forward, so layer types and settings must be equal."
-                )
+                return f"slot {slot} has '{_cut(line.strip())}' where slot 0 has '{_cut(line0.strip())}'"
         # Attributes repr does not show (a user module's temperature, say) are read by the shared forward too.
         for (path, settings0), (_, module) in zip(self.settings, model.named_modules()):
             settings = settings_of(module)
             for name, value0 in settings0.items():
                 if name not in settings or not same_setting(value0, settings[name]):
-                    raise FusionError(
-                        f"layer '{path or '<root>'}': '{name}' is {settings.get(name, '<missing>')!r} in slot {slot} "
-                        f"but {value0!r} in slot 0; slots share one forward, so settings must be equal."
-                    )
+                    shown, shown0 = shown_value(settings.get(name, "<missing>")), shown_value(value0)
+                    return f"layer '{path or '<root>'}': '{name}' is {shown} in slot {slot} but {shown0} in slot 0"
+        return None
+
+
+class ShapesDiffer(FusionError):
+    """Models that cannot share an array of equal shapes; `difference` says where, in a few words."""
+
+    def __init__(self, difference: str) -> None:
+        super().__init__(f"{difference}; only models of equal layers, shapes and settings share one array")
+        self.difference = difference
+
+
+def _cut(text: str, limit: int = 50) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # torch.nn.utils' hook-based weight rewrites (hook class: the function, its parametrization form)
@@ -96,8 +104,7 @@ def refuse_hooked_weights(model: nn.Module) -> None:
                 function, parametrization = _HOOKED_WEIGHTS[kind.__name__]
                 raise FusionError(
                     f"layer '{path or '<root>'}' ({type(module).__name__}) uses torch.nn.utils.{function}, whose "
-                    "forward hook writes the weight as a plain attribute an array cannot give each slot; use "
-                    f"{parametrization}, the same normalisation, which arrays fuse."
+                    f"hook writes a plain weight attribute no array can give each slot; use {parametrization}"
                 )
 
 
@@ -131,6 +138,6 @@ def refuse_frozen(models: Sequence[nn.Module]) -> None:
         for name, param in model.named_parameters():
             if not param.requires_grad:
                 raise FusionError(
-                    f"parameter '{name}' of slot {slot} has requires_grad=False; arrays train every parameter, so "
-                    "frozen parameters are not supported: register the tensor as a buffer instead."
+                    f"parameter '{name}' of slot {slot} has requires_grad=False; an array trains every parameter: "
+                    "register a frozen tensor as a buffer instead"
                 )

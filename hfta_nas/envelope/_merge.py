@@ -64,6 +64,14 @@ def shown_path(path: str) -> str:
     return path or "<root>"
 
 
+def shown_value(value: Any) -> str:
+    """A setting's value for a one-line message: a tensor by its shape, anything else cut to 40 characters."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def join_path(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
@@ -157,19 +165,16 @@ def align_children(path: str, long: Sequence[nn.Module], short: Sequence[nn.Modu
             _keeps_shape(long[j]) for j in range(prefix, prefix + gap)
         ):
             return mapping
-    kinds = lambda children: "[" + ", ".join(type(c).__name__ for c in children) + "]"
     if gap == 0:
         k = next(k for k, (a, b) in enumerate(zip(long, short)) if not _compatible(a, b))
         raise FusionError(
             f"layer {k} of '{shown_path(path)}' is {type(short[k]).__name__} in one slot but {type(long[k]).__name__} "
-            f"in another ({kinds(short)} vs {kinds(long)}); slots must have the same layer types in the same order."
+            "in another; slots must have the same layer types in the same order"
         )
     raise FusionError(
-        f"layer '{shown_path(path)}' holds {len(short)} layers {kinds(short)} in one slot and {len(long)} "
-        f"{kinds(long)} "
-        "in another, and no choice of skipped layers keeps the shapes (a skipped layer must map its input to "
-        "the same shape, e.g. a hidden Linear of equal width, a residual block, a transformer layer); "
-        "models whose depth differs here need separate arrays."
+        f"layer '{shown_path(path)}' holds {len(short)} layers in one slot and {len(long)} in another, and no "
+        "choice of skipped layers keeps the shapes (a skipped layer must keep its input's shape): such depths "
+        "need separate arrays"
     )
 
 
@@ -250,9 +255,9 @@ def _merge_settings(path: str, env: nn.Module, present: list[tuple[int, nn.Modul
             continue
         slot = next(s for (s, _), v in zip(present, values) if not same_setting(values[0], v))
         raise FusionError(
-            f"layer '{shown_path(path)}' ({type(first).__name__}): '{name}' is {values[0]!r} in slot {s0} but "
-            f"{getattr(dict(present)[slot], name)!r} in slot {slot}; slots share one forward, so settings "
-            "other than sizes must be equal."
+            f"layer '{shown_path(path)}' ({type(first).__name__}): '{name}' is {shown_value(values[0])} in slot "
+            f"{s0} but {shown_value(getattr(dict(present)[slot], name))} in slot {slot}; slots share one forward, so "
+            "settings other than sizes must be equal."
         )
 
 
@@ -279,8 +284,7 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
             if (big_k - k) % 2:
                 raise FusionError(
                     f"layer '{shown_path(path)}' ({type(conv).__name__}): kernel sizes {k} (slot {slot}) and {big_k} "
-                    "differ by an odd number, so the smaller kernel cannot be centred in the larger; use odd "
-                    "kernel sizes (3, 5, 7) throughout."
+                    "differ by an odd number, so one cannot be centred in the other: use odd sizes throughout"
                 )
         paddings.add(
             tuple(
@@ -291,8 +295,7 @@ def _merge_conv(path: str, env: nn.modules.conv._ConvNd, present: list[tuple[int
     if len(paddings) > 1 or any(p != int(p) for p in next(iter(paddings))):
         raise FusionError(
             f"layer '{shown_path(path)}' ({type(env).__name__}): kernels {sorted(set(kernels))} with paddings "
-            f"{[m.padding for _, m in present]} give outputs of different geometry, so the smaller kernels cannot "
-            "be centred in the larger; pad each to keep the geometry (padding='same', or (k - 1) / 2)."
+            f"{[m.padding for _, m in present]} give outputs of different geometry: pad to keep it (padding='same')"
         )
     padding = next(iter(paddings))
     env.padding = "same" if all(m.padding == "same" for _, m in present) else tuple(int(p) for p in padding)
@@ -314,14 +317,14 @@ def _merge_recurrent(path: str, present: list[tuple[int, nn.Module]]) -> nn.Modu
             if getattr(rnn, name) != getattr(first, name):
                 raise FusionError(
                     f"layer '{shown_path(path)}' ({type(first).__name__}): '{name}' is "
-                    f"{getattr(first, name)!r} in slot {s0} but {getattr(rnn, name)!r} in slot {slot}."
+                    f"{shown_value(getattr(first, name))} in slot {s0} but {shown_value(getattr(rnn, name))} "
+                    f"in slot {slot}."
                 )
     hidden = {m.hidden_size for _, m in present}
     if first.bidirectional and len(hidden) > 1:
         raise FusionError(
-            f"layer '{shown_path(path)}' ({type(first).__name__}): a bidirectional layer of different hidden sizes "
-            "cannot be padded (its output joins both directions, so the padding would sit between them); "
-            "use one hidden size, or bidirectional=False."
+            f"layer '{shown_path(path)}' ({type(first).__name__}): bidirectional layers of different hidden sizes "
+            "cannot be padded (the padding would sit between the directions): use one hidden size"
         )
     # Built on the meta device: the constructor's random init must not touch torch's RNG.
     env = type(first)(

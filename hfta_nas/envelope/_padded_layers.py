@@ -183,8 +183,8 @@ def _gate(path: str, module: nn.Module, args: tuple, kwargs: dict, output):
     x = args[0] if args else next(iter(kwargs.values()), None)  # the first input, however it was passed
     if not isinstance(output, torch.Tensor) or not isinstance(x, torch.Tensor) or output.shape != x.shape:
         raise FusionError(
-            f"layer '{path}' is missing in some slots (smaller depth), but it does not map a tensor to a tensor "
-            "of the same shape, so it cannot be skipped; models whose depth differs here need separate arrays."
+            f"layer '{path}' is missing in some slots (smaller depth) but changes its input's shape, so it "
+            "cannot be skipped: models whose depth differs here need separate arrays"
         )
     return torch.where(module.slot_present, output, x)
 

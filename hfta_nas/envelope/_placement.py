@@ -37,6 +37,7 @@ from hfta_nas.envelope._merge import (
     same_setting,
     settings_of,
     shown_path,
+    shown_value,
 )
 from hfta_nas.envelope._padded_layers import ActivationChoice, DropoutChoice, activation_key
 from hfta_nas.errors import FusionError
@@ -204,8 +205,8 @@ def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
         for name in names:
             if getattr(own, name) != getattr(env, name):
                 raise FusionError(
-                    f"layer '{shown_path(own_path)}': '{name}' is {getattr(own, name)!r}; the array has "
-                    f"{getattr(env, name)!r}."
+                    f"layer '{shown_path(own_path)}': '{name}' is {shown_value(getattr(own, name))}; the array has "
+                    f"{shown_value(getattr(env, name))}."
                 )
         if own.bidirectional and own.hidden_size != env.hidden_size:
             raise FusionError(
@@ -222,8 +223,8 @@ def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
         ):
             continue  # sizes: checked with the tensors (a user module's: by the verification too)
         raise FusionError(
-            f"layer '{shown_path(own_path)}' ({type(own).__name__}): '{name}' is {value!r}; the array's "
-            f"model has {env_settings.get(name, '<missing>')!r}."
+            f"layer '{shown_path(own_path)}' ({type(own).__name__}): '{name}' is {shown_value(value)}; the array's "
+            f"model has {shown_value(env_settings.get(name, '<missing>'))}."
         )
     if isinstance(env, nn.modules.conv._ConvNd):
         for k, big_k, d, p, big_p in zip(
@@ -232,8 +233,8 @@ def _check_fits(env: nn.Module, own: nn.Module, own_path: str) -> None:
             if (big_k - k) % 2 or p + d * (big_k - k) / 2 != big_p:
                 raise FusionError(
                     f"layer '{shown_path(own_path)}' ({type(own).__name__}): kernel {own.kernel_size} with padding "
-                    f"{own.padding!r} does not keep the geometry of the array's kernel {env.kernel_size} with padding "
-                    f"{env.padding!r}; the smaller kernel cannot be centred in the larger."
+                    f"{own.padding!r} cannot be centred in the array's kernel {env.kernel_size} with padding "
+                    f"{env.padding!r}"
                 )
 
 

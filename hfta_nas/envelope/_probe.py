@@ -180,6 +180,10 @@ def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
+def _cut(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def envelope_macs(models: Sequence[nn.Module], *example_inputs: Any) -> int:
     """Multiply-adds per sample that one slot of an array of `models` executes (its envelope's);
     FusionError when the models cannot share an array."""
@@ -255,8 +259,7 @@ def _compare_outputs(what: str, own_out: Any, padded_out: Any) -> list[torch.Ten
     for own, padded in zip(own_leaves, padded_leaves):
         if isinstance(own, torch.Tensor) and isinstance(padded, torch.Tensor) and own.shape != padded.shape:
             raise _Mismatch(
-                f"output shapes ({list(own.shape)} alone, {list(padded.shape)} in the envelope: the "
-                "slots' outputs must have equal shapes, e.g. the same number of classes)",
+                f"output shapes ({list(own.shape)} alone, {list(padded.shape)} padded; slots need equal output shapes)",
                 float("inf"),
             )
         if isinstance(own, torch.Tensor):
@@ -300,10 +303,7 @@ def _first_differing_layer(placed: PlacedSlot, own: nn.Module, state, inputs) ->
             continue
         corner = padded[tuple(slice(0, n) for n in own_out.shape)]
         if _difference(own_out, corner) > _TOLERANCE:
-            return (
-                f", first at layer '{path}' ({type(own.get_submodule(path)).__name__}) or in the forward code "
-                "that feeds it"
-            )
+            return f", first at layer '{path}' ({type(own.get_submodule(path)).__name__})"
     return ""
 
 
@@ -370,8 +370,8 @@ def compare_slot(
             raise  # a refusal that names its layer already
         except Exception as error:  # noqa: BLE001 - any failure of the padded forward refuses the combination
             raise FusionError(
-                f"slot {slot}: its model fails when padded into the array's envelope on {when} "
-                f"({type(error).__name__}: {error}); models like it need a separate array."
+                f"slot {slot} fails padded into the array's envelope on {when} ({type(error).__name__}: "
+                f"{_cut(_first_line(error))}): train models like it in a separate array"
             ) from None
         try:
             _compare_in_detail(placed, own, state, own_out, padded_out, inputs)
@@ -379,9 +379,8 @@ def compare_slot(
             where = _first_differing_layer(placed, own_copy(model), _initial_state(placed), inputs)
             size = f" (relative difference {mismatch.error:.2g})" if mismatch.error != float("inf") else ""
             raise FusionError(
-                f"slot {slot}: its model and its place in the array's envelope compute different {mismatch.what} "
-                f"on {when}{size}{where}; this combination cannot be embedded exactly, "
-                "so it is refused: train models of this size in a separate array."
+                f"slot {slot} differs from its own model in the envelope: {mismatch.what} on {when}{size}{where}; "
+                "train this size in a separate array"
             ) from None
 
 

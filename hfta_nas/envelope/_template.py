@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from hfta_nas.envelope._merge import build_envelope
 from hfta_nas.envelope._padded_layers import (
@@ -56,6 +57,20 @@ def _needs(envelope: nn.Module, emb: SlotEmbedding) -> set[tuple[str, str]]:
     return needs
 
 
+def _refuse_parametrized(model: nn.Module) -> None:
+    """FusionError naming the layer: a parametrization (torch.nn.utils.parametrize) computes its tensor from
+    others of its own shapes, which an envelope cannot pad; equal shapes fuse it."""
+    for path, module in model.named_modules():
+        if parametrize.is_parametrized(module):
+            tensors = ", ".join(
+                f"'{name}' ({type(chain[0]).__name__})" for name, chain in module.parametrizations.items()
+            )
+            raise FusionError(
+                f"layer '{path or '<root>'}' ({type(module).__bases__[0].__name__}) has a parametrized {tensors}, "
+                "which an envelope cannot pad: models of different sizes with it need one array per size"
+            )
+
+
 def _set_child(root: nn.Module, path: str, module: nn.Module) -> nn.Module:
     if not path:
         return module
@@ -68,6 +83,8 @@ class Envelope:
     """The envelope of some models, where each slot sits in it, and the stand-ins they need."""
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
+        for model in models:
+            _refuse_parametrized(model)
         self.tree = build_envelope(models)
         # Where the models it was built from sit; the array keeps its own list through surgery.
         self.initial_slots = [embed(self.tree, model) for model in models]
@@ -87,8 +104,8 @@ class Envelope:
                 "rnn_layers": "has fewer layers",
             }.get(kind, kind)
             raise FusionError(
-                f"layer '{path or '<root>'}': the new model {what}, but every model the array was built from had "
-                "the full size there, so its template cannot run it; build a new array that includes a model like it."
+                f"layer '{path or '<root>'}': the new model {what}, which the array's template cannot run (its "
+                "models had the full size there): build a new array that includes a model like it"
             )
         return emb
 

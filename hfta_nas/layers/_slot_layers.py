@@ -439,9 +439,8 @@ def _replacement(module: nn.Module, path: str) -> nn.Module | None:
         return FusableLSTM(module)
     if isinstance(module, nn.MultiheadAttention) and module.dropout > 0:
         raise FusionError(
-            f"layer '{where}' (MultiheadAttention) has attention dropout={module.dropout}: its masks come "
-            "from torch's global generator inside a fused kernel and cannot be drawn per slot. "
-            "Build it with dropout=0 (nn.Dropout modules elsewhere are fine)."
+            f"layer '{where}' (MultiheadAttention) has attention dropout={module.dropout}, drawn inside a fused "
+            "kernel from torch's global generator, not per slot: build it with dropout=0"
         )
     if type(module) is _SpectralNorm:
         module.__class__ = FusableSpectralNorm  # same state; its power iteration batches
