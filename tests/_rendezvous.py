@@ -9,7 +9,7 @@ runs; the only time limit is a guard against a hung test.
 Processes started with `held_command(...)` hold at the first place where a condition holds:
 `point(name, subject, **info)` is called at a trial's report ("report", the optuna Trial,
 step=epoch), after an array's checkpoint is written ("checkpoint", the Checkpointer) and when an
-array's epoch has trained ("epoch", the ArrayTrainer, epoch=its number; any command), and the
+array's epoch has trained ("epoch", the ArrayTrainer; any command), and the
 condition is a `module:function` named in the process's environment. Only the first process
 (of all started with one Rendezvous) to meet its condition holds; the others run on.
 """
@@ -155,7 +155,7 @@ def install_points() -> None:
 
     def trained(trainer, *args, **kwargs):
         for epoch in epochs(trainer, *args, **kwargs):
-            point("epoch", trainer, epoch=epoch.epoch)
+            point("epoch", trainer)
             yield epoch
 
     optuna.trial.Trial.report, Checkpointer.__call__, ArrayTrainer.epochs = reported, saved, trained
