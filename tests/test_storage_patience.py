@@ -1,7 +1,8 @@
 """A storage that rides out outages (`PatientStorage`), on a fake clock: which errors are waited
 out and which are raised at once, the back-off, the two lines about an outage, giving up past
 the patience, a state write whose reply was lost, heartbeats judged only once the storage has
-been back long enough, and the bad values of --storage-patience."""
+been back long enough, and the bad values of --storage-patience. A storage URL's password is
+never shown: in errors, outage lines, hints, summaries and JSON it is ***."""
 
 import errno
 import logging
@@ -10,6 +11,7 @@ import sqlite3
 import optuna
 import pytest
 import sqlalchemy.exc
+import yaml
 from click.testing import CliRunner
 from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState
@@ -232,3 +234,99 @@ def test_the_default_patience_is_ten_minutes_for_a_space_and_for_open_storage(tm
     assert DEFAULT_STORAGE_PATIENCE_S == 600
     assert load_space("search_spaces/mnist1d_mlp.yaml").study.storage_patience == 600
     assert open_storage(str(tmp_path / "d.journal"))[0].outage.patience == 600
+
+
+# --------------------------------------------------- a storage URL's password is never shown
+SECRET = "s3cret-Pa55"
+UNREACHABLE_WITH_PASSWORD = f"postgresql://nobody:{SECRET}@127.0.0.1:1/x"  # port 1: refused at once
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://user:{SECRET}@db:5432/hfta",
+        f"postgresql+psycopg://user:{SECRET}%40x/y@db/hfta",  # an encoded '@' and a '/' in the password
+        f"mysql://root:{SECRET}@localhost/x?charset=utf8",
+        f"redis://:{SECRET}@host:6379/0",
+        "postgresql://user@db/hfta",  # nothing to mask
+        "sqlite:////tmp/study.db",
+    ],
+)
+def test_a_url_is_shown_as_sqlalchemy_shows_it_without_its_password(url):
+    from sqlalchemy.engine import make_url
+
+    from hfta_nas.search._credentials import hide_passwords
+
+    assert hide_passwords(url) == make_url(url).render_as_string(hide_password=True)
+    assert SECRET not in hide_passwords(f"cannot open storage '{url}': refused (host=db password={SECRET})")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["search", "search_spaces/mnist1d_mlp.yaml"],
+        ["search", "search_spaces/mnist1d_mlp.yaml", "--dry-run"],
+        ["search", "search_spaces/mnist1d_mlp.yaml", "--workers", "2"],
+        ["stability", "stability/configs/mnist1d_cnn.yaml", "--seeds", "2"],
+        ["dashboard"],
+        ["storage-proxy"],
+    ],
+    ids=lambda command: " ".join(command[:1] + [a for a in command if a.startswith("--")]),
+)
+def test_an_unreachable_storage_is_one_line_with_its_password_masked(command):
+    """What lands in a Slurm log: the URL is named, its password is not."""
+    result = CliRunner().invoke(main, [*command, "--storage", UNREACHABLE_WITH_PASSWORD])
+    assert result.exit_code == 2, result.output
+    assert SECRET not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "'postgresql://nobody:***@127.0.0.1:1/x'" in errors[0], result.output
+    assert "Traceback" not in result.output
+
+
+def test_an_outage_is_logged_and_ends_without_the_password_a_driver_quotes(caplog):
+    def quoting_the_url():
+        return sqlalchemy.exc.OperationalError(
+            "SELECT 1", {}, ConnectionRefusedError(111, f"connection to {UNREACHABLE_WITH_PASSWORD} refused")
+        )
+
+    storage, _ = patient_on(Flaky(down=1000, error=quoting_the_url), patience=5)
+    with caplog.at_level(logging.WARNING, logger="hfta_nas"), pytest.raises(StorageUnreachable) as stopped:
+        storage.get_all_studies()
+    said = [record.getMessage() for record in caplog.records] + [str(stopped.value)]
+    assert all(SECRET not in line and "nobody:***@" in line for line in said), said
+
+
+@pytest.mark.slow
+def test_summaries_hints_and_json_name_a_database_without_its_password(tmp_path, postgres):
+    """A real search, dry run and stability study on a throwaway PostgreSQL (trust auth: any
+    password is accepted), asked for JSON: the storage is named everywhere, its password nowhere."""
+    url = postgres.url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
+    shown = "postgres:***@127.0.0.1"  # (the search names the URL it connected with: driver and timeouts added)
+    space, config = tmp_path / "space.yaml", tmp_path / "tiny.yaml"
+    space.write_text(
+        yaml.safe_dump(
+            {
+                "study": {"name": "masked", "metrics": ["val_acc"]},
+                "budget": {"n_trials": 2},
+                "data": {"dataset": "digits", "batch_size": 64},
+                "training": {"epochs": 1, "optimizer": {"name": "adam", "lr": 1e-3}},
+                "model": {"family": "mlp", "config": {"depth": 1, "width": 16}},
+                "params": {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2}},
+            }
+        )
+    )
+    config.write_text(
+        "model: mlp\nmodel_config: {width: 16, depth: 1}\ndataset: digits\noptimizer: adam\nhparams: {lr: 0.01}\n"
+        "epochs: 1\ndata: {batch_size: 32}\n"
+    )
+    runs = {
+        "search": ["search", str(space), "--out", str(tmp_path / "out"), "--threads", "1", "--json"],
+        "dry run": ["search", str(space), "--dry-run", "--json"],
+        "search summary": ["search", str(space), "--n-more", "1", "--threads", "1"],
+        "stability": ["stability", str(config), "--seeds", "2", "--threads", "1", "--out", str(tmp_path / "r")],
+    }
+    for name, args in runs.items():
+        result = CliRunner().invoke(main, [*args, "--storage", url])
+        assert result.exit_code == 0, (name, result.output[-3000:])
+        assert SECRET not in result.output and shown in result.output, (name, result.output[-3000:])
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]

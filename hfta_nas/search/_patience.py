@@ -41,6 +41,7 @@ from optuna.trial import TrialState
 
 from hfta_nas._limits import DEFAULT_STORAGE_PATIENCE_S as DEFAULT_PATIENCE_S
 from hfta_nas.errors import HftaNasError
+from hfta_nas.search._credentials import hide_passwords
 
 FIRST_DELAY_S, MOST_DELAY_S = 0.25, 10.0  # back-off between tries: doubles from the first, capped
 
@@ -137,9 +138,10 @@ class _Outage:
 
 
 def _short(error: BaseException) -> str:
-    """The error's kind and first line, without SQLAlchemy's background link."""
+    """The error's kind and first line, without SQLAlchemy's background link (and any password
+    a driver's message quotes)."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {first[:160]}"
+    return f"{type(error).__name__}: {hide_passwords(first)[:160]}"
 
 
 def _retried(

@@ -23,6 +23,7 @@ import optuna
 from hfta_nas.data import Dataset
 from hfta_nas.envelope._probe import padding_fraction
 from hfta_nas.search._candidate import Candidate
+from hfta_nas.search._credentials import hide_passwords
 from hfta_nas.search._optimize import _Search, optimize
 from hfta_nas.search._storage import in_memory_study
 
@@ -98,7 +99,7 @@ def plan(
         max_arrays = UNBOUNDED_PLAN_ARRAYS if search.n_trials is None else MOST_PLANNED_ARRAYS
     result = SearchPlan(
         study.study_name,
-        storage or search.location,
+        hide_passwords(storage) if storage else search.location,
         search.n_trials,
         search.ledger.counted(True),
         search.array_size,

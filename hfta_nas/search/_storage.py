@@ -19,7 +19,8 @@ for the last trials may then overshoot n_trials by a few.
 
 Every opened storage is a `PatientStorage`: its calls ride out an outage of up to the
 storage patience (`_patience`). Opening is not patient about the first connection, so
-a wrong URL is refused at once.
+a wrong URL is refused at once. A URL is shown (errors, the location returned for
+summaries and hints) with its password masked (`_credentials`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from hfta_nas._limits import MAX_STORAGE_PATIENCE_S
 from hfta_nas.errors import HftaNasError
+from hfta_nas.search._credentials import hide_passwords
 from hfta_nas.search._patience import DEFAULT_PATIENCE_S, PatientStorage, is_passing, retried, unwrapped
 
 DEFAULT_STORAGE = "runs/hfta-nas.journal"
@@ -62,12 +64,13 @@ def _location(storage: str | None) -> str:
 
 
 def open_storage(storage: str | None, patience: float = DEFAULT_PATIENCE_S) -> tuple[BaseStorage, str]:
-    """(the storage for Optuna, the string optuna-dashboard takes). Opening fails at once when the
-    storage cannot be reached (a wrong URL must not wait); after that, every call rides out an
-    outage of up to `patience` seconds (`PatientStorage`)."""
+    """(the storage for Optuna, the string optuna-dashboard takes, its password masked: it is
+    shown, never used to connect). Opening fails at once when the storage cannot be reached (a
+    wrong URL must not wait); after that, every call rides out an outage of up to `patience`
+    seconds (`PatientStorage`)."""
     check_patience(patience)
     opened, location = _open(storage, patience)
-    return PatientStorage(opened, patience), location
+    return PatientStorage(opened, patience), hide_passwords(location)
 
 
 def check_patience(patience: float) -> None:
@@ -90,14 +93,16 @@ def _open(storage: str | None, patience: float = DEFAULT_PATIENCE_S) -> tuple[Ba
             return _get_storage(_with_timeouts(_with_driver(location)), patience), location
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
             raise HftaNasError(
-                f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}; "
-                "expected a database that can be reached (check the URL, the server and the credentials)"
+                hide_passwords(
+                    f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}; "
+                    "expected a database that can be reached (check the URL, the server and the credentials)"
+                )
             ) from error
     scheme = location.partition("://")[0]
     if "://" in location and scheme.replace("+", "").isalnum():
         raise HftaNasError(
-            f"cannot open storage '{location}': unknown URL scheme '{scheme}'; expected sqlite:///FILE, "
-            "postgresql://..., mysql://... or a journal file path."
+            f"cannot open storage '{hide_passwords(location)}': unknown URL scheme '{scheme}'; expected "
+            "sqlite:///FILE, postgresql://..., mysql://... or a journal file path."
         )
     path = _journal_path(location)
     try:
@@ -129,13 +134,14 @@ GRPC_READY_S = 10.0  # how long opening a grpc:// storage waits for its proxy to
 def _grpc_proxy(location: str) -> BaseStorage:
     """Optuna's client of a gRPC storage proxy (`hfta-nas storage-proxy`) at grpc://HOST:PORT,
     once the proxy answers; HftaNasError when the address is malformed or nothing answers."""
+    shown = hide_passwords(location)
     host, _, port = location[len("grpc://") :].rstrip("/").rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise HftaNasError(f"cannot open storage '{location}': expected grpc://HOST:PORT (a port from 1 to 65535)")
+        raise HftaNasError(f"cannot open storage '{shown}': expected grpc://HOST:PORT (a port from 1 to 65535)")
     try:
         from optuna.storages import GrpcStorageProxy
     except ImportError as error:  # grpcio is a dependency; a trimmed install may lack it
-        raise HftaNasError(f"cannot open storage '{location}': {error}; pip install grpcio protobuf") from None
+        raise HftaNasError(f"cannot open storage '{shown}': {error}; pip install grpcio protobuf") from None
     with warnings.catch_warnings():  # Optuna marks the proxy "experimental"
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         proxy = GrpcStorageProxy(host=host.strip("[]"), port=int(port))
@@ -144,7 +150,7 @@ def _grpc_proxy(location: str) -> BaseStorage:
     except ConnectionError:
         proxy.close()
         raise HftaNasError(
-            f"cannot open storage '{location}': no gRPC storage proxy answered at {host}:{port} within "
+            f"cannot open storage '{shown}': no gRPC storage proxy answered at {host}:{port} within "
             f"{GRPC_READY_S:.0f} s; start one with `hfta-nas storage-proxy --storage DATABASE_URL --port {port}`"
         ) from None
     return proxy
@@ -157,8 +163,8 @@ def serve_proxy(storage: str, host: str, port: int, patience: float, ready: Call
     location = _location(storage)
     if not location.startswith(_URL_SCHEMES) or location.startswith(("grpc://", "redis:")):
         raise HftaNasError(
-            f"cannot serve '{location}' through a gRPC proxy: expected a database URL (postgresql://..., "
-            "mysql://..., sqlite:///FILE); Optuna's proxy does not serve journal files"
+            f"cannot serve '{hide_passwords(location)}' through a gRPC proxy: expected a database URL "
+            "(postgresql://..., mysql://..., sqlite:///FILE); Optuna's proxy does not serve journal files"
         )
     opened, shown = open_storage(location, patience)
     from hfta_nas.search._optuna_private import grpc_proxy_server
@@ -625,7 +631,7 @@ def _readable(location: str) -> BaseStorage | None:
             return optuna.storages.get_storage(_with_driver(location))
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
             raise HftaNasError(
-                f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}"
+                hide_passwords(f"cannot open storage '{location}': {type(error).__name__}: {_one_line(error)}")
             ) from error
     path = _journal_path(location)
     if not path.exists():
@@ -681,11 +687,12 @@ def copy_of_stored_study(
     pruner: optuna.pruners.BasePruner,
 ) -> tuple[optuna.Study, str]:
     """(an in-memory study holding the stored study's trials and attributes, or a new one
-    when there is none yet, the storage's location); nothing is written to the storage."""
+    when there is none yet, the storage's location, its password masked); nothing is written
+    to the storage."""
     location = _location(storage)
     real = _readable(location)
     stored = None
     if real is not None and study_name in {s.study_name for s in optuna.get_all_study_summaries(real, False)}:
         stored = optuna.load_study(study_name=study_name, storage=real)
         check_directions(stored, directions)
-    return in_memory_study(study_name, directions, sampler, pruner, copy_of=stored), location
+    return in_memory_study(study_name, directions, sampler, pruner, copy_of=stored), hide_passwords(location)
