@@ -39,6 +39,10 @@ WEIGHTS, CONFIG, STAGED = "best_weights.pt", "best_config.yaml", ".trials"
 log = logging.getLogger(__name__)
 
 
+class ExportFailed(HftaNasError):
+    """The best trial's files could not be written into the output folder."""
+
+
 class BestExport:
     """Stages and publishes the best trial by the first metric (see the module docstring)."""
 
@@ -50,7 +54,7 @@ class BestExport:
         self.study, self.out_dir, self.metrics, self.lock = study, out_dir, metrics, lock or contextlib.nullcontext()
         self.maximize = directions[0] == "maximize"
         self.files: dict[str, str] = {}
-        self.failure: HftaNasError | None = None  # the first offer that could not be written
+        self.failure: ExportFailed | None = None  # the first offer that could not be written
 
     def best_trial(self) -> FrozenTrial | None:
         """The study's best COMPLETE trial by the first metric (the earliest on a tie)."""
@@ -76,7 +80,7 @@ class BestExport:
                 if text is not None:
                     atomic_write_text(staged / f"{proposal.number}.yaml", text)
                 self._repair(self.out_dir)
-        except HftaNasError as error:
+        except ExportFailed as error:  # (a storage that stays unreachable is raised: the search stops)
             if self.failure is None:  # noted at once (a long search goes on), raised when the run ends (`repair`)
                 log.warning(
                     "cannot write trial %d's weights to '%s' (%s): training goes on and every trial is told; "
@@ -135,15 +139,16 @@ class BestExport:
 
 @contextlib.contextmanager
 def _writing(out_dir: Path, trial: int | None = None) -> Iterator[None]:
-    """Any failure to write into out_dir as one HftaNasError line naming its cause (a full disk
-    also comes as a RuntimeError from torch's zip writer, or from code this calls)."""
+    """Any failure to write into out_dir as one ExportFailed line naming its cause (a full disk
+    may come as another error than OSError from code this calls); a user's error (HftaNasError,
+    StorageUnreachable among them) goes through as it is."""
     try:
         yield
     except HftaNasError:
         raise
     except Exception as error:  # noqa: BLE001 - whatever it is, it must not fail a told trial
         lost = f"trial {trial}'s weights are not saved" if trial is not None else "the files may name an older trial"
-        raise HftaNasError(
+        raise ExportFailed(
             f"cannot write the best trial's weights and config to '{out_dir}': {_cause(error)}; every trained "
             f"trial is told in the study, but {lost}; free space or give another --out"
         ) from error
