@@ -123,7 +123,7 @@ def refusing_checkpoints(where: Callable[[], str]) -> Iterator[None]:
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise FusionError(
             f"{where()} uses torch.utils.checkpoint, whose backward re-runs the forward without the array's "
-            "per-slot weights; remove the checkpoint (one slot's activations are small) or train the model alone"
+            "per-slot weights: remove the checkpoint, or train the model alone"
         )
 
     stand_in = type("RefusedCheckpoint", (), {"apply": staticmethod(refuse)})

@@ -31,10 +31,10 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.func import vmap
 
+from hfta_nas._python_state import carry, changes, put_back, python_state
 from hfta_nas.array._envelope_slots import EnvelopeSlots, as_tensor
 from hfta_nas.array._first_call import NeedsSlotLoop, running_layer, watched_first_call, watching_forward
 from hfta_nas.array._layout import FlatLayout
-from hfta_nas.array._python_state import carry, changes, put_back, python_state
 from hfta_nas.array._reassigned import keep, reassigned
 from hfta_nas.array._signature import (
     FusionSignature,

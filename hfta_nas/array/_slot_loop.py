@@ -86,6 +86,13 @@ def _stacked(outputs: list[Any]) -> Any:
                 f"the model's forward returns a {type(leaf).__name__}; an array's outputs are stacked per "
                 "slot, so return only tensors"
             )
+    for column in zip(*per_slot):
+        slot = next((s for s, t in enumerate(column) if t.shape != column[0].shape), None)
+        if slot is not None:
+            raise FusionError(
+                f"the model's output has shape {list(column[slot].shape)} in slot {slot} but "
+                f"{list(column[0].shape)} in slot 0 (it depends on the data); an array stacks equal shapes"
+            )
     return pytree.tree_unflatten([torch.stack(column) for column in zip(*per_slot)], spec)
 
 

@@ -15,8 +15,12 @@ that cannot be embedded exactly is refused, never trained differently.
 A padding error may depend on the data (a max over padded features differs only
 where all of a sample's real features are negative), so no batch proves a slot
 exact for all data: while the array trains, `recheck_slot` repeats the
-comparison now and then on a training batch with the slot's current weights
-(`ModelArray.recheck_every`), and a mismatch stops the array.
+comparison now and then on a whole training batch (every sample) with the slot's
+current weights (`ModelArray.recheck_every`), and a mismatch stops the array.
+
+Every comparison leaves the template's Python state as it found it (a forward's
+step counter): the array runs the checks on a copy of its template, and each
+comparison puts that copy's state back, so each starts where the user's model stands.
 
 The same pass counts multiply-adds (torch's FlopCounterMode): what the slot's
 own model needs per sample and what its place in the envelope executes.
@@ -36,6 +40,7 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
+from hfta_nas._python_state import put_back, python_state
 from hfta_nas.envelope._placement import SlotEmbedding, take_from
 from hfta_nas.envelope._template import Envelope
 from hfta_nas.errors import FusionError, HftaNasError
@@ -331,10 +336,10 @@ def verify_slot(placed: PlacedSlot, slot: int, model: nn.Module, inputs: tuple[A
 
 
 def recheck_slot(placed: PlacedSlot, slot: int, own: nn.Module, inputs: tuple[Any, ...], when: str) -> None:
-    """The running check: `verify_slot`'s comparison on one training batch, with the slot's current
+    """The running check: `verify_slot`'s comparison on one whole training batch, with the slot's current
     weights loaded into `own` (an `own_copy` of its model, which this check may change, so that it
     makes no copy of its own); FusionError on a mismatch."""
-    compare_slot(placed, slot, own, tree_map(lambda x: _as_float64(_samples(x)), inputs), when, copied=True)
+    compare_slot(placed, slot, own, tree_map(_as_float64, inputs), when, copied=True)
 
 
 def _scaled(inputs: Any, factor: float) -> Any:
@@ -353,6 +358,14 @@ def compare_slot(
     """One comparison of `model` with its place on float64 `inputs`; `when` names the batch in the error.
     `copied`: `model` is an `own_copy` already, which may be changed (else a copy is made)."""
     own = model.train() if copied else own_copy(model)  # a copy the last comparison left in eval mode
+    before = python_state(placed.template)  # each comparison starts where the user's forward stands
+    try:
+        _compare(placed, slot, model, own, inputs, when, own_may_fail)
+    finally:
+        put_back(placed.template, before)
+
+
+def _compare(placed, slot, model, own, inputs, when, own_may_fail) -> None:
     state = _initial_state(placed)
     for name in placed.parameter_names:
         state[name].requires_grad_()
