@@ -803,6 +803,15 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     ),
 )
 @click.option(
+    "--new-space",
+    is_flag=True,
+    help=(
+        "Search SPACE in a stored study that was searched with another space (another model, params, "
+        "training, data, sampler, seed or metric): it becomes the study's space, and the earlier trials keep "
+        "theirs. Without it such a study is refused, naming what differs."
+    ),
+)
+@click.option(
     "--workers",
     type=click.IntRange(min=1),
     default=1,
@@ -836,6 +845,7 @@ def search(
     quiet,
     as_json,
     adopt,
+    new_space,
 ) -> None:
     """Search SPACE (a YAML file, see search_spaces/README.md) with Optuna: every proposed
     candidate trains as proposed, packed into arrays by measured cost. Re-running resumes the study.
@@ -913,6 +923,7 @@ def search(
             on_event=progress.event,
             adopt=adopt,
             storage_patience=storage_patience,
+            new_space=new_space,
         )
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str))
@@ -1095,6 +1106,13 @@ class _SearchProgress:
             f"[yellow]out of memory[/] with {event.slots} models ({event.reason}): arrays of {event.half} from now on"
         )
 
+    def _on_ArrayRefused(self, event: Any) -> str:
+        apart = ", ".join(map(str, event.refused))
+        return (
+            f"[yellow]array {event.array} refused[/] trial(s) {apart}: they train again in arrays of their own, "
+            f"{len([n for n in event.again if n not in event.refused])} others as usual ({event.reason})"
+        )
+
     def _on_ArrayFailed(self, event: Any) -> str:
         return f"[red]array {event.array} failed[/]: {event.error}"
 
@@ -1179,6 +1197,11 @@ def _print_search_summary(summary: Any) -> None:
     )
     if summary.time_account:
         console.print(f"time: {_time_shares(summary.time_account)}")
+    if summary.trained_apart:
+        trials = ", ".join(map(str, sorted(summary.trained_apart)))
+        console.print(
+            f"trained apart: trial(s) {trials}, whose array's check refused them (trial attribute trained_apart)"
+        )
     for what, path in summary.exported.items():
         console.print(f"best {what}: {path}")
     console.print(f"dashboard: {summary.dashboard}")

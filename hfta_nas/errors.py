@@ -12,7 +12,15 @@ class HftaNasError(Exception):
 
 
 class FusionError(HftaNasError):
-    """The given models cannot be fused into one array (shapes or layers)."""
+    """The given models cannot be fused into one array (shapes or layers).
+
+    `slot`: the slot whose check failed, when the refusal is about one slot's place in an
+    array of different sizes (its model alone is not refused); None when it is about the model.
+    """
+
+    def __init__(self, message: str, slot: int | None = None) -> None:
+        super().__init__(message)
+        self.slot = slot
 
 
 class FusionFallbackWarning(UserWarning):

@@ -5,9 +5,14 @@ same trials for the same seed; a freed slot takes a trial of another
 architecture that fits the array; the example runs in its tiny mode.
 """
 
+import math
+
 import optuna
 import pytest
+import torch
+import torch.utils.checkpoint
 from optuna.trial import TrialState
+from torch import nn
 
 import hfta_nas
 from hfta_nas.data import load_dataset
@@ -176,3 +181,67 @@ def test_a_stopped_array_whose_slot_was_refilled_continues_with_its_envelope_reb
             original.intermediate_values,
         )
     assert {reference[trials[n].user_attrs["retry_of"]].number for n in resumed.trials} == {0, 2, 3}
+
+
+class CentredUnits(nn.Module):
+    """Subtracts the mean over its hidden units: padded into a wider envelope, that mean also counts the
+    padding's zeros, so the array's first-call check refuses every narrower slot's place (not the model)."""
+
+    def __init__(self, width, inputs, classes):
+        super().__init__()
+        self.fc, self.out = nn.Linear(inputs, width), nn.Linear(width, classes)
+
+    def forward(self, x):
+        h = self.fc(x.flatten(1))
+        return self.out(torch.relu(h - h.mean(-1, keepdim=True)))
+
+
+def test_a_refused_slot_trains_apart_and_the_search_goes_on():
+    """One candidate whose place in its array fails the check never ends the search nor fails its
+    array-mates: the refused ones train again in arrays of their own, and say so."""
+    digits = load_dataset("digits")
+    widths = [32, 16, 32, 24]
+
+    def build(trial):
+        width = widths[trial.number]  # by number (a parameter's choices may not change between trials)
+        model = lambda: CentredUnits(width, math.prod(digits.input_shape), 10)  # noqa: E731
+        return hfta_nas.Candidate(model, hparams={"lr": 3e-3}, epochs=2, batch_size=64)
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    events = []
+    summary = hfta_nas.optimize(
+        study, build, digits, n_trials=4, array_size=4, seed=5, step_cost=StepCost(1.0, 0.0), on_event=events.append
+    )  # launch-bound: the four in one array first
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    assert sorted(summary.trained_apart) == [1, 3]
+    for number in (1, 3):
+        attribute = trials[number].user_attrs["trained_apart"]
+        assert attribute.startswith("array ") and "differs from its own model in the envelope" in attribute
+        assert attribute == summary.trained_apart[number]
+        others = [t.number for t in trials if t.user_attrs["array_id"] == trials[number].user_attrs["array_id"]]
+        assert others == [number]  # it trained alone
+    refusals = [e for e in events if isinstance(e, hfta_nas.search.ArrayRefused)]
+    assert [r.refused for r in refusals] == [[1], [3]]
+    assert trials[0].user_attrs["array_id"] == trials[2].user_attrs["array_id"]  # the equal ones share one still
+
+
+def test_a_model_refused_even_alone_fails_its_trial_only():
+    """A refusal of the model itself (here: activation checkpointing) fails its trials, one line each;
+    the search ends normally."""
+    digits = load_dataset("digits")
+
+    class Checkpointed(CentredUnits):
+        def forward(self, x):
+            return self.out(torch.utils.checkpoint.checkpoint(self.fc, x.flatten(1), use_reentrant=False))
+
+    def build(trial):
+        kind = Checkpointed if trial.number == 1 else CentredUnits
+        model = lambda: kind(16, math.prod(digits.input_shape), 10)  # noqa: E731
+        return hfta_nas.Candidate(model, hparams={"lr": 3e-3}, epochs=1, batch_size=64)
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    summary = hfta_nas.optimize(study, build, digits, n_trials=3, array_size=4, seed=5, step_cost=StepCost(1.0, 0.0))
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert "torch.utils.checkpoint" in trials[1].user_attrs["fail_reason"] and 1 in summary.trained_apart

@@ -384,7 +384,8 @@ def _compare(placed, slot, model, own, inputs, when, own_may_fail) -> None:
         except Exception as error:  # noqa: BLE001 - any failure of the padded forward refuses the combination
             raise FusionError(
                 f"slot {slot} fails padded into the array's envelope on {when} ({type(error).__name__}: "
-                f"{_cut(_first_line(error))}): train models like it in a separate array"
+                f"{_cut(_first_line(error))}): train models like it in a separate array",
+                slot=slot,
             ) from None
         try:
             _compare_in_detail(placed, own, state, own_out, padded_out, inputs)
@@ -393,7 +394,8 @@ def _compare(placed, slot, model, own, inputs, when, own_may_fail) -> None:
             size = f" (relative difference {mismatch.error:.2g})" if mismatch.error != float("inf") else ""
             raise FusionError(
                 f"slot {slot} differs from its own model in the envelope: {mismatch.what} on {when}{size}{where}; "
-                "train this size in a separate array"
+                "train this size in a separate array",
+                slot=slot,
             ) from None
 
 

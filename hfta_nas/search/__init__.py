@@ -13,6 +13,7 @@ from hfta_nas.search._cost import StepCost, StepCurve, cost_from_dict
 from hfta_nas.search._events import (
     ArrayEnded,
     ArrayFailed,
+    ArrayRefused,
     ArrayResumed,
     ArraySizeChosen,
     ArraySplit,
@@ -45,6 +46,7 @@ from hfta_nas.search._storage import (
     missing_storage_file,
     open_storage,
     serve_proxy,
+    study_lock,
 )
 from hfta_nas.search._study_texts import attach_study_file, set_study_text, study_text
 from hfta_nas.search._trial_seeded import TrialSeededSampler, trial_sampler_seed
@@ -54,6 +56,7 @@ __all__ = [
     "DEFAULT_STORAGE",
     "ArrayEnded",
     "ArrayFailed",
+    "ArrayRefused",
     "ArrayResumed",
     "ArraySizeChosen",
     "ArraySplit",
@@ -101,6 +104,7 @@ __all__ = [
     "run_workers",
     "serve_proxy",
     "set_study_text",
+    "study_lock",
     "study_report",
     "study_text",
     "trial_sampler_seed",

@@ -7,8 +7,11 @@ Each epoch every slot reports its metrics to its trial (single objective:
 is refilled with a trial whose model fits this array's envelope, else the
 array shrinks. The job does not call back into the search for that: `run()`
 is a generator that yields requests (`FreedSlot`: a slot to refill; `Requeue`:
-proposals that must wait for smaller arrays) and the search's loop answers
-each one, a proposal or None. A slot that finishes its epochs is told COMPLETE. The
+proposals that must wait for smaller arrays; `TrainApart`: proposals whose array's
+check refused it, to train again, the refused ones in arrays of their own) and the
+search's loop answers each one, a proposal or None. One refused candidate never fails
+its array-mates or ends the search; alone, a refused model is told FAIL with the reason.
+A slot that finishes its epochs is told COMPLETE. The
 user attributes `train_start` / `train_end` say when a trial's slot trained:
 a trial's Optuna duration also counts the time it waited for its array.
 """
@@ -35,12 +38,13 @@ import torch
 from hfta_nas._time_account import TimeAccount
 from hfta_nas.array._model_array import ModelArray
 from hfta_nas.envelope._probe import envelope_macs
-from hfta_nas.errors import HftaNasError
+from hfta_nas.errors import FusionError, HftaNasError
 from hfta_nas.models import count_parameters
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
 from hfta_nas.search._candidate import Proposal, example_input
 from hfta_nas.search._events import (
     ArrayFailed,
+    ArrayRefused,
     ArrayResumed,
     ArraySplit,
     ArrayStarted,
@@ -105,7 +109,15 @@ class Requeue:
     limit: int
 
 
-Request = FreedSlot | Requeue
+@dataclass(frozen=True)
+class TrainApart:
+    """An array's check refused it (`hfta_nas.FusionError`): these proposals train again from the start,
+    those whose `apart` is set in arrays of their own, the others packed as usual; answered with None."""
+
+    proposals: list[Proposal]
+
+
+Request = FreedSlot | Requeue | TrainApart
 
 
 class ArrayJob:
@@ -222,7 +234,11 @@ class ArrayJob:
         with account.phase("build"):
             trainer = self._resumed() if self.resume is not None else None
         if trainer is None:
-            trainer = yield from self._started()
+            try:
+                trainer = yield from self._started()
+            except FusionError as error:  # the models cannot share this array after all
+                yield from self._refused(list(self.by_number.values()), None, error)
+                return
         if trainer is None:
             return
         try:
@@ -231,6 +247,8 @@ class ArrayJob:
                 trainer.leave_finished()
                 if self.path is not None:
                     self._save(trainer)
+        except FusionError as error:  # a check refused a slot's place in the array, or the model
+            yield from self._refused(self._running(trainer), trainer, error)
         except HftaNasError:
             raise
         except (RuntimeError, torch.OutOfMemoryError, MemoryError) as error:
@@ -264,13 +282,43 @@ class ArrayJob:
         )
         return trainer
 
-    def _failed(self, trainer: ArrayTrainer, error: BaseException) -> Generator[Request, Proposal | None, None]:
+    def _running(self, trainer: ArrayTrainer) -> list[Proposal]:
+        """The proposals of the array's slots whose trials are still running."""
         with self.ctx.account.phase("storage"):
-            running = [
+            return [
                 self.by_number[n]
                 for n in trainer.slot_ids
                 if n in self.by_number and self.ctx.ledger.is_running(self.by_number[n].trial)
             ]
+
+    def _refused(
+        self, running: list[Proposal], trainer: ArrayTrainer | None, error: FusionError
+    ) -> Generator[Request, Proposal | None, None]:
+        """The array's check refused a slot's place in it (`error.slot`), or the model (None): the refused
+        proposals train again in arrays of their own, the others as usual. A proposal refused while it
+        trained alone already is told FAIL with the reason: its model cannot train in any array."""
+        if trainer is not None and error.slot is not None:
+            refused = [p for p in running if trainer.position_of(p.number) == error.slot]
+        else:
+            refused = running
+        reason = f"array {self.array_id} refused it: {error}"
+        for proposal in [p for p in refused if p.apart is not None]:
+            self._fail(proposal, f"refused even in an array of its own: {error}")
+        again = [p for p in running if p.apart is None or p not in refused]
+        with self.ctx.account.phase("storage"):
+            for proposal in refused:
+                if proposal.apart is None:
+                    proposal.apart = reason
+                    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # taken over meanwhile
+                        proposal.trial.set_user_attr("trained_apart", reason)
+        log.warning("%s; %d of its trials train again, %d of them apart", reason, len(again), len(refused))
+        self.ctx.emit(ArrayRefused(self.number, [p.number for p in refused], [p.number for p in again], str(error)))
+        if again:
+            yield TrainApart(again)
+
+    def _failed(self, trainer: ArrayTrainer, error: BaseException) -> Generator[Request, Proposal | None, None]:
+        running = self._running(trainer)
+        with self.ctx.account.phase("storage"):
             if is_out_of_memory(error) and len(running) > 1:
                 yield self._retry_smaller(running, error)
                 return
@@ -488,7 +536,7 @@ class ArrayJob:
         """Refill the slot of a pruned or failed trial while other slots train on, else drop it."""
         others = any(trainer.results[s].status == "running" for s in trainer.slot_ids if s != ended.number)
         key = ended.candidate.shared_settings()
-        fits = lambda p: p.candidate.shared_settings() == key and trainer.array.fits(p.shell)
+        fits = lambda p: p.apart is None and p.candidate.shared_settings() == key and trainer.array.fits(p.shell)
         new = (yield FreedSlot(ended, fits, why)) if others else None
         if new is None:
             trainer.stop([ended.number], reason=why)

@@ -224,6 +224,7 @@ class Proposal:
     shell: nn.Module  # the model on the meta device: shapes for packing, no memory
     useful_macs: int  # multiply-adds per sample of one forward of its own model
     reported: set[int] = field(default_factory=set)  # epochs reported (a retry after out-of-memory repeats them)
+    apart: str | None = None  # why it trains in an array of its own (its array's check refused its place)
 
     @property
     def number(self) -> int:

@@ -109,6 +109,17 @@ class ArraySplit:
 
 
 @dataclass(frozen=True)
+class ArrayRefused:
+    """A check refused a slot's place in array `array` (or its model): the `refused` trials train again
+    in arrays of their own, the `again` ones (the refused among them) from the start."""
+
+    array: int
+    refused: list[int]
+    again: list[int]
+    reason: str
+
+
+@dataclass(frozen=True)
 class ArrayFailed:
     array: int
     error: str

@@ -38,7 +38,7 @@ from hfta_nas._time_account import TimeAccount
 from hfta_nas.data import Dataset
 from hfta_nas.envelope._probe import padding_fraction
 from hfta_nas.errors import HftaNasError
-from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, FreedSlot, JobContext, Request
+from hfta_nas.search._array_job import STATIC_METRICS, ArrayJob, FreedSlot, JobContext, Request, TrainApart
 from hfta_nas.search._candidate import (
     Candidate,
     Proposal,
@@ -107,6 +107,8 @@ class SearchSummary:
     exported: dict[str, str] = field(default_factory=dict)  # what -> path
     # phase -> {"seconds", "share"} of this run's wall time (hfta_nas._time_account.PHASES, "other", "overhead")
     time_account: dict[str, dict[str, float]] = field(default_factory=dict)
+    # trial number -> why it trained in an array of its own (its array's check refused its place there)
+    trained_apart: dict[int, str] = field(default_factory=dict)
 
     @property
     def waste(self) -> float:
@@ -232,6 +234,7 @@ class _Search:
         self.deferred: dict[int, int] = {}  # trial number -> rounds it waited for a fuller array
         self.asked: dict[int, optuna.Trial] = {}  # trial id -> every trial this run asked (held until told)
         self.proposed: set[str] = set()  # shape keys of the candidates asked this run
+        self.trained_apart: dict[int, str] = {}  # trial number -> why its array refused it (SearchSummary)
         self.trained: set[str] = set()  # ... and of those that trained
         self.costs: dict[str, StepCost | StepCurve] = {}
         self.sizes: dict[str, int] = {}  # structure -> array size (auto, or halved after out of memory)
@@ -371,6 +374,10 @@ class _Search:
                 request = requests.send(answer)
                 if isinstance(request, FreedSlot):
                     answer = self._refill(request.ended, request.fits)
+                elif isinstance(request, TrainApart):
+                    self.waiting[:0] = request.proposals  # first in line; `pack` gives the refused arrays of one
+                    self.trained_apart.update({p.number: p.apart for p in request.proposals if p.apart})
+                    answer = None
                 else:
                     self._requeue(request.proposals, request.limit)
                     answer = None
@@ -530,6 +537,10 @@ class _Search:
     def pack(self, pool: list[Proposal]) -> list[Pack]:
         """The packing policy's arrays for `pool`: the groups' array sizes and step costs are looked up
         (or measured) here, then `pack_groups` decides from those numbers alone."""
+        apart = [Pack([p], p.useful_macs, p.useful_macs, 0.0, array_size=1) for p in pool if p.apart is not None]
+        pool = [p for p in pool if p.apart is None]
+        if not pool:
+            return apart
         with self.account.phase("packing"):
             groups = structure_groups(pool, self.shape_checks)
         sized = [
@@ -537,7 +548,9 @@ class _Search:
             for g in groups
         ]
         with self.account.phase("packing"):
-            return pack_groups(sized, max_waste=self.max_waste if not self.replicate else 0.0, shapes=self.shape_checks)
+            max_waste = self.max_waste if not self.replicate else 0.0
+            packed = pack_groups(sized, max_waste=max_waste, shapes=self.shape_checks)
+        return apart + packed
 
     def max_slots(self, group: list[Proposal]) -> int:
         key = structure_key(group[0])
@@ -689,6 +702,7 @@ class _Search:
             self.ctx.samples / max(seconds, 1e-9),
             dict(self.ctx.export.files),
             self.account.report(),
+            dict(self.trained_apart),
         )
 
 
