@@ -575,3 +575,14 @@ def test_search_ray_method_without_ray_fails_with_one_clear_line(monkeypatch, ca
     assert search.main(["--quick", "--methods", "plain,ray"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "hfta-nas[bench]" in err
+
+
+def test_the_forward_checks_benchmark_runs_and_writes_its_json(tmp_path):
+    """The harness of docs/engine.md's cost figures: both variants trained, the slot-by-slot one really looped."""
+    from benchmarks import forward_checks
+
+    result = forward_checks.main(["--quick", "--json", str(tmp_path / "f.json")])
+    assert json.loads((tmp_path / "f.json").read_text()) == result
+    assert [row["slots"] for row in result["slot_by_slot"]] == [2, 4]
+    assert all(row["ratio"] > 0 and row["fused_step_s"] > 0 for row in result["slot_by_slot"])
+    assert [row["batch"] for row in result["running_check"]] == [32, 64]
