@@ -104,9 +104,9 @@ class ModelArray:
     """
 
     # Training calls between two running checks. One check is a float64 forward and backward of
-    # one slot's model and of its place on the whole batch: on CPU, 1 thread, for an array of
-    # 4 MLPs (64-wide inputs, widths 32-128, batch 64) 1.8 ms against a 1.15 ms training step
-    # (measured on 32 samples), so one check every 100 calls adds about 2%.
+    # one slot's model and of its place on the whole batch: about 3 training steps of an array of
+    # 4 MLPs (widths 32-128, batch 64-256, CPU, 1 thread; benchmarks/forward_checks.py), so one
+    # check every 100 calls adds about 3%.
     RECHECK_EVERY = 100
 
     def __init__(
