@@ -40,7 +40,9 @@ from hfta_nas.search import (
     pbt,
     plan,
     set_study_text,
+    study_lock,
 )
+from search_spaces._identity import check_same_space, remember_space
 from search_spaces._pbt import pbt_options
 from search_spaces._pbt_checks import per_slot
 from search_spaces._sources import check_sources
@@ -158,20 +160,36 @@ def open_space_study(
     *,
     adopt: bool = False,
     storage_patience: float | None = None,
+    new_space: bool = False,
 ) -> optuna.Study:
-    """The space's study in `storage` (created, or resumed when it exists with the same directions;
-    one with trials that hfta-nas did not make only when `adopt`). Its storage rides out outages of
-    `storage_patience` seconds (default: the space's study.storage_patience)."""
+    """The space's study in `storage` (created, or resumed when it exists with the same directions
+    and the same space; one with trials that hfta-nas did not make only when `adopt`; one searched
+    with another space only when `new_space`). Its storage rides out outages of `storage_patience`
+    seconds (default: the space's study.storage_patience)."""
     patience = storage_patience if storage_patience is not None else space.study.storage_patience
     opened, location = open_storage(storage, patience)
     name = study_name_of(space, study_name)
+    # under the study's lock from the check to the write: of two processes that open one study at
+    # once with different spaces, the first stores its space and the other is refused (_identity)
+    with study_lock(opened, location, name):
+        study = _load_or_create(space, opened, name, location, adopt)
+        check_directions(study, space.directions)
+        _check_distributions(study, space)
+        if check_same_space(study, space, location, new_space=new_space):
+            remember_space(study, space)
+        _store_space(study, space, location)
+    return study
+
+
+def _load_or_create(space: SearchSpace, opened: Any, name: str, location: str, adopt: bool) -> optuna.Study:
     sampler, pruner = space.make_sampler(seed=space.seed), space.make_pruner()
     try:  # loaded first: create_study(load_if_exists=True) appends a record to a journal even when the study exists
         study = optuna.load_study(study_name=name, storage=opened, sampler=sampler, pruner=pruner)
         if not adopt:
             _refuse_a_stranger(study, location)
+        return study
     except KeyError:
-        study = optuna.create_study(
+        return optuna.create_study(
             storage=opened,
             study_name=name,
             directions=space.directions,
@@ -179,8 +197,10 @@ def open_space_study(
             pruner=pruner,
             load_if_exists=True,
         )
-    check_directions(study, space.directions)
-    _check_distributions(study, space)
+
+
+def _store_space(study: optuna.Study, space: SearchSpace, location: str) -> None:
+    """The space's file, overrides and settings with the study (checked to be its space before)."""
     with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(space.study.metrics))
@@ -202,7 +222,6 @@ def open_space_study(
         "versions": {"hfta_nas": hfta_nas.__version__, "torch": torch.__version__, "optuna": optuna.__version__},
     }.items():
         study.set_user_attr(key, value)
-    return study
 
 
 def _refuse_a_stranger(study: optuna.Study, location: str) -> None:
@@ -274,10 +293,12 @@ def run_search(
     on_event: Callable[[Any], None] | None = None,
     adopt: bool = False,
     storage_patience: float | None = None,
+    new_space: bool = False,
 ) -> SearchSummary | PBTSummary:
     """Search a space file's space (a PBTSummary: population-based training, when it has a pbt block); options
     left None come from the file. A stored study of that
-    name that hfta-nas did not make is refused unless `adopt` (its RUNNING trials would be failed).
+    name that hfta-nas did not make is refused unless `adopt` (its RUNNING trials would be failed), one
+    searched with another space unless `new_space`.
     The storage may be unreachable for up to `storage_patience` seconds at a time (see PatientStorage)."""
     if storage_patience is not None:
         check_patience(storage_patience)
@@ -289,7 +310,9 @@ def run_search(
         out_dir if out_dir is not None else default_out_dir(study_name_of(space, study_name)), "--out"
     )
     datasets = preload_data(space, device=device, dtype=dtype)  # unreadable data fails before the study is written
-    study = open_space_study(space, storage, study_name, adopt=adopt, storage_patience=storage_patience)
+    study = open_space_study(
+        space, storage, study_name, adopt=adopt, storage_patience=storage_patience, new_space=new_space
+    )
     build = candidate_builder(space, device=device, dtype=dtype, datasets=datasets)
     if space.pbt is not None:
         return pbt(study, build, out_dir=out, on_event=on_event, device=device, dtype=dtype, **pbt_options(space))

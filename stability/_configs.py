@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,12 +104,7 @@ def top_k_configs(storage: Any, study_name: str, k: int) -> list[LabelledConfig]
     except KeyError:
         names = ", ".join(s.study_name for s in optuna.get_all_study_summaries(storage)) or "none"
         raise HftaNasError(f"no study named '{study_name}' in this storage (studies: {names}).") from None
-    text = study_text(study, "space_text")
-    if text is None:
-        raise HftaNasError(f"study '{study_name}' was not made by `hfta-nas search` (it has no stored search space).")
-    space = parse_space(
-        text, study.user_attrs.get("space_source", study_name), study_text(study, "space_overrides", [])
-    )
+    space_for = _spaces_of(study, study_name)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not complete:
         raise HftaNasError(f"study '{study_name}' has no completed trial to re-run.")
@@ -119,7 +114,27 @@ def top_k_configs(storage: Any, study_name: str, k: int) -> list[LabelledConfig]
         sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
         ranked = sorted(complete, key=lambda t: (sign * t.value, t.number))
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    return [_trial_config(space, study_name, trial, by_number) for trial in ranked[:k]]
+    return [_trial_config(space_for(trial.number), study_name, trial, by_number) for trial in ranked[:k]]
+
+
+def _spaces_of(study: optuna.Study, study_name: str) -> Callable[[int], SearchSpace]:
+    """The space each trial number was searched with: the study's, or for a trial from before a
+    `search --new-space`, the earlier space kept in its history (in the order they were replaced)."""
+    text = study_text(study, "space_text")
+    if text is None:
+        raise HftaNasError(f"study '{study_name}' was not made by `hfta-nas search` (it has no stored search space).")
+    current = parse_space(
+        text, study.user_attrs.get("space_source", study_name), study_text(study, "space_overrides", [])
+    )
+    earlier = study_text(study, "space_history", [])
+
+    def space_for(number: int) -> SearchSpace:
+        for entry in earlier:
+            if number < entry["before_trial"]:
+                return parse_space(entry["text"], entry["source"], entry["overrides"])
+        return current
+
+    return space_for
 
 
 def _trial_config(

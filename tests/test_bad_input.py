@@ -68,6 +68,8 @@ def exits(input_shape=(1, 8, 8), num_classes=10):
 MISSING_MODULE = "no_such_module_hfta_nas"
 LR = {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2}}
 OPTIMIZER = {"name": "adam", "lr": 1e-3}
+STORED_SPACE = {"budget": {"n_trials": 1}, "array": {"size": 1}, "training": {"epochs": 1, "optimizer": OPTIMIZER}}
+LR_WIDER = {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 0.1}}
 
 
 def invoke(*args):
@@ -84,9 +86,7 @@ def stored(tmp_path_factory):
     """A journal holding study 'tiny' (the study of tests/test_search.py's space) with one finished trial."""
     folder = tmp_path_factory.mktemp("stored")
     space = folder / "space.yaml"
-    space.write_text(
-        space_text(budget={"n_trials": 1}, array={"size": 1}, training={"epochs": 1, "optimizer": OPTIMIZER})
-    )
+    space.write_text(space_text(**STORED_SPACE))
     journal = folder / "study.journal"
     result = invoke("search", space, "--storage", journal, "--out", folder / "best", "--threads", 1, "--quiet")
     assert result.exit_code == 0, result.output
@@ -850,8 +850,11 @@ FACTORY_CASES = [
 def test_bad_user_factories(env, model_line, args, message, stored_check):
     factory = model_line if model_line in ("three_outputs", "exits") else "random_width"
     (env.tmp / "space.yaml").write_text(
-        space_text(
-            model={"factory": f"factories.py:{factory}"}, params=LR, training={"epochs": 1, "optimizer": OPTIMIZER}
+        space_text(  # a study of its own: the stored study 'tiny' was searched with another space
+            study={"name": "factories", "metrics": ["val_acc"]},
+            model={"factory": f"factories.py:{factory}"},
+            params=LR,
+            training={"epochs": 1, "optimizer": OPTIMIZER},
         )
     )
     if model_line is not None and factory == "random_width":
@@ -988,6 +991,46 @@ def test_a_changed_distribution_on_a_stored_study_is_refused_before_anything_is_
         "study 'tiny' has trials where 'model.config.width' is CategoricalDistribution",
         "a study keeps one kind of distribution per parameter",
     )
+
+
+OTHER_SPACES = [
+    # (id, what differs from the stored study's space, what the one line says differs)
+    (
+        "model family",
+        {"model": {"family": "cnn2d"}, "params": LR},
+        "model.family is 'cnn2d' here but 'mlp' in the study",
+    ),
+    (
+        "optimizer",
+        {"training": {"epochs": 1, "optimizer": {"name": "sgd", "lr": 1e-3}}},
+        "training.optimizer.name is 'sgd' here but 'adam' in the study",
+    ),
+    ("sampler", {"sampler": {"name": "random"}}, "sampler.name is 'random' here but 'tpe' in the study"),
+    (
+        "a param's range",
+        {"params": {**yaml.safe_load(space_text())["params"], **LR_WIDER}},
+        "params.training.optimizer.lr.max is 0.1 here but 0.03 in the study",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), [c[1:] for c in OTHER_SPACES], ids=[c[0] for c in OTHER_SPACES])
+def test_another_space_on_a_stored_study_is_refused_naming_what_differs(env, change, message):
+    """The stored study 'tiny' keeps its space: another one on its name is one line, and nothing is written."""
+    (env.tmp / "space.yaml").write_text(space_text(**{**STORED_SPACE, **change}))
+    check_refused(
+        env, SEARCH, f"study 'tiny' in {env.journal} was searched with another space: {message}; give --new-space"
+    )
+
+
+def test_a_stored_study_takes_its_space_back_with_cosmetic_changes(env):
+    """Comments, key order, another budget or array size are the same space: the study resumes."""
+    text = "# the same space, written otherwise\n" + space_text(**{**STORED_SPACE, "budget": {"n_trials": 2}})
+    reordered = yaml.safe_dump(dict(reversed(list(yaml.safe_load(text).items()))), sort_keys=False)
+    (env.tmp / "space.yaml").write_text("# a comment\n" + reordered)
+    result = invoke(*(env.fill(a) for a in SEARCH))
+    assert result.exit_code == 0, result.output
+    assert len(snapshot(env.journal)["tiny"]) == 2
 
 
 def test_a_busy_dashboard_port_is_one_line(env):

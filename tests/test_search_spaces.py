@@ -766,3 +766,61 @@ def test_a_bare_values_list_is_a_categorical():
     text["params"]["model.config.width"] = {"values": []}
     with pytest.raises(SpaceError, match="model.config.width"):
         parse_space(_yaml.safe_dump(text), source="empty.yaml")
+
+
+# ------------------------------------------------------------ a study keeps its space
+
+
+def test_two_processes_opening_one_study_with_different_spaces_do_not_both_succeed(tmp_path):
+    """Both find the study absent at once: the first to store its space wins, the other is refused."""
+    import threading
+
+    from hfta_nas.search import open_storage, study_lock, study_text
+    from search_spaces import open_space_study
+    from tests.test_search import space_text as _space_text
+
+    journal = str(tmp_path / "study.journal")
+    spaces = {
+        "mlp": parse_space(_space_text(), "mlp.yaml"),
+        "random": parse_space(_space_text(sampler={"name": "random"}), "random.yaml"),
+    }
+    outcomes: dict[str, str] = {}
+
+    def open_it(name: str) -> None:
+        try:
+            open_space_study(spaces[name], journal)
+            outcomes[name] = "opened"
+        except HftaNasError as error:
+            outcomes[name] = str(error)
+
+    opened, location = open_storage(journal)
+    threads = [threading.Thread(target=open_it, args=(name,)) for name in spaces]
+    with study_lock(opened, location, "tiny"):  # both start before either may store its space
+        for thread in threads:
+            thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [name for name, outcome in outcomes.items() if outcome == "opened"]
+    assert len(winners) == 1, outcomes
+    (loser,) = set(spaces) - set(winners)
+    assert "was searched with another space: sampler.name is" in outcomes[loser]
+    study = optuna.load_study(study_name="tiny", storage=open_storage(journal)[0])
+    assert study_text(study, "space_text") == spaces[winners[0]].text
+
+
+def test_a_new_space_on_a_study_keeps_each_trials_own_space_for_stability(tmp_path):
+    """`--new-space` is asked for explicitly: the earlier trials are rebuilt with their own space."""
+    from hfta_nas.search import open_storage
+    from stability._configs import top_k_configs
+    from tests.test_search import search
+    from tests.test_search import space_text as _space_text
+
+    tiny = {"budget": {"n_trials": 1}, "array": {"size": 1}, "training": {"epochs": 1, "optimizer": {"name": "adam"}}}
+    search(tmp_path, _space_text(**tiny))
+    deeper = _space_text(**tiny, model={"family": "mlp", "config": {"depth": 2}})
+    with pytest.raises(HftaNasError, match="model.config.depth is 2 here but 1 in the study"):
+        search(tmp_path, deeper, n_trials=2)
+    search(tmp_path, deeper, n_trials=2, new_space=True)
+    configs = top_k_configs(open_storage(str(tmp_path / "study.journal"))[0], "tiny", 2)
+    depths = {c.config.origin["trial"]: c.config.model_config["depth"] for c in configs}
+    assert depths == {0: 1, 1: 2}
