@@ -13,15 +13,16 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from hfta_nas import LOSSES, loss_kind, trained_metric_names
 from hfta_nas.data import DATASETS
@@ -117,7 +118,11 @@ _SCHEDULE_LEAVES: dict[str, Checker] = {
     **{name: _checker(_SCHEDULE_TYPES.get(name, NonNegativeFloat)) for name in SCHEDULE_ARGS},
 }
 _BOOL = _checker(bool)
-_LR = _checker(PositiveFloat)
+# No optimizer trains with a step above this (Goyal et al.'s largest-batch SGD used 3.2): a value
+# like 1e308 is a typo, and would turn every weight to inf on the first step.
+MAX_LR = 1e3
+_LR = _checker(Annotated[float, Field(gt=0, le=MAX_LR, allow_inf_nan=False)])
+_EPS = _checker(PositiveFloat)  # Adam's denominator: 0 divides by zero where a gradient is 0
 _BETA = _checker(Fraction)
 _BETAS = _checker(tuple[Fraction, Fraction] | list[Fraction])
 _NON_NEGATIVE = _checker(NonNegativeFloat)
@@ -138,6 +143,8 @@ def _hparam_checker(name: str, optimizer_names: Iterable[str]) -> Checker:
         return _BOOL
     if name == "lr":
         return _LR
+    if name == "eps":
+        return _EPS
     if name in ("beta1", "beta2"):
         return _BETA
     if name == "betas":
@@ -231,12 +238,34 @@ def validate(data: Any, where: Where) -> Validated:
         _check_param(run, context, path, param)
     _check_fractions(run, context)
     _check_metric_splits(run, context)
+    _warn_strong_mixing(where, file, params)
     check_pbt(run.add, file, params)
     if file.budget.n_trials is None and file.budget.timeout is None:
         run.add(("budget",), "give 'n_trials' or 'timeout' (or both); with neither the search would never stop")
     file = _check_sampler_and_pruner(run, file, params)
     run.raise_if_any()
     return Validated(file, params)
+
+
+# Zhang et al. (mixup) and Yun et al. (CutMix) use alpha 0.1-1: above it Beta(alpha, alpha) draws
+# lambda near 1/2, so most samples are half one image, half another: legal, but rarely meant.
+MAX_USUAL_MIX_ALPHA = 1.0
+
+
+def _warn_strong_mixing(where: Where, file: SpaceFile, params: dict[str, Any]) -> None:
+    """A warning (the `hfta_nas` logger) for a mixup or cutmix alpha above the usual range."""
+    augment = file.training.augment
+    for name in ("mixup", "cutmix"):
+        param = params.get(f"training.augment.{name}")
+        values = [getattr(augment, name, 0.0) if augment is not None else 0.0]
+        values += [param.value] if isinstance(param, Fixed) else [getattr(param, "max", 0.0)]
+        alpha = max(v for v in values if isinstance(v, (int, float)))
+        if alpha > MAX_USUAL_MIX_ALPHA:
+            message = (
+                f"alpha {alpha:g} mixes most samples about half and half (Beta({alpha:g}, {alpha:g})); "
+                "the usual alpha is 0.1-1"
+            )
+            logging.getLogger("hfta_nas").warning(f"warning: {where.problem(('training', 'augment', name), message)}")
 
 
 # ----------------------------------------------------------------------- study

@@ -95,7 +95,9 @@ class StabilityResult:
         atomic_write_text(folder / "curves.csv", self.curves.to_csv(index=False))
         # the row counts let `load` tell a whole file from one cut short (a full disk, an editor)
         rows = {"seeds.csv": len(self.seeds), "curves.csv": len(self.curves)}
-        atomic_write_text(folder / "metadata.json", json.dumps({**self.metadata, "rows": rows}, indent=2, default=str))
+        columns = {"seeds.csv": list(self.seeds.columns)}  # and the columns, one dropped from one kept
+        record = {**self.metadata, "rows": rows, "columns": columns}
+        atomic_write_text(folder / "metadata.json", json.dumps(record, indent=2, default=str))
 
     @classmethod
     def load(cls, folder: str | Path) -> StabilityResult:
@@ -120,6 +122,7 @@ class StabilityResult:
                 f"cannot read the stability result in '{folder}': {type(error).__name__}: {error}"
             ) from None
         rows = metadata.pop("rows", {})
+        _check_seed_columns(folder / "seeds.csv", seeds, metadata.pop("columns", {}).get("seeds.csv"))
         for name, frame, keys in (("seeds.csv", seeds, SEED_KEYS), ("curves.csv", curves, CURVE_KEYS)):
             if name in rows and len(frame) != rows[name]:
                 raise HftaNasError(
@@ -166,6 +169,31 @@ class StabilityResult:
             pd.concat([r.curves for r in results], ignore_index=True),
             metadata,
         )
+
+
+_NUMBER_COLUMNS = ("seed_index", "seed_init", "seed_data", "seed_dropout", "seed_split", "epochs", *METRICS)
+
+
+def _check_seed_columns(path: Path, seeds: pd.DataFrame, written: list[str] | None) -> None:
+    """HftaNasError for a seeds.csv without a column it was written with (or one every result has),
+    or with a value that is not a number in a column of numbers: the report would leave them out."""
+    from hfta_nas.errors import HftaNasError
+
+    expected = written or [c for c in SEED_COLUMNS if c != "seed_split"]  # older results lack seed_split
+    missing = [c for c in expected if c not in seeds.columns]
+    if missing:
+        raise HftaNasError(
+            f"'{path}' has no column {', '.join(missing)}: it was edited; restore it, or re-run `hfta-nas stability`."
+        )
+    for column in (c for c in _NUMBER_COLUMNS if c in seeds.columns):
+        numbers = pd.to_numeric(seeds[column], errors="coerce")
+        bad = numbers.isna() & seeds[column].notna()
+        if bad.any():
+            row = int(bad.to_numpy().argmax())
+            raise HftaNasError(
+                f"'{path}' row {row + 2}, column {column}: {seeds[column].iloc[row]!r} is not a number: it was "
+                "edited; restore it, or re-run `hfta-nas stability`."
+            )
 
 
 @dataclass

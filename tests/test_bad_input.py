@@ -418,6 +418,20 @@ SPACE_CASES = [
         "data.val_fraction",
         "the study's metric 'val_acc' needs validation data",
     ),
+    (
+        "adam eps 0",
+        space_text(training={"epochs": 1, "optimizer": {"name": "adam", "lr": 1e-3, "eps": 0}}),
+        "eps: 0",
+        "training.optimizer.eps",
+        "expected a value > 0.0, got 0",
+    ),
+    (
+        "lr 1e308",
+        space_text(training={"epochs": 1, "optimizer": {"name": "adam", "lr": 1e308}}),
+        "lr: 1.0e+308",
+        "training.optimizer.lr",
+        "expected a value <= 1000.0, got 1e+308",
+    ),
 ]
 
 
@@ -1031,6 +1045,50 @@ def test_a_stored_study_takes_its_space_back_with_cosmetic_changes(env):
     result = invoke(*(env.fill(a) for a in SEARCH))
     assert result.exit_code == 0, result.output
     assert len(snapshot(env.journal)["tiny"]) == 2
+
+
+def test_a_strong_mixup_alpha_in_a_space_is_warned(caplog):
+    """mixup alpha 5 is legal (Beta(5, 5)) but mixes most samples half and half: one warning line."""
+    text = space_text(**{**STORED_SPACE, "training": {**STORED_SPACE["training"], "augment": {"mixup": 5}}})
+    with caplog.at_level("WARNING", logger="hfta_nas"):
+        parse_space(text, "space.yaml")
+    assert f"warning: space.yaml:{line_of(text, 'mixup: 5')}: training.augment.mixup: alpha 5 mixes" in caplog.text
+
+
+def test_train_on_labels_of_one_class_is_refused(env):
+    np.savez(env.tmp / "one.npz", x=np.zeros((40, 8), "float32"), y=np.zeros(40, "int64"))
+    check_refused(env, [*TRAIN, "--dataset", "one.npz"], "one.npz: every label is 0, one class only")
+
+
+def test_train_with_a_batch_larger_than_the_data_is_warned(env, caplog):
+    with caplog.at_level("WARNING", logger="hfta_nas"):
+        result = invoke(*TRAIN, "--batch-size", 10**9)
+    assert result.exit_code == 0, result.output
+    assert "batch size 1000000000 is larger than the 1437 training samples" in caplog.text
+
+
+def _damaged_seeds_csv(folder: Path, damage: str) -> None:
+    from tests.test_stability_report import synthetic_result
+
+    synthetic_result().save(folder)
+    seeds = (folder / "seeds.csv").read_text().splitlines()
+    if damage == "abc":
+        header = seeds[0].split(",")
+        row = seeds[1].split(",")
+        row[header.index("val_acc")] = "abc"
+        seeds[1] = ",".join(row)
+    else:  # the last column dropped from every line
+        seeds = [line.rsplit(",", 1)[0] for line in seeds]
+    (folder / "seeds.csv").write_text("\n".join(seeds) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [("abc", "row 2, column val_acc: 'abc' is not a number"), ("dropped column", "seeds.csv' has no column ")],
+)
+def test_report_on_an_edited_seeds_csv_is_refused(env, damage, message):
+    _damaged_seeds_csv(env.tmp / "result", damage)
+    check_refused(env, ["report", "{tmp}/result", "--out", "{tmp}/report"], message)
 
 
 def test_a_busy_dashboard_port_is_one_line(env):

@@ -173,6 +173,7 @@ def load_dataset(
         num_classes = 1 if splits["y_train"].ndim == 1 else int(splits["y_train"].shape[1])
     else:
         num_classes = 1 + max(int(splits[key].max()) for key in _SPLIT_KEYS[1::2] if splits[key].size)
+        _check_two_classes(name, splits)
 
     def tensor(key: str) -> torch.Tensor:
         # torch.tensor copies, so the dataset never aliases the caller's (or the cache's) arrays.
@@ -180,6 +181,16 @@ def load_dataset(
         return torch.tensor(splits[key], dtype=key_dtype, device=resolved_device)
 
     return Dataset(name=name, num_classes=num_classes, task=task, **{key: tensor(key) for key in _SPLIT_KEYS})
+
+
+def _check_two_classes(name: str, splits: dict[str, np.ndarray]) -> None:
+    """HftaNasError for labels of one class: every model reaches accuracy 1 at once (a file cut wrongly)."""
+    classes = np.unique(np.concatenate([splits[key].ravel() for key in _SPLIT_KEYS[1::2]]))
+    if len(classes) < 2:
+        raise HftaNasError(
+            f"{name}: every label is {int(classes[0]) if len(classes) else 'absent'}, one class only; expected "
+            "labels of at least two classes (for a numeric target, the regression task)"
+        )
 
 
 # -- sources ------------------------------------------------------------------

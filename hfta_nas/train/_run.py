@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 import os
 import tempfile
 import time
@@ -141,6 +142,7 @@ def train(
             f"({objective.loss if isinstance(objective.loss, str) else 'a function'})."
         )
     data = data.to(device=device, dtype=torch_dtype)
+    _warn_batch_beyond_data(batch_size, len(data.y_train))
     factory = resolve_model(model, model_config, input_shape=data.input_shape, num_classes=data.num_classes)
     slot_factories = None
     if slot_model_configs is not None:
@@ -333,6 +335,16 @@ def _checked_device(device: str) -> torch.device:
     if result.type not in ("cpu", "cuda"):  # mps, meta, xpu, ...: arrays are built and tested on CPU and CUDA only
         raise HftaNasError(f"device '{device}' is not supported: arrays train on 'cpu' or 'cuda' devices.")
     return result
+
+
+def _warn_batch_beyond_data(batch_size: Any, samples: int) -> None:
+    """A warning (the `hfta_nas` logger) for a batch larger than the training split: legal (every
+    epoch is one step over all samples), but rarely meant (a typo, or a batch size for other data)."""
+    if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > samples > 0:
+        logging.getLogger("hfta_nas").warning(
+            f"warning: batch size {batch_size} is larger than the {samples} training samples: every epoch is "
+            f"one step over all of them"
+        )
 
 
 def set_up_command_process(threads: int | None) -> None:
