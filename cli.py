@@ -491,6 +491,10 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             from hfta_nas.search import check_patience
 
             check_patience(kwargs["storage_patience"])
+        if kwargs.get("log_to"):  # a bad --log fails once, here; a new MLflow database gets its tables once
+            from hfta_nas.tracking import trackers_from
+
+            trackers_from(kwargs["log_to"])
         loaded = load_space(kwargs["space"], kwargs["overrides"])  # a bad space fails once, here, not K times
         if loaded.pbt is not None:
             raise click.UsageError(
@@ -795,6 +799,17 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     "--json", "as_json", is_flag=True, help="Print the summary (or the --dry-run plan) as JSON (for machines)."
 )
 @click.option(
+    "--log",
+    "log_to",
+    multiple=True,
+    metavar="BACKEND[:WHERE]",
+    help=(
+        "Log a run per trial, grouped by the study, to mlflow[:URI], tensorboard[:DIR] (default runs/tensorboard) or "
+        "wandb[:PROJECT] (default hfta-nas; WANDB_MODE=offline logs without a network); repeatable. Each needs its "
+        "extra: pip install 'hfta-nas[mlflow]'."
+    ),
+)
+@click.option(
     "--adopt",
     is_flag=True,
     help=(
@@ -844,6 +859,7 @@ def search(
     dry_run,
     quiet,
     as_json,
+    log_to,
     adopt,
     new_space,
 ) -> None:
@@ -909,7 +925,10 @@ def search(
         else:
             _print_search_plan(plan)
         return
-    with _SearchProgress(enabled=not (as_json or quiet)) as progress:
+    from hfta_nas.tracking import SearchTracking
+
+    tracking = SearchTracking(*log_to) if log_to else contextlib.nullcontext()  # a bad --log fails before training
+    with tracking, _SearchProgress(enabled=not (as_json or quiet)) as progress:
         summary = run_search(
             loaded,
             storage=storage,
@@ -920,7 +939,7 @@ def search(
             device=device,
             dtype=dtype,
             out_dir=out_dir,
-            on_event=progress.event,
+            on_event=(lambda event: (progress.event(event), tracking(event))) if log_to else progress.event,
             adopt=adopt,
             storage_patience=storage_patience,
             new_space=new_space,

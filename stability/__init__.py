@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
         variance_interval,
     )
     from stability._study import StudyReport, default_artifact_dir, report, run_study
+    from stability._tracking import StabilityTracking
 
 # public name -> (module, its name there)
 _PUBLIC = {
@@ -68,6 +69,7 @@ _PUBLIC = {
     "default_artifact_dir": ("stability._study", "default_artifact_dir"),
     "report": ("stability._study", "report"),
     "run_study": ("stability._study", "run_study"),
+    "StabilityTracking": ("stability._tracking", "StabilityTracking"),
 }
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
     "Analysis",
     "LabelledConfig",
     "StabilityResult",
+    "StabilityTracking",
     "StudyReport",
     "load_config",
     "default_artifact_dir",

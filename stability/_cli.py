@@ -147,6 +147,15 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
         _FAIL_BELOW,
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines)."),
         click.option("--quiet", is_flag=True, help="No progress display."),
+        click.option(
+            "--log",
+            "log_to",
+            multiple=True,
+            metavar="BACKEND[:WHERE]",
+            help="Log a run per seed, grouped by the configuration's study, to mlflow[:URI], tensorboard[:DIR] "
+            "(default runs/tensorboard) or wandb[:PROJECT] (default hfta-nas; WANDB_MODE=offline logs without a "
+            "network); repeatable. Each needs its extra: pip install 'hfta-nas[mlflow]'.",
+        ),
     ]
     return functools.reduce(lambda cmd, option: option(cmd), reversed(options), command)
 
@@ -355,7 +364,10 @@ def _execute(
     fail_below: float | None,
     as_json: bool,
     quiet: bool,
+    log_to: tuple[str, ...] = (),
 ) -> None:
+    import contextlib
+
     import optuna
 
     from stability._study import check_fail_below, metric_for, run_study
@@ -372,7 +384,11 @@ def _execute(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metric = metric_for(configs, metric)
     check_fail_below(fail_below, metric)  # before training, not after
-    with _Progress(enabled=not (quiet or as_json)) as progress:
+    from stability._tracking import StabilityTracking
+
+    tracking = StabilityTracking(*log_to) if log_to else contextlib.nullcontext()  # a bad --log fails before training
+    with tracking, _Progress(enabled=not (quiet or as_json)) as progress:
+        on_event = (lambda kind, info: (progress.event(kind, info), tracking(kind, info))) if log_to else progress.event
         done = run_study(
             configs,
             seeds=n_seeds,
@@ -390,7 +406,7 @@ def _execute(
             bootstrap_seed=bootstrap_seed,
             artifact_dir=artifact_dir,
             earlier=earlier,
-            on_event=progress.event,
+            on_event=on_event,
             fail_below=fail_below,
         )
     _print(done, metric, as_json)

@@ -61,7 +61,8 @@ def run_stability(
 
     `on_event(kind, info)` hears the progress: "config" (seeds to train, reused), "epoch", "continued"
     (an array restored from an interrupted run's checkpoint: info["epoch"] is the epoch it restored),
-    "split" (out of memory: trained in halves) and "array" (one array done)."""
+    "split" (out of memory: trained in halves), "array" (one array done) and "seeds" (that array's seeds:
+    info["seeds"] lists each one's label, study, config, slot and SeedOutcome)."""
     if not configs:
         raise HftaNasError("no configuration to run.")
     if array_size is not None and array_size < 1:
@@ -109,6 +110,7 @@ def run_stability(
                 label = ", ".join(dict.fromkeys(item.label for item, _ in chunk))
                 arrays.append({"config": label, **info})
                 on_event("array", {"label": label, **info})
+                on_event("seeds", {"array": len(arrays), "seeds": _seed_rows(chunk, trained, stores)})
                 for item in group:
                     mine = [(i, o) for (owner, i), o in zip(chunk, trained) if owner is item]
                     if mine and item.label in stores:
@@ -146,6 +148,20 @@ def run_stability(
 
 
 Slot = tuple[LabelledConfig, int]  # a configuration and the index of its seed plan
+
+
+def _seed_rows(chunk: list[Slot], trained: list[SeedOutcome], stores: dict[str, SeedStore]) -> list[dict[str, Any]]:
+    """What the "seeds" event tells of one array's seeds (a tracker's runs, `stability.StabilityTracking`)."""
+    return [
+        {
+            "label": item.label,
+            "study": stores[item.label].name if item.label in stores else item.label,
+            "config": item.config,
+            "slot": slot,
+            "outcome": outcome,
+        }
+        for slot, ((item, _), outcome) in enumerate(zip(chunk, trained))
+    ]
 
 
 def fusable_groups(

@@ -107,6 +107,14 @@ MAPPED: dict[str, str] = {
     "hfta-nas stability runs/cifar-like-cnn/best_config.yaml --seeds 8 --threads 2": (
         "tests/test_cifar_example.py::test_the_example_searches_and_seed_tests_in_a_tiny_mode"
     ),
+    "hfta-nas search search_spaces/mnist1d_cnn.yaml --log tensorboard:runs/tensorboard "
+    "--log mlflow:sqlite:///mlflow.db": ("tests/test_tracking.py::test_search_and_stability_commands_log_with_log"),
+    "WANDB_MODE=offline hfta-nas search search_spaces/mnist1d_cnn.yaml --log wandb:my-project": (
+        "tests/test_tracking.py::test_search_and_stability_commands_log_with_log"
+    ),
+    "hfta-nas stability --seeds 32 --log tensorboard:runs/tensorboard --log mlflow:sqlite:///mlflow.db": (
+        "tests/test_tracking.py::test_search_and_stability_commands_log_with_log"
+    ),
     "hfta-nas bench --quick": "tests/test_benchmarks.py::test_quick_run_covers_every_cell",
     "hfta-nas bench search --quick": "tests/test_benchmarks.py::test_search_quick_run_has_every_method_and_seed",
 }

@@ -24,7 +24,9 @@ from hfta_nas.search._events import (
     SearchStarted,
     SlotRefilled,
     TrialEnded,
+    TrialEpochEnded,
     TrialRetried,
+    TrialStarted,
     TrialWaits,
 )
 from hfta_nas.search._ledger import Outcome, counts, outcome_of
@@ -80,8 +82,10 @@ __all__ = [
     "StorageUnreachable",
     "cost_from_dict",
     "TrialEnded",
+    "TrialEpochEnded",
     "TrialRetried",
     "TrialSeededSampler",
+    "TrialStarted",
     "TrialWaits",
     "artifact_folder",
     "attach_study_file",

@@ -51,6 +51,8 @@ from hfta_nas.search._events import (
     EpochEnded,
     SlotRefilled,
     TrialEnded,
+    TrialEpochEnded,
+    TrialStarted,
 )
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
@@ -214,7 +216,7 @@ class ArrayJob:
 
     def _tell_start(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         trial = proposal.trial
-        for key, value in dict(
+        attributes = dict(
             array_id=self.array_id,
             slot=slot,
             architecture=shape_key(proposal),
@@ -224,8 +226,10 @@ class ArrayJob:
             seed_data=proposal.seeds["data"],
             seed_dropout=proposal.seeds["dropout"],
             **extra,
-        ).items():
+        )
+        for key, value in attributes.items():
             trial.set_user_attr(key, value)
+        self.ctx.emit(TrialStarted(proposal.number, dict(trial.params), attributes))
 
     # -------------------------------------------------------------------- run
     def run(self) -> Generator[Request, Proposal | None, None]:
@@ -483,6 +487,7 @@ class ArrayJob:
             return
         values = [metrics[m] if m in metrics else self.static[number][m] for m in ctx.metrics]
         self._report(proposal, result.epochs, values)
+        ctx.emit(TrialEpochEnded(number, result.epochs, {**metrics, **dict(zip(ctx.metrics, values))}))
         if result.status == "completed":
             self._complete(proposal, values, trainer, result.epochs)
             if result.epochs < proposal.candidate.epochs:  # stopped early: its slot is free for another trial

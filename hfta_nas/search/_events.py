@@ -69,6 +69,24 @@ class EpochEnded:
 
 
 @dataclass(frozen=True)
+class TrialStarted:
+    """A trial took slot `attributes["slot"]` of array `attributes["array_id"]` (its user attributes, seeds too)."""
+
+    trial: int
+    params: dict[str, Any]
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TrialEpochEnded:
+    """One trial's metrics after `epoch` epochs (every metric its slot measured, objectives included)."""
+
+    trial: int
+    epoch: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
 class TrialEnded:
     trial: int
     state: str  # COMPLETE, PRUNED or FAIL
