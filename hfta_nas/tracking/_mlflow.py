@@ -3,6 +3,7 @@ the run's params; where and how it trained (array, slot, seeds) its tags."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +26,8 @@ class MLflowTracker(Tracker):
             from mlflow.tracking import MlflowClient
         except ImportError:
             raise TrackingError("MLflow is not installed: pip install 'hfta-nas[mlflow]'.") from None
+        # MLflow prints two links per run ended on a server's store to stdout, which carries `--json` output
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.uri = uri
         self.experiments: dict[str, str] = {}  # study -> experiment id
         try:  # a local store that cannot be opened is the user's to fix now, not a warning mid-search
