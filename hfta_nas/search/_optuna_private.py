@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import optuna
 from optuna.storages import BaseStorage
+from optuna.storages._heartbeat import BaseHeartbeat as BaseHeartbeat  # storages with heartbeats inherit it
 
 
 def storage_of(study: optuna.Study) -> BaseStorage:

@@ -42,6 +42,7 @@ from optuna.trial import TrialState
 from hfta_nas._limits import DEFAULT_STORAGE_PATIENCE_S as DEFAULT_PATIENCE_S
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search._credentials import hide_passwords
+from hfta_nas.search._optuna_private import BaseHeartbeat
 
 FIRST_DELAY_S, MOST_DELAY_S = 0.25, 10.0  # back-off between tries: doubles from the first, capped
 
@@ -181,7 +182,15 @@ class PatientStorage(BaseStorage):
     """`inner`, with every call retried through outages of up to `patience` seconds (see the module docstring).
 
     `sleep` and `clock` are for tests (a fake clock); attributes that are not storage calls (an RDB
-    storage's engine, a journal's backend) are read from `inner`."""
+    storage's engine, a journal's backend) are read from `inner`. The wrapper keeps Optuna's storage
+    contract: it pickles (a fresh outage record on the other side), and around a storage with heartbeats
+    (`RDBStorage(url, heartbeat_interval=...)`) it is one too, its heartbeat calls retried like the rest,
+    so Optuna's stale-trial recovery and failed-trial callback work through it."""
+
+    def __new__(cls, inner: BaseStorage, *args: Any, **kwargs: Any) -> PatientStorage:
+        if cls is PatientStorage and isinstance(inner, BaseHeartbeat):
+            cls = PatientHeartbeatStorage
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -195,7 +204,13 @@ class PatientStorage(BaseStorage):
         self.outage = _Outage(patience, clock)
 
     def __getattr__(self, name: str) -> Any:  # only for names the class does not have
+        if "inner" not in self.__dict__:  # not built yet (unpickling): no storage to ask
+            raise AttributeError(name)
         return getattr(self.__dict__["inner"], name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The outage record holds a lock and a moment of this process: the copy starts with a fresh one.
+        return (_rebuilt, (self.inner, self.outage.patience, self.sleep, self.outage.clock))
 
     def connected_for(self) -> float:
         """Seconds since the storage came back from its last outage, or was opened (0 during an outage):
@@ -233,15 +248,30 @@ def _forwarded(name: str) -> Callable[..., Any]:
         return self._call(name, *args, **kwargs)
 
     call.__name__ = call.__qualname__ = name
-    call.__doc__ = getattr(BaseStorage, name).__doc__
+    call.__doc__ = getattr(BaseStorage, name, getattr(BaseHeartbeat, name, None)).__doc__
     return call
 
 
+def _rebuilt(
+    inner: BaseStorage, patience: float, sleep: Callable[[float], None], clock: Callable[[], float]
+) -> PatientStorage:
+    return PatientStorage(inner, patience, sleep=sleep, clock=clock)
+
+
+class PatientHeartbeatStorage(PatientStorage, BaseHeartbeat):
+    """A PatientStorage around a storage with heartbeats (`PatientStorage(inner)` makes one when `inner`
+    has them): Optuna finds the heartbeat (`is_heartbeat_enabled`) and its calls are retried too."""
+
+
 # Every public call of an Optuna storage goes through `_call` (read from BaseStorage, so a call a
-# newer Optuna adds is retried too); the class is then no longer abstract.
+# newer Optuna adds is retried too); the class is then no longer abstract. So do the heartbeat's
+# calls, which Optuna makes on the storage it is given (some are private names, read from the class).
 for _name in [n for n in dir(BaseStorage) if not n.startswith("_") and callable(getattr(BaseStorage, n))]:
     setattr(PatientStorage, _name, _forwarded(_name))
+for _name in [n for n in vars(BaseHeartbeat) if callable(getattr(BaseHeartbeat, n)) and not n.startswith("__")]:
+    setattr(PatientHeartbeatStorage, _name, _forwarded(_name))
 abc.update_abstractmethods(PatientStorage)
+abc.update_abstractmethods(PatientHeartbeatStorage)
 
 
 def patient(storage: BaseStorage | str, patience: float = DEFAULT_PATIENCE_S) -> PatientStorage:
