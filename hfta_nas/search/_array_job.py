@@ -489,6 +489,10 @@ class ArrayJob:
         self._report(proposal, result.epochs, values)
         ctx.emit(TrialEpochEnded(number, result.epochs, {**metrics, **dict(zip(ctx.metrics, values))}))
         if result.status == "completed":
+            # what a sampler's constraints_func reads when the trial is told (Optuna calls it in tell)
+            final = {"params": count_parameters(proposal.shell), **metrics, **dict(zip(ctx.metrics, values))}
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                proposal.trial.set_user_attr("final_metrics", {k: float(v) for k, v in final.items()})
             self._complete(proposal, values, trainer, result.epochs)
             if result.epochs < proposal.candidate.epochs:  # stopped early: its slot is free for another trial
                 yield from self._refill_or_stop(trainer, proposal, "early stopped")

@@ -12,12 +12,14 @@ never trained). Counting then asking must be atomic across workers: call
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from hfta_nas.search._optuna_private import storage_of, trial_id
 
@@ -61,9 +63,24 @@ def counts(trial: optuna.trial.FrozenTrial) -> bool:
 class Ledger:
     """The study's budget and the one place that tells trials how they ended."""
 
-    def __init__(self, study: optuna.Study, n_trials: int | None, lock: Any = None) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        n_trials: int | None,
+        lock: Any = None,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+    ) -> None:
         self.study, self.n_trials = study, n_trials
         self.lock = lock or contextlib.nullcontext()
+        self.callbacks = list(callbacks)
+
+    def _told(self, trial: optuna.Trial) -> None:
+        """Optuna's callbacks, as `study.optimize` calls them after each trial it ran: (study, a deep copy
+        of the frozen trial), in order; an exception raised by one ends the search, as it ends optimize."""
+        if self.callbacks:
+            frozen = storage_of(self.study).get_trial(trial_id(trial))
+            for callback in self.callbacks:
+                callback(self.study, copy.deepcopy(frozen))
 
     def counted(self, ended_only: bool = False) -> int:
         states = _ENDED if ended_only else (TrialState.RUNNING, *_ENDED)
@@ -81,10 +98,12 @@ class Ledger:
     def complete(self, trial: optuna.Trial, values: list[float]) -> None:
         trial.set_user_attr(OUTCOME_ATTR, Outcome.COMPLETE.value)
         self.study.tell(trial, values if len(values) > 1 else values[0])
+        self._told(trial)
 
     def prune(self, trial: optuna.Trial) -> None:
         trial.set_user_attr(OUTCOME_ATTR, Outcome.PRUNED.value)
         self.study.tell(trial, state=TrialState.PRUNED)
+        self._told(trial)
 
     def fail(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> bool:
         """Tell FAIL with `outcome` and `reason`; False when the trial had ended meanwhile."""
@@ -95,6 +114,8 @@ class Ledger:
             storage.set_trial_state_values(trial_id(trial), TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
+        if outcome is Outcome.FAILED:  # it ran and failed; bookkeeping (interrupted, never trained) is not a run
+            self._told(trial)
         return True
 
     def discard_surplus(self) -> None:

@@ -53,7 +53,7 @@ from hfta_nas.search._events import ArrayEnded, ArraySizeChosen, SearchStarted, 
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._heartbeat import WORKER_ATTR, WORKER_HOST_ATTR, Heartbeat, host_identity
 from hfta_nas.search._ledger import RETRY_OF, Ledger, Outcome, counts
-from hfta_nas.search._optuna_private import storage_of, trial_id
+from hfta_nas.search._optuna_private import optimize_loop, stop_requested, storage_of, trial_id
 from hfta_nas.search._packing import (
     Group,
     Pack,
@@ -135,6 +135,7 @@ def optimize(
     max_waste: float | None = None,
     replicate: Sequence[str] | None = None,
     step_cost: StepCost | StepCurve | None = None,
+    callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] | None = None,
 ) -> SearchSummary:
     """Search with `study`'s sampler and pruner, training `build(trial)`'s candidates as arrays.
 
@@ -149,6 +150,12 @@ def optimize(
     - replicate: fill each array with copies of its first trial's values of these params.
     - step_cost: a fixed cost model (a StepCost line, or a StepCurve a search measured: `plan().step_costs`
       through `cost_from_dict`) instead of measuring one, to repeat a packing exactly.
+    - callbacks: Optuna callbacks, called as `study.optimize` calls them: `callback(study, frozen_trial)`
+      after each trial this run told COMPLETE, PRUNED or FAIL (optuna-integration's MLflowCallback, say);
+      `study.stop()` inside one stops asking new trials, and the arrays in flight finish.
+    Constraints (`constraints_func`) belong to the sampler, as in Optuna (`TPESampler(constraints_func=...)`),
+    which calls it when a trial is told: a completed trial's user attribute `final_metrics` then holds every
+    metric its last epoch measured, its objectives and its parameter count (`params`).
     """
     return _Search(
         study,
@@ -166,6 +173,7 @@ def optimize(
         max_waste=max_waste,
         replicate=replicate,
         step_cost=step_cost,
+        callbacks=callbacks,
     ).run()
 
 
@@ -209,8 +217,11 @@ class _Search:
         max_waste,
         replicate,
         step_cost,
+        callbacks=None,
     ) -> None:
         check_options(n_trials, timeout, array_size, max_waste)
+        if callbacks is not None and not all(callable(c) for c in callbacks):
+            raise HftaNasError("callbacks must be callables taking (study, frozen_trial), as study.optimize's.")
         if dtype not in DTYPES:
             raise HftaNasError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
         self.study, self.build, self.data = study, build, data
@@ -226,7 +237,8 @@ class _Search:
         self.max_waste, self.replicate, self.fixed_cost = max_waste, list(replicate or []), step_cost
         self.emit = on_event or (lambda event: None)
         self.location = storage_location(storage_of(study))
-        self.ledger = Ledger(study, n_trials, study_lock(storage_of(study), self.location, study.study_name))
+        lock = study_lock(storage_of(study), self.location, study.study_name)
+        self.ledger = Ledger(study, n_trials, lock, callbacks or ())
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.pool_size = array_size if isinstance(array_size, int) else AUTO_POOL
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -261,7 +273,7 @@ class _Search:
             checkpoints=self._checkpoint_folder(),
             account=self.account,
         )
-        with Heartbeat(self.study, lambda: list(self.asked), self.worker) as heartbeat:
+        with optimize_loop(self.study), Heartbeat(self.study, lambda: list(self.asked), self.worker) as heartbeat:
             try:
                 with self.account.phase("storage"):
                     self.ctx.export.repair()  # a kill of an earlier run may have left the pair unfinished
@@ -328,6 +340,9 @@ class _Search:
         return raised
 
     def _time_left(self) -> bool:
+        """Whether new trials may still be asked: within the timeout, and no callback called study.stop()."""
+        if stop_requested(self.study):
+            return False
         return self.timeout is None or time.monotonic() - self.started < self.timeout
 
     def next_pool(self) -> list[Proposal]:

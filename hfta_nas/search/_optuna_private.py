@@ -9,9 +9,33 @@ this file and nothing else.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import optuna
 from optuna.storages import BaseStorage
-from optuna.storages._heartbeat import BaseHeartbeat as BaseHeartbeat  # storages with heartbeats inherit it
+from optuna.storages._heartbeat import BaseHeartbeat as BaseHeartbeat
+
+from hfta_nas.errors import HftaNasError  # storages with heartbeats inherit it
+
+
+@contextlib.contextmanager
+def optimize_loop(study: optuna.Study) -> Iterator[None]:
+    """While the block runs, `study.stop()` works as inside `study.optimize` (a callback may call it, as
+    Optuna's MaxTrialsCallback does); `stop_requested` then says so."""
+    if study._thread_local.in_optimize_loop:
+        raise HftaNasError("hfta_nas.optimize was called inside another study.optimize or optimize of this study.")
+    study._stop_flag = False
+    study._thread_local.in_optimize_loop = True
+    try:
+        yield
+    finally:
+        study._thread_local.in_optimize_loop = False
+
+
+def stop_requested(study: optuna.Study) -> bool:
+    """Whether `study.stop()` was called in this optimize loop."""
+    return bool(study._stop_flag)
 
 
 def storage_of(study: optuna.Study) -> BaseStorage:
