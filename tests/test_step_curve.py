@@ -58,3 +58,48 @@ def test_a_measured_curve_stops_doubling_past_its_knee_and_keeps_the_global_rand
     assert torch.equal(torch.random.get_rng_state(), before)
     assert curve.sizes[0] == 1 and list(curve.sizes) == sorted(curve.sizes) and curve.sizes[-1] <= 4
     assert all(s > 0 for s in curve.step_s) and 0.0 <= curve.fixed_share <= 1.0 and curve.array_s > 0
+
+
+def test_a_curve_that_dips_was_measured_under_load():
+    assert CURVE.steady
+    busy = StepCurve(macs=1000, sizes=(1, 2, 4), step_s=(1.0, 0.6, 1.6), fixed_share=0.25, array_s=0.5)
+    assert not busy.steady  # two slots cannot step in 60% of one slot's time: the first size was slowed
+
+
+def _tiny_search(n_trials, tmp_path, monkeypatch):
+    import optuna
+
+    import hfta_nas
+    from hfta_nas.data import load_dataset
+
+    monkeypatch.setenv("HFTA_NAS_CACHE_DIR", str(tmp_path / "cache"))  # cold: nothing measured before
+    digits = load_dataset("digits")
+
+    def build(trial):
+        width = trial.suggest_categorical("width", [16, 32])
+        factory = model_factory("mlp", {"depth": 1, "width": width}, input_shape=digits.input_shape, num_classes=10)
+        return hfta_nas.Candidate(factory, hparams={"lr": 3e-3}, epochs=1, batch_size=64)
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    hfta_nas.optimize(study, build, digits, n_trials=n_trials, seed=1)
+    return study
+
+
+def test_the_step_curve_is_measured_only_as_far_as_the_budget_can_use(tmp_path, monkeypatch):
+    """auto never takes more than a third of the budget per array, so the curve stops there: 6 trials
+    measure arrays of 1 and 2, not up to the memory limit (64)."""
+    study = _tiny_search(6, tmp_path, monkeypatch)
+    curves = [cost_from_dict(v) for k, v in study.user_attrs.items() if k.startswith("step_cost:")]
+    assert curves and all(max(curve.sizes) <= 2 for curve in curves), [c.sizes for c in curves]
+
+
+def test_a_curve_measured_under_load_is_used_but_not_kept(tmp_path, monkeypatch, caplog):
+    import hfta_nas.search._optimize as optimize_module
+
+    busy = StepCurve(macs=1000, sizes=(1, 2), step_s=(1e-3, 5e-4), fixed_share=0.25, array_s=1e-3)
+    monkeypatch.setattr(optimize_module, "measure_step_cost", lambda *args, **kwargs: busy)  # a busy machine's
+    with caplog.at_level("WARNING"):
+        _tiny_search(3, tmp_path, monkeypatch)
+    assert "measured under load" in caplog.text
+    cache = tmp_path / "cache" / "step_costs.json"
+    assert not cache.exists() or "step_s" not in cache.read_text()

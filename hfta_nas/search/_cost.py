@@ -65,6 +65,11 @@ class StepCost:
         return f"{self.fixed_s * 1e3:.2f} ms + {self.per_gmac_s:.3f} s per GMAC per step"
 
 
+# A larger array's step may measure a little faster than a smaller one's (timer noise, a warmer
+# cache); more than this factor faster means the machine was busy while the curve was measured.
+STEADY_DIP = 0.9
+
+
 @dataclass(frozen=True)
 class StepCurve:
     """A structure's measured step seconds against array size (see the module docstring).
@@ -98,6 +103,13 @@ class StepCurve:
         (double while throughput rises by KNEE_GAIN) over the measured sizes, up to the largest."""
         measured = dict(zip(self.sizes, self.step_s))
         return choose_array_size(self.sizes[-1], measured.__getitem__, batch_size=1, gain=KNEE_GAIN)[0]
+
+    @property
+    def steady(self) -> bool:
+        """Whether the curve looks measured on a quiet machine: a larger array's step never takes clearly
+        less time than a smaller one's (it does more work). A curve that dips was disturbed by other
+        load, and is not kept for later searches (`StepCostCache`)."""
+        return all(later >= STEADY_DIP * earlier for earlier, later in zip(self.step_s, self.step_s[1:]))
 
     def describe(self) -> str:
         steps = ", ".join(f"{size}: {s * 1e3:.2f}" for size, s in zip(self.sizes, self.step_s))

@@ -19,6 +19,7 @@ a fixed architecture, the policy of hfta-nas 0.1).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -82,6 +83,7 @@ from hfta_nas.train._run import DTYPES, _checked_device
 
 AUTO_CAP = 64  # the most models array_size="auto" puts in one array
 AUTO_POOL = 16  # trials asked per round when the array size is "auto"
+log = logging.getLogger(__name__)
 TARGET_OCCUPANCY = 0.7  # an array starts when this share of its slots is filled (or nothing more can be asked)
 POOL_ARRAYS = 2  # at most this many array sizes of trials asked and not yet training
 MAX_DEFERRALS = 2  # rounds a proposal may wait for its array to fill
@@ -584,13 +586,18 @@ class _Search:
         )
         if fits < curve.knee:
             reason = f"memory: {fits} models fit"
-        if self.n_trials is not None and size > max(2, math.ceil(self.n_trials / 3)):
-            size, reason = max(2, math.ceil(self.n_trials / 3)), f"a third of the budget of {self.n_trials} trials"
+        if size > self._budget_cap():
+            size, reason = self._budget_cap(), f"a third of the budget of {self.n_trials} trials"
         self.sizes[key] = size
         self.pool_size = max(self.pool_size, size)  # a round asks at least one array of the largest size
         with self.account.phase("storage"):
             self.study.set_user_attr(f"array_size:{key}", {"size": size, "reason": reason})
         self.emit(ArraySizeChosen(key, size, reason))
+
+    def _budget_cap(self) -> int:
+        """The largest array `auto` takes: a third of the budget (so that the sampler sees results from at
+        least three rounds), at least 2; no bound without a trial budget."""
+        return AUTO_CAP if self.n_trials is None else min(AUTO_CAP, max(2, math.ceil(self.n_trials / 3)))
 
     def _memory_limit(self, group: list[Proposal]) -> int:
         """How many of the group's largest models fit in this device's memory budget (at most AUTO_CAP)."""
@@ -610,7 +617,8 @@ class _Search:
         """The group's structure's step curve: measured once per run, and per machine (on disk)."""
         key = structure_key(group[0])
         if key not in self.curves:
-            limit = self._memory_limit(group) if self.array_size == "auto" else self.array_size
+            # measured only as far as this search can use: memory, and a third of the budget
+            limit = min(self._memory_limit(group), self._budget_cap()) if self.array_size == "auto" else self.array_size
             self.curves[key] = self._measured_cost(group, limit)
         return self.curves[key]
 
@@ -654,7 +662,10 @@ class _Search:
                     slots=slots,
                     smallest=(smallest.candidate.model, smallest.useful_macs),
                 )
-                self.cost_cache.put(cache_key, cost)
+                if cost.steady:
+                    self.cost_cache.put(cache_key, cost)
+                else:  # packed by this run only: the next search measures again, on a quieter machine
+                    log.warning("step curve measured under load (%s): not kept for later searches", cost.describe())
         return cost
 
     # -------------------------------------------------------------- reporting
