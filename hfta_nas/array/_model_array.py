@@ -497,9 +497,10 @@ class ModelArray:
 
     def _put_back(self, saved: tuple[dict[str, torch.Tensor], Any]) -> None:
         tensors, python = saved
+        current = {**self.buffers, **self._slot_random}
         with torch.no_grad():
             for name, value in tensors.items():
-                {**self.buffers, **self._slot_random}[name].copy_(value)
+                current[name].copy_(value)
         put_back(self._template, python)
 
     def _native_call(self, x: Any) -> torch.Tensor | None:
