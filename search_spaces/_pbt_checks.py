@@ -82,6 +82,12 @@ def check_pbt(add: Callable[[Loc, str], None], file: SpaceFile, params: dict[str
         )
     if file.training.early_stopping is not None:
         add(("training", "early_stopping"), "early stopping does not apply to pbt: its worst members copy the best")
+    if spec.interval >= file.training.epochs:
+        add(
+            ("pbt", "interval"),
+            f"pbt exploits after every {spec.interval} epochs but members train {file.training.epochs}: it would "
+            "never exploit; give an interval below training.epochs",
+        )
     for path, param in params.items():
         if not per_slot(path) and not isinstance(param, Fixed):
             add(

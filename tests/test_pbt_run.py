@@ -146,6 +146,7 @@ def test_a_stopped_run_resumes_bit_identically(tmp_path, explore, builder):
         ({"explore": {}}, "explore names no hyper-parameter"),
         ({"explore": {"width": Explore(1, 2)}}, "cannot explore 'width'.*change the model's shapes"),
         ({"explore": {"nesterov": Explore(0, 1)}}, "cannot explore 'nesterov'"),
+        ({"interval": EPOCHS}, f"interval {EPOCHS} is not below the members' {EPOCHS} epochs"),
     ],
 )
 def test_bad_settings_are_one_line_and_leave_no_trial_running(tmp_path, settings, message):
@@ -234,6 +235,7 @@ def pbt_file(explored="training.optimizer.lr", extra=""):
             "pbt.quantle",
             "did you mean 'quantile'",
         ),
+        (pbt_file().replace("interval: 2", "interval: 4"), 4, "pbt.interval", "it would never exploit"),
         (
             pbt_file().replace("{factors: [0.8, 1.25]}", "{factors: []}"),
             6,
@@ -322,8 +324,8 @@ def test_workers_and_dry_run_are_refused_for_pbt(tmp_path, option):
     assert not (tmp_path / "s.journal").exists()
 
 
-def test_a_one_epoch_run_writes_its_plot(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys.modules[__name__], "EPOCHS", 1)  # build() reads it: one point per slot, no segment
+def test_a_two_epoch_run_writes_its_plot(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "EPOCHS", 2)  # build() reads it: the shortest run that exploits
     run(study_in(tmp_path), tmp_path / "out", interval=1)
     assert (tmp_path / "out" / "pbt.png").stat().st_size > 0
 
@@ -456,3 +458,14 @@ def test_values_explore_cannot_set_are_refused(optimizer, augmentation, explore,
 
     with pytest.raises(HftaNasError, match=message):
         hfta_nas.pbt(optuna.create_study(direction="maximize"), candidate, synthetic_dataset(), explore=explore)
+
+
+def test_members_whose_metric_is_not_finite_are_not_ranked():
+    """A NaN or infinite metric neither copies nor is copied, and is never the best; ties go to the lower
+    trial number; with fewer than two finite members nothing is exploited (no ranking falls back to numbers)."""
+    from hfta_nas.search._pbt import ranked_members
+
+    values = {0: 0.5, 1: float("nan"), 2: 0.9, 3: 0.5, 4: float("inf")}
+    assert ranked_members(values, "maximize") == [2, 0, 3]
+    assert ranked_members(values, "minimize") == [0, 3, 2]
+    assert ranked_members({0: float("nan"), 1: float("nan")}, "maximize") == []

@@ -121,6 +121,15 @@ def pbt(
     return _PBTRun(study, build, data, settings, seed, device, dtype, out_dir, on_event).run()
 
 
+def ranked_members(values: Mapping[int, float], direction: str) -> list[int]:
+    """The members (trial number -> metric value) whose value is finite, best first for `direction`; ties go
+    to the lower trial number. A member whose metric is NaN or infinite is not ranked: it neither copies
+    nor is copied (with fewer than two ranked members nothing is exploited) and is never the best."""
+    sign = -1.0 if direction == "maximize" else 1.0
+    finite = [number for number, value in values.items() if math.isfinite(value)]
+    return sorted(finite, key=lambda number: (sign * values[number], number))
+
+
 class _PBTRun:
     """One run of `pbt`; see the module docstring."""
 
@@ -254,6 +263,11 @@ class _PBTRun:
         check_ranked_metric(candidate, self.metric)
         if candidate.early_stopping is not None:
             raise HftaNasError("early stopping does not apply to PBT: its worst members copy the best instead.")
+        if self.settings.interval >= candidate.epochs:
+            raise HftaNasError(
+                f"pbt interval {self.settings.interval} is not below the members' {candidate.epochs} epochs: the "
+                "population would never exploit; give a smaller interval or more epochs."
+            )
         check_explored(self.settings.explore, candidate)
 
     def _trainer(self) -> ArrayTrainer:
@@ -281,15 +295,7 @@ class _PBTRun:
         return {name: read(trainer, slot, name) for name in self.settings.explore}
 
     def _ranked(self, values: Mapping[int, float]) -> list[int]:
-        """Members (trial number -> metric value) best first: a non-finite value ranks last, ties go to
-        the lower trial number."""
-        sign = -1.0 if self.direction == "maximize" else 1.0
-
-        def key(number: int) -> tuple[bool, float, int]:
-            value = values[number]
-            return (not math.isfinite(value), sign * value if math.isfinite(value) else 0.0, number)
-
-        return sorted(values, key=key)
+        return ranked_members(values, self.direction)
 
     def _exploit_and_explore(self, epoch: int, ranked: list[int], trainer: ArrayTrainer, records: Records) -> None:
         """The running members `ranked` best first: the worst copy the best and explore."""
@@ -415,9 +421,10 @@ class _PBTRun:
         return Proposal(best.trial, candidate, root.seeds, root.shell, 0)
 
     def _export_best(self, trainer: ArrayTrainer, records: Records, finals: dict[int, float]) -> dict[str, Any]:
-        if not finals:
+        ranked = self._ranked(finals)
+        if not ranked:  # no member ended with a finite value: nothing is best
             return {}
-        number = self._ranked(finals)[0]
+        number = ranked[0]
         proposal, root = self._by_number(number), self._by_number(records.root_now[number])
         self.export.offer(
             self._replayable(proposal, root, records.schedule[number]),
