@@ -324,3 +324,27 @@ def test_documented_python_runs(block, workspace, monkeypatch):
     monkeypatch.chdir(workspace["folder"])
     code = textwrap.dedent("\n".join(block.lines))  # a block inside a list item is indented
     exec(compile(code, block.where, "exec"), {"__name__": "__docs__"})
+
+
+SET_UP_VENV = "python3 -m venv .venv && . .venv/bin/activate"
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_set_up_is_two_commands_a_venv_cpu_torch_and_the_main_job(page):
+    """The set-up holds on any Linux machine: a virtual environment, torch from PyTorch's CPU
+    index (PyPI's Linux torch is the multi-GB CUDA build), then the package and the main job.
+    Both set-up commands are marked not run: they install into an environment. What they do is
+    run elsewhere: .ci/run makes the venv and installs the package the same way, but takes
+    torch==2.13.0 from PyPI because CI's machine reaches no other index (so the index URL itself
+    is not exercised here), and the main job they end with is in RUN above."""
+    lines = (ROOT / page).read_text().splitlines()
+    start = lines.index("## Set up") + 1
+    end = next((n for n in range(start, len(lines)) if lines[n].startswith("## ")), len(lines))
+    inside = [b for b in blocks(ROOT / page) if start < int(b.where.rsplit(":", 1)[1]) <= end]
+    set_up = [c for b in inside if b.language in SHELL for c in commands(b)]
+    assert len(set_up) == 2, f"{page}: the set-up shows {len(set_up)} commands, not two: {set_up}"
+    install, tests = (c.text for c in set_up)
+    assert install == f"{SET_UP_VENV} && {CPU_TORCH} && pip install -e . && {MAIN_JOB}"
+    assert tests == '. .venv/bin/activate && pip install -e ".[dev]" && python -m pytest'
+    assert all(c.not_run for c in set_up)
