@@ -556,7 +556,10 @@ class _Progress:
         )
         self.enabled = enabled
         self.task = None
-        self.array_started, self.first_epoch, self.last_epoch = 0.0, 1, 0
+        # When the array began (its "started" event) and the first epoch it trains in this run (a
+        # checkpoint may have restored the ones before): elapsed time and ETA count from them.
+        self.array_started: float | None = None
+        self.first_epoch: int | None = None
 
     def __enter__(self) -> _Progress:
         self.progress.start()
@@ -581,29 +584,34 @@ class _Progress:
                 f"{info['label']} ({info['size']} slots): continuing from epoch {info['epoch']}/{info['epochs']}, "
                 "from the checkpoint an interrupted run left"
             )
+        elif kind == "started":
+            self._new_array(info)
         elif kind == "epoch":
-            if self.task is None or info["epoch"] <= self.last_epoch:  # a new array (or one continued mid-way)
-                if self.task is not None:
-                    self.progress.remove_task(self.task)
-                self.task = self.progress.add_task(
-                    f"{info['label']} ({info['size']} slots) epochs", total=info["epochs"]
-                )
-                self.array_started, self.first_epoch = time.monotonic(), info["epoch"]
-            self.last_epoch = info["epoch"]
+            if self.task is None:  # no "started" heard: elapsed counts from here, no ETA until an epoch is timed
+                self._new_array(info)
+                self.first_epoch = info["epoch"] + 1
+            elif self.first_epoch is None:
+                self.first_epoch = info["epoch"]
             self.progress.update(self.task, completed=info["epoch"])
             if not self.live:
                 self._plain_line(info)
 
+    def _new_array(self, info: dict[str, Any]) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(f"{info['label']} ({info['size']} slots) epochs", total=info["epochs"])
+        self.array_started, self.first_epoch = time.monotonic(), None
+
     def _plain_line(self, info: dict[str, Any]) -> None:
-        """About ten lines per array where no live bar can be drawn: epoch, elapsed time and ETA."""
+        """About ten lines per array where no live bar can be drawn: epoch, the time since the array
+        started, and an ETA at the mean time per epoch trained so far (none before an epoch is timed)."""
         epoch, epochs = info["epoch"], info["epochs"]
         if epoch % max(1, epochs // 10) and epoch != epochs:
             return
         elapsed = time.monotonic() - self.array_started
-        eta = elapsed / (epoch - self.first_epoch + 1) * (epochs - epoch)
-        self.console.print(
-            f"{info['label']} ({info['size']} slots): epoch {epoch}/{epochs}, {elapsed:.1f} s, ETA {eta:.0f} s"
-        )
+        timed = epoch - self.first_epoch + 1  # epochs trained in this run since the array started
+        eta = f", ETA {elapsed / timed * (epochs - epoch):.0f} s" if timed > 0 and epoch < epochs else ""
+        self.console.print(f"{info['label']} ({info['size']} slots): epoch {epoch}/{epochs}, {elapsed:.1f} s{eta}")
 
 
 def _open(storage: str | None) -> tuple[Any, str]:

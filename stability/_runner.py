@@ -59,7 +59,8 @@ def run_stability(
 ) -> tuple[StabilityResult, dict[str, SeedStore]]:
     """Train every configuration across `n_seeds` seeds; returns the result and each config's store.
 
-    `on_event(kind, info)` hears the progress: "config" (seeds to train, reused), "epoch", "continued"
+    `on_event(kind, info)` hears the progress: "config" (seeds to train, reused), "started" (an array
+    begins: its build, checks and first epoch are ahead), "epoch", "continued"
     (an array restored from an interrupted run's checkpoint: info["epoch"] is the epoch it restored),
     "split" (out of memory: trained in halves), "array" (one array done) and "seeds" (that array's seeds:
     info["seeds"] lists each one's label, study, config, slot and SeedOutcome)."""
@@ -223,6 +224,7 @@ def _train_fitting(
     def train(part: list[Slot]) -> tuple[list[SeedOutcome], dict[str, Any]]:
         slots = [(item.config, plans[i]) for item, i in part]
         started = []
+        on_event("started", {"label": label, "epochs": epochs, "size": len(part)})  # elapsed counts from here
 
         def on_epoch(epoch: int, size: int) -> None:
             info = {"label": label, "epoch": epoch, "epochs": epochs, "size": size}

@@ -359,3 +359,39 @@ def test_a_stability_array_continued_from_a_checkpoint_says_so(capsys):
         progress.event("continued", {"label": "mlp", "size": 2, "epoch": 3, "epochs": 8})
     printed = " ".join(capsys.readouterr().err.split())
     assert "mlp (2 slots): continuing from epoch 3/8, from the checkpoint an interrupted run left" in printed
+
+
+def test_piped_stability_progress_counts_from_the_arrays_start_and_times_its_epochs(capsys, monkeypatch):
+    """Not a terminal: elapsed time counts from the array's start (its build and first epoch
+    included), and the ETA is the mean time per epoch so far times the epochs left; a progress
+    that did not hear the start gives no ETA until an epoch is timed."""
+    import stability._cli as stability_cli
+
+    now = [0.0]
+    monkeypatch.setattr(stability_cli.time, "monotonic", lambda: now[0])
+    info = {"label": "cnn", "size": 4, "epochs": 8}
+
+    def at(seconds, progress, kind, **more):
+        now[0] = float(seconds)
+        progress.event(kind, {**info, **more})
+
+    with stability_cli._Progress(enabled=True) as progress:
+        at(0, progress, "started")
+        at(2, progress, "epoch", epoch=1)
+        at(4, progress, "epoch", epoch=2)
+        at(16, progress, "epoch", epoch=8)
+        at(20, progress, "continued", epoch=3)  # a re-run restored epochs 1-3 from a checkpoint
+        at(20, progress, "started")
+        at(23, progress, "epoch", epoch=4)  # one epoch trained in this run
+    later = stability_cli._Progress(enabled=True)
+    at(30, later, "epoch", epoch=5)  # no "started" heard
+    at(32, later, "epoch", epoch=6)
+    lines = [" ".join(line.split()) for line in capsys.readouterr().err.splitlines() if ": epoch " in line]
+    assert lines == [
+        "cnn (4 slots): epoch 1/8, 2.0 s, ETA 14 s",
+        "cnn (4 slots): epoch 2/8, 4.0 s, ETA 12 s",
+        "cnn (4 slots): epoch 8/8, 16.0 s",
+        "cnn (4 slots): epoch 4/8, 3.0 s, ETA 12 s",
+        "cnn (4 slots): epoch 5/8, 0.0 s",
+        "cnn (4 slots): epoch 6/8, 2.0 s, ETA 4 s",
+    ]
