@@ -484,8 +484,8 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         if workers <= 1 or kwargs.get("dry_run"):
             return command(**kwargs)
         from hfta_nas.runtime import checked_out_dir as _checked_out_dir
-        from hfta_nas.search import open_storage, run_workers, study_report
-        from search_spaces import load_space, study_name_of
+        from hfta_nas.search import StorageUnreachable, open_storage, run_workers, study_report
+        from search_spaces import load_space, storage_patience_of, study_name_of
 
         if kwargs.get("storage_patience") is not None:  # refused once, here, not by K workers
             from hfta_nas.search import check_patience
@@ -505,7 +505,10 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
         if kwargs.get("out_dir") is not None:
             _checked_out_dir(kwargs["out_dir"], "--out")
         study_name = study_name_of(loaded, kwargs.get("study_name"))
-        open_storage(kwargs.get("storage"))  # an unreachable storage too; and a fresh database gets its tables once
+        # an unreachable storage fails once, here (waited for when a patience is given); a fresh database gets
+        # its tables once
+        patience, explicit = storage_patience_of(loaded, kwargs.get("storage_patience"))
+        open_storage(kwargs.get("storage"), patience, wait_at_start=explicit)
         arguments = worker_arguments(ctx, drop=("workers", "n_more", "n_trials"))
         if kwargs["n_trials"] is not None:  # --n-more resolved here: every worker gets the same total
             arguments += ["--n-trials", str(kwargs["n_trials"])]
@@ -525,6 +528,13 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             report = study_report(kwargs.get("storage"), study_name, exits)
         except KeyError:  # no worker got as far as creating the study
             report = {"study": study_name, "workers": [{"worker": e.worker, "pid": e.pid, "how": e.how} for e in exits]}
+        except StorageUnreachable:
+            failed = [e.returncode for e in exits if e.returncode != 0]
+            if not failed:
+                raise
+            # the workers stopped on the outage, each with its line (the last word); reading the study
+            # for a report would only add a wrong-URL message
+            sys.exit(max(failed) if max(failed) > 0 else 1)
         if kwargs.get("as_json"):
             click.echo(json.dumps(report, indent=2, default=str))
         else:
@@ -1315,7 +1325,14 @@ def storage_proxy(storage, host, port, storage_patience) -> None:
 
     patience = DEFAULT_STORAGE_PATIENCE_S if storage_patience is None else storage_patience
     try:
-        serve_proxy(storage, host, port, patience, ready=lambda line: click.echo(line, err=True))
+        serve_proxy(
+            storage,
+            host,
+            port,
+            patience,
+            ready=lambda line: click.echo(line, err=True),
+            wait_at_start=storage_patience is not None,  # a patience given holds for the first connection too
+        )
     except KeyboardInterrupt:
         click.echo("storage proxy stopped", err=True)
 

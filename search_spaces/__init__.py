@@ -38,6 +38,7 @@ from search_spaces._search import (
     open_space_study,
     plan_search,
     run_search,
+    storage_patience_of,
     study_name_of,
 )
 from search_spaces._sources import check_sources
@@ -74,5 +75,6 @@ __all__ = [
     "plan_search",
     "read_text",
     "run_search",
+    "storage_patience_of",
     "study_name_of",
 ]

@@ -153,6 +153,16 @@ def default_out_dir(study_name: str) -> Path:
     return Path("runs") / study_name
 
 
+def storage_patience_of(space: SearchSpace, given: float | None = None) -> tuple[float, bool]:
+    """(the storage patience: `given`, else the space's study.storage_patience; whether either was
+    given explicitly). An explicit patience holds for the first contact too (`open_storage`'s
+    wait_at_start): workers a scheduler starts while the database restarts wait for it; without
+    one, a storage that cannot be reached at start (a wrong URL) is refused at once."""
+    if given is not None:
+        return given, True
+    return space.study.storage_patience, "storage_patience" in space.study.model_fields_set
+
+
 def open_space_study(
     space: SearchSpace,
     storage: str | None = None,
@@ -166,8 +176,8 @@ def open_space_study(
     and the same space; one with trials that hfta-nas did not make only when `adopt`; one searched
     with another space only when `new_space`). Its storage rides out outages of `storage_patience`
     seconds (default: the space's study.storage_patience)."""
-    patience = storage_patience if storage_patience is not None else space.study.storage_patience
-    opened, location = open_storage(storage, patience)
+    patience, explicit = storage_patience_of(space, storage_patience)
+    opened, location = open_storage(storage, patience, wait_at_start=explicit)
     name = study_name_of(space, study_name)
     # under the study's lock from the check to the write: of two processes that open one study at
     # once with different spaces, the first stores its space and the other is refused (_identity)

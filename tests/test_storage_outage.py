@@ -5,6 +5,7 @@ network partition (the other takes its trials over; its late results are dropped
 twice). Workers hold mid-array on a rendezvous while the fault is made; the outage's length is the
 fault itself, not a wait for something to happen."""
 
+import importlib.util
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from hfta_nas.search import open_storage
 from hfta_nas.search._ledger import RETRY_OF
 from tests._rendezvous import GUARD_S, Rendezvous, held_command, wait_for
 from tests._tcp_link import CuttableLink
-from tests.test_workers import ROOT, assert_study_ended, counted, space_text, worker_env
+from tests.test_workers import ROOT, assert_study_ended, counted, hfta_nas_command, pid_of, space_text, worker_env
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -211,3 +212,149 @@ def test_a_server_that_refuses_the_first_connection_is_refused_at_once(monkeypat
     with pytest.raises(HftaNasError, match="cannot open storage"):
         open_storage(f"postgresql://postgres@127.0.0.1:{port}/none", patience=600)
     assert pauses == []
+
+
+@pytest.mark.slow
+def test_workers_past_the_patience_end_on_their_outage_line(tmp_path, postgres):
+    """`--workers 2` on a server stopped for longer than the patience: each worker says it stopped,
+    and so does the parent's last line; no wrong-URL message, no SQLAlchemy warning, and the outage
+    is described by its cause (not by Optuna's 'invalid data in the commit' wrapper)."""
+    name = "workers-patience"
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(n_trials=40, epochs=30, name=name))
+    argv = [
+        *hfta_nas_command(),
+        *["search", str(space), "--workers", "2", "--threads", "1", "--storage", postgres.url],
+        *["--study-name", name, "--out", str(tmp_path / "out"), "--storage-patience", "2"],
+    ]
+    parent = start(argv, tmp_path / "parent.log", worker_env())
+    try:
+        wait_for(
+            lambda: parent.poll() is not None or len(running_workers(postgres.url, name)) == 2, "two workers train"
+        )
+        postgres.stop()
+        [code] = finish([parent])
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    output = (tmp_path / "parent.log").read_text()
+    assert code == 2, output
+    assert "Traceback" not in output and "check the URL" not in output, output
+    assert "SAWarning" not in output and "sqlalchemy" not in output.lower(), output
+    assert "invalid data in the commit" not in output, output
+    stopped = [line for line in output.splitlines() if "error: storage unreachable for 2 s" in line]
+    assert len(stopped) == 2 and output.strip().splitlines()[-1] == stopped[-1], output
+
+
+def running_workers(url, name):
+    """The pids of the workers holding a RUNNING trial of the study (none while it does not exist)."""
+    try:
+        trials = stored_trials(url, name)
+    except KeyError:
+        return set()
+    return {pid_of(t) for t in trials if t.state == TrialState.RUNNING} - {None}
+
+
+# ------------------------------------------- the first contact, with a patience given explicitly
+class Paused(BaseException):
+    """Raised by a test's sleep: opening took a pause (not an Exception, which opening would rewrap)."""
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_with_patience_given_a_refused_first_contact_waits_and_says_so(monkeypatch, caplog):
+    """Workers a scheduler starts while the database restarts: nothing listens yet, and the open
+    waits (a pause is taken) with one line, instead of failing as a wrong URL does."""
+    import logging
+
+    def paused(seconds):
+        raise Paused(seconds)
+
+    monkeypatch.setattr("hfta_nas.search._patience.time.sleep", paused)
+    with caplog.at_level(logging.WARNING, logger="hfta_nas"), pytest.raises(Paused):
+        open_storage(f"postgresql://postgres@127.0.0.1:{free_port()}/none", patience=600, wait_at_start=True)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("storage unreachable since")]
+    assert "Connection refused" in line and "retrying for up to 600 s" in line, line
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://postgres@no-such-host.invalid/x", "mysql+pymysql://root@no-such-host.invalid/x"],
+    ids=["postgresql", "mysql"],
+)
+def test_with_patience_given_an_unknown_host_still_fails_at_once(monkeypatch, url):
+    """A host name that does not resolve does not pass by waiting: refused at once, no pause."""
+    from hfta_nas import HftaNasError
+
+    if url.startswith("mysql") and importlib.util.find_spec("pymysql") is None:
+        pytest.skip("no MySQL driver here")
+
+    def paused(seconds):
+        raise Paused(seconds)
+
+    monkeypatch.setattr("hfta_nas.search._patience.time.sleep", paused)
+    with pytest.raises(HftaNasError, match="cannot open storage .*check the URL"):
+        open_storage(url, patience=600, wait_at_start=True)
+
+
+def driver_error(text):
+    """What SQLAlchemy raises for a connection psycopg could not open, with libpq's text."""
+    import sqlalchemy.exc
+
+    class OperationalError(Exception):  # psycopg.OperationalError's place, without importing it
+        pass
+
+    return sqlalchemy.exc.OperationalError("SELECT 1", {}, OperationalError(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "waits"),
+    [
+        ('connection to server at "127.0.0.1", port 5432 failed: Connection refused', True),
+        ('connection to server at "db", port 5432 failed: FATAL:  the database system is starting up', True),
+        ('connection to server at "db", port 5432 failed: FATAL:  password authentication failed for user "u"', False),
+        ('connection to server at "db", port 5432 failed: FATAL:  database "hfta" does not exist', False),
+        ('connection to server at "db", port 5432 failed: FATAL:  no pg_hba.conf entry for host "10.0.0.2"', False),
+        ("failed to resolve host 'db': [Errno -3] Temporary failure in name resolution", False),
+        ("(1045, \"Access denied for user 'root'@'10.0.0.2' (using password: YES)\")", False),
+    ],
+)
+def test_a_first_contact_waits_only_for_what_passes_by_waiting(text, waits):
+    """Each of these is about reaching the database (is_passing: a running worker waits them all out),
+    but at start only a refusal or a server starting up passes by waiting."""
+    from hfta_nas.search._patience import is_passing, passes_at_start
+
+    error = driver_error(text)
+    assert is_passing(error) and passes_at_start(error) == waits
+
+
+@pytest.mark.slow
+def test_with_patience_given_a_search_started_while_the_database_is_down_waits_for_it(tmp_path, postgres):
+    """`search --storage-patience 300` started while the server is stopped: one line says it waits,
+    and when the server is back the search runs to its end."""
+    name = "late-database"
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text(n_trials=2, epochs=1, name=name))
+    postgres.stop()
+    log = tmp_path / "worker.log"
+    argv = search_command(space, postgres.url, name, tmp_path / "out", "--storage-patience", "300", "--quiet")
+    worker = start(argv, log, worker_env())
+    try:
+        wait_for(lambda: worker.poll() is not None or "storage unreachable since" in log.read_text(), "it waits")
+        postgres.start()
+        [code] = finish([worker])
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    output = log.read_text()
+    assert code == 0, output
+    waiting = [line for line in output.splitlines() if line.startswith("storage unreachable since")]
+    assert len(waiting) == 1 and "Connection refused" in waiting[0] and "storage back after" in output, output
+    assert "Traceback" not in output, output
+    assert_study_ended(stored_trials(postgres.url, name), 2)

@@ -140,15 +140,81 @@ class _Outage:
 
 def _short(error: BaseException) -> str:
     """The error's kind and first line, without SQLAlchemy's background link (and any password
-    a driver's message quotes)."""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {hide_passwords(first)[:160]}"
+    a driver's message quotes). A wrapper is described by the error it was raised from that says
+    the storage is out of reach: Optuna wraps a connection lost during a commit in "An exception is
+    raised during the commit. This typically happens due to invalid data in the commit", which
+    misleads for a server that stopped."""
+    shown = _cause_of(error)
+    first = str(shown).strip().splitlines()[0] if str(shown).strip() else ""
+    return f"{type(shown).__name__}: {hide_passwords(first)[:160]}"
+
+
+def _cause_of(error: BaseException) -> BaseException:
+    """The first error in `error`'s chain (itself, then what it was raised from) that passes by waiting."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if _passes(current):
+            return current
+        current = current.__cause__ or current.__context__
+    return error
+
+
+# What a database says when the first connection is refused for a reason that no wait mends: wrong
+# credentials, a host name that does not resolve, a database or role that does not exist (PostgreSQL's
+# SQLSTATE classes 28 and 3D; MySQL's 1044, 1045, 1049 and 2005). Matched in the driver's text: libpq
+# gives no SQLSTATE for a connection it could not open.
+_NEVER_PASSES_AT_START = (
+    "authentication failed",
+    "password authentication",
+    "no password supplied",
+    "access denied",
+    "unknown database",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "could not translate host name",
+    "failed to resolve host",
+    "name or service not known",
+    "nodename nor servname",
+    "unknown mysql server host",
+    "unknown host",
+    "no address associated",
+    "invalid dsn",
+    "invalid connection option",
+)
+
+
+def passes_at_start(error: BaseException) -> bool:
+    """Whether a first contact's `error` may pass by waiting (a server not yet up refuses the connection,
+    or is "starting up"), unlike a wrong password, host name or database, which is refused at once."""
+    if not is_passing(error):
+        return False
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current).lower()
+        if any(reason in text for reason in _NEVER_PASSES_AT_START):
+            return False
+        current = current.__cause__ or current.__context__
+    return True
+
+
+AT_START = "stopped before it began; nothing was stored"  # what a first contact that gave up did
 
 
 def _retried(
-    outage: _Outage, sleep: Callable[[float], None], call: Callable[..., Any], *args: Any, **kwargs: Any
+    outage: _Outage,
+    sleep: Callable[[float], None],
+    call: Callable[..., Any],
+    *args: Any,
+    passing: Callable[[BaseException], bool] = is_passing,
+    stopped: str = "stopped; trials left RUNNING are retried when the study is run again",
+    **kwargs: Any,
 ) -> Any:
-    """`call(*args, **kwargs)`, its passing errors retried with back-off until `outage`'s patience runs out."""
+    """`call(*args, **kwargs)`, its `passing` errors retried with back-off until `outage`'s patience runs
+    out; then StorageUnreachable, its line ending with what `stopped` says."""
     if outage.gave_up is not None:
         raise StorageUnreachable(outage.gave_up)
     delay = FIRST_DELAY_S
@@ -156,14 +222,13 @@ def _retried(
         try:
             result = call(*args, **kwargs)
         except Exception as error:
-            if not is_passing(error):
+            if not passing(error):
                 raise
             left = outage.failed(error)
             if left <= 0:
                 outage.gave_up = (
                     f"storage unreachable for {outage.patience:.0f} s (its patience; "
-                    f"--storage-patience sets it): {_short(error)}; stopped; trials left RUNNING are "
-                    "retried when the study is run again"
+                    f"--storage-patience sets it): {_short(error)}; {stopped}"
                 )
                 raise StorageUnreachable(outage.gave_up) from None
             sleep(min(delay * random.uniform(0.5, 1.0), left))
@@ -173,9 +238,16 @@ def _retried(
         return result
 
 
-def retried(call: Callable[..., Any], patience: float) -> Any:
-    """`call()`, retried through an outage of up to `patience` seconds (outside a storage: opening one)."""
-    return _retried(_Outage(patience, time.monotonic), time.sleep, call)
+def retried(
+    call: Callable[..., Any],
+    patience: float,
+    *,
+    passing: Callable[[BaseException], bool] = is_passing,
+    stopped: str = AT_START,
+) -> Any:
+    """`call()`, retried through an outage of up to `patience` seconds (outside a storage: opening one);
+    only errors `passing` accepts are waited out (`passes_at_start` for a first contact)."""
+    return _retried(_Outage(patience, time.monotonic), time.sleep, call, passing=passing, stopped=stopped)
 
 
 class PatientStorage(BaseStorage):

@@ -18,8 +18,12 @@ which `serve_proxy` runs in front of a database) get no lock, and workers that r
 for the last trials may then overshoot n_trials by a few.
 
 Every opened storage is a `PatientStorage`: its calls ride out an outage of up to the
-storage patience (`_patience`). Opening is not patient about the first connection, so
-a wrong URL is refused at once. A URL is shown (errors, the location returned for
+storage patience (`_patience`). Opening is not patient about the first connection unless
+asked (`wait_at_start`: the command line asks when --storage-patience, or the space's
+study.storage_patience, is given), so a wrong URL is refused at once; when asked, a server
+that refuses the connection (a restart, workers a scheduler started before the database) is
+waited for like any outage, while a wrong password, host name or database is still refused
+at once (`passes_at_start`). A URL is shown (errors, the location returned for
 summaries and hints) with its password masked (`_credentials`).
 """
 
@@ -47,7 +51,15 @@ from optuna.storages.journal import JournalFileBackend
 from hfta_nas._limits import MAX_STORAGE_PATIENCE_S
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search._credentials import hide_passwords
-from hfta_nas.search._patience import DEFAULT_PATIENCE_S, PatientStorage, is_passing, retried, unwrapped
+from hfta_nas.search._patience import (
+    DEFAULT_PATIENCE_S,
+    PatientStorage,
+    StorageUnreachable,
+    is_passing,
+    passes_at_start,
+    retried,
+    unwrapped,
+)
 
 DEFAULT_STORAGE = "runs/hfta-nas.journal"
 _URL_SCHEMES = ("sqlite:", "postgresql", "mysql", "oracle", "mssql", "redis:", "grpc:")
@@ -63,13 +75,17 @@ def _location(storage: str | None) -> str:
     return storage or DEFAULT_STORAGE
 
 
-def open_storage(storage: str | None, patience: float = DEFAULT_PATIENCE_S) -> tuple[BaseStorage, str]:
+def open_storage(
+    storage: str | None, patience: float = DEFAULT_PATIENCE_S, *, wait_at_start: bool = False
+) -> tuple[BaseStorage, str]:
     """(the storage for Optuna, the string optuna-dashboard takes, its password masked: it is
     shown, never used to connect). Opening fails at once when the storage cannot be reached (a
-    wrong URL must not wait); after that, every call rides out an outage of up to `patience`
-    seconds (`PatientStorage`)."""
+    wrong URL must not wait), unless `wait_at_start`: then a database server or gRPC proxy that
+    refuses the first connection is waited for up to `patience` seconds, with one line saying so
+    (a wrong password, host name or database still fails at once). After that, every call rides
+    out an outage of up to `patience` seconds (`PatientStorage`)."""
     check_patience(patience)
-    opened, location = _open(storage, patience)
+    opened, location = _open(storage, patience, wait_at_start)
     return PatientStorage(opened, patience), hide_passwords(location)
 
 
@@ -82,15 +98,20 @@ def check_patience(patience: float) -> None:
         )
 
 
-def _open(storage: str | None, patience: float = DEFAULT_PATIENCE_S) -> tuple[BaseStorage, str]:
+def _open(
+    storage: str | None, patience: float = DEFAULT_PATIENCE_S, wait_at_start: bool = False
+) -> tuple[BaseStorage, str]:
     location = _location(storage)
+    at_start = patience if wait_at_start else None
     if location.startswith("grpc://"):
-        return _grpc_proxy(location), location
+        return _grpc_proxy(location, at_start), location
     if location.startswith(_URL_SCHEMES):
         _check_sqlite_folder(location)
         _check_sqlite_is_optunas(location)
         try:
-            return _get_storage(_with_timeouts(_with_driver(location)), patience), location
+            return _get_storage(_with_timeouts(_with_driver(location)), patience, at_start), location
+        except StorageUnreachable:  # waited for, past the patience: its own line
+            raise
         except Exception as error:  # SQLAlchemy/driver errors vary by backend
             raise HftaNasError(
                 hide_passwords(
@@ -131,9 +152,10 @@ _UNREADABLE_RECORD = (ValueError, KeyError, TypeError, AssertionError)
 GRPC_READY_S = 10.0  # how long opening a grpc:// storage waits for its proxy to answer
 
 
-def _grpc_proxy(location: str) -> BaseStorage:
+def _grpc_proxy(location: str, at_start: float | None = None) -> BaseStorage:
     """Optuna's client of a gRPC storage proxy (`hfta-nas storage-proxy`) at grpc://HOST:PORT,
-    once the proxy answers; HftaNasError when the address is malformed or nothing answers."""
+    once the proxy answers; HftaNasError when the address is malformed or nothing answers
+    (within GRPC_READY_S, or `at_start` seconds of patience, retried, when given)."""
     shown = hide_passwords(location)
     host, _, port = location[len("grpc://") :].rstrip("/").rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -146,7 +168,13 @@ def _grpc_proxy(location: str) -> BaseStorage:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         proxy = GrpcStorageProxy(host=host.strip("[]"), port=int(port))
     try:
-        proxy.wait_server_ready(timeout=GRPC_READY_S)
+        if at_start is None:
+            proxy.wait_server_ready(timeout=GRPC_READY_S)
+        else:
+            retried(functools.partial(proxy.wait_server_ready, timeout=GRPC_READY_S), at_start)
+    except StorageUnreachable:
+        proxy.close()
+        raise
     except ConnectionError:
         proxy.close()
         raise HftaNasError(
@@ -156,17 +184,26 @@ def _grpc_proxy(location: str) -> BaseStorage:
     return proxy
 
 
-def serve_proxy(storage: str, host: str, port: int, patience: float, ready: Callable[[str], None]) -> None:
+def serve_proxy(
+    storage: str,
+    host: str,
+    port: int,
+    patience: float,
+    ready: Callable[[str], None],
+    *,
+    wait_at_start: bool = False,
+) -> None:
     """Serve `storage` (a database URL) to workers as a gRPC storage proxy at host:port until
     interrupted; `ready` gets the line to show once it listens. The proxy's own calls to the
-    database ride out outages of `patience` seconds, so its workers wait with it."""
+    database ride out outages of `patience` seconds, so its workers wait with it (and so does its
+    first connection, when `wait_at_start`: see `open_storage`)."""
     location = _location(storage)
     if not location.startswith(_URL_SCHEMES) or location.startswith(("grpc://", "redis:")):
         raise HftaNasError(
             f"cannot serve '{hide_passwords(location)}' through a gRPC proxy: expected a database URL "
             "(postgresql://..., mysql://..., sqlite:///FILE); Optuna's proxy does not serve journal files"
         )
-    opened, shown = open_storage(location, patience)
+    opened, shown = open_storage(location, patience, wait_at_start=wait_at_start)
     from hfta_nas.search._optuna_private import grpc_proxy_server
 
     with warnings.catch_warnings():
@@ -368,12 +405,18 @@ def _one_line(error: BaseException) -> str:
     return " ".join(line for line in lines if line and not line.startswith("(Background on this error at:"))
 
 
-def _get_storage(url: str, patience: float = DEFAULT_PATIENCE_S) -> BaseStorage:
+def _get_storage(url: str, patience: float = DEFAULT_PATIENCE_S, at_start: float | None = None) -> BaseStorage:
     """Optuna's storage for `url`; on PostgreSQL, workers that open a fresh database
     at once create its tables one at a time (under an advisory lock): concurrent
     CREATE TYPE / CREATE TABLE fail there with duplicate-key errors. A server that refuses the
-    first connection fails at once (a wrong URL must not wait); one that goes away after it
-    answered (a restart while the tables are checked) is waited for, up to `patience` seconds."""
+    first connection fails at once (a wrong URL must not wait), unless `at_start` gives the seconds
+    to wait for it (then only a refusal that waiting cannot mend fails at once: `passes_at_start`);
+    one that goes away after it answered (a restart while the tables are checked) is waited for, up
+    to `patience` seconds."""
+
+    def first_contact(call: Callable[[], Any]) -> Any:
+        return call() if at_start is None else retried(call, at_start, passing=passes_at_start)
+
     database = _sqlite_file(url)
     if database is not None and os.name == "posix":
         # SQLite has no advisory lock; processes that open a fresh file at once raced to create its
@@ -385,12 +428,12 @@ def _get_storage(url: str, patience: float = DEFAULT_PATIENCE_S) -> BaseStorage:
         finally:
             lock.release()
     if not url.startswith("postgresql"):
-        return optuna.storages.get_storage(url)
+        return first_contact(functools.partial(optuna.storages.get_storage, url))
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
     try:
-        engine.connect().close()  # the first contact: no retry
+        first_contact(lambda: engine.connect().close())
 
         def tables_checked_under_the_lock() -> BaseStorage:
             with engine.connect() as connection:

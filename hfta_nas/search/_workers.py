@@ -162,14 +162,23 @@ def _stop(processes: list[subprocess.Popen], grace_s: float, first: signal.Signa
 
 def study_report(storage: str | None, study_name: str, exits: list[WorkerExit]) -> dict[str, Any]:
     """What the workers left in the study: trials by state (interrupted retries and
-    surplus apart), the best value(s), and how each worker ended."""
+    surplus apart), the best value(s), and how each worker ended. StorageUnreachable when the
+    storage cannot be reached (the workers may have stopped on that outage)."""
     import optuna
     from optuna.trial import TrialState
 
+    from hfta_nas.errors import HftaNasError
     from hfta_nas.search._ledger import Outcome, counts, outcome_of
+    from hfta_nas.search._patience import StorageUnreachable, is_passing
     from hfta_nas.search._storage import open_storage
 
-    opened, location = open_storage(storage)
+    try:
+        opened, location = open_storage(storage)
+    except HftaNasError as error:
+        if not is_passing(error):
+            raise
+        # workers that stopped on an outage said so; the caller decides what more to say
+        raise StorageUnreachable(f"the study's storage cannot be reached to report on it: {error}") from error
     study = optuna.load_study(study_name=study_name, storage=opened)
     states: dict[str, int] = {}
     retried = surplus = counted = 0
