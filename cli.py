@@ -1006,6 +1006,7 @@ class _SearchProgress:
         self.mean_occupancy: float | None = None
         self.samples_per_s: float | None = None
         self.started, self.total, self.ended_this_run = time.monotonic(), None, 0  # for the ETA
+        self.structures: dict[str, int] = {}  # a layer structure's hash -> its number, in order of appearance
 
     def __enter__(self) -> _SearchProgress:
         self.progress.start()
@@ -1128,7 +1129,12 @@ class _SearchProgress:
         return f"trial {event.trial} was interrupted by an earlier run: failed and retried"
 
     def _on_ArraySizeChosen(self, event: Any) -> str:
-        return f"array size auto for structure {event.structure}: {event.size} ({event.reason})"
+        number = self.structures.setdefault(event.structure, len(self.structures) + 1)
+        models = "model" if event.size == 1 else "models"
+        return (
+            f"array size auto, layer structure {number}: {event.size} {models} per array "
+            f"({_readable_reason(event.reason)})"
+        )
 
     def _on_ArraySplit(self, event: Any) -> str:
         return (
@@ -1146,6 +1152,32 @@ class _SearchProgress:
         return f"[red]array {event.array} failed[/]: {event.error}"
 
 
+def _readable_reason(reason: str) -> str:
+    """A packing reason as a person reads it: a measured step curve `{1: 0.0113068..., 2: ...}` (seconds
+    per step by array size) becomes `11.3 ms a step with 1 model, 34.5 ms with 2`; other numbers with
+    many digits are rounded."""
+    import ast
+    import re
+
+    def curve(match: re.Match[str]) -> str:
+        try:
+            steps = list(ast.literal_eval(match.group(1)).items())
+        except (ValueError, SyntaxError, AttributeError):
+            return match.group(0)
+        if not steps:
+            return match.group(0)
+        (size, step_s), rest = steps[0], steps[1:]
+        first = f"{_duration(step_s)} a step with {size} model{'s' if size != 1 else ''}"
+        return "step curve: " + ", ".join([first, *(f"{_duration(t)} with {n}" for n, t in rest)])
+
+    text = re.sub(r"step curve (\{[^{}]*\})", curve, reason)
+    return re.sub(r"\d+\.\d{4,}", lambda m: f"{float(m.group()):.3g}", text)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.1f} ms"
+
+
 def _print_search_plan(plan: Any) -> None:
     """The --dry-run plan: one table row per array (slots, architectures, padding, estimated time, trials)."""
     from rich.table import Table
@@ -1156,9 +1188,15 @@ def _print_search_plan(plan: Any) -> None:
     console = command_console()
     done = f", {plan.done} already done" if plan.done else ""
     budget = f"{plan.n_trials} trials" if plan.n_trials is not None else "a timeout"
+    if plan.array_size != "auto":
+        sizes = f"arrays of up to {plan.array_size}"
+    elif plan.arrays:  # measured per layer structure: the plan's arrays say what the measurement chose
+        sizes = f"arrays of up to {max(a.array_size for a in plan.arrays)} (auto: measured per layer structure)"
+    else:
+        sizes = "array sizes measured per layer structure (auto)"
     console.print(
         f"dry run of study [bold]{plan.study_name}[/] in {plan.storage} ({budget}{done}; "
-        f"arrays of up to {plan.array_size}, rounds of {plan.pool_size} asks); nothing was written"
+        f"{sizes}, rounds of {plan.pool_size} asks); nothing was written"
     )
     table = Table(title="packing plan (the first round is exact; later ones change as results come in)")
     for column in (

@@ -271,3 +271,36 @@ def test_progress_counts_the_pareto_front_for_several_metrics():
     assert "pareto front 1" in progress.status()  # (0.7, 50) dominates the others
     progress.event(TrialEnded(9, "COMPLETE", [0.8, 500]))
     assert "pareto front 2" in progress.status()
+
+
+def test_auto_array_sizes_read_as_a_person_reads_them(tmp_path):
+    """`array.size: auto`: the dry run says how large its arrays are (not 'arrays of up to auto'),
+    and a search's line about the size it chose names no structure hash and rounds the measured
+    step times (not '{1: 0.011306810999485606, ...}')."""
+    import re
+
+    path = tmp_path / "space.yaml"
+    path.write_text(space_text(budget={"n_trials": 2}, array={"size": "auto"}))
+    args = ["search", str(path), "--storage", storage(tmp_path), "--threads", "1"]
+    dry = CliRunner().invoke(main, [*args, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "up to auto" not in dry.output
+    assert re.search(r"arrays of up to \d+ \(auto: measured per layer structure\)", dry.output), dry.output
+    run = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "out")])
+    assert run.exit_code == 0, run.output
+    chosen = [line for line in run.stderr.splitlines() if line.startswith("array size auto")]
+    assert chosen and chosen[0].startswith("array size auto, layer structure 1: "), run.stderr
+    for line in chosen:
+        assert not re.search(r"\b[0-9a-f]{12}\b", line) and not re.search(r"\d\.\d{4,}", line), line
+
+
+def test_a_measured_step_curve_is_printed_in_rounded_milliseconds():
+    progress = _SearchProgress(enabled=False)
+    reason = "throughput knee of the measured step curve {1: 0.011306810999485606, 2: 0.03452618500068638}"
+    first = progress._on_ArraySizeChosen(type("E", (), {"structure": "c40da0a96d2f", "size": 1, "reason": reason}))
+    again = progress._on_ArraySizeChosen(type("E", (), {"structure": "5463a8d46e45", "size": 4, "reason": "memory"}))
+    assert first == (
+        "array size auto, layer structure 1: 1 model per array "
+        "(throughput knee of the measured step curve: 11.3 ms a step with 1 model, 34.5 ms with 2)"
+    )
+    assert again == "array size auto, layer structure 2: 4 models per array (memory)"
