@@ -244,7 +244,38 @@ def validate(data: Any, where: Where) -> Validated:
         run.add(("budget",), "give 'n_trials' or 'timeout' (or both); with neither the search would never stop")
     file = _check_sampler_and_pruner(run, file, params)
     run.raise_if_any()
+    _warn_pruner_never_reached(where, file, params)
     return Validated(file, params)
+
+
+def _largest_epochs(file: SpaceFile, params: dict[str, Any]) -> int | None:
+    """The most epochs a trial of the space trains (None when the file does not say in numbers)."""
+    param = params.get("training.epochs")
+    if param is None:
+        values = [file.training.epochs]
+    elif isinstance(param, Fixed):
+        values = [param.value]
+    elif isinstance(param, Categorical):
+        values = param.values
+    else:
+        values = [getattr(param, "max", None)]
+    values = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    return max(values) if values else None
+
+
+def _warn_pruner_never_reached(where: Where, file: SpaceFile, params: dict[str, Any]) -> None:
+    """A warning (the `hfta_nas` logger) for a hyperband pruner whose first rung (min_resource, a W&B
+    sweep's min_iter) lies past the last epoch: it never prunes a trial, and nothing else would say so."""
+    if file.pruner.name != "hyperband":
+        return
+    first_rung, epochs = file.pruner.kwargs.get("min_resource"), _largest_epochs(file, params)
+    if not isinstance(first_rung, int) or isinstance(first_rung, bool) or epochs is None or first_rung <= epochs:
+        return
+    message = (
+        f"hyperband's first rung is at epoch {first_rung} (min_resource; a W&B sweep's min_iter), past the "
+        f"{epochs} epoch{'s' if epochs != 1 else ''} a trial trains: it never prunes; lower it or train longer"
+    )
+    logging.getLogger("hfta_nas").warning(f"warning: {where.problem(('pruner', 'kwargs', 'min_resource'), message)}")
 
 
 # Zhang et al. (mixup) and Yun et al. (CutMix) use alpha 0.1-1: above it Beta(alpha, alpha) draws

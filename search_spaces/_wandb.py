@@ -17,6 +17,7 @@ training.epochs, ...); any other bare name is read as a model config key
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +135,10 @@ class _Translation:
 
     def fail(self, loc: Loc, message: str) -> None:
         self.problems.append(self.where.problem(loc, message))
+
+    def warn(self, loc: Loc, message: str) -> None:
+        """One line on the `hfta_nas` logger: legal, but rarely what is meant."""
+        logging.getLogger("hfta_nas").warning(f"warning: {self.where.problem(loc, message)}")
 
     def place(self, ours: Loc, value: Any, theirs: Loc, read_as: str, has_parts: bool = True) -> None:
         """Put `value` at our loc `ours`, remembering the sweep's lines under `theirs`
@@ -346,10 +351,17 @@ class _Translation:
             )
         if kind == "log_uniform":  # W&B's bounds are natural-log exponents here
             try:
-                low, high = math.exp(low), math.exp(high)
+                exponents, (low, high) = (low, high), (math.exp(low), math.exp(high))
             except (TypeError, OverflowError):
                 self.fail(loc, f"log_uniform takes exponents: expected numbers, got {short(low)} and {short(high)}")
                 return None, None
+            if _value_like(*exponents):
+                self.warn(
+                    (*loc, "distribution"),
+                    f"log_uniform takes natural-log exponents: min {exponents[0]:g}, max {exponents[1]:g} give "
+                    f"values in [{low:.6g}, {high:.6g}]; for values in [{exponents[0]:g}, {exponents[1]:g}] write "
+                    "distribution: log_uniform_values",
+                )
             return {"distribution": "log_uniform", "min": low, "max": high}, "log_uniform (exp(min)..exp(max))"
         ours = {
             "int_uniform": "int_uniform",
@@ -371,6 +383,13 @@ class _Translation:
         how = ours if kind == ours else f"{kind} -> {ours}"
         default_q = " (W&B's default q)" if kind == "q_uniform" and "q" not in spec else ""
         return value, how + (f" with step {step} from min{default_q}" if step is not None else "")
+
+
+def _value_like(low: float, high: float) -> bool:
+    """Whether log_uniform's bounds look like the values meant rather than exponents: both in (0, 1]
+    and a decade or more apart (1e-5..1e-2, a learning rate's range), which as exponents sample
+    only [1.00001, 1.01]. Exponents meant as such are mostly negative (-9.2..-2.3 for that range)."""
+    return 0 < low < high <= 1 and high / low >= 10
 
 
 def _first_band(rule: dict[str, Any]) -> int | None:

@@ -250,3 +250,31 @@ def test_a_nested_learning_rate_is_pointed_at_the_learning_rate():
     with pytest.raises(SpaceError) as caught:
         parse_space(text, "s.yaml")
     assert "(did you mean 'training.optimizer.lr'?)" in str(caught.value)
+
+
+def test_hyperband_whose_min_iter_is_past_the_last_epoch_is_warned_in_one_line(caplog):
+    """min_iter 20 with 8 epochs: Optuna's first rung is never reached, so nothing is ever pruned."""
+    head = "method: random\nmetric: {name: val_loss}\nearly_terminate: {type: hyperband, min_iter: 20}\n"
+    with caplog.at_level("WARNING", logger="hfta_nas"):
+        parse_space(sweep("epochs: {value: 8}\nlr: {min: 0.001, max: 0.01}", head=head), "s.yaml")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("warning: s.yaml:3: early_terminate: ") and "\n" not in line
+    assert "first rung is at epoch 20" in line and "past the 8 epochs" in line and "never prunes" in line
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hfta_nas"):  # within the epochs (a searched epochs' largest value)
+        parse_space(sweep("epochs: {values: [4, 20]}\nlr: {min: 0.001, max: 0.01}", head=head), "s.yaml")
+    assert not caplog.records
+
+
+def test_log_uniform_with_bounds_like_values_is_warned_naming_the_key(caplog):
+    """W&B's log_uniform takes exponents: 1e-5..1e-2 samples lr in [1.00001, 1.01], legal but not meant."""
+    with caplog.at_level("WARNING", logger="hfta_nas"):
+        space = parse_space(sweep("lr: {distribution: log_uniform, min: 1e-5, max: 1e-2}"), "s.yaml")
+    assert space.params["training.optimizer.lr"].max == pytest.approx(math.exp(1e-2))  # read as W&B reads it
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("warning: s.yaml:3: parameters.lr.distribution: ") and "\n" not in line
+    assert "[1.00001, 1.01005]" in line and "log_uniform_values" in line
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hfta_nas"):  # exponents as exponents
+        parse_space(sweep("lr: {distribution: log_uniform, min: -9.2, max: -2.3}"), "s.yaml")
+    assert not caplog.records
