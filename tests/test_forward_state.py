@@ -328,6 +328,38 @@ def test_legacy_spectral_norm_is_refused_in_one_line_without_tensors(build):
     assert "tensor(" not in str(refused.value)
 
 
+class FreshHiddenState(nn.Module):
+    """An LSTM whose forward makes h0 and c0 with `torch.zeros(...).requires_grad_()`, the habit of many
+    published models (a no-op: the constants' gradients are never read)."""
+
+    def __init__(self, hidden=6):
+        super().__init__()
+        self.hidden = hidden
+        self.lstm, self.head = nn.LSTM(IN, hidden, batch_first=True), nn.Linear(hidden, 3)
+
+    def forward(self, x):
+        h0 = torch.zeros(1, x.size(0), self.hidden, dtype=x.dtype).requires_grad_()
+        c0 = torch.zeros(1, x.size(0), self.hidden, dtype=x.dtype).requires_grad_()
+        out, _ = self.lstm(x, (h0, c0))
+        return self.head(out[:, -1])
+
+
+@pytest.mark.parametrize("hidden", [(6, 6), (6, 4)], ids=["equal shapes", "envelope"])
+def test_requires_grad_on_a_fresh_constant_is_accepted_and_trains_exactly_as_alone(hidden):
+    models = [seeded(FreshHiddenState, width, seeds=(slot,))[0] for slot, width in enumerate(hidden)]
+    make_x = lambda step, g: torch.randn(len(models), BATCH, 5, IN, generator=g, dtype=torch.float64)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FusionFallbackWarning)  # fused, not slot by slot
+        arr, models = trained_side_by_side(models, make_x=make_x)
+    assert arr._one_by_one is None
+    arr.eval()  # another mode's first call, and its later ones
+    with torch.no_grad():
+        for _ in range(2):
+            x = make_x(0, torch.Generator().manual_seed(1))
+            for slot, model in enumerate(models):
+                torch.testing.assert_close(arr(x)[slot], model.eval()(x[slot]), rtol=1e-10, atol=1e-10)
+
+
 # ------------------------------------- 4. hooks, tying, parametrizations, padded norms
 class Hooked(nn.Module):
     def __init__(self, width=16):

@@ -113,7 +113,7 @@ class Misusing(nn.Module):
 @pytest.mark.parametrize(
     "misuse, words",
     [
-        ("requires_grad_", "layer 'block' (_Block) calls requires_grad_(); an array takes every slot's gradients"),
+        ("requires_grad_", "layer 'block' (_Block) calls requires_grad_() on a tensor the slots compute; an array"),
         ("data", "layer 'block' (_Block) reads a tensor's .data; use the tensor itself, or .detach()"),
         ("none_output", "the model's forward (Misusing) returns something other than tensors (None in a tuple"),
     ],

@@ -2,10 +2,16 @@
 
 vmap falls back to a loop over slots (exact, slower) where an operator has no
 batching rule, and refuses what a forward cannot do for many slots at once: random
-operations outside the array's own dropout layers, `requires_grad_()`, reading
-`.data`, outputs that are not tensors, and packed sequences (`pack_padded_sequence`).
-These surface here, once per mode, as a FusionFallbackWarning or a FusionError that
-names the layer whose forward was running.
+operations outside the array's own dropout layers, `requires_grad_()` on a tensor the
+slots compute, reading `.data`, outputs that are not tensors, and packed sequences
+(`pack_padded_sequence`). These surface here, once per mode, as a FusionFallbackWarning
+or a FusionError that names the layer whose forward was running.
+
+`requires_grad_()` on a fresh constant (`torch.zeros(...).requires_grad_()` for an LSTM's
+h0, the habit of many published models) is accepted as the no-op it is: the constant's
+own gradient is never read, and every parameter's gradient is the same with or without
+it. vmap refuses the call whatever the tensor, so a TorchFunctionMode skips it; once a
+first call has skipped one, hooks on the template keep the mode on for its later calls.
 
 What a forward does per slot that vmap cannot batch (a branch on a tensor's value,
 `.item()`, shapes that depend on the data) raises `NeedsSlotLoop`: the array then runs
@@ -21,8 +27,10 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
+from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.overrides import TorchFunctionMode
 
 from hfta_nas.errors import FusionError, FusionFallbackWarning
@@ -36,7 +44,7 @@ _REFUSALS = (
     ),
     (
         "requires_grad_()",
-        "calls requires_grad_()",
+        "calls requires_grad_() on a tensor the slots compute",
         "an array takes every slot's gradients at once: remove the call (parameters already require grad)",
     ),
     (
@@ -73,7 +81,11 @@ def watched_first_call(fused: Callable[..., Any], state: dict, inputs: tuple, te
     """`fused(state, *inputs)`, with vmap's per-slot-loop fallbacks and what a fused forward
     cannot do reported (the latter as a FusionError naming the layer of `template` that ran;
     per-slot control flow as NeedsSlotLoop)."""
-    with warnings.catch_warnings(record=True) as caught, watching_forward(template) as running:
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        watching_forward(template) as running,
+        _SkipFreshRequiresGrad() as fresh,
+    ):
         warnings.simplefilter("always")
         try:
             result = fused(state, *inputs)
@@ -101,7 +113,60 @@ def watched_first_call(fused: Callable[..., Any], state: dict, inputs: tuple, te
             )
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if fresh.skipped:
+        _keep_skipping_fresh_requires_grad(template)
     return result
+
+
+class _SkipFreshRequiresGrad(TorchFunctionMode):
+    """`t.requires_grad_()` as a no-op where `t` is a fresh constant of the forward (made inside it:
+    not a slot's tensor, not a parameter, no gradient history); any other tensor's call goes on
+    to vmap, which refuses it (a FusionError naming the layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.requires_grad_ and args and _fresh_constant(args[0]):
+            self.skipped = True
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def _fresh_constant(tensor: Any) -> bool:
+    return (
+        isinstance(tensor, torch.Tensor)
+        and not isinstance(tensor, nn.Parameter)
+        and not is_functorch_wrapped_tensor(tensor)  # a slot's own (batched) tensor
+        and tensor.grad_fn is None
+    )
+
+
+def _keep_skipping_fresh_requires_grad(template: nn.Module) -> None:
+    """Every later forward of `template` (the array's fused calls after the first) runs under the mode too:
+    entered by a forward pre-hook, left by a forward hook that runs even when the forward raises."""
+    if any(isinstance(getattr(hook, "__self__", None), _Skipping) for hook in template._forward_pre_hooks.values()):
+        return
+    skipping = _Skipping()
+    template.register_forward_pre_hook(skipping.enter)
+    template.register_forward_hook(skipping.leave, always_call=True)
+
+
+class _Skipping:
+    """The hooks' pair: a mode entered as the template's forward starts, left as it ends (a class, not
+    closures, so that the template still pickles)."""
+
+    def __init__(self) -> None:
+        self.entered: list[_SkipFreshRequiresGrad] = []  # the modes of the template's forwards now running
+
+    def enter(self, module: nn.Module, args: Any) -> None:
+        mode = _SkipFreshRequiresGrad()
+        mode.__enter__()
+        self.entered.append(mode)
+
+    def leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.entered.pop().__exit__(None, None, None)
 
 
 @contextlib.contextmanager
