@@ -1425,3 +1425,26 @@ def test_a_full_disk_is_one_line_and_the_run_after_freeing_space_completes(tmp_p
     trials = optuna.load_study(study_name="tiny", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
     counted = [t for t in trials if outcome_of(t) in (Outcome.COMPLETE, Outcome.PRUNED, Outcome.FAILED)]
     assert len(counted) == 24 and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_a_text_trial_value_in_sqlite_is_refused_naming_the_trial(tmp_path):
+    """SQLite keeps whatever is written into a number column (by hand, by another tool): a trial
+    whose value is text is refused in one line naming it, by a resumed search, its dry run and an
+    export, and the file is left as it was (Optuna handed the text on as a 'value')."""
+    import sqlite3
+
+    database = tmp_path / "study.db"
+    (tmp_path / "space.yaml").write_text(space_text(budget={"n_trials": 2}, training={"epochs": 1}))
+    args = ["search", str(tmp_path / "space.yaml"), "--storage", f"sqlite:///{database}", "--threads", "1"]
+    first = invoke(*args, "--out", str(tmp_path / "out"), "--quiet")
+    assert first.exit_code == 0, first.output
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        connection.execute("UPDATE trial_values SET value = 'n/a' WHERE trial_id = 2")
+        connection.commit()
+    before = database.read_bytes()
+    for extra in (["--n-more", "1", "--quiet"], ["--n-more", "1", "--dry-run"]):
+        result = invoke(*args, *extra)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        [line] = result.output.strip().splitlines()
+        assert "trial 1 of study 'tiny'" in line and "'n/a'" in line and "not a number" in line, line
+        assert database.read_bytes() == before

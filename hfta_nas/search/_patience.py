@@ -43,6 +43,7 @@ from hfta_nas._limits import DEFAULT_STORAGE_PATIENCE_S as DEFAULT_PATIENCE_S
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search._credentials import hide_passwords
 from hfta_nas.search._optuna_private import BaseHeartbeat
+from hfta_nas.search._stored_values import check_numbers
 
 FIRST_DELAY_S, MOST_DELAY_S = 0.25, 10.0  # back-off between tries: doubles from the first, capped
 
@@ -291,6 +292,8 @@ class PatientStorage(BaseStorage):
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         method = getattr(self.inner, name)
+        if name in _READS_TRIALS:
+            return self._checked(name, self.patiently(method, *args, **kwargs), *args, **kwargs)
         if name != "set_trial_state_values":
             return self.patiently(method, *args, **kwargs)
         tries = []
@@ -306,6 +309,18 @@ class PatientStorage(BaseStorage):
 
         return self.patiently(set_state)
 
+    def _checked(self, name: str, read: Any, *args: Any, **kwargs: Any) -> Any:
+        """What a call that reads trials returned, its values checked to be numbers (`_stored_values`)."""
+        if name == "get_all_trials":
+            study_id = kwargs.get("study_id", args[0] if args else None)
+            for trial in read:
+                check_numbers(trial, lambda: self.inner.get_study_name_from_id(study_id))
+            return read
+        trial_id = read._trial_id
+        return check_numbers(
+            read, lambda: self.inner.get_study_name_from_id(self.inner.get_study_id_from_trial_id(trial_id))
+        )
+
     def patiently(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`call(*args, **kwargs)`, retried through an outage of the storage (a lock on the same database)."""
         return _retried(self.outage, self.sleep, call, *args, **kwargs)
@@ -313,6 +328,9 @@ class PatientStorage(BaseStorage):
     def _already_set(self, trial_id: int, state: TrialState, values: Any = None, **_: Any) -> bool:
         stored = self.inner.get_trial(trial_id)
         return stored.state == state and (values is None or list(stored.values or []) == list(values))
+
+
+_READS_TRIALS = ("get_all_trials", "get_trial", "get_best_trial")  # checked: values must be numbers
 
 
 def _forwarded(name: str) -> Callable[..., Any]:

@@ -51,6 +51,7 @@ from optuna.storages.journal import JournalFileBackend
 from hfta_nas._limits import MAX_STORAGE_PATIENCE_S
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search._credentials import hide_passwords
+from hfta_nas.search._journal_end import RecordedJournal, check_end, end_file
 from hfta_nas.search._patience import (
     DEFAULT_PATIENCE_S,
     PatientStorage,
@@ -60,6 +61,7 @@ from hfta_nas.search._patience import (
     retried,
     unwrapped,
 )
+from hfta_nas.search._stored_values import check_numbers
 
 DEFAULT_STORAGE = "runs/hfta-nas.journal"
 _URL_SCHEMES = ("sqlite:", "postgresql", "mysql", "oracle", "mssql", "redis:", "grpc:")
@@ -129,6 +131,7 @@ def _open(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
+            end_file(path).unlink(missing_ok=True)  # the record of a journal deleted to start afresh
             path.touch()
         if not os.access(path, os.W_OK):
             raise PermissionError(f"'{path}' is not writable")
@@ -136,7 +139,8 @@ def _open(
         lock = _KernelFileLock(path) if os.name == "posix" else None
         if lock is not None:
             repair_torn_tail(path, lock)
-        backend = JournalFileBackend(str(path), lock_obj=lock)
+            check_end(path, lock)  # a cut at a record's end: what was lost, said (`_journal_end`)
+        backend = RecordedJournal(str(path), lock) if lock is not None else JournalFileBackend(str(path))
     except OSError as error:
         raise HftaNasError(f"cannot use journal file '{location}' as storage: {error}") from error
     try:
@@ -738,4 +742,6 @@ def copy_of_stored_study(
     if real is not None and study_name in {s.study_name for s in optuna.get_all_study_summaries(real, False)}:
         stored = optuna.load_study(study_name=study_name, storage=real)
         check_directions(stored, directions)
+        for trial in stored.get_trials(deepcopy=False):  # (read raw: not through PatientStorage's check)
+            check_numbers(trial, lambda: study_name)
     return in_memory_study(study_name, directions, sampler, pruner, copy_of=stored), hide_passwords(location)
