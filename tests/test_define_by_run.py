@@ -247,10 +247,10 @@ def test_a_model_refused_even_alone_fails_its_trial_only():
     assert "torch.utils.checkpoint" in trials[1].user_attrs["fail_reason"] and 1 in summary.trained_apart
 
 
-def test_optuna_callbacks_and_a_samplers_constraints_work_as_in_study_optimize():
+def test_optuna_callbacks_and_constraints_work_as_in_study_optimize():
     """`callbacks=` are called as study.optimize calls them (study, a frozen copy of each told trial), and
-    `study.stop()` in one (Optuna's MaxTrialsCallback) stops asking; a sampler's constraints_func reads a
-    trial's measured metrics when it is told."""
+    `study.stop()` in one (Optuna's MaxTrialsCallback) stops asking; `constraints=` sets each completed
+    trial's constraints from its measured metrics before it is told, where constraint-aware samplers read them."""
     digits = load_dataset("digits")
     limit = 1500  # parameters: width 16 fits (1210), width 32 does not (2410)
 
@@ -259,26 +259,23 @@ def test_optuna_callbacks_and_a_samplers_constraints_work_as_in_study_optimize()
         model = lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10))  # noqa: E731
         return hfta_nas.Candidate(model, hparams={"lr": 3e-3}, epochs=1, batch_size=64)
 
-    def constraints(frozen):
-        return [frozen.user_attrs["final_metrics"]["params"] - limit]
-
-    sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=2, constraints_func=constraints)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=2))
     seen = []
 
     def record(study_seen, frozen):
         assert study_seen is study and isinstance(frozen, optuna.trial.FrozenTrial)
-        seen.append((frozen.number, frozen.state))
+        seen.append((frozen.number, frozen.state, dict(frozen.system_attrs)))
 
     stop_at_3 = optuna.study.MaxTrialsCallback(3, states=(TrialState.COMPLETE,))
     hfta_nas.optimize(
         study, build, digits, n_trials=8, array_size=1, seed=5, step_cost=StepCost(1.0, 0.0),
-        callbacks=[record, stop_at_3],
+        callbacks=[record, stop_at_3], constraints=lambda metrics: {"size": metrics["params"] - limit},
     )  # fmt: skip
     trials = study.get_trials(deepcopy=False)
     told = [(t.number, t.state) for t in trials if t.state != TrialState.FAIL]
-    assert sorted(seen) == sorted(told) and len(seen) == 3  # stopped after the third, as optimize would
+    assert sorted(n for n, _, _ in seen) == sorted(n for n, _ in told) and len(seen) == 3  # as optimize would
     for trial in trials:
         params = trial.user_attrs["final_metrics"]["params"]
         assert params == (1210 if trial.params["width"] == 16 else 2410)
-        assert list(trial.system_attrs["constraints"]) == [params - limit]  # Optuna's record of the constraint
+        assert trial.system_attrs["constraints:size"] == params - limit  # Optuna's record of set_constraint
+    assert all("constraints:size" in attrs for _, _, attrs in seen)  # set before the trial was told

@@ -25,7 +25,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -86,6 +86,8 @@ class JobContext:
     samples: int = 0  # training samples processed this run, summed over slots
     checkpoints: Path | None = None  # where arrays save themselves every epoch (None: they do not)
     account: TimeAccount = field(default_factory=TimeAccount)  # where the search's wall time goes
+    # a completed trial's final metrics -> its named constraints (feasible at <= 0), set before it is told
+    constraints: Callable[[dict[str, float]], Mapping[str, float]] | None = None
 
 
 def _now() -> str:
@@ -491,8 +493,11 @@ class ArrayJob:
         if result.status == "completed":
             # what a sampler's constraints_func reads when the trial is told (Optuna calls it in tell)
             final = {"params": count_parameters(proposal.shell), **metrics, **dict(zip(ctx.metrics, values))}
+            final = {name: float(value) for name, value in final.items()}
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                proposal.trial.set_user_attr("final_metrics", {k: float(v) for k, v in final.items()})
+                proposal.trial.set_user_attr("final_metrics", final)
+                for name, value in (ctx.constraints(final) if ctx.constraints else {}).items():
+                    proposal.trial.set_constraint(name, float(value))  # before tell: the sampler reads it there
             self._complete(proposal, values, trainer, result.epochs)
             if result.epochs < proposal.candidate.epochs:  # stopped early: its slot is free for another trial
                 yield from self._refill_or_stop(trainer, proposal, "early stopped")

@@ -25,7 +25,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +138,7 @@ def optimize(
     replicate: Sequence[str] | None = None,
     step_cost: StepCost | StepCurve | None = None,
     callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] | None = None,
+    constraints: Callable[[dict[str, float]], Mapping[str, float]] | None = None,
 ) -> SearchSummary:
     """Search with `study`'s sampler and pruner, training `build(trial)`'s candidates as arrays.
 
@@ -155,9 +156,11 @@ def optimize(
     - callbacks: Optuna callbacks, called as `study.optimize` calls them: `callback(study, frozen_trial)`
       after each trial this run told COMPLETE, PRUNED or FAIL (optuna-integration's MLflowCallback, say);
       `study.stop()` inside one stops asking new trials, and the arrays in flight finish.
-    Constraints (`constraints_func`) belong to the sampler, as in Optuna (`TPESampler(constraints_func=...)`),
-    which calls it when a trial is told: a completed trial's user attribute `final_metrics` then holds every
-    metric its last epoch measured, its objectives and its parameter count (`params`).
+    - constraints: outcome constraints, `constraints(metrics) -> {name: value}` (feasible when every value
+      is <= 0), called with a completed trial's final metrics (every metric its last epoch measured, its
+      objectives and `params`, its parameter count; also its user attribute `final_metrics`); each value
+      is set with `trial.set_constraint` before the trial is told, so constraint-aware samplers (TPE,
+      NSGA-II, GP) see it, as Optuna 5 asks an objective to do.
     """
     return _Search(
         study,
@@ -176,6 +179,7 @@ def optimize(
         replicate=replicate,
         step_cost=step_cost,
         callbacks=callbacks,
+        constraints=constraints,
     ).run()
 
 
@@ -220,10 +224,14 @@ class _Search:
         replicate,
         step_cost,
         callbacks=None,
+        constraints=None,
     ) -> None:
         check_options(n_trials, timeout, array_size, max_waste)
         if callbacks is not None and not all(callable(c) for c in callbacks):
             raise HftaNasError("callbacks must be callables taking (study, frozen_trial), as study.optimize's.")
+        if constraints is not None and not callable(constraints):
+            raise HftaNasError("constraints must be a function of a trial's final metrics returning {name: value}.")
+        self.constraints = constraints
         if dtype not in DTYPES:
             raise HftaNasError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
         self.study, self.build, self.data = study, build, data
@@ -274,6 +282,7 @@ class _Search:
             self.started,
             checkpoints=self._checkpoint_folder(),
             account=self.account,
+            constraints=self.constraints,
         )
         with optimize_loop(self.study), Heartbeat(self.study, lambda: list(self.asked), self.worker) as heartbeat:
             try:
