@@ -85,7 +85,7 @@ SUMMARY_COLUMNS = (
     "bad_upper",
     "headline",
 )
-PER_EPOCH_COLUMNS = ("config", "design", "metric", "epoch", "n", "mean", "std", "ci_low", "ci_high")
+PER_EPOCH_COLUMNS = ("config", "design", "metric", "epoch", "n", "mean", "std", "ci_low", "ci_high", "ci_method")
 COMPARISON_COLUMNS = (
     "metric",
     "a",
@@ -108,6 +108,9 @@ COMPARISON_COLUMNS = (
     "mean_diff_high",
     "paired",
     "n_pairs",
+    "unpaired_slots",
+    "paired_mean_diff",
+    "paired_diff_std",
     "paired_diff_low",
     "paired_diff_high",
     "paired_t",
@@ -132,7 +135,9 @@ COMPARISON_COLUMNS = (
     "aso_confidence",
 )
 RANKING_COLUMNS = ("metric", "rank", "config", "mean", "ci_low", "ci_high")
-POWER_COLUMNS = ("config", "metric", "std", "n", "min_detectable_diff")
+POWER_COLUMNS = ("config", "metric", "test", "std", "n", "min_detectable_diff")
+PAIRED_TEST = "paired t (same seeds)"
+TWO_SAMPLE_TEST = "two-sample t (independent seeds)"
 # `config` is not in the contract's list, but a study of several configurations run with
 # --decompose has one decomposition per configuration, and without it their rows would collide.
 DECOMPOSITION_COLUMNS = ("config", "method", "metric", "source", "variance", "ci_low", "ci_high", "share")
@@ -168,19 +173,20 @@ def analyse(
     metrics = _metrics(seeds)
     common = {"confidence": confidence, "bootstrap_seed": int(bootstrap_seed), "n_resamples": n_resamples}
     summary = _summary(seeds, metrics, result.metadata, fail_below=dict(fail_below or {}), **common)
+    comparisons = _comparisons(
+        seeds,
+        metrics,
+        summary,
+        confidence=confidence,
+        bootstrap_seed=int(bootstrap_seed),
+        fail_below=dict(fail_below or {}),
+    )
     return Analysis(
         summary=summary,
         per_epoch=_per_epoch(result.curves, seeds, confidence),
-        comparisons=_comparisons(
-            seeds,
-            metrics,
-            summary,
-            confidence=confidence,
-            bootstrap_seed=int(bootstrap_seed),
-            fail_below=dict(fail_below or {}),
-        ),
+        comparisons=comparisons,
         ranking=_ranking(summary),
-        power=_power(summary, differences),
+        power=_power(summary, comparisons, differences),
         decomposition=_decomposition(seeds, metrics, confidence),
         mode_sources=_mode_sources(seeds, metrics, summary),
         settings={
@@ -331,7 +337,13 @@ def _per_epoch(curves: pd.DataFrame, seeds: pd.DataFrame, confidence: float) -> 
     table["n"] = table["n"].astype(int)
     half = stats.t.ppf((1 + confidence) / 2, table["n"] - 1) * table["std"] / np.sqrt(table["n"])
     table["ci_low"], table["ci_high"] = table["mean"] - half, table["mean"] + half
+    table["ci_method"] = band_label(confidence)
     return table[list(PER_EPOCH_COLUMNS)]
+
+
+def band_label(confidence: float = 0.95) -> str:
+    """What the learning curves' band is, in the words the plot's legend and every export use."""
+    return f"mean ± {confidence:.0%} t interval over seeds (completed seeds; assumes one mode)"
 
 
 def _comparisons(
@@ -379,8 +391,9 @@ def _comparisons(
             )
             low, high = _stats.welch_interval(values_a, values_b, confidence)
             paired = _shares_seeds(rows_a, rows_b)
-            paired_a, paired_b = _paired_values(rows_a, rows_b, metric) if paired else ([], [])
+            paired_a, paired_b, dropped = _paired_values(rows_a, rows_b, metric) if paired else ([], [], "")
             pair_figures = _stats.compare_paired(paired_a, paired_b, confidence=confidence, higher_is_better=better)
+            pair_figures["unpaired_slots"] = dropped
             summary_a, summary_b = by_config.loc[(a, metric)], by_config.loc[(b, metric)]
             family.append(
                 {
@@ -458,12 +471,20 @@ def _shares_seeds(rows_a: pd.DataFrame, rows_b: pd.DataFrame) -> bool:
     return len(rows_a) > 0 and _seed_plan(rows_a) == _seed_plan(rows_b)
 
 
-def _paired_values(rows_a: pd.DataFrame, rows_b: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """The values of the slots where both configurations completed, aligned by seed_index."""
+def _paired_values(rows_a: pd.DataFrame, rows_b: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """The values of the slots where both configurations completed, aligned by seed_index, and the
+    slots left out ("3 (A); 5 (A, B)": seed_index and the configurations without a value there).
+    Every paired figure (the mean difference, its interval, the tests) uses these pairs only."""
     values_a, index_a, _ = _values(rows_a, metric)
     values_b, index_b, _ = _values(rows_b, metric)
     both, in_a, in_b = np.intersect1d(index_a, index_b, return_indices=True)
-    return values_a[in_a], values_b[in_b]
+    slots = sorted(set(rows_a["seed_index"].tolist()) | set(rows_b["seed_index"].tolist()))
+    dropped = [
+        f"{int(i)} ({', '.join(name for name, index in (('A', index_a), ('B', index_b)) if i not in index)})"
+        for i in slots
+        if i not in both
+    ]
+    return values_a[in_a], values_b[in_b], "; ".join(dropped)
 
 
 def _ranking(summary: pd.DataFrame) -> pd.DataFrame:
@@ -491,24 +512,44 @@ def _ranking(summary: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _power(summary: pd.DataFrame, differences: Sequence[float]) -> pd.DataFrame:
+def _power(summary: pd.DataFrame, comparisons: pd.DataFrame, differences: Sequence[float]) -> pd.DataFrame:
     """How small a difference the study can see with its seeds, and how many seeds each of a few
-    differences would need, at the observed seed-to-seed std (alpha 0.05, power 0.8)."""
+    differences would need (alpha 0.05, power 0.8), in the test its design calls for.
+
+    Paired (two configurations that trained the same seeds slot for slot): one row per pair, the
+    paired t-test at the sd of the differences over the pairs both completed. Independent: one row
+    per configuration not in a paired comparison, Student's two-sample t at its seed-to-seed sd.
+    Both assume one mode: where the summary finds two (in a configuration, or in either of a pair),
+    the figures are withheld (NaN) and `note` says why; the failure rate answers that study."""
     needed = {d: f"seeds_needed_{d:g}" for d in differences}
+    modes = summary[summary["design"] == "all"].set_index(["config", "metric"])["modes"]
     rows = []
-    for _, r in summary[summary["design"] == "all"].iterrows():
-        std, n = float(r["std"]), int(r["n"])
-        rows.append(
-            {
-                "config": r["config"],
-                "metric": r["metric"],
-                "std": std,
-                "n": n,
-                "min_detectable_diff": _stats.min_detectable_difference(std, n, ALPHA, POWER),
-                **{column: _stats.seeds_needed(d, std, ALPHA, POWER) for d, column in needed.items()},
+
+    def row(config: str, metric: str, test: str, std: float, n: int, bimodal: list[str]) -> dict[str, Any]:
+        if bimodal:
+            note = f"withheld: two modes found ({', '.join(bimodal)}); the t-test's power assumes one"
+            figures = {"min_detectable_diff": np.nan, **dict.fromkeys(needed.values(), np.nan)}
+        else:
+            paired = test.startswith("paired")
+            note = ""
+            figures = {
+                "min_detectable_diff": _stats.min_detectable_difference(std, n, ALPHA, POWER, paired=paired),
+                **{c: _stats.seeds_needed(d, std, ALPHA, POWER, paired=paired) for d, c in needed.items()},
             }
-        )
-    return _frame(rows, [*POWER_COLUMNS, *needed.values()])
+        return {"config": config, "metric": metric, "test": test, "std": std, "n": n, **figures, "note": note}
+
+    in_pairs: set[tuple[str, str]] = set()
+    for _, r in comparisons[comparisons["paired"].astype(bool)].iterrows():
+        a, b, metric = r["a"], r["b"], r["metric"]
+        in_pairs |= {(a, metric), (b, metric)}
+        bimodal = [c for c in (a, b) if modes.get((c, metric)) == 2]
+        rows.append(row(f"{a} - {b}", metric, PAIRED_TEST, float(r["paired_diff_std"]), int(r["n_pairs"]), bimodal))
+    for _, r in summary[summary["design"] == "all"].iterrows():
+        if (r["config"], r["metric"]) in in_pairs:
+            continue
+        bimodal = [r["config"]] if r["modes"] == 2 else []
+        rows.append(row(r["config"], r["metric"], TWO_SAMPLE_TEST, float(r["std"]), int(r["n"]), bimodal))
+    return _frame(rows, [*POWER_COLUMNS, *needed.values(), "note"])
 
 
 def _decomposition(seeds: pd.DataFrame, metrics: list[str], confidence: float) -> pd.DataFrame:

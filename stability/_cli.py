@@ -506,6 +506,8 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
 
 def _comparison_line(c: dict[str, Any], scale: float, unit: str) -> str:
     """One comparison in the words of its design: paired tests when the seeds are shared."""
+    from stability._export import pairs_text
+
     g = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731 (local helper)
     if c["paired"]:
         tests = (
@@ -519,9 +521,16 @@ def _comparison_line(c: dict[str, Any], scale: float, unit: str) -> str:
             f"Welch p={g(c['welch_p'], '.3g')} (Holm {g(c['welch_p_holm'], '.3g')}), P(A better)="
             f"{g(c['p_a_better'], '.2f')} [{g(c['p_a_better_low'], '.2f')}, {g(c['p_a_better_high'], '.2f')}]"
         )
-    diff = "n/a" if c["mean_diff"] is None else f"{scale * c['mean_diff']:+.2f}{unit}"
+    # the point and its interval come from the same seeds: the pairs when paired, else every completed seed
+    point = c["paired_mean_diff"] if c["paired"] else c["mean_diff"]
+    low, high = (
+        (c["paired_diff_low"], c["paired_diff_high"]) if c["paired"] else (c["mean_diff_low"], c["mean_diff_high"])
+    )
+    signed = lambda v: "n/a" if v is None else f"{scale * v:+.2f}{unit}"  # noqa: E731 (local helper)
+    diff = f"{signed(point)} [{signed(low)}, {signed(high)}]"
+    seeds = f"same seeds, {pairs_text(c['n_pairs'], c['unpaired_slots'])}" if c["paired"] else "independent seeds"
     return (
-        f"{c['a']} vs {c['b']} ({'same seeds' if c['paired'] else 'independent seeds'}): diff {diff}, {tests}; "
+        f"{c['a']} vs {c['b']} ({seeds}): diff {diff}, {tests}; "
         f"gone wrong {c['a_bad_n']} of {c['a_bad_of']} vs {c['b_bad_n']} of {c['b_bad_of']} "
         f"({'McNemar' if c['paired'] else 'Fisher'} p={g(c['bad_rate_p'], '.3g')})"
     )

@@ -56,6 +56,11 @@ def write_report(
     return files
 
 
+# A value the analysis could not compute (a failed seed's metric, a p-value of too few seeds) is
+# written as this dash in Markdown, HTML and LaTeX, left empty in CSV and null in JSON: never "nan".
+MISSING = "—"
+
+
 def _check(chosen: Sequence[str], known: Sequence[str], option: str) -> None:
     unknown = [c for c in chosen if c not in known]
     if unknown:
@@ -134,7 +139,7 @@ def _write_markdown(report: _Report, out: Path) -> list[Path]:
     for section in _sections(report):
         lines += [f"## {section.title}", "", section.text, ""]
         if section.table is not None and not section.table.empty:
-            lines += [section.table.to_markdown(index=False), ""]
+            lines += [_markdown_table(section.table), ""]
         if section.figure is not None and section.figure in report.figures and report.plot_formats:
             fmt = "png" if "png" in report.plot_formats else report.plot_formats[0]
             lines += [f"![{section.figure}](plots/{section.figure}.{fmt})", ""]
@@ -152,7 +157,7 @@ def _write_html(report: _Report, out: Path) -> list[Path]:
             png = base64.b64encode(_plots.render(report.figures[section.figure], "png")).decode("ascii")
             body.append(f'<img alt="{section.figure}" src="data:image/png;base64,{png}">')
         if section.table is not None and not section.table.empty:
-            body.append(section.table.to_html(index=False, border=0, na_rep="n/a", escape=True))
+            body.append(section.table.to_html(index=False, border=0, na_rep=MISSING, escape=True))
     document = _HTML_PAGE.format(title=html.escape(f"hfta-nas stability: {report.metric}"), body="\n".join(body))
     path = out / "report.html"
     atomic_write_text(path, document)
@@ -201,6 +206,27 @@ def _write_latex(report: _Report, out: Path) -> list[Path]:
                 label="tab:stability-failures",
             )
         )
+    power = _power_table(report)
+    if not power.empty:
+        parts.append(
+            _latex(
+                power,
+                caption=_latex_escape(_power_caption(report.analysis)),
+                label="tab:stability-power",
+            )
+        )
+    decomposition = report.analysis.decomposition
+    decomposition = decomposition[decomposition["metric"] == report.metric]
+    if not decomposition.empty:
+        parts.append(
+            _latex(
+                _decomposition_table(report, decomposition),
+                caption=f"Sources of variance of the final {name}: each source's variance with its 95\\% interval "
+                "(method 'sources': normal-theory chi-square; 'grid': two-way random-effects ANOVA) and its share "
+                "(a point estimate, without interval).",
+                label="tab:stability-decomposition",
+            )
+        )
     path = out / "report.tex"
     atomic_write_text(path, "\n".join(parts))
     return [path]
@@ -231,7 +257,10 @@ def _sections(report: _Report) -> list[_Section]:
         _Section("Shape and noise", _shape_text(report), _shape_table(report)),
         _Section("Empirical distribution", "Fraction of seeds at or below each final value.", None, "ecdf"),
         _Section(
-            "Learning curves", "Every seed as a thin line; the mean with its 95% t interval as a band.", None, "curves"
+            "Learning curves",
+            f"Every seed as a thin line; the band: {_band_label(analysis)}, per epoch.",
+            None,
+            "curves",
         ),
     ]
     if len(failed):
@@ -239,19 +268,21 @@ def _sections(report: _Report) -> list[_Section]:
             _Section(
                 f"Failed seeds ({len(failed)} of {len(seeds)})",
                 "These seeds are counted, not dropped: they did not finish or diverged.",
-                failed[
-                    [
-                        "config",
-                        "design",
-                        "seed_index",
-                        "seed_init",
-                        "seed_data",
-                        "seed_dropout",
-                        "seed_split",
-                        "epochs",
-                        "reason",
+                _missing_as_blank(
+                    failed[
+                        [
+                            "config",
+                            "design",
+                            "seed_index",
+                            "seed_init",
+                            "seed_data",
+                            "seed_dropout",
+                            "seed_split",
+                            "epochs",
+                            "reason",
+                        ]
                     ]
-                ],
+                ),
             )
         )
     differences, failure_rates = _comparison_tables(report)
@@ -368,13 +399,32 @@ def _shape_text(report: _Report) -> str:
 
 def _power_text(analysis: Analysis) -> str:
     return (
-        "Smallest difference of means these seeds detect (Student's two-sample t-test with pooled variance, "
-        "2n - 2 degrees of freedom, two-sided alpha 0.05, power 0.8) and the seeds per configuration each "
-        "difference would need, at the observed seed-to-seed std; a paired design (same seeds) needs fewer when "
-        "shared seeds make the runs alike. It assumes one mode: a worse mode inflates the std. To see one "
-        "failure of a 1-in-10 kind with 90% probability takes "
+        "Smallest true difference of means the seeds detect, and the seeds each difference would need (two-sided "
+        "alpha 0.05, power 0.8), in the test the design calls for. Configurations that trained the same seeds "
+        "(paired): the paired t-test (n - 1 degrees of freedom) at the sd of the differences over the pairs both "
+        "completed, a row per pair, seeds counted in pairs. Independent seeds: Student's two-sample t-test with "
+        "pooled variance (2n - 2 degrees of freedom) at the configuration's seed-to-seed sd, seeds per "
+        "configuration. Both assume one mode: where the report finds two, the figures are withheld (a worse mode "
+        "inflates the sd, and the t-test does not describe such seeds; read the failure rate). To see one failure "
+        "of a 1-in-10 kind with 90% probability takes "
         f"{analysis.settings.get('seeds_to_see_1_in_10_with_90_percent', 22)} seeds."
     )
+
+
+def _power_caption(analysis: Analysis) -> str:
+    return (
+        "Power: smallest detectable difference and seeds needed (two-sided alpha 0.05, power 0.8); paired t on the "
+        "differences where the configurations share seeds, two-sample t otherwise; withheld where two modes are "
+        "found."
+    )
+
+
+def _band_label(analysis: Analysis) -> str:
+    """The learning curves' band in words: the statistic the analysis computed per epoch."""
+    from stability._analysis import band_label
+
+    methods = analysis.per_epoch["ci_method"].dropna() if "ci_method" in analysis.per_epoch else pd.Series()
+    return str(methods.iloc[0]) if len(methods) else band_label(analysis.settings.get("confidence", 0.95))
 
 
 def _decomposition_text(metadata: dict[str, Any]) -> str:
@@ -445,7 +495,7 @@ def _protocol_table(metadata: dict[str, Any]) -> pd.DataFrame:
         ("seeds per configuration", metadata.get("n_seeds")),
         ("varied sources", ", ".join(metadata.get("vary", []))),
         *[(f"{source} seeds", _short_list(values)) for source, values in seeds.items()],
-        ("device", f"{metadata.get('device')} ({metadata.get('device_name')})"),
+        ("device", _device(metadata)),
         ("dtype", metadata.get("dtype")),
         ("test-set size", metadata.get("n_test")),
         ("torch threads", determinism.get("torch_threads")),
@@ -454,6 +504,12 @@ def _protocol_table(metadata: dict[str, Any]) -> pd.DataFrame:
         ("wall time (s)", round(metadata["seconds"], 1) if isinstance(metadata.get("seconds"), (int, float)) else None),
     ]
     return pd.DataFrame([(k, "" if v is None else str(v)) for k, v in rows], columns=["setting", "value"])
+
+
+def _device(metadata: dict[str, Any]) -> str | None:
+    """ "cuda (NVIDIA H200)"; None (an empty cell) when the result did not record it."""
+    device, name = metadata.get("device"), metadata.get("device_name")
+    return None if device is None else f"{device}" + (f" ({name})" if name else "")
 
 
 def _short_list(values: list[Any], keep: int = 6) -> str:
@@ -470,14 +526,14 @@ def _scale(report: _Report) -> tuple[float, str]:
 
 def _fmt(value: Any, scale: float = 1.0, unit: str = "", digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
+        return MISSING
     return f"{scale * float(value):.{digits}f}{unit}"
 
 
 def _p(value: Any) -> str:
     """A p-value: three decimals, or scientific notation below 0.001 (never a bare 0)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
+        return MISSING
     return f"{float(value):.3f}" if float(value) >= 1e-3 else f"{float(value):.1e}"
 
 
@@ -577,7 +633,7 @@ def _shape_table(report: _Report) -> pd.DataFrame:
             "CV": _fmt(r["cv"], 1, "", 4),
             "Shapiro p": _p(r["normality_p"]),
             "outlier seeds (seed_index)": ", ".join(f"#{i}" for i in str(r["outliers"]).split(",") if i) or "none",
-            "expected best of k seeds": ", ".join(f"k={k}: {f(v)}" for k, v in best.items()) or "n/a",
+            "expected best of k seeds": ", ".join(f"k={k}: {f(v)}" for k, v in best.items()) or MISSING,
         }
         if report.is_accuracy:
             row["noise floor sd"] = f(r["noise_floor_std"])
@@ -593,7 +649,10 @@ def _comparison_tables(report: _Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     differences, failures = [], []
     for _, r in rows.iterrows():
         paired = bool(r["paired"])
+        # the point and its interval are computed on the same seeds: the pairs both configurations
+        # completed when paired (slots left out are named), every completed seed of each when not
         interval = ("paired_diff_low", "paired_diff_high") if paired else ("mean_diff_low", "mean_diff_high")
+        point = r["paired_mean_diff"] if paired else r["mean_diff"]
         low, high = r[interval[0]], r[interval[1]]
         better = ("p_a_better_pairs", "p_a_better_pairs_low", "p_a_better_pairs_high")
         better = better if paired else ("p_a_better", "p_a_better_low", "p_a_better_high")
@@ -602,8 +661,8 @@ def _comparison_tables(report: _Report) -> tuple[pd.DataFrame, pd.DataFrame]:
             {
                 "A": r["a"],
                 "B": r["b"],
-                "seeds": f"same ({int(r['n_pairs'])} pairs)" if paired else "independent",
-                "mean A - B [95% CI]": f"{f(r['mean_diff'])} [{f(low)}, {f(high)}]",
+                "seeds": f"same ({pairs_text(r['n_pairs'], r['unpaired_slots'])})" if paired else "independent",
+                "mean A - B [95% CI]": f"{f(point)} [{f(low)}, {f(high)}]",
                 "t-test p (Holm)": f"{'paired' if paired else 'Welch'} {_p(r[t_test])} ({_p(r[t_test + '_holm'])})",
                 "rank test p (Holm)": (
                     f"{'Wilcoxon' if paired else 'MWU'} {_p(r[rank_test])} ({_p(r[rank_test + '_holm'])})"
@@ -620,13 +679,24 @@ def _comparison_tables(report: _Report) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "gone wrong A": f"{int(r['a_bad_n'])} of {int(r['a_bad_of'])}",
                 "gone wrong B": f"{int(r['b_bad_n'])} of {int(r['b_bad_of'])}",
                 "A only / B only": (
-                    f"{int(r['a_only_bad'])} / {int(r['b_only_bad'])}" if np.isfinite(r["a_only_bad"]) else "n/a"
+                    f"{int(r['a_only_bad'])} / {int(r['b_only_bad'])}" if np.isfinite(r["a_only_bad"]) else MISSING
                 ),
                 "test p (Holm)": f"{_rate_test_name(r)} {_p(r['bad_rate_p'])} ({_p(r['bad_rate_p_holm'])})",
                 "good mode A - B": f(r["good_mode_diff"]),
             }
         )
     return pd.DataFrame(differences), pd.DataFrame(failures)
+
+
+def pairs_text(n_pairs: Any, unpaired_slots: Any) -> str:
+    """ "7 pairs; left out: #0 (no value: A)": the pairs the paired figures use, and the slots they
+    leave out because a configuration gave no value there (failed, or a non-finite metric)."""
+    text = f"{int(n_pairs)} pairs"
+    left_out = [part.strip() for part in str(unpaired_slots or "").split(";") if part.strip()]
+    if left_out:
+        slots = ", ".join(f"#{part.replace(' (', ' (no value: ', 1)}" for part in left_out)
+        text += f"; left out: {slots}"
+    return text
 
 
 def _rate_test_name(row: Any) -> str:
@@ -650,30 +720,38 @@ def _ranking_table(report: _Report, ranking: pd.DataFrame) -> pd.DataFrame:
 
 
 def _power_table(report: _Report) -> pd.DataFrame:
+    """One row per paired comparison (the paired t-test at the sd of the differences) and per
+    configuration compared on independent seeds (two-sample t); withheld where modes were found."""
     scale, unit = _scale(report)
     power = report.analysis.power[report.analysis.power["metric"] == report.metric]
     needed = [c for c in power.columns if c.startswith("seeds_needed_")]
+    f = lambda v: _fmt(v, scale, unit, 2 if report.is_accuracy else 4)  # noqa: E731 (local helper)
     rows = []
     for _, r in power.iterrows():
+        paired = str(r.get("test", "")).startswith("paired")
         row = {
             "config": r["config"],
-            "n": int(r["n"]),
-            "std": _fmt(r["std"], scale, unit, 2 if report.is_accuracy else 4),
-            "min detectable diff": _fmt(r["min_detectable_diff"], scale, unit, 2 if report.is_accuracy else 4),
+            "test": r.get("test", ""),
+            "n": f"{int(r['n'])} pairs" if paired else int(r["n"]),
+            "std": f(r["std"]) + (" (of the differences)" if paired else ""),
+            "min detectable diff": f(r["min_detectable_diff"]),
         }
         for column in needed:
             difference = float(column.removeprefix("seeds_needed_"))
             row[f"seeds for {_fmt(difference, scale, unit, 1 if report.is_accuracy else 3)}"] = _fmt(
                 r[column], digits=0
             )
+        if str(r.get("note", "") or ""):
+            row["note"] = r["note"]
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return table.fillna("") if "note" in table else table
 
 
 def _decomposition_table(report: _Report, decomposition: pd.DataFrame) -> pd.DataFrame:
     """Variances with their intervals (three significant digits, in the metric's units squared) and
     shares as whole percentages: a share is a point estimate without an interval."""
-    g = lambda v: "n/a" if not np.isfinite(v) else f"{v:.3g}"  # noqa: E731 (local helper)
+    g = lambda v: MISSING if not np.isfinite(v) else f"{v:.3g}"  # noqa: E731 (local helper)
     return pd.DataFrame(
         [
             {
@@ -681,11 +759,23 @@ def _decomposition_table(report: _Report, decomposition: pd.DataFrame) -> pd.Dat
                 "method": r["method"],
                 "source": r["source"],
                 "variance [95% CI]": f"{g(r['variance'])} [{g(r['ci_low'])}, {g(r['ci_high'])}]",
-                "share (point estimate)": "n/a" if not np.isfinite(r["share"]) else f"{r['share']:.0%}",
+                "share (point estimate)": MISSING if not np.isfinite(r["share"]) else f"{r['share']:.0%}",
             }
             for _, r in decomposition.iterrows()
         ]
     )
+
+
+def _markdown_table(frame: pd.DataFrame) -> str:
+    """A pipe table whose missing cells (NaN, None, pd.NA) read as a dash, never "nan"."""
+    cells = frame.astype(object).where(frame.notna(), None)
+    return cells.to_markdown(index=False, missingval=MISSING)
+
+
+def _missing_as_blank(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table of identifiers (seed numbers, reasons) whose missing cells are blank: an empty
+    seed_split means "the data's own split", not a value that could not be computed."""
+    return frame.astype(object).where(frame.notna(), "")
 
 
 def _round(frame: pd.DataFrame, digits: int = 6) -> pd.DataFrame:
@@ -787,7 +877,7 @@ def _latex(table: pd.DataFrame, *, caption: str, label: str) -> str:
     """A booktabs table in \\footnotesize that fits the text width without scaling: the columns whose
     text is too long for one line wrap it (ragged right, numbers ragged left), each column a p{}
     column written as a fraction of \\linewidth; ASCII and math only, and no package beyond booktabs."""
-    cells = [[("n/a" if pd.isna(v) else str(v)) for v in row] for row in table.itertuples(index=False)]
+    cells = [[(MISSING if pd.isna(v) else str(v)) for v in row] for row in table.itertuples(index=False)]
     headers = [str(c) for c in table.columns]
     numeric = [pd.api.types.is_numeric_dtype(table[c]) for c in table.columns]
     longest = [max([_latex_width(row[i]) for row in cells], default=0.0) for i in range(len(headers))]

@@ -6,7 +6,7 @@ headless CI machine. Each figure answers one question of the report:
 
 - distribution: how the final metric spreads over seeds (strip over a box, per config);
 - ecdf:         the same distribution as an ECDF, where configs' curves can cross;
-- curves:       learning curves, every seed a thin line, the mean with its t interval as a band;
+- curves:       learning curves, every seed a thin line, the mean with its t interval as a band (labelled);
 - comparison:   each config's mean with its BCa interval (the ranking, with uncertainty);
 - variance:     each source's share of the variance (only with --decompose).
 """
@@ -171,9 +171,11 @@ def _curves(curves: pd.DataFrame, per_epoch: pd.DataFrame, metric: str) -> Figur
     for (config, _seed), seed_curve in curves.groupby(["config", "seed_index"], sort=False):
         ax.plot(seed_curve["epoch"], seed_curve["value"], color=palette[config], linewidth=0.6, alpha=0.35)
     mean = per_epoch[(per_epoch["metric"] == metric) & (per_epoch["design"] == "all")]
+    statistic = ""
     for config, band in mean.groupby("config", sort=False):
         if config not in palette:
             continue
+        statistic = str(band["ci_method"].iloc[0]) if "ci_method" in band else "mean ± 95% t interval over seeds"
         ax.plot(band["epoch"], band["mean"], color=palette[config], linewidth=2.0, label=f"{config} mean")
         ax.fill_between(
             band["epoch"],
@@ -182,10 +184,13 @@ def _curves(curves: pd.DataFrame, per_epoch: pd.DataFrame, metric: str) -> Figur
             color=palette[config],
             alpha=0.25,
             linewidth=0,
-            label=f"{config} 95% CI",
+            label=f"{config}: {statistic.split(' (')[0]}",
         )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="epoch", ylabel=_label(metric), title=f"{_label(metric)} per epoch (thin: one seed)")
+    # the caption under the axes names the band's statistic in full, what it counts and what it assumes
+    if statistic:
+        figure.supxlabel(f"band: {statistic}", fontsize="x-small")
     ax.legend(fontsize="small")
     return figure
 

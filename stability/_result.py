@@ -217,7 +217,8 @@ class Analysis:
                    (Clopper-Pearson), bad_upper (one-sided); headline (str: "bimodal:
                    k of n seeds in a mode m points lower" or "one mode: mean ± sd").
                    ci_method is "crossed init x data" for the grid design
-    per_epoch:     config, design, metric, epoch, n, mean, std, ci_low, ci_high (t interval)
+    per_epoch:     config, design, metric, epoch, n, mean, std, ci_low, ci_high (t interval),
+                   ci_method (the band's statistic in words, as the plot's legend names it)
     comparisons:   one row per (metric, a, b) pair of configs (design "all"):
                    metric, a, b, better ("higher" or "lower": the metric's direction),
                    mean_diff (A - B), welch_t, welch_p, welch_p_holm, mwu_u, mwu_p,
@@ -226,7 +227,10 @@ class Analysis:
                    p_a_better_low, p_a_better_high (Newcombe's interval),
                    aso_eps_min (below 0.5: A tends to be better), mean_diff_low,
                    mean_diff_high (Welch), paired (both configs ran the same seeds
-                   slot for slot), n_pairs, paired_diff_low/high, paired_t,
+                   slot for slot), n_pairs, unpaired_slots (str: the slots the pairs leave
+                   out, "3 (A); 5 (A, B)": seed_index and the configs without a value there),
+                   paired_mean_diff (A - B over the pairs: the point of the paired interval,
+                   computed on the same pairs), paired_diff_std, paired_diff_low/high, paired_t,
                    paired_t_p(_holm), wilcoxon_w, wilcoxon_p(_holm), p_a_better_pairs
                    with its Clopper-Pearson interval (NaN when not paired),
                    good_mode_diff, a_bad_n, a_bad_of, b_bad_n, b_bad_of, bad_rate_test
@@ -235,8 +239,12 @@ class Analysis:
                    paired), bad_rate_p(_holm), aso_confidence (Bonferroni-adjusted
                    across the pairs)
     ranking:       metric, rank, config, mean, ci_low, ci_high (the headline interval)
-    power:         config, metric, std, n, min_detectable_diff (at the current n,
-                   alpha 0.05, power 0.8), and seeds_needed_<d> for a few differences d
+    power:         config ("A - B" for a pair), metric, test ("paired t (same seeds)": one row per
+                   paired comparison, std the sd of the differences, n the pairs; "two-sample t
+                   (independent seeds)": one row per config in no paired comparison), std, n,
+                   min_detectable_diff (at the current n, alpha 0.05, power 0.8), seeds_needed_<d>
+                   for a few differences d, note ("withheld: two modes found ..." with the figures
+                   NaN where the summary finds two modes; else "")
     decomposition: config, metric, source, variance, ci_low, ci_high, share  (empty without
                    --decompose; per config, one row per source plus source "total"
                    (design "all") and "sum_of_sources")

@@ -549,7 +549,8 @@ def compare_paired(
     a: ArrayLike, b: ArrayLike, *, confidence: float = 0.95, higher_is_better: bool = True
 ) -> dict[str, float]:
     """Paired figures for seeds shared slot for slot (a[i] and b[i] trained with the same seeds):
-    the paired t-test and its interval for the mean difference A - B, the Wilcoxon signed-rank
+    the mean difference A - B over the pairs (`paired_mean_diff`, the point of the paired
+    interval: both are computed on the same pairs), the paired t-test and its interval, the Wilcoxon signed-rank
     test, and P(A better) over the pairs (ties half) with its exact Clopper-Pearson interval.
 
     Sharing seeds makes the two runs of a slot alike (same initialisation, same batches), so the
@@ -558,7 +559,17 @@ def compare_paired(
     """
     a, b = _as_1d(a), _as_1d(b)
     row = dict.fromkeys(
-        ("n_pairs", "paired_diff_low", "paired_diff_high", "paired_t", "paired_t_p", "wilcoxon_w", "wilcoxon_p"),
+        (
+            "n_pairs",
+            "paired_mean_diff",
+            "paired_diff_std",
+            "paired_diff_low",
+            "paired_diff_high",
+            "paired_t",
+            "paired_t_p",
+            "wilcoxon_w",
+            "wilcoxon_p",
+        ),
         NAN,
     )
     row.update(dict.fromkeys(("p_a_better_pairs", "p_a_better_pairs_low", "p_a_better_pairs_high"), NAN))
@@ -568,8 +579,10 @@ def compare_paired(
     if a.size == 0:
         return row
     diff = a - b
+    row["paired_mean_diff"] = float(np.mean(diff))
     with _quiet():
         if a.size >= 2:
+            row["paired_diff_std"] = float(np.std(diff, ddof=1))
             paired = stats.ttest_rel(a, b)
             low, high = t_interval(diff, confidence)
             row.update(paired_t=float(paired.statistic), paired_t_p=float(paired.pvalue))
@@ -682,34 +695,44 @@ def holm(pvalues: ArrayLike) -> np.ndarray:
 # --------------------------------------------------------------------------- power
 
 
-def power(delta: float, std: float, n: float, alpha: float = 0.05) -> float:
-    """Power of the two-sided two-sample t-test with n seeds per group to detect a true difference `delta`."""
-    return _t_test_power(delta, std, n, alpha)
+def power(delta: float, std: float, n: float, alpha: float = 0.05, *, paired: bool = False) -> float:
+    """Power of the two-sided t-test with n seeds per group (paired: n pairs, `std` the sd of the
+    differences) to detect a true difference `delta`."""
+    return _t_test_power(delta, std, n, alpha, paired)
 
 
-def _t_test_power(delta: float, std: float, n: float, alpha: float) -> float:
-    """Power of the two-sided two-sample t-test with n seeds per group to detect a true difference `delta`.
+def _t_test_power(delta: float, std: float, n: float, alpha: float, paired: bool = False) -> float:
+    """Power of the two-sided t-test to detect a true difference `delta`.
 
-    Under the alternative the statistic follows a noncentral t with 2n - 2 degrees of freedom
-    and noncentrality (delta/std) sqrt(n/2); power is its mass beyond +-t_{1-alpha/2}.
+    Two-sample (n seeds per group, pooled variance): under the alternative the statistic follows a
+    noncentral t with 2n - 2 degrees of freedom and noncentrality (delta/std) sqrt(n/2). Paired
+    (n pairs, std the sd of the differences: the one-sample t-test of the differences): n - 1
+    degrees of freedom and noncentrality (delta/std) sqrt(n). Power is its mass beyond +-t_{1-alpha/2}.
     """
     if not (n >= 2 and math.isfinite(std) and math.isfinite(delta)):
         return NAN
     if std == 0:
         return 1.0 if delta != 0 else alpha
-    df = 2 * n - 2
-    ncp = abs(delta) / std * math.sqrt(n / 2)
+    df, ncp = (n - 1, abs(delta) / std * math.sqrt(n)) if paired else (2 * n - 2, abs(delta) / std * math.sqrt(n / 2))
     critical = stats.t.ppf(1 - alpha / 2, df)
-    return float(stats.nct.sf(critical, df, ncp) + stats.nct.cdf(-critical, df, ncp))
+    # The lower tail P(T < -t) = P(T' > t) for T' noncentral at -ncp: scipy's cdf returns NaN far out in
+    # that tail (df 1-10, ncp above about 8), where its sf returns the (vanishing) value.
+    lower = stats.nct.sf(critical, df, -ncp)
+    return float(stats.nct.sf(critical, df, ncp) + (lower if math.isfinite(lower) else 0.0))
 
 
-def seeds_needed(delta: float, std: float, alpha: float = 0.05, power: float = 0.8) -> float:
-    """Smallest number of seeds per configuration (>= 2) whose t-test reaches `power` for `delta`.
+def seeds_needed(delta: float, std: float, alpha: float = 0.05, power: float = 0.8, *, paired: bool = False) -> float:
+    """Smallest number of seeds per configuration (paired: of pairs; >= 2) whose t-test reaches
+    `power` for `delta`.
 
     Power grows with n, so double n until it is enough, then bisect between the last two.
     inf when delta is 0 (no finite n detects no difference), NaN when std is unknown.
     """
-    target, reach = power, _t_test_power
+    target = power
+
+    def reach(d: float, s: float, n: float, a: float) -> float:
+        return _t_test_power(d, s, n, a, paired)
+
     if not (math.isfinite(std) and math.isfinite(delta)):
         return NAN
     if delta == 0:
@@ -727,17 +750,24 @@ def seeds_needed(delta: float, std: float, alpha: float = 0.05, power: float = 0
     return high
 
 
-def min_detectable_difference(std: float, n: float, alpha: float = 0.05, power: float = 0.8) -> float:
-    """Smallest true difference that n seeds per configuration detect with `power` (brentq on the power curve)."""
-    target, reach = power, _t_test_power
+def min_detectable_difference(
+    std: float, n: float, alpha: float = 0.05, power: float = 0.8, *, paired: bool = False
+) -> float:
+    """Smallest true difference that n seeds per configuration (paired: n pairs, `std` the sd of
+    the differences) detect with `power` (brentq on the power curve)."""
+    target = power
+
+    def reach(d: float) -> float:
+        return _t_test_power(d, std, n, alpha, paired)
+
     if not (n >= 2 and math.isfinite(std)):
         return NAN
     if std == 0:
         return 0.0
     high = std
-    while reach(high, std, n, alpha) < target:
+    while reach(high) < target:
         high *= 2
-    return float(optimize.brentq(lambda d: reach(d, std, n, alpha) - target, 0.0, high, xtol=1e-14 * std, rtol=1e-12))
+    return float(optimize.brentq(lambda d: reach(d) - target, 0.0, high, xtol=1e-14 * std, rtol=1e-12))
 
 
 # --------------------------------------------------------------------------- variance decomposition

@@ -113,7 +113,8 @@ def run_study(
     `configs`: config files, ResolvedConfigs or LabelledConfigs (one or several);
     `storage`: an Optuna storage URL or journal path (default runs/hfta-nas.journal;
     `store=False` keeps nothing in a storage); `earlier`: results of earlier studies
-    to compare with, reused without retraining. `metric` test_acc (the default) is
+    to compare with, reused without retraining (with no configuration to train, only they are
+    compared: nothing is trained and no storage is opened). `metric` test_acc (the default) is
     test_rmse for regression configs. `fail_below`: a seed whose `metric` is below it counts
     as gone wrong in the failure rate.
     """
@@ -121,6 +122,17 @@ def run_study(
     from stability._runner import run_stability
 
     labelled = _labelled(configs)
+    if not labelled and earlier:
+        return _report_earlier(
+            list(earlier),
+            out_dir,
+            formats=formats,
+            plot_formats=plot_formats,
+            metric=metric,
+            bootstrap_seed=bootstrap_seed,
+            artifact_dir=artifact_dir,
+            fail_below=fail_below,
+        )
     metric = metric_for(labelled, metric)
     check_run_options(seeds, metric, measured_by_every_config(labelled))
     check_fail_below(fail_below, metric)
@@ -196,6 +208,26 @@ def report(
         attached = [store.attach(Path(html), artifact_dir) for store in (stores or {}).values()]
     studies = {label: s.name for label, s in (stores or {}).items()} or dict(result.metadata.get("studies", {}))
     return StudyReport(result, analysis, out, files, studies, attached, artifact_dir)
+
+
+def _report_earlier(
+    earlier: list[StabilityResult],
+    out_dir: str | Path | None,
+    *,
+    metric: str,
+    artifact_dir: str | Path | None,
+    **options: Any,
+) -> StudyReport:
+    """The report of stored results alone (`stability compare REPORT1 REPORT2`): their per-seed
+    results side by side, analysed as a study of them all would be; nothing trained."""
+    result = StabilityResult.combine(earlier) if len(earlier) > 1 else earlier[0]
+    measured = {m for m in ("test_acc", "test_rmse") if m in result.seeds and result.seeds[m].notna().any()}
+    if metric == "test_acc" and measured == {"test_rmse"}:
+        metric = "test_rmse"  # regression results: test_acc is not measured (as `metric_for` does for configs)
+    labels = [str(label).replace(" ", "") for label in dict.fromkeys(result.seeds["config"])]
+    out = Path(out_dir) if out_dir is not None else Path("runs") / "stability" / "-vs-".join(labels)
+    artifacts = Path(artifact_dir) if artifact_dir is not None else None
+    return report(result, out, metric=metric, artifact_dir=artifacts, **options)
 
 
 def default_artifact_dir(location: str) -> Path:

@@ -20,6 +20,7 @@ from hfta_nas.search import open_storage
 from search_spaces import SHIPPED_SPACES, ResolvedConfig
 from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config, parse_params
 from stability._design import parse_vary, plan, source_seed
+from stability._result import StabilityResult
 from stability._runner import run_stability, train_seeds
 from tests.conftest import synthetic_dataset
 
@@ -258,6 +259,36 @@ def test_compare_two_configs_reports_the_comparison(tmp_path, tiny_config):
     (comparison,) = json.loads(result.output)["comparisons"]
     assert {comparison["a"], comparison["b"]} == {"tiny", "slow"}
     assert 0.0 <= comparison["welch_p_holm"] <= 1.0 and 0.0 <= comparison["p_a_better"] <= 1.0
+
+
+def test_compare_of_two_report_folders_reuses_their_seeds_without_training(tmp_path, monkeypatch):
+    """`stability compare REPORT1 REPORT2` (its help: report folders are reused) said 'no configuration to
+    run'. Two folders of stored per-seed results are compared as they are: nothing trained, no storage."""
+    import stability._runner
+    from tests.test_stability_report import synthetic_result
+
+    whole = synthetic_result(failed=1)
+    for label in ("A", "B_wide"):
+        StabilityResult(
+            whole.seeds[whole.seeds["config"] == label].reset_index(drop=True),
+            whole.curves[whole.curves["config"] == label].reset_index(drop=True),
+            {**whole.metadata, "configs": {label: {}}},
+        ).save(tmp_path / label / "result")
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("compare of report folders trained")
+
+    monkeypatch.setattr(stability._runner, "run_stability", no_training)
+    monkeypatch.chdir(tmp_path)  # a default storage would be created here
+    out = tmp_path / "cmp"
+    result = cli("stability", "compare", tmp_path / "A", tmp_path / "B_wide", "--out", out, "--format", "json,md")
+    assert result.exit_code == 0, result.output
+    assert "no configuration to run" not in result.output and not (tmp_path / "runs").exists()
+    document = json.loads((out / "report.json").read_text())
+    (comparison,) = [c for c in document["comparisons"] if c["metric"] == "test_acc"]
+    assert (comparison["a"], comparison["b"], comparison["paired"], comparison["n_pairs"]) == ("A", "B_wide", True, 7)
+    assert {s["config"] for s in document["seeds"]} == {"A", "B_wide"} and len(document["seeds"]) == 16
+    assert "A vs B_wide (same seeds, 7 pairs; left out: #0 (no value: A))" in " ".join(result.output.split())
 
 
 def test_decompose_reports_a_share_per_source(tmp_path, tiny_config):

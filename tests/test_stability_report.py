@@ -157,8 +157,8 @@ def test_html_is_self_contained_with_decodable_images(written):
 def test_latex_table_escapes_names_and_uses_booktabs(written):
     _, _, out, _ = written
     tex = (out / "report.tex").read_text()
-    # distribution, modes, shape; comparisons and failure rates
-    assert tex.count("\\begin{table}") == 5 and "\\toprule" in tex and "\\bottomrule" in tex
+    # distribution, modes, shape; comparisons and failure rates; power and sources of variance
+    assert tex.count("\\begin{table}") == 7 and "\\toprule" in tex and "\\bottomrule" in tex
     # escaped, and free to wrap after the underscore in a narrow column
     assert "B\\_\\allowbreak{}wide" in tex and "B_wide" not in tex.replace("B\\_\\allowbreak{}wide", "")
     assert "\\label{tab:stability}" in tex
@@ -173,10 +173,10 @@ def test_latex_tables_fit_the_page_and_are_plain_ascii(written, tmp_path):
     _, _, out, _ = written
     tex = (out / "report.tex").read_text()
     assert tex.isascii(), sorted({c for c in tex if not c.isascii()})
-    assert "\\resizebox" not in tex and "\\scalebox" not in tex and tex.count("\\begin{tabular}") == 5
-    assert tex.count("\\footnotesize") == 5 and not re.search(r"\\(scriptsize|tiny)\b", tex)
+    assert "\\resizebox" not in tex and "\\scalebox" not in tex and tex.count("\\begin{tabular}") == 7
+    assert tex.count("\\footnotesize") == 7 and not re.search(r"\\(scriptsize|tiny)\b", tex)
     specs = re.findall(r"^\\begin\{tabular\}\{(.*)\}$", tex, flags=re.M)
-    assert len(specs) == 5
+    assert len(specs) == 7
     for spec in specs:  # wrapped columns, each a fraction of the line width
         widths = [float(f) for f in re.findall(r"p\{\\dimexpr ([\d.]+)\\linewidth-2\\tabcolsep\\relax\}", spec)]
         assert 0 < len(widths) <= 9 and spec.count("p{") == len(widths), spec
@@ -393,7 +393,8 @@ def test_every_export_format_carries_the_modes_and_the_failure_rate(bimodal):
 
 def test_comparisons_of_shared_seeds_are_paired_in_the_report(bimodal):
     markdown = (bimodal / "report.md").read_text()
-    assert "same (7 pairs)" in markdown and "paired " in markdown and "Wilcoxon " in markdown
+    assert "same (7 pairs; left out: #0 (no value: A))" in markdown
+    assert "paired " in markdown and "Wilcoxon " in markdown
     # A's seed 0 failed, B_wide's seed 5 is in its worse mode: one discordant slot each way
     row = next(line for line in markdown.splitlines() if line.startswith("| A ") and "McNemar" in line)
     assert [cell.strip() for cell in row.split("|")[3:7]] == ["1 of 8", "1 of 8", "1 / 1", "McNemar 1.000 (1.000)"]
@@ -430,3 +431,185 @@ def test_the_report_says_which_seed_the_worse_mode_follows(tmp_path):
     assert set(frame["source"]) == {"init", "data"} and (frame["method"] == "grid").all()
     document = json.loads((tmp_path / "report.json").read_text())
     assert {r["source"] for r in document["mode_sources"]} == {"init", "data"}
+
+
+# ---------------------------------------------------------------- issue 42: the statistics audit
+
+
+def shared_slot_result(failed_slot: int = 0) -> StabilityResult:
+    """A and B trained the same 8 seeds; each slot's seeds move both configs alike (sd 5 points),
+    A is better by 1 point give or take 0.1, and A's slot `failed_slot` (the best slot) failed. The
+    independent means then differ by about -0.3 points, while the paired difference is +1."""
+    rng = np.random.default_rng(5)
+    slot = np.array([0.12, -0.03, 0.02, -0.05, 0.04, -0.06, 0.01, -0.05])
+    rows = []
+    for config, shift in (("A", 0.01), ("B", 0.0)):
+        for index in range(8):
+            failed = config == "A" and index == failed_slot
+            row = {
+                "config": config,
+                "seed_index": index,
+                "design": "all",
+                "seed_init": 100 + index,
+                "seed_data": 200 + index,
+                "seed_dropout": 300,
+                "status": "failed" if failed else "completed",
+                "reason": "train_loss became non-finite (NaN/inf) in epoch 2" if failed else "",
+                "epochs": 2 if failed else 3,
+            }
+            for metric in METRICS:
+                value = 0.8 + slot[index] + shift + rng.normal(0, 0.001)
+                row[metric] = np.nan if failed or not metric.endswith("_acc") else value
+            row["test_loss"] = np.nan if failed else 0.5 + rng.normal(0, 0.01)
+            rows.append(row)
+    curves = [
+        {"config": r["config"], "design": "all", "seed_index": r["seed_index"], "epoch": e, "metric": m, "value": v}
+        for r in rows
+        for e in range(1, r["epochs"] + 1)
+        for m, v in (("test_acc", r["test_acc"] if r["status"] == "completed" else 0.5), ("test_loss", 0.5))
+    ]
+    metadata = {"command": "hfta-nas stability compare a.yaml b.yaml --seeds 8", "n_test": 1000, "bootstrap_seed": 1}
+    return StabilityResult(pd.DataFrame(rows), pd.DataFrame(curves), metadata)
+
+
+def test_the_paired_point_lies_in_its_interval_and_both_use_the_same_pairs(tmp_path):
+    """Audit: 'the printed point (-0.29%) lies outside its own interval [+0.59, +1.30]' when a seed failed
+    in one configuration: the point was the difference of the two configs' own means (7 against 8 seeds),
+    the interval the paired one (7 pairs). Both are now on the pairs, and the report names the slot left out."""
+    from stability._cli import _comparison_line
+
+    result = shared_slot_result()
+    analysis = analyse(result, n_resamples=100)
+    row = analysis.comparisons.query("metric == 'test_acc'").iloc[0]
+    a = result.seeds.query("config == 'A' and seed_index > 0")["test_acc"].to_numpy()
+    b = result.seeds.query("config == 'B' and seed_index > 0")["test_acc"].to_numpy()
+    assert bool(row["paired"]) and row["n_pairs"] == 7 and row["unpaired_slots"] == "0 (A)"
+    assert row["paired_mean_diff"] == pytest.approx(np.mean(a - b), rel=1e-12)
+    assert row["paired_mean_diff"] == pytest.approx((row["paired_diff_low"] + row["paired_diff_high"]) / 2, rel=1e-9)
+    assert row["paired_diff_std"] == pytest.approx(np.std(a - b, ddof=1), rel=1e-12)
+    assert row["mean_diff"] < row["paired_diff_low"]  # the independent means' difference: not the paired point
+    write_report(result, analysis, tmp_path, formats=("md", "html", "tex"), plot_formats=())
+    markdown = (tmp_path / "report.md").read_text()
+    line = next(line for line in markdown.splitlines() if line.startswith("| A ") and "paired" in line)
+    cells = [cell.strip() for cell in line.split("|")]
+    assert cells[3] == "same (7 pairs; left out: #0 (no value: A))"
+    point, low, high = (float(v) for v in re.findall(r"(-?[\d.]+)%", cells[4]))
+    assert low <= point <= high and point == pytest.approx(100 * row["paired_mean_diff"], abs=0.006)
+    printed = _comparison_line({k: (None if pd.isna(v) else v) for k, v in row.items()}, 100.0, "%")
+    point, low, high = (
+        float(v) for v in re.findall(r"diff ([+-][\d.]+)% \[([+-][\d.]+)%, ([+-][\d.]+)%\]", printed)[0]
+    )
+    assert low <= point <= high and "7 pairs; left out: #0 (no value: A)" in printed
+
+
+def test_power_is_paired_for_shared_seeds_and_withheld_where_modes_are_found(tmp_path):
+    """Audit: 'the power table is printed for a study the same report calls bimodal, and unpaired for a
+    paired compare'."""
+    from stability import _stats
+
+    result = shared_slot_result()
+    analysis = analyse(result, n_resamples=100)
+    compared = analysis.comparisons.query("metric == 'test_acc'").iloc[0]
+    (row,) = analysis.power.query("metric == 'test_acc'").to_dict("records")
+    assert (row["config"], row["test"], row["n"]) == ("A - B", "paired t (same seeds)", 7)
+    assert row["std"] == compared["paired_diff_std"] and row["note"] == ""
+    assert row["min_detectable_diff"] == _stats.min_detectable_difference(row["std"], 7, paired=True)
+    assert row["seeds_needed_0.01"] == _stats.seeds_needed(0.01, row["std"], paired=True)
+    # the same seeds taken as independent would need far more: the slot effect is shared
+    assert row["min_detectable_diff"] < 0.2 * _stats.min_detectable_difference(0.05, 7)
+    # independent seeds: one two-sample row per configuration
+    independent = result.seeds.copy()
+    independent.loc[independent["config"] == "B", "seed_init"] += 50
+    power = analyse(StabilityResult(independent, result.curves, result.metadata), n_resamples=100).power
+    acc = power.query("metric == 'test_acc'").set_index("config")
+    assert list(acc.index) == ["A", "B"] and set(acc["test"]) == {"two-sample t (independent seeds)"}
+    assert acc.loc["A", "min_detectable_diff"] == _stats.min_detectable_difference(acc.loc["A", "std"], 7)
+    # a configuration the report calls bimodal: withheld, with the reason, in every format
+    bimodal = with_a_bad_seed(synthetic_result())
+    analysis = analyse(bimodal, n_resamples=100)
+    (row,) = analysis.power.query("metric == 'test_acc'").to_dict("records")
+    assert row["test"] == "paired t (same seeds)" and np.isnan(row["min_detectable_diff"])
+    assert np.isnan(row["seeds_needed_0.01"]) and row["note"].startswith("withheld: two modes found (B_wide)")
+    write_report(bimodal, analysis, tmp_path, plot_formats=())
+    for name in ("report.md", "report.html", "report.tex"):
+        assert "withheld: two modes found (B" in (tmp_path / name).read_text(), name
+    assert pd.read_csv(tmp_path / "power.csv")["note"].str.startswith("withheld").any()
+
+
+def test_the_learning_curve_band_is_labelled_in_the_plot_and_every_export(tmp_path):
+    """Audit: 'the learning-curve band is an unlabelled t interval'."""
+    from stability import _plots
+
+    result = shared_slot_result()
+    analysis = analyse(result, n_resamples=100)
+    label = "mean ± 95% t interval over seeds"
+    assert (analysis.per_epoch["ci_method"] == f"{label} (completed seeds; assumes one mode)").all()
+    figure = _plots.draw(result, analysis, "test_acc")["curves"]
+    legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    assert f"A: {label}" in legend and f"B: {label}" in legend
+    assert figure.get_supxlabel() == f"band: {label} (completed seeds; assumes one mode)"
+    write_report(result, analysis, tmp_path, formats=("md", "html", "csv", "json"), plot_formats=())
+    for name in ("report.md", "report.html"):
+        assert f"the band: {label} (completed seeds; assumes one mode), per epoch" in (tmp_path / name).read_text()
+    assert pd.read_csv(tmp_path / "per_epoch.csv")["ci_method"].str.startswith(label).all()
+    assert json.loads((tmp_path / "report.json").read_text())["per_epoch"][0]["ci_method"].startswith(label)
+
+
+# a missing value as pandas, numpy or Python would print it; "NaN/inf" in a failure reason is words
+MISSING_WORDS = re.compile(r"(?<![\w/])(?:nan|NaN|NAN|<NA>|None|n/a)(?![\w/])")
+
+
+def test_no_export_writes_nan_for_a_missing_value(tmp_path):
+    """Audit: 'a literal nan appears in the markdown table'. A failed seed (every metric undefined), a
+    metric undefined for a completed seed too (test_loss of slot 3), and figures undefined for few
+    pairs: dashes in md/html/tex, empty cells in CSV, null in JSON."""
+    import csv
+
+    result = shared_slot_result()
+    result.seeds.loc[(result.seeds["config"] == "B") & (result.seeds["seed_index"] == 3), "test_loss"] = np.nan
+    write_report(result, analyse(result, n_resamples=100), tmp_path, plot_formats=())
+    for name in ("report.md", "report.html", "report.tex"):
+        text = (tmp_path / name).read_text()
+        assert not MISSING_WORDS.findall(text), (name, sorted(set(MISSING_WORDS.findall(text))))
+    assert "| —" in (tmp_path / "report.md").read_text() and "<td>—</td>" in (tmp_path / "report.html").read_text()
+    csv_files = sorted(tmp_path.glob("*.csv"))
+    assert {p.name for p in csv_files} >= {"seeds.csv", "summary.csv", "comparisons.csv", "power.csv"}
+    for path in csv_files:
+        cells = [cell for line in csv.reader(path.open()) for cell in line]
+        assert not [c for c in cells if MISSING_WORDS.fullmatch(c.strip())], path.name
+    assert "" in [cell for line in csv.reader((tmp_path / "seeds.csv").open()) for cell in line]
+
+    def refuse(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+
+    document = json.loads((tmp_path / "report.json").read_text(), parse_constant=refuse)
+
+    def strings(value):
+        if isinstance(value, dict):
+            return [s for v in value.values() for s in strings(v)]
+        if isinstance(value, list):
+            return [s for v in value for s in strings(v)]
+        return [value] if isinstance(value, str) else []
+
+    assert not [s for s in strings(document) if MISSING_WORDS.fullmatch(s.strip())]
+    failed = next(s for s in document["seeds"] if s["status"] == "failed")
+    assert failed["test_acc"] is None and failed["seed_split"] is None
+
+
+def test_the_latex_export_carries_the_power_and_decomposition_tables(written, tmp_path):
+    """Audit: 'the TeX export still lacks the power and decomposition tables'."""
+    _, analysis, out, _ = written
+    tex = (out / "report.tex").read_text()
+    for label in ("tab:stability-power", "tab:stability-decomposition"):
+        assert f"\\label{{{label}}}" in tex, label
+    power = tex[tex.index("\\label{tab:stability-power}") :]
+    assert "paired t (same seeds)" in power and "A - B\\_\\allowbreak{}wide" in power
+    decomposition = tex[tex.index("\\label{tab:stability-decomposition}") :]
+    assert (
+        "sum\\_\\allowbreak{}of\\_\\allowbreak{}sources" in decomposition and "share (point estimate)" in decomposition
+    )
+    # without --decompose: no decomposition table, the power table still
+    result = synthetic_result()
+    write_report(result, analyse(result, n_resamples=100), tmp_path, formats=("tex",), plot_formats=())
+    tex = (tmp_path / "report.tex").read_text()
+    assert "tab:stability-decomposition" not in tex and "\\label{tab:stability-power}" in tex

@@ -353,6 +353,29 @@ def test_power_against_statsmodels():
     assert close(_stats.power(_stats.min_detectable_difference(2.0, 20), 2.0, 20), 0.8)
 
 
+def test_paired_power_against_statsmodels():
+    """The paired design's power is the one-sample t-test's on the differences (n pairs, n - 1 df).
+    statsmodels 0.15.0: TTestPower().power(0.5, 34, 0.05), .power(0.5, 33, 0.05), .power(0.3, 20, 0.01),
+    .solve_power(None, nobs=20, alpha=0.05, power=0.8); .solve_power(0.5 | 0.8, power=0.8) = 33.37 | 14.30."""
+    assert close(_stats.power(0.5, 1.0, 34, paired=True), 0.8077775012792737)
+    assert close(_stats.power(0.5, 1.0, 33, paired=True), 0.795365841487504)
+    assert close(_stats.power(0.03, 0.1, 20, alpha=0.01, paired=True), 0.08898120601027107)
+    assert close(_stats.min_detectable_difference(2.0, 20, paired=True), 2.0 * 0.6604416544380312, 1e-7)
+    assert close(_stats.power(_stats.min_detectable_difference(0.01, 12, paired=True), 0.01, 12, paired=True), 0.8)
+    assert _stats.seeds_needed(0.005, 0.01, paired=True) == 34 and _stats.seeds_needed(0.008, 0.01, paired=True) == 15
+    # pairs cost fewer seeds than independent groups at the same sd (64 per group for d = 0.5)
+    assert _stats.seeds_needed(0.005, 0.01) == 64
+
+
+def test_power_is_a_number_far_in_the_tail():
+    """scipy's noncentral t cdf is NaN far in its lower tail (df 1-10, noncentrality above about 8): a
+    2-pair compare of two very different configurations made the root finder fail."""
+    assert _stats.power(10.0, 1.0, 2) == pytest.approx(stats.nct.sf(stats.t.ppf(0.975, 2), 2, 10.0), rel=1e-12)
+    assert _stats.power(20.0, 1.0, 2, paired=True) == pytest.approx(stats.nct.sf(12.706204736, 1, 20 * 2**0.5))
+    mdd = _stats.min_detectable_difference(0.001, 2, paired=True)
+    assert close(_stats.power(mdd, 0.001, 2, paired=True), 0.8)
+
+
 def test_power_degenerate():
     assert math.isnan(_stats.min_detectable_difference(float("nan"), 10))
     assert math.isnan(_stats.min_detectable_difference(1.0, 1))
@@ -490,7 +513,13 @@ def test_analyse_fills_every_documented_column(analysed):
     assert tuple(an.per_epoch.columns) == PER_EPOCH_COLUMNS
     assert tuple(an.comparisons.columns) == COMPARISON_COLUMNS
     assert tuple(an.ranking.columns) == RANKING_COLUMNS
-    assert tuple(an.power.columns) == (*POWER_COLUMNS, "seeds_needed_0.005", "seeds_needed_0.01", "seeds_needed_0.02")
+    assert tuple(an.power.columns) == (
+        *POWER_COLUMNS,
+        "seeds_needed_0.005",
+        "seeds_needed_0.01",
+        "seeds_needed_0.02",
+        "note",
+    )
     assert tuple(an.decomposition.columns) == DECOMPOSITION_COLUMNS
     assert an.settings == {
         "confidence": 0.95,
@@ -560,10 +589,15 @@ def test_analyse_comparisons_ranking_power(analysed):
         ranked = an.ranking.query("metric == @metric")
         assert list(ranked["rank"]) == [1, 2, 3]
         assert list(ranked["mean"]) == sorted(ranked["mean"], reverse=not best_first)
-    power = an.power.set_index(["config", "metric"]).loc[("A", "test_acc")]
-    assert power["n"] == 4
-    assert close(power["min_detectable_diff"], _stats.min_detectable_difference(power["std"], 4))
-    assert power["seeds_needed_0.01"] == _stats.seeds_needed(0.01, power["std"])
+    # the three configurations trained the same seeds: power is the paired t-test's, one row per pair,
+    # at the sd of the differences over the 4 slots both completed (A's seed 2 failed)
+    power = an.power.set_index(["config", "metric"]).loc[("A - B", "test_acc")]
+    a = main.query("config == 'A'").set_index("seed_index")["test_acc"]
+    b = main.query("config == 'B'").set_index("seed_index")["test_acc"].loc[a.index]
+    assert power["test"] == "paired t (same seeds)" and power["n"] == 4
+    assert close(power["std"], np.std(a.to_numpy() - b.to_numpy(), ddof=1))
+    assert close(power["min_detectable_diff"], _stats.min_detectable_difference(power["std"], 4, paired=True))
+    assert power["seeds_needed_0.01"] == _stats.seeds_needed(0.01, power["std"], paired=True)
 
 
 def test_analyse_decomposition(analysed):
