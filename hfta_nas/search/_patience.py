@@ -74,14 +74,7 @@ class StorageUnreachable(HftaNasError):
 
 def is_passing(error: BaseException) -> bool:
     """Whether `error` (or an error it was raised from) is about reaching the storage, not about the data."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if _passes(current):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return _passes(_cause_of(error))
 
 
 def _passes(error: BaseException) -> bool:
