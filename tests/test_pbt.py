@@ -147,7 +147,7 @@ def test_exploit_and_explore_never_touch_the_other_slots():
 def test_copy_slot_refuses_envelopes_and_ended_slots(tiny_data):
     widths = [8, 16]
     arr = ModelArray([nn.Sequential(nn.Flatten(), nn.Linear(24, w), nn.ReLU(), nn.Linear(w, 3)) for w in widths])
-    with pytest.raises(hfta_nas.FusionError, match="one architecture"):
+    with pytest.raises(hfta_nas.FusionError, match="copy_slot needs an array of equal shapes"):
         arr.copy_slot(0, 1)
     trainer = array_trainer(tiny_data)
     trainer.stop([1])  # a slot that left the array

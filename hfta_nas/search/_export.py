@@ -129,12 +129,14 @@ class BestExport:
         self._note_published()
 
     def _note_published(self) -> None:
+        """`files` names the published pair as it now stands; what else was written (PBT's plot and
+        schedule) stays named."""
         assert self.out_dir is not None
-        self.files = {
-            kind: str(self.out_dir / name)
-            for kind, name in (("weights", WEIGHTS), ("config", CONFIG))
-            if (self.out_dir / name).exists()
-        }
+        for kind, name in (("weights", WEIGHTS), ("config", CONFIG)):
+            if (self.out_dir / name).exists():
+                self.files[kind] = str(self.out_dir / name)
+            else:
+                self.files.pop(kind, None)
 
 
 @contextlib.contextmanager
