@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hfta_nas.envelope._merge import same_setting, settings_of, shown_value
+from hfta_nas.envelope._merge import cut, same_setting, settings_of, shown_value
 from hfta_nas.envelope._template import Envelope
 from hfta_nas.errors import FusionError
 
@@ -63,7 +63,7 @@ class FusionSignature:
             return f"slot {longer} has an extra {extra[0]} '{extra[1]}'"
         for line0, line in zip(self.structure, repr(model).splitlines()):
             if line0 != line:
-                return f"slot {slot} has '{_cut(line.strip())}' where slot 0 has '{_cut(line0.strip())}'"
+                return f"slot {slot} has '{cut(line.strip(), 50)}' where slot 0 has '{cut(line0.strip(), 50)}'"
         # Attributes repr does not show (a user module's temperature, say) are read by the shared forward too.
         for (path, settings0), (_, module) in zip(self.settings, model.named_modules()):
             settings = settings_of(module)
@@ -80,10 +80,6 @@ class ShapesDiffer(FusionError):
     def __init__(self, difference: str) -> None:
         super().__init__(f"{difference}; only models of equal layers, shapes and settings share one array")
         self.difference = difference
-
-
-def _cut(text: str, limit: int = 50) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # torch.nn.utils' hook-based weight rewrites (hook class: the function, its parametrization form)

@@ -68,8 +68,12 @@ def shown_value(value: Any) -> str:
     """A setting's value for a one-line message: a tensor by its shape, anything else cut to 40 characters."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {list(value.shape)}"
-    text = " ".join(repr(value).split())
-    return text if len(text) <= 40 else text[:37] + "..."
+    return cut(" ".join(repr(value).split()), 40)
+
+
+def cut(text: str, limit: int) -> str:
+    """`text` for a one-line message: at most `limit` characters, the cut marked with '...'."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def join_path(path: str, name: str) -> str:

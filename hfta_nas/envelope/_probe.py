@@ -41,6 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from hfta_nas._python_state import put_back, python_state
+from hfta_nas.envelope._merge import cut
 from hfta_nas.envelope._placement import SlotEmbedding, take_from
 from hfta_nas.envelope._template import Envelope
 from hfta_nas.errors import FusionError, HftaNasError
@@ -183,10 +184,6 @@ def _macs_on_cpu(model: nn.Module, inputs: tuple[Any, ...], meta_error: Exceptio
 
 def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
-
-
-def _cut(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def envelope_macs(models: Sequence[nn.Module], *example_inputs: Any) -> int:
@@ -384,7 +381,7 @@ def _compare(placed, slot, model, own, inputs, when, own_may_fail) -> None:
         except Exception as error:  # noqa: BLE001 - any failure of the padded forward refuses the combination
             raise FusionError(
                 f"slot {slot} fails padded into the array's envelope on {when} ({type(error).__name__}: "
-                f"{_cut(_first_line(error))}): train models like it in a separate array",
+                f"{cut(_first_line(error), 60)}): train models like it in a separate array",
                 slot=slot,
             ) from None
         try:
