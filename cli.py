@@ -139,13 +139,13 @@ def _key_values(pairs: tuple[str, ...], name: str) -> dict[str, Any]:
 
 
 def _stability_command() -> click.Command:
-    from stability import stability_command
+    from hfta_nas.stability import stability_command
 
     return stability_command
 
 
 def _report_command() -> click.Command:
-    from stability import report_command
+    from hfta_nas.stability import report_command
 
     return report_command
 
@@ -390,7 +390,7 @@ def _with_overrides(settings: dict[str, Any], overrides: tuple[str, ...]) -> dic
     """`hfta-nas train`'s settings with `--set key=value` applied (keys in a config file's layout;
     a search space's dotted keys are translated); an unknown key is one clear line."""
     from hfta_nas import EarlyStopping
-    from search_spaces import parse_config_overrides
+    from hfta_nas.search_spaces import parse_config_overrides
 
     nested = {"hparams", "model_config", "schedule", "early_stopping", "augmentation", "loss"}
     for override in parse_config_overrides(overrides):
@@ -485,7 +485,7 @@ def _search_workers(command: Callable[..., Any]) -> Callable[..., Any]:
             return command(**kwargs)
         from hfta_nas.runtime import checked_out_dir as _checked_out_dir
         from hfta_nas.search import StorageUnreachable, open_storage, run_workers, study_report
-        from search_spaces import load_space, storage_patience_of, study_name_of
+        from hfta_nas.search_spaces import load_space, storage_patience_of, study_name_of
 
         if kwargs.get("storage_patience") is not None:  # refused once, here, not by K workers
             from hfta_nas.search import check_patience
@@ -660,7 +660,7 @@ def worker_commands(args: list[str], workers: int, *, device: str) -> list[tuple
     from hfta_nas.search import visible_gpus
 
     script = shutil.which("hfta-nas", path=os.path.dirname(sys.executable)) or shutil.which("hfta-nas")
-    base = [script] if script else [sys.executable, "-m", "cli"]
+    base = [script] if script else [sys.executable, "-m", "hfta_nas.cli"]
     gpus = visible_gpus() if device.startswith("cuda") else []
     commands = []
     for worker in range(workers):
@@ -678,7 +678,7 @@ def worker_commands(args: list[str], workers: int, *, device: str) -> list[tuple
 def _print_sweep_notes(space: Any) -> None:
     """How a W&B sweep file was read: one line per key, on stderr (nothing for our own files); what a
     pbt block leaves unused."""
-    from search_spaces import pbt_notes
+    from hfta_nas.search_spaces import pbt_notes
 
     if space.notes:
         click.echo(f"{space.source} is a W&B sweep file, read as:", err=True)
@@ -695,7 +695,7 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     if options["n_trials"] is not None:
         raise click.UsageError("give --n-trials (the study's total) or --n-more (this many more), not both")
     from hfta_nas.search import counted_trials
-    from search_spaces import load_space, study_name_of
+    from hfta_nas.search_spaces import load_space, study_name_of
 
     name = study_name_of(load_space(options["space"], options.get("overrides", ())), options.get("study_name"))
     return counted_trials(options.get("storage"), name) + n_more
@@ -883,7 +883,7 @@ def search(
     from hfta_nas.runtime import checked_device as _checked_device
     from hfta_nas.runtime import checked_out_dir as _checked_out_dir
     from hfta_nas.runtime import set_up_command_process
-    from search_spaces import load_space, plan_search, run_search
+    from hfta_nas.search_spaces import load_space, plan_search, run_search
 
     set_up_command_process(threads)
     if storage_patience is not None:
@@ -1405,7 +1405,7 @@ def dashboard(ctx: click.Context, storage, artifact_dir, host, port) -> None:
 
     from hfta_nas.errors import HftaNasError
     from hfta_nas.search import missing_storage_file, open_storage
-    from stability import default_artifact_dir
+    from hfta_nas.stability import default_artifact_dir
 
     missing = missing_storage_file(storage)  # opening would create an empty one (None: the default)
     if missing is not None:

@@ -27,7 +27,7 @@ import torch
 
 from benchmarks._search_common import SearchRun, barrier_wait, one_epoch
 from hfta_nas.search import open_storage
-from search_spaces import SearchSpace, open_space_study, run_search
+from hfta_nas.search_spaces import SearchSpace, open_space_study, run_search
 
 PROCESS_TIMEOUT_S = 1800.0
 

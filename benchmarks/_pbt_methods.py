@@ -32,7 +32,7 @@ from benchmarks._ray_pbt import run_ray_pbt
 from benchmarks._search_methods import RUNNERS
 from benchmarks.search import run_figures
 from hfta_nas.search import open_storage
-from search_spaces import SearchSpace, run_search
+from hfta_nas.search_spaces import SearchSpace, run_search
 
 METHODS = ("pbt", "tpe", "plain", "ray_pbt")
 

@@ -71,7 +71,7 @@ from hfta_nas.data import load_dataset
 from hfta_nas.models import resolve_model
 from hfta_nas.runtime import DTYPES
 from hfta_nas.search import trial_seeds
-from search_spaces import ResolvedConfig, SearchSpace, pbt_options
+from hfta_nas.search_spaces import ResolvedConfig, SearchSpace, pbt_options
 
 CHECKPOINT_FILE = "member.pt"
 OPTIMIZER = "training.optimizer."  # explored names are this prefix + the optimizer's hyper-parameter

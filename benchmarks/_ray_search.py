@@ -65,7 +65,7 @@ import torch
 from optuna.trial import FrozenTrial, TrialState
 
 from benchmarks._search_common import SearchRun, plain_objective
-from search_spaces import SearchSpace
+from hfta_nas.search_spaces import SearchSpace
 
 MISSING_RAY = "the `ray` method needs Ray Tune: pip install 'hfta-nas[bench]' (or 'ray[tune]')"
 REDUCTION_FACTOR = 2  # ASHA keeps the better half at each rung, as the median pruner keeps the better half

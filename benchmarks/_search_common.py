@@ -17,7 +17,7 @@ from benchmarks.stability import _accuracy, plain_run
 from hfta_nas.data import load_dataset
 from hfta_nas.runtime import DTYPES
 from hfta_nas.search import trial_seeds
-from search_spaces import SearchSpace
+from hfta_nas.search_spaces import SearchSpace
 
 PROCESS_TIMEOUT_S = 1800.0
 

@@ -49,7 +49,7 @@ from benchmarks._pack_workers import run_pack_workers
 from benchmarks._ray_search import run_ray
 from benchmarks._search_common import PROCESS_TIMEOUT_S, SearchRun, barrier_wait, one_epoch, plain_objective
 from hfta_nas.search import open_storage
-from search_spaces import SearchSpace, run_search
+from hfta_nas.search_spaces import SearchSpace, run_search
 
 METHODS = ("plain", "processes", "ray", "hfta", "replicate", "pack", "pack-workers")
 DEFAULT_METHODS = ("plain", "processes", "ray", "pack", "pack-workers")

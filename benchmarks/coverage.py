@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from stability import (
+from hfta_nas.stability import (
     bootstrap_interval,
     clopper_pearson,
     find_modes,

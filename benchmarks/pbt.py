@@ -67,7 +67,7 @@ from benchmarks._ray_search import MISSING_RAY, ray_available
 from benchmarks.search import check_space
 from hfta_nas.errors import HftaNasError
 from hfta_nas.runtime import DTYPES
-from search_spaces import SearchSpace, load_space, pbt_options
+from hfta_nas.search_spaces import SearchSpace, load_space, pbt_options
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPACE = ROOT / "search_spaces" / "mnist1d_cnn_pbt.yaml"

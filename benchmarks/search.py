@@ -60,7 +60,7 @@ from benchmarks._search_methods import (
 )
 from hfta_nas.errors import HftaNasError
 from hfta_nas.runtime import DTYPES
-from search_spaces import SearchSpace, load_space
+from hfta_nas.search_spaces import SearchSpace, load_space
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn.yaml"
 QUICK = {"n_trials": 4, "epochs": 2, "num_samples": 1000, "seeds": 2, "processes": 2}

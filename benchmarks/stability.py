@@ -39,8 +39,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from hfta_nas.data import load_dataset
 from hfta_nas.models import resolve_model
 from hfta_nas.runtime import DTYPES
-from search_spaces import ResolvedConfig
-from stability import DEFAULT_CONFIG, LabelledConfig, load_config, plan, run_stability
+from hfta_nas.search_spaces import ResolvedConfig
+from hfta_nas.stability import DEFAULT_CONFIG, LabelledConfig, load_config, plan, run_stability
 
 _TORCH_OPTIMIZERS = {
     "sgd": torch.optim.SGD,

@@ -7,12 +7,12 @@ Public names for packages above the engine; they import these, not `hfta_nas._*`
 from hfta_nas._console import command_console, plural
 from hfta_nas._files import atomic_write_bytes, atomic_write_text, save_weights
 from hfta_nas._progress import EpochProgress
-from hfta_nas.train._checkpoint import remove as remove_checkpoint
-from hfta_nas.train._checkpoint import remove_empty_folders
-from hfta_nas.train._oom import train_in_halves
-from hfta_nas.train._run import DTYPES, set_up_command_process
-from hfta_nas.train._run import _checked_device as checked_device
-from hfta_nas.train._run import _checked_out_dir as checked_out_dir
+from hfta_nas.training._checkpoint import remove as remove_checkpoint
+from hfta_nas.training._checkpoint import remove_empty_folders
+from hfta_nas.training._oom import train_in_halves
+from hfta_nas.training._run import DTYPES, set_up_command_process
+from hfta_nas.training._run import _checked_device as checked_device
+from hfta_nas.training._run import _checked_out_dir as checked_out_dir
 
 __all__ = [
     "DTYPES",

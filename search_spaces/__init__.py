@@ -1,7 +1,7 @@
 """Search spaces: the YAML file that says what to search, its validation, and its Optuna form.
 
 ```pycon
->>> from search_spaces import load_space, SHIPPED_SPACES
+>>> from hfta_nas.search_spaces import load_space, SHIPPED_SPACES
 >>> space = load_space(SHIPPED_SPACES["mnist1d_cnn"])
 >>> study = optuna.create_study(sampler=space.make_sampler(), pruner=space.make_pruner(),
 ...                             directions=space.directions)
@@ -17,10 +17,10 @@ The schema is documented key by key in search_spaces/README.md.
 
 from pathlib import Path
 
-from search_spaces._errors import Problem, SpaceError
-from search_spaces._pbt import pbt_notes, pbt_options
-from search_spaces._resolved import ResolvedConfig, parse_config_overrides, read_text
-from search_spaces._schema import (
+from hfta_nas.search_spaces._errors import Problem, SpaceError
+from hfta_nas.search_spaces._pbt import pbt_notes, pbt_options
+from hfta_nas.search_spaces._resolved import ResolvedConfig, parse_config_overrides, read_text
+from hfta_nas.search_spaces._schema import (
     DISTRIBUTIONS,
     METRICS,
     PRUNERS,
@@ -32,7 +32,7 @@ from search_spaces._schema import (
     LogUniform,
     Uniform,
 )
-from search_spaces._search import (
+from hfta_nas.search_spaces._search import (
     architecture_params,
     candidate_builder,
     open_space_study,
@@ -41,8 +41,8 @@ from search_spaces._search import (
     storage_patience_of,
     study_name_of,
 )
-from search_spaces._sources import check_sources
-from search_spaces._space import SearchSpace, load_space, parse_space
+from hfta_nas.search_spaces._sources import check_sources
+from hfta_nas.search_spaces._space import SearchSpace, load_space, parse_space
 
 SHIPPED_SPACES: dict[str, Path] = {path.stem: path for path in sorted(Path(__file__).parent.glob("*.yaml"))}
 """Name (file stem) -> path of every search space shipped in this folder."""

@@ -29,10 +29,10 @@ from hfta_nas.data import DATASETS
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import FAMILIES, family_defaults, model_factory
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS, LRSchedule
-from search_spaces import _optuna
-from search_spaces._errors import Problem, SpaceError
-from search_spaces._pbt_checks import check_pbt
-from search_spaces._schema import (
+from hfta_nas.search_spaces import _optuna
+from hfta_nas.search_spaces._errors import Problem, SpaceError
+from hfta_nas.search_spaces._pbt_checks import check_pbt
+from hfta_nas.search_spaces._schema import (
     DISTRIBUTIONS,
     FOREIGN_DISTRIBUTIONS,
     BatchSize,
@@ -57,7 +57,7 @@ from search_spaces._schema import (
     unknown_key_message,
     validation_problems,
 )
-from search_spaces._yaml import Loc, Where
+from hfta_nas.search_spaces._yaml import Loc, Where
 
 # Shapes of the built-in datasets, so a family config can be checked (layer
 # sizes fit the input) without generating the data.

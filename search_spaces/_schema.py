@@ -23,7 +23,7 @@ from hfta_nas import (
     MAX_TRIALS,
     higher_is_better,
 )
-from search_spaces._yaml import Loc, Where
+from hfta_nas.search_spaces._yaml import Loc, Where
 
 # ------------------------------------------------------------------ value types
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]

@@ -42,11 +42,11 @@ from hfta_nas.search import (
     set_study_text,
     study_lock,
 )
-from search_spaces._identity import check_same_space, remember_space
-from search_spaces._pbt import pbt_options
-from search_spaces._pbt_checks import per_slot
-from search_spaces._sources import check_sources
-from search_spaces._space import SearchSpace
+from hfta_nas.search_spaces._identity import check_same_space, remember_space
+from hfta_nas.search_spaces._pbt import pbt_options
+from hfta_nas.search_spaces._pbt_checks import per_slot
+from hfta_nas.search_spaces._sources import check_sources
+from hfta_nas.search_spaces._space import SearchSpace
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

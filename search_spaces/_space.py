@@ -21,12 +21,12 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from pydantic import PrivateAttr
 
 from hfta_nas.search import TrialSeededSampler
-from search_spaces import _optuna
-from search_spaces._checks import encode_choice, grid_space, json_able, validate
-from search_spaces._errors import Problem, SpaceError
-from search_spaces._overrides import OverriddenWhere, apply_overrides, parse_overrides
-from search_spaces._resolved import ResolvedConfig, build, read_text
-from search_spaces._schema import (
+from hfta_nas.search_spaces import _optuna
+from hfta_nas.search_spaces._checks import encode_choice, grid_space, json_able, validate
+from hfta_nas.search_spaces._errors import Problem, SpaceError
+from hfta_nas.search_spaces._overrides import OverriddenWhere, apply_overrides, parse_overrides
+from hfta_nas.search_spaces._resolved import ResolvedConfig, build, read_text
+from hfta_nas.search_spaces._schema import (
     ArraySpec,
     BudgetSpec,
     Categorical,
@@ -49,8 +49,8 @@ from search_spaces._schema import (
     _Strict,
     short,
 )
-from search_spaces._wandb import is_sweep, translate_sweep
-from search_spaces._yaml import Loc, Where, parse_yaml
+from hfta_nas.search_spaces._wandb import is_sweep, translate_sweep
+from hfta_nas.search_spaces._yaml import Loc, Where, parse_yaml
 
 
 class SearchSpace(_Strict):
@@ -202,8 +202,8 @@ class SearchSpace(_Strict):
         multi-objective study, a grid over continuous params, ...); problems
         raise `SpaceError` naming the option, e.g. `--sampler: expected one of ...`.
         """
-        from search_spaces._checks import _check_sampler_and_pruner, _Run
-        from search_spaces._schema import PRUNERS, SAMPLERS
+        from hfta_nas.search_spaces._checks import _check_sampler_and_pruner, _Run
+        from hfta_nas.search_spaces._schema import PRUNERS, SAMPLERS
 
         problems = []
         for option, value, names in (("--sampler", sampler, SAMPLERS), ("--pruner", pruner, PRUNERS)):

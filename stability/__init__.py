@@ -2,13 +2,13 @@
 with a statistical report (`hfta-nas stability`, `hfta-nas report`).
 
 ```pycon
->>> import stability
+>>> import hfta_nas.stability as stability
 >>> done = stability.run_study("stability/configs/mnist1d_cnn.yaml", seeds=32)
 >>> done.files["html"]                       # the self-contained report
 >>> again = stability.report(stability.StabilityResult.load("runs/stability/mnist1d_cnn/result"), "out/")
 ```
 
-The public names load on first use (PEP 562): `import stability` alone costs
+The public names load on first use (PEP 562): `import hfta_nas.stability` alone costs
 nothing, and the click commands (`stability_command`, `report_command`) come
 without the engine, statistics or plots, so `hfta-nas stability --help` answers
 at once.
@@ -20,13 +20,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names below are, for type checkers and editors
-    from stability._cli import report as report_command
-    from stability._cli import stability as stability_command
-    from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
-    from stability._design import plan, source_seed
-    from stability._result import Analysis, StabilityResult
-    from stability._runner import run_stability
-    from stability._stats import (
+    from hfta_nas.stability._cli import report as report_command
+    from hfta_nas.stability._cli import stability as stability_command
+    from hfta_nas.stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
+    from hfta_nas.stability._design import plan, source_seed
+    from hfta_nas.stability._result import Analysis, StabilityResult
+    from hfta_nas.stability._runner import run_stability
+    from hfta_nas.stability._stats import (
         bootstrap_interval,
         clopper_pearson,
         failure_rate,
@@ -39,37 +39,37 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
         t_interval,
         variance_interval,
     )
-    from stability._study import StudyReport, default_artifact_dir, report, run_study
-    from stability._tracking import StabilityTracking
+    from hfta_nas.stability._study import StudyReport, default_artifact_dir, report, run_study
+    from hfta_nas.stability._tracking import StabilityTracking
 
 # public name -> (module, its name there)
 _PUBLIC = {
-    "DEFAULT_CONFIG": ("stability._configs", "DEFAULT_CONFIG"),
-    "LabelledConfig": ("stability._configs", "LabelledConfig"),
-    "load_config": ("stability._configs", "load_config"),
-    "plan": ("stability._design", "plan"),
-    "source_seed": ("stability._design", "source_seed"),
-    "Analysis": ("stability._result", "Analysis"),
-    "StabilityResult": ("stability._result", "StabilityResult"),
-    "run_stability": ("stability._runner", "run_stability"),
-    "bootstrap_interval": ("stability._stats", "bootstrap_interval"),
-    "prob_greater": ("stability._stats", "prob_greater"),
-    "prob_greater_interval": ("stability._stats", "prob_greater_interval"),
-    "t_interval": ("stability._stats", "t_interval"),
-    "clopper_pearson": ("stability._stats", "clopper_pearson"),
-    "failure_rate": ("stability._stats", "failure_rate"),
-    "find_modes": ("stability._stats", "find_modes"),
-    "mode_threshold": ("stability._stats", "mode_threshold"),
-    "seeds_to_see_failure": ("stability._stats", "seeds_to_see_failure"),
-    "studentized_gaps": ("stability._stats", "studentized_gaps"),
-    "variance_interval": ("stability._stats", "variance_interval"),
-    "report_command": ("stability._cli", "report"),
-    "stability_command": ("stability._cli", "stability"),
-    "StudyReport": ("stability._study", "StudyReport"),
-    "default_artifact_dir": ("stability._study", "default_artifact_dir"),
-    "report": ("stability._study", "report"),
-    "run_study": ("stability._study", "run_study"),
-    "StabilityTracking": ("stability._tracking", "StabilityTracking"),
+    "DEFAULT_CONFIG": ("hfta_nas.stability._configs", "DEFAULT_CONFIG"),
+    "LabelledConfig": ("hfta_nas.stability._configs", "LabelledConfig"),
+    "load_config": ("hfta_nas.stability._configs", "load_config"),
+    "plan": ("hfta_nas.stability._design", "plan"),
+    "source_seed": ("hfta_nas.stability._design", "source_seed"),
+    "Analysis": ("hfta_nas.stability._result", "Analysis"),
+    "StabilityResult": ("hfta_nas.stability._result", "StabilityResult"),
+    "run_stability": ("hfta_nas.stability._runner", "run_stability"),
+    "bootstrap_interval": ("hfta_nas.stability._stats", "bootstrap_interval"),
+    "prob_greater": ("hfta_nas.stability._stats", "prob_greater"),
+    "prob_greater_interval": ("hfta_nas.stability._stats", "prob_greater_interval"),
+    "t_interval": ("hfta_nas.stability._stats", "t_interval"),
+    "clopper_pearson": ("hfta_nas.stability._stats", "clopper_pearson"),
+    "failure_rate": ("hfta_nas.stability._stats", "failure_rate"),
+    "find_modes": ("hfta_nas.stability._stats", "find_modes"),
+    "mode_threshold": ("hfta_nas.stability._stats", "mode_threshold"),
+    "seeds_to_see_failure": ("hfta_nas.stability._stats", "seeds_to_see_failure"),
+    "studentized_gaps": ("hfta_nas.stability._stats", "studentized_gaps"),
+    "variance_interval": ("hfta_nas.stability._stats", "variance_interval"),
+    "report_command": ("hfta_nas.stability._cli", "report"),
+    "stability_command": ("hfta_nas.stability._cli", "stability"),
+    "StudyReport": ("hfta_nas.stability._study", "StudyReport"),
+    "default_artifact_dir": ("hfta_nas.stability._study", "default_artifact_dir"),
+    "report": ("hfta_nas.stability._study", "report"),
+    "run_study": ("hfta_nas.stability._study", "run_study"),
+    "StabilityTracking": ("hfta_nas.stability._tracking", "StabilityTracking"),
 }
 
 __all__ = [

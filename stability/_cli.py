@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from stability._formats import FORMATS, PLOT_FORMATS
+from hfta_nas.stability._formats import FORMATS, PLOT_FORMATS
 
 
 def _split(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
@@ -227,7 +227,14 @@ def run(
     a search are re-run across seeds and re-ranked with intervals.
     """
     from hfta_nas.errors import HftaNasError
-    from stability._configs import DEFAULT_CONFIG, LabelledConfig, label_for, load_config, parse_params, top_k_configs
+    from hfta_nas.stability._configs import (
+        DEFAULT_CONFIG,
+        LabelledConfig,
+        label_for,
+        load_config,
+        parse_params,
+        top_k_configs,
+    )
 
     if study_name is not None:
         if config is not None or overrides:
@@ -250,7 +257,7 @@ def compare(inputs: tuple[str, ...], overrides: tuple[str, ...], **options: Any)
     """Compare configurations: each INPUT is a config file (trained across the seeds)
     or the folder of an earlier stability report (reused without retraining)."""
     from hfta_nas.errors import HftaNasError
-    from stability._configs import LabelledConfig, label_for, load_config
+    from hfta_nas.stability._configs import LabelledConfig, label_for, load_config
 
     if len(inputs) < 2:
         raise HftaNasError("compare needs at least two configurations (config files or report folders).")
@@ -316,9 +323,9 @@ def report(
     or name the studies with --study (`hfta-nas stability` prints their names).
     """
     from hfta_nas.errors import HftaNasError
-    from stability._result import StabilityResult
-    from stability._store import load_stability_study, result_of
-    from stability._study import report as rebuild
+    from hfta_nas.stability._result import StabilityResult
+    from hfta_nas.stability._store import load_stability_study, result_of
+    from hfta_nas.stability._study import report as rebuild
 
     if (folder is None) == (not studies):
         raise HftaNasError("give a report FOLDER or at least one --study NAME (not both).")
@@ -370,7 +377,7 @@ def _execute(
 
     import optuna
 
-    from stability._study import check_fail_below, metric_for, run_study
+    from hfta_nas.stability._study import check_fail_below, metric_for, run_study
 
     formats_ = _split(formats, FORMATS, "--format")
     plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
@@ -384,7 +391,7 @@ def _execute(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metric = metric_for(configs, metric)
     check_fail_below(fail_below, metric)  # before training, not after
-    from stability._tracking import StabilityTracking
+    from hfta_nas.stability._tracking import StabilityTracking
 
     tracking = StabilityTracking(*log_to) if log_to else contextlib.nullcontext()  # a bad --log fails before training
     with tracking, _Progress(enabled=not (quiet or as_json)) as progress:
@@ -460,7 +467,7 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     console = command_console()
     scale, unit = (100.0, "%") if metric.endswith("_acc") else (1.0, "")
     table = Table(title=f"{metric}: distribution over seeds")
-    from stability._export import gone_wrong
+    from hfta_nas.stability._export import gone_wrong
 
     columns = ("config", "n", "failed", "headline", "95% CI of mean (t; one mode)", "gone wrong [95% CI]", "min–max")
     for column in columns:
@@ -506,7 +513,7 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
 
 def _comparison_line(c: dict[str, Any], scale: float, unit: str) -> str:
     """One comparison in the words of its design: paired tests when the seeds are shared."""
-    from stability._export import pairs_text
+    from hfta_nas.stability._export import pairs_text
 
     g = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731 (local helper)
     if c["paired"]:
@@ -631,7 +638,7 @@ def _open(storage: str | None) -> tuple[Any, str]:
 
 def _load_result(folder: Path) -> Any:
     from hfta_nas.errors import HftaNasError
-    from stability._result import StabilityResult
+    from hfta_nas.stability._result import StabilityResult
 
     for candidate in (folder / "result", folder):
         if (candidate / "seeds.csv").exists():

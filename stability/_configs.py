@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS, hparam_schedule_problems
 from hfta_nas.search import study_text
-from search_spaces import ResolvedConfig, SearchSpace, parse_space, read_text
+from hfta_nas.search_spaces import ResolvedConfig, SearchSpace, parse_space, read_text
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mnist1d_cnn.yaml"
 _SPACE_KEYS = {"study", "sampler", "pruner", "budget", "array", "training", "params", "seed"}

@@ -24,9 +24,9 @@ import pandas as pd
 
 from hfta_nas.errors import HftaNasError
 from hfta_nas.runtime import atomic_write_text
-from stability import _plots
-from stability._formats import FORMATS, PLOT_FORMATS
-from stability._result import Analysis, StabilityResult
+from hfta_nas.stability import _plots
+from hfta_nas.stability._formats import FORMATS, PLOT_FORMATS
+from hfta_nas.stability._result import Analysis, StabilityResult
 
 
 def write_report(
@@ -421,7 +421,7 @@ def _power_caption(analysis: Analysis) -> str:
 
 def _band_label(analysis: Analysis) -> str:
     """The learning curves' band in words: the statistic the analysis computed per epoch."""
-    from stability._analysis import band_label
+    from hfta_nas.stability._analysis import band_label
 
     methods = analysis.per_epoch["ci_method"].dropna() if "ci_method" in analysis.per_epoch else pd.Series()
     return str(methods.iloc[0]) if len(methods) else band_label(analysis.settings.get("confidence", 0.95))

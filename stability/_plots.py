@@ -6,6 +6,8 @@ headless CI machine. Each figure answers one question of the report:
 
 - distribution: how the final metric spreads over seeds (strip over a box, per config);
 - ecdf:         the same distribution as an ECDF, where configs' curves can cross;
+- profile:      the performance profile (share of seeds above each score) with its DKW band,
+                which shows any shape of seeds (modes, tails) without assuming one;
 - curves:       learning curves, every seed a thin line, the mean with its t interval as a band (labelled);
 - comparison:   each config's mean with its BCa interval (the ranking, with uncertainty);
 - variance:     each source's share of the variance (only with --decompose).
@@ -28,9 +30,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from hfta_nas.runtime import atomic_write_bytes
-from stability._result import Analysis, StabilityResult
+from hfta_nas.stability._result import Analysis, StabilityResult
+from hfta_nas.stability._robust import performance_profile, profile_band
 
-PLOT_NAMES = ("distribution", "ecdf", "curves", "comparison", "variance")
+PLOT_NAMES = ("distribution", "ecdf", "profile", "curves", "comparison", "variance")
 
 
 def draw(result: StabilityResult, analysis: Analysis, metric: str) -> dict[str, Figure]:
@@ -40,6 +43,7 @@ def draw(result: StabilityResult, analysis: Analysis, metric: str) -> dict[str, 
     if not values.empty:
         figures["distribution"] = _distribution(values, metric)
         figures["ecdf"] = _ecdf(values, metric)
+        figures["profile"] = _profile(values, metric, analysis.settings.get("confidence", 0.95))
     curves = _curves_of(result, metric)
     if not curves.empty:
         figures["curves"] = _curves(curves, analysis.per_epoch, metric)
@@ -161,6 +165,30 @@ def _ecdf(values: pd.DataFrame, metric: str) -> Figure:
     ax = figure.add_subplot()
     sns.ecdfplot(data=values, x="value", hue="config", ax=ax)
     ax.set(xlabel=f"final {_label(metric)}", ylabel="fraction of seeds", title="empirical CDF over seeds")
+    return figure
+
+
+def _profile(values: pd.DataFrame, metric: str, confidence: float) -> Figure:
+    """Each configuration's share of seeds scoring above every value (a step at each seed) and the
+    DKW band around it, named in the caption as the exports name it."""
+    figure = _figure()
+    ax = figure.add_subplot()
+    low, high = float(values["value"].min()), float(values["value"].max())
+    margin = 0.05 * (high - low) or 0.01
+    thresholds = np.linspace(low - margin, high + margin, 400)
+    palette = sns.color_palette(n_colors=values["config"].nunique())
+    for color, (config, group) in zip(palette, values.groupby("config", sort=False)):
+        profile = performance_profile(group["value"].to_numpy(), thresholds, confidence)
+        ax.step(thresholds, profile["share"], where="post", color=color, linewidth=1.8, label=str(config))
+        ax.fill_between(thresholds, profile["low"], profile["high"], step="post", color=color, alpha=0.2, linewidth=0)
+    ax.set(
+        xlabel=f"final {_label(metric)}",
+        ylabel="share of seeds scoring above",
+        ylim=(-0.02, 1.02),
+        title="performance profile over seeds",
+    )
+    figure.supxlabel(f"band: {profile_band(confidence)}", fontsize="x-small")
+    ax.legend(fontsize="small")
     return figure
 
 

@@ -1,6 +1,6 @@
 """The one-call Python API behind `hfta-nas stability` and `hfta-nas report`.
 
->>> import stability
+>>> import hfta_nas.stability as stability
 >>> done = stability.run_study("stability/configs/mnist1d_cnn.yaml", seeds=32, out_dir="runs/stability/cnn")
 >>> done.analysis.summary.query("metric == 'test_acc'")[["config", "mean", "ci_low", "ci_high"]]
 """
@@ -16,11 +16,11 @@ from typing import Any
 
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search import artifact_folder
-from search_spaces import ResolvedConfig
-from stability._configs import LabelledConfig, label_for, load_config
-from stability._design import check_design, parse_vary
-from stability._export import FORMATS, PLOT_FORMATS, write_report
-from stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
+from hfta_nas.search_spaces import ResolvedConfig
+from hfta_nas.stability._configs import LabelledConfig, label_for, load_config
+from hfta_nas.stability._design import check_design, parse_vary
+from hfta_nas.stability._export import FORMATS, PLOT_FORMATS, write_report
+from hfta_nas.stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
 
 
 @dataclass
@@ -119,7 +119,7 @@ def run_study(
     as gone wrong in the failure rate.
     """
     from hfta_nas.search import open_storage
-    from stability._runner import run_stability
+    from hfta_nas.stability._runner import run_stability
 
     labelled = _labelled(configs)
     if not labelled and earlier:
@@ -188,7 +188,7 @@ def report(
     fail_below: float | None = None,
 ) -> StudyReport:
     """Analyse a result and write its report (and raw data, for `hfta-nas report`) to `out_dir`."""
-    from stability._analysis import analyse
+    from hfta_nas.stability._analysis import analyse
 
     check_fail_below(fail_below, metric)
     known = set(result.curves["metric"]) | {c for c in result.seeds.columns if c.endswith(("_acc", "_loss"))}

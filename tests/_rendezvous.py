@@ -140,8 +140,8 @@ def install_points() -> None:
     end of this process."""
     import optuna
 
-    from hfta_nas.train._checkpoint import Checkpointer
-    from hfta_nas.train._trainer import ArrayTrainer
+    from hfta_nas.training._checkpoint import Checkpointer
+    from hfta_nas.training._trainer import ArrayTrainer
 
     report, save, epochs = optuna.trial.Trial.report, Checkpointer.__call__, ArrayTrainer.epochs
 
@@ -169,7 +169,7 @@ def held_command(*args: str) -> list[str]:
 if __name__ == "__main__":
     if os.environ.get(WHEN):
         install_points()
-    from cli import main
+    from hfta_nas.cli import main
 
     sys.argv[0] = "hfta-nas"
     main()

@@ -1,4 +1,4 @@
-"""The CPU allocator setting of the training commands (hfta_nas/train/_allocator.py).
+"""The CPU allocator setting of the training commands (hfta_nas/training/_allocator.py).
 
 Each case runs in a fresh interpreter: the setting is process-wide and
 irreversible, and must not leak into the test process.
@@ -21,8 +21,8 @@ MB = 1024 * 1024
 # Frees a 64 MB tensor and reports what the heap kept for reuse.
 _PROBE = textwrap.dedent("""
     import json, sys, torch
-    from hfta_nas.train._allocator import retained_free_bytes
-    from hfta_nas.train._run import set_up_command_process
+    from hfta_nas.training._allocator import retained_free_bytes
+    from hfta_nas.training._run import set_up_command_process
     if sys.argv[1] == "command":
         set_up_command_process(None)
     x = torch.ones(16 * 1024 * 1024)  # 64 MB
@@ -54,6 +54,6 @@ def test_environment_switch_turns_it_off():
 
 
 def test_keep_freed_memory_reports_what_it_set():
-    code = "from hfta_nas.train._allocator import keep_freed_memory; print(keep_freed_memory())"
+    code = "from hfta_nas.training._allocator import keep_freed_memory; print(keep_freed_memory())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "M_MMAP_THRESHOLD=" in out and "M_TRIM_THRESHOLD=2147483647" in out

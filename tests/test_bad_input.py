@@ -33,10 +33,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli import main
+from hfta_nas.cli import main
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search import Outcome, open_storage, outcome_of
-from search_spaces import SHIPPED_SPACES, SearchSpace, SpaceError, parse_space
+from hfta_nas.search_spaces import SHIPPED_SPACES, SearchSpace, SpaceError, parse_space
 from tests.test_search import space_text
 from tests.test_search_spaces import KEYS, _values
 from tests.test_stability import TINY
@@ -1253,7 +1253,7 @@ def test_any_stability_options_reach_training_or_give_one_line_and_exit_2(tmp_pa
     """`hfta-nas stability` with random values of its options: every value is checked before the
     first array trains (here the training is replaced by a sentinel error), and a refused one is
     one `error:` line with exit 2, never a traceback."""
-    import stability._runner as runner
+    import hfta_nas.stability._runner as runner
 
     folder = tmp_path_factory.mktemp("fuzz")
     config = folder / "tiny.yaml"

@@ -161,7 +161,7 @@ def search_quick_run(tmp_path_factory):
     out, image = folder / "search.json", folder / "anytime.png"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     script = Path(sys.executable).with_name("hfta-nas")  # the installed console script, else the same entry point
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "hfta_nas.cli"]
     completed = subprocess.run(
         [
             *command,

@@ -8,7 +8,7 @@ from torch import nn
 import hfta_nas
 from hfta_nas import ArrayTrainer, ModelArray
 from hfta_nas.optim import LRSchedule
-from hfta_nas.train._checkpoint import Checkpointer, enabled, load, save
+from hfta_nas.training._checkpoint import Checkpointer, enabled, load, save
 
 EPOCHS = 4
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
-from cli import main
+from hfta_nas.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cifar_shaped"

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 import hfta_nas.search
-from cli import main
+from hfta_nas.cli import main
 
 
 def run(*args):
@@ -336,7 +336,7 @@ def test_the_last_screen_fits_80_columns_and_ends_with_next_steps(tmp_path):
         "every trial",
     ]
     # the stability command it names reads the exported config (its own tests run it)
-    from stability import load_config
+    from hfta_nas.stability import load_config
 
     assert load_config(out / "best_config.yaml") is not None
 
@@ -344,7 +344,7 @@ def test_the_last_screen_fits_80_columns_and_ends_with_next_steps(tmp_path):
 def test_a_low_occupancy_says_why_on_its_line():
     from types import SimpleNamespace
 
-    from cli import _occupancy_reason
+    from hfta_nas.cli import _occupancy_reason
 
     low = SimpleNamespace(mean_occupancy=0.3, arrays=[{"slots": 2, "array_size": 8}, {"slots": 8, "array_size": 8}])
     assert _occupancy_reason(low).startswith(" (arrays started 62% full")
@@ -353,7 +353,7 @@ def test_a_low_occupancy_says_why_on_its_line():
 
 
 def test_a_stability_array_continued_from_a_checkpoint_says_so(capsys):
-    from stability._cli import _Progress
+    from hfta_nas.stability._cli import _Progress
 
     with _Progress(enabled=True) as progress:
         progress.event("continued", {"label": "mlp", "size": 2, "epoch": 3, "epochs": 8})
@@ -365,7 +365,7 @@ def test_piped_stability_progress_counts_from_the_arrays_start_and_times_its_epo
     """Not a terminal: elapsed time counts from the array's start (its build and first epoch
     included), and the ETA is the mean time per epoch so far times the epochs left; a progress
     that did not hear the start gives no ETA until an epoch is timed."""
-    import stability._cli as stability_cli
+    import hfta_nas.stability._cli as stability_cli
 
     now = [0.0]
     monkeypatch.setattr(stability_cli.time, "monotonic", lambda: now[0])

@@ -18,7 +18,7 @@ import hfta_nas
 from hfta_nas.data import load_dataset
 from hfta_nas.models import model_factory
 from hfta_nas.search import StepCost, trial_seeds
-from search_spaces import parse_space, run_search
+from hfta_nas.search_spaces import parse_space, run_search
 from tests.test_search import space_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -295,7 +295,7 @@ def workspace(tmp_path_factory):
 
 def hfta_nas_command() -> list[str]:
     script = Path(sys.executable).with_name("hfta-nas")  # the installed console script, else the same entry point
-    return [str(script)] if script.exists() else [sys.executable, "-m", "cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "hfta_nas.cli"]
 
 
 def run_documented(text: str, workspace) -> None:

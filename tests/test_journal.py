@@ -10,7 +10,7 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from cli import main
+from hfta_nas.cli import main
 from hfta_nas.search import open_storage
 from tests.test_search import space_text
 

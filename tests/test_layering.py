@@ -1,9 +1,10 @@
 """The layers import one way, by public names, without cycles.
 
-`hfta_nas` (the engine and the search core) imports nothing from
-`search_spaces`, `stability` or `cli`; `search_spaces` may use `hfta_nas`;
-`stability` may use both; `cli` uses everything, and so may `benchmarks`
-(which nothing imports). A package uses another's
+The engine and the search core (`hfta_nas.*`) import nothing from
+`hfta_nas.search_spaces`, `hfta_nas.stability` or `hfta_nas.cli` (the repository's
+`search_spaces/`, `stability/` and `cli.py`, imported under the `hfta_nas` name);
+`search_spaces` may use the engine; `stability` may use both; `cli` uses everything,
+and so may `benchmarks` (which nothing imports). A package uses another's
 public names only (no `from other._private import`), and no two modules import
 each other, directly or around a longer loop (imports inside functions count).
 
@@ -16,23 +17,44 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("hfta_nas", "search_spaces", "stability", "benchmarks")
-MAY_IMPORT = {
-    "hfta_nas": {"hfta_nas"},
-    "search_spaces": {"hfta_nas", "search_spaces"},
-    "stability": {"hfta_nas", "search_spaces", "stability"},
-    "cli": {"hfta_nas", "search_spaces", "stability"},
-    "benchmarks": {"hfta_nas", "search_spaces", "stability", "cli", "benchmarks"},
+FOLDERS = ("hfta_nas", "search_spaces", "stability", "benchmarks")
+# a module's layer, by the longest prefix of its import name
+LAYERS = {
+    "hfta_nas.cli": "cli",
+    "hfta_nas.stability": "stability",
+    "hfta_nas.search_spaces": "search_spaces",
+    "hfta_nas": "engine",
+    "benchmarks": "benchmarks",
 }
-ENGINE_PARTS = ("layers", "envelope", "array", "train", "search")  # bottom to top
+PACKAGES = ("hfta_nas", "hfta_nas.stability", "hfta_nas.search_spaces", "benchmarks")  # their __init__ re-exports
+MAY_IMPORT = {
+    "engine": {"engine"},
+    "search_spaces": {"engine", "search_spaces"},
+    "stability": {"engine", "search_spaces", "stability"},
+    "cli": {"engine", "search_spaces", "stability"},
+    "benchmarks": {"engine", "search_spaces", "stability", "cli", "benchmarks"},
+}
+ENGINE_PARTS = ("layers", "envelope", "array", "training", "search")  # bottom to top
+
+
+def import_name(relative: Path) -> str:
+    """The name a repository file is imported by (`stability/_runner.py` -> `hfta_nas.stability._runner`)."""
+    parts = relative.with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(parts if parts[0] in ("hfta_nas", "benchmarks") else ("hfta_nas", *parts))
+
+
+def layer_of(name: str) -> tuple[str, str]:
+    """(layer, its prefix) of an import name."""
+    prefix = max((p for p in LAYERS if name == p or name.startswith(p + ".")), key=len)
+    return LAYERS[prefix], prefix
 
 
 def modules() -> dict[str, Path]:
-    found = {"cli": ROOT / "cli.py"}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    found = {"hfta_nas.cli": ROOT / "cli.py"}
+    for folder in FOLDERS:
+        for path in (ROOT / folder).rglob("*.py"):
+            found[import_name(path.relative_to(ROOT))] = path
     return found
 
 
@@ -56,19 +78,19 @@ def imports(path: Path, known: set[str]) -> list[str]:
             found += [
                 f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
             ]
-    return [name for name in found if name.split(".")[0] in (*PACKAGES, "cli")]
+    return [name for name in found if name.split(".")[0] in ("hfta_nas", "benchmarks")]
 
 
 def test_layers_import_one_way_by_public_names():
     known = modules()
     problems = []
     for module, path in known.items():
-        top = module.split(".")[0]
+        top, _ = layer_of(module)
         for name in imports(path, set(known)):
-            other = name.split(".")[0]
+            other, prefix = layer_of(name)
             if other not in MAY_IMPORT[top]:
                 problems.append(f"{module} imports {name}: {top} may not import {other}")
-            elif other != top and any(part.startswith("_") for part in name.split(".")[1:]):
+            elif other != top and any(part.startswith("_") for part in name[len(prefix) :].split(".")):
                 problems.append(f"{module} imports {name}: a private name of {other}")
     assert not problems, "\n".join(problems)
 
@@ -102,7 +124,11 @@ def test_no_import_cycles():
 
 def test_engine_parts_import_downwards():
     known = modules()
-    part_of = {m: m.split(".")[1] for m in known if m.startswith("hfta_nas.") and m.split(".")[1] in ENGINE_PARTS}
+    part_of = {
+        m: m.split(".")[1]
+        for m in known
+        if layer_of(m)[0] == "engine" and m.split(".")[1:2] in [[p] for p in ENGINE_PARTS]
+    }
     problems = [
         f"{module} imports {name}: {part_of[module]} sits below {part_of[name]}"
         for module, part in part_of.items()

@@ -106,7 +106,7 @@ def test_the_trainer_trains_in_bf16_and_fp16(tiny_data):
 
 
 def test_precision_is_a_setting_of_spaces_and_configs(tmp_path):
-    from search_spaces import ResolvedConfig
+    from hfta_nas.search_spaces import ResolvedConfig
     from tests.test_search import search, space_text
 
     summary = search(

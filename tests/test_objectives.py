@@ -200,8 +200,8 @@ def test_train_loads_regression_targets_and_refuses_a_mismatch(tmp_path):
 def test_the_shipped_regression_space_searches_and_its_best_config_seed_tests(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from cli import main
-    from search_spaces import SHIPPED_SPACES, load_space
+    from hfta_nas.cli import main
+    from hfta_nas.search_spaces import SHIPPED_SPACES, load_space
 
     monkeypatch.chdir(tmp_path)
     space = load_space(SHIPPED_SPACES["diabetes_mlp"])
@@ -271,7 +271,7 @@ def test_the_shipped_regression_space_searches_and_its_best_config_seed_tests(tm
     ],
 )
 def test_loss_settings_are_checked_with_the_file(training, message):
-    from search_spaces import SpaceError, parse_space
+    from hfta_nas.search_spaces import SpaceError, parse_space
     from tests.test_search import space_text
 
     with pytest.raises(SpaceError) as caught:
@@ -280,7 +280,7 @@ def test_loss_settings_are_checked_with_the_file(training, message):
 
 
 def test_a_regression_metric_of_a_classification_space_is_refused_with_a_hint():
-    from search_spaces import SpaceError, parse_space
+    from hfta_nas.search_spaces import SpaceError, parse_space
     from tests.test_search import space_text
 
     with pytest.raises(SpaceError, match=r"study.metrics\[0\]: metric 'val_rmse' is not measured here"):
@@ -294,7 +294,7 @@ def test_a_regression_metric_of_a_classification_space_is_refused_with_a_hint():
 def test_a_user_metric_is_a_stability_metric(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from cli import main
+    from hfta_nas.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -10,9 +10,9 @@ from hfta_nas import train
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
 from hfta_nas.search import ArraySizeChosen, ArraySplit, ArrayStarted
-from hfta_nas.train._oom import ArrayOutOfMemory, estimate_array_bytes, parse_bytes, train_in_halves
-from stability._configs import LabelledConfig
-from stability._runner import run_stability
+from hfta_nas.stability._configs import LabelledConfig
+from hfta_nas.stability._runner import run_stability
+from hfta_nas.training._oom import ArrayOutOfMemory, estimate_array_bytes, parse_bytes, train_in_halves
 from tests.conftest import synthetic_dataset
 from tests.test_stability import mlp_config
 
@@ -137,7 +137,7 @@ def test_a_search_array_over_the_budget_is_split_and_every_trial_trains(tmp_path
 def test_a_search_array_out_of_memory_while_training_is_retried_in_halves(tmp_path, monkeypatch):
     from optuna.trial import TrialState
 
-    from hfta_nas.train._trainer import ArrayTrainer
+    from hfta_nas.training._trainer import ArrayTrainer
     from tests.test_search import load_study, search
 
     epochs = ArrayTrainer.epochs  # the loop a search's array job drives
@@ -160,7 +160,7 @@ def test_a_search_array_out_of_memory_while_training_is_retried_in_halves(tmp_pa
 
 
 def test_auto_array_size_stops_at_the_throughput_knee_or_the_memory_limit():
-    from hfta_nas.train._autosize import choose_array_size
+    from hfta_nas.training._autosize import choose_array_size
 
     def saturating(slots):  # seconds per step: flat up to 8 models, then linear (the device is full)
         return max(1.0, slots / 8)
@@ -171,7 +171,7 @@ def test_auto_array_size_stops_at_the_throughput_knee_or_the_memory_limit():
 
 
 def test_auto_array_size_respects_the_memory_budget(monkeypatch):
-    from hfta_nas.train._autosize import auto_array_size
+    from hfta_nas.training._autosize import auto_array_size
 
     factory = resolve_model("mlp", {"width": 8, "depth": 1}, input_shape=(64,), num_classes=10)
     three = estimate_array_bytes(factory, (64,), batch_size=20, slots=3, dtype=torch.float32, optimizer="adam")

@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 import hfta_nas
-from cli import main
+from hfta_nas.cli import main
 from hfta_nas.search import study_text
-from search_spaces import ResolvedConfig, SpaceError, parse_space
+from hfta_nas.search_spaces import ResolvedConfig, SpaceError, parse_space
 from tests.test_search import search, space_text
 
 

@@ -15,15 +15,15 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import hfta_nas
-from cli import main
 from hfta_nas import HftaNasError
+from hfta_nas.cli import main
 from hfta_nas.data import load_dataset
 from hfta_nas.search import open_storage
 from hfta_nas.search._candidate import trial_seeds
-from search_spaces import ResolvedConfig, SpaceError
-from stability._configs import DEFAULT_CONFIG, load_config, top_k_configs
-from stability._design import SeedPlan
-from stability._runner import train_slots
+from hfta_nas.search_spaces import ResolvedConfig, SpaceError
+from hfta_nas.stability._configs import DEFAULT_CONFIG, load_config, top_k_configs
+from hfta_nas.stability._design import SeedPlan
+from hfta_nas.stability._runner import train_slots
 from tests.test_stability import stability_json
 
 EPOCHS, BATCH = 4, 16

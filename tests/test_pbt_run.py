@@ -17,7 +17,7 @@ from torch import nn
 import hfta_nas
 from hfta_nas import Candidate, Explore, HftaNasError
 from hfta_nas.search import PBTExploited
-from search_spaces import SpaceError, load_space, parse_space, pbt_notes, pbt_options
+from hfta_nas.search_spaces import SpaceError, load_space, parse_space, pbt_notes, pbt_options
 
 EPOCHS, POPULATION, INTERVAL = 6, 4, 2
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn_pbt.yaml"
@@ -318,7 +318,16 @@ def test_hfta_nas_search_runs_a_pbt_space(tmp_path):
 
 @pytest.mark.parametrize("option", [["--workers", "2"], ["--dry-run"]])
 def test_workers_and_dry_run_are_refused_for_pbt(tmp_path, option):
-    command = [sys.executable, "-m", "cli", "search", str(SPACE), "--storage", str(tmp_path / "s.journal"), *option]
+    command = [
+        sys.executable,
+        "-m",
+        "hfta_nas.cli",
+        "search",
+        str(SPACE),
+        "--storage",
+        str(tmp_path / "s.journal"),
+        *option,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 2 and "pbt block" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "s.journal").exists()

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 import hfta_nas
-from cli import main
+from hfta_nas.cli import main
 from hfta_nas.search import open_storage, study_text, trial_seeds
-from search_spaces import parse_space, run_search
+from hfta_nas.search_spaces import parse_space, run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -119,7 +119,7 @@ def test_a_trial_equals_its_candidate_trained_alone(tmp_path):
 
 
 def test_best_trial_is_exported_as_config_and_weights(tmp_path):
-    from search_spaces import ResolvedConfig
+    from hfta_nas.search_spaces import ResolvedConfig
 
     search(tmp_path)
     study = load_study(tmp_path)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from cli import _SearchProgress, main
+from hfta_nas.cli import _SearchProgress, main
 from hfta_nas.search import (
     ArrayEnded,
     ArrayStarted,
@@ -22,7 +22,7 @@ from hfta_nas.search import (
     open_storage,
     optimize,
 )
-from search_spaces import candidate_builder, open_space_study, parse_space, plan_search, run_search
+from hfta_nas.search_spaces import candidate_builder, open_space_study, parse_space, plan_search, run_search
 from tests.test_search import space_text as tiny_space_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

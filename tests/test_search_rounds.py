@@ -99,7 +99,7 @@ def test_a_rerun_proposes_new_parameters_and_a_fresh_study_repeats_itself(tmp_pa
 def test_trial_k_draws_the_same_whichever_sampler_asks_it():
     """Two samplers on one study (two workers) asking in turn draw trial k's stream, not their own:
     the parameters are those of one sampler asking every trial, and all distinct."""
-    from search_spaces import parse_space
+    from hfta_nas.search_spaces import parse_space
     from tests.test_search import space_text
 
     space = parse_space(space_text(sampler={"name": "tpe", "kwargs": {"n_startup_trials": 8}}), "space.yaml")
@@ -132,7 +132,7 @@ def test_three_workers_train_as_many_distinct_parameter_sets_as_trials(tmp_path)
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "space.yaml").write_text(space_text(budget={"n_trials": 6}, training={"epochs": 1}))
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "search", "space.yaml", "--workers", "3", "--quiet"]
+        [sys.executable, "-m", "hfta_nas.cli", "search", "space.yaml", "--workers", "3", "--quiet"]
         + ["--storage", str(tmp_path / "study.journal"), "--out", str(tmp_path / "out")],
         cwd=tmp_path,
         capture_output=True,

@@ -16,7 +16,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 import hfta_nas
 from hfta_nas.errors import HftaNasError
-from search_spaces import (
+from hfta_nas.search_spaces import (
     SHIPPED_SPACES,
     Fixed,
     ResolvedConfig,
@@ -741,7 +741,7 @@ def test_error_lines_point_at_the_key():
 def test_readme_examples_are_valid():
     from pathlib import Path
 
-    import search_spaces
+    import hfta_nas.search_spaces as search_spaces
 
     readme = (Path(search_spaces.__file__).parent / "README.md").read_text()
     space_text, pbt_text, config_text = re.findall(r"```yaml\n(.*?)```", readme, re.S)
@@ -776,7 +776,7 @@ def test_two_processes_opening_one_study_with_different_spaces_do_not_both_succe
     import threading
 
     from hfta_nas.search import open_storage, study_lock, study_text
-    from search_spaces import open_space_study
+    from hfta_nas.search_spaces import open_space_study
     from tests.test_search import space_text as _space_text
 
     journal = str(tmp_path / "study.journal")
@@ -811,7 +811,7 @@ def test_two_processes_opening_one_study_with_different_spaces_do_not_both_succe
 def test_a_new_space_on_a_study_keeps_each_trials_own_space_for_stability(tmp_path):
     """`--new-space` is asked for explicitly: the earlier trials are rebuilt with their own space."""
     from hfta_nas.search import open_storage
-    from stability._configs import top_k_configs
+    from hfta_nas.stability._configs import top_k_configs
     from tests.test_search import search
     from tests.test_search import space_text as _space_text
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from cli import main
+from hfta_nas.cli import main
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "slurm" / "search.sbatch"
 

@@ -13,15 +13,15 @@ import torch
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from cli import main
 from hfta_nas import ModelArray
+from hfta_nas.cli import main
 from hfta_nas.models import resolve_model
 from hfta_nas.search import open_storage
-from search_spaces import SHIPPED_SPACES, ResolvedConfig
-from stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config, parse_params
-from stability._design import parse_vary, plan, source_seed
-from stability._result import StabilityResult
-from stability._runner import run_stability, train_seeds
+from hfta_nas.search_spaces import SHIPPED_SPACES, ResolvedConfig
+from hfta_nas.stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config, parse_params
+from hfta_nas.stability._design import parse_vary, plan, source_seed
+from hfta_nas.stability._result import StabilityResult
+from hfta_nas.stability._runner import run_stability, train_seeds
 from tests.conftest import synthetic_dataset
 
 TINY = """\
@@ -264,7 +264,7 @@ def test_compare_two_configs_reports_the_comparison(tmp_path, tiny_config):
 def test_compare_of_two_report_folders_reuses_their_seeds_without_training(tmp_path, monkeypatch):
     """`stability compare REPORT1 REPORT2` (its help: report folders are reused) said 'no configuration to
     run'. Two folders of stored per-seed results are compared as they are: nothing trained, no storage."""
-    import stability._runner
+    import hfta_nas.stability._runner as stability_runner
     from tests.test_stability_report import synthetic_result
 
     whole = synthetic_result(failed=1)
@@ -278,7 +278,7 @@ def test_compare_of_two_report_folders_reuses_their_seeds_without_training(tmp_p
     def no_training(*args, **kwargs):
         raise AssertionError("compare of report folders trained")
 
-    monkeypatch.setattr(stability._runner, "run_stability", no_training)
+    monkeypatch.setattr(stability_runner, "run_stability", no_training)
     monkeypatch.chdir(tmp_path)  # a default storage would be created here
     out = tmp_path / "cmp"
     result = cli("stability", "compare", tmp_path / "A", tmp_path / "B_wide", "--out", out, "--format", "json,md")
@@ -587,7 +587,7 @@ def test_vary_split_redraws_each_seeds_train_validation_partition(tmp_path, tiny
 
 def test_vary_split_without_validation_data_is_refused_before_anything_is_stored(tmp_path):
     from hfta_nas.errors import HftaNasError
-    from stability import run_study
+    from hfta_nas.stability import run_study
 
     config = mlp_config(data={**mlp_config().data, "val_fraction": 0.0})
     with pytest.raises(HftaNasError, match="--vary split re-draws the train/validation split"):

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from hfta_nas.errors import HftaNasError
-from stability._analysis import analyse
-from stability._export import write_report
-from stability._result import METRICS, StabilityResult
+from hfta_nas.stability._analysis import analyse
+from hfta_nas.stability._export import write_report
+from hfta_nas.stability._result import METRICS, StabilityResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -401,7 +401,7 @@ def test_comparisons_of_shared_seeds_are_paired_in_the_report(bimodal):
 
 
 def test_fail_below_counts_seeds_under_a_threshold(tmp_path):
-    from stability._study import check_fail_below
+    from hfta_nas.stability._study import check_fail_below
 
     result = synthetic_result(failed=0)
     analysis = analyse(result, n_resamples=100, fail_below={"test_acc": 0.80})
@@ -476,7 +476,7 @@ def test_the_paired_point_lies_in_its_interval_and_both_use_the_same_pairs(tmp_p
     """Audit: 'the printed point (-0.29%) lies outside its own interval [+0.59, +1.30]' when a seed failed
     in one configuration: the point was the difference of the two configs' own means (7 against 8 seeds),
     the interval the paired one (7 pairs). Both are now on the pairs, and the report names the slot left out."""
-    from stability._cli import _comparison_line
+    from hfta_nas.stability._cli import _comparison_line
 
     result = shared_slot_result()
     analysis = analyse(result, n_resamples=100)
@@ -505,7 +505,7 @@ def test_the_paired_point_lies_in_its_interval_and_both_use_the_same_pairs(tmp_p
 def test_power_is_paired_for_shared_seeds_and_withheld_where_modes_are_found(tmp_path):
     """Audit: 'the power table is printed for a study the same report calls bimodal, and unpaired for a
     paired compare'."""
-    from stability import _stats
+    from hfta_nas.stability import _stats
 
     result = shared_slot_result()
     analysis = analyse(result, n_resamples=100)
@@ -538,7 +538,7 @@ def test_power_is_paired_for_shared_seeds_and_withheld_where_modes_are_found(tmp
 
 def test_the_learning_curve_band_is_labelled_in_the_plot_and_every_export(tmp_path):
     """Audit: 'the learning-curve band is an unlabelled t interval'."""
-    from stability import _plots
+    from hfta_nas.stability import _plots
 
     result = shared_slot_result()
     analysis = analyse(result, n_resamples=100)

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from hfta_nas.errors import HftaNasError
-from stability import _stats
-from stability._analysis import (
+from hfta_nas.stability import _stats
+from hfta_nas.stability._analysis import (
     COMPARISON_COLUMNS,
     DECOMPOSITION_COLUMNS,
     MODE_RULE,
@@ -27,7 +27,7 @@ from stability._analysis import (
     SUMMARY_COLUMNS,
     analyse,
 )
-from stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, StabilityResult
+from hfta_nas.stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, StabilityResult
 
 TIGHT = 1e-12
 # comparison columns that `_analysis` adds to what `_stats.compare` returns
@@ -620,7 +620,7 @@ def test_analyse_without_decompose_or_curves_keeps_the_columns():
 
 # --------------------------------------------------------------------------- decomposition designs
 def test_decomposition_designs_never_share_a_seed():
-    from stability._design import plan
+    from hfta_nas.stability._design import plan
 
     plans = plan(6, vary=("init", "data", "dropout"), decompose="sources")
     seen = {}
@@ -633,7 +633,7 @@ def test_decomposition_designs_never_share_a_seed():
 
 
 def test_grid_design_crosses_init_with_data():
-    from stability._design import grid_size, plan
+    from hfta_nas.stability._design import grid_size, plan
 
     grid = [p for p in plan(16, decompose="grid") if p.design == "grid"]
     k = grid_size(16)

@@ -19,9 +19,16 @@ import pytest
 from tests._rendezvous import GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "optuna", "pandas", "matplotlib", "seaborn", "scipy", "hfta_nas", "search_spaces")
+# the engine is every hfta_nas module but the package itself (its names load on first use), the
+# command line and the stability commands' click objects (LIGHT_STABILITY)
+HEAVY = ("torch", "optuna", "pandas", "matplotlib", "seaborn", "scipy", "hfta_nas.search_spaces", "hfta_nas.array")
+HEAVY += ("hfta_nas.data", "hfta_nas.models", "hfta_nas.optim", "hfta_nas.training", "hfta_nas.search")
 STATS_AND_PLOTS = ("matplotlib", "seaborn", "pandas", "scipy.stats")
-LIGHT_STABILITY = {"stability", "stability._cli", "stability._formats"}  # the click objects of its commands
+LIGHT_STABILITY = {
+    "hfta_nas.stability",
+    "hfta_nas.stability._cli",
+    "hfta_nas.stability._formats",
+}  # the click objects of its commands
 
 
 def loaded_after(code: str, cwd: Path = ROOT) -> dict:
@@ -41,7 +48,7 @@ def run_cli(*args: str, cwd: Path = ROOT) -> dict:
     return loaded_after(
         f"""
         import contextlib, io
-        from cli import main
+        from hfta_nas.cli import main
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -78,7 +85,7 @@ def test_help_imports_no_engine_statistics_or_plots(command):
     done = run_cli(*command, "--help")
     assert done["result"]["code"] == 0 and "Usage: hfta-nas" in done["result"]["output"]
     assert present(done["modules"], HEAVY) == []
-    stability = {m for m in done["modules"] if m == "stability" or m.startswith("stability.")}
+    stability = {m for m in done["modules"] if m == "hfta_nas.stability" or m.startswith("hfta_nas.stability.")}
     if command[:1] in (("stability",), ("report",)):
         assert stability <= LIGHT_STABILITY  # the command's click objects, not the statistics or plots
     else:
@@ -89,7 +96,7 @@ def test_the_command_list_shows_lazy_commands_as_their_own_help_would():
     """`hfta-nas --help` lists the stability commands without importing them, with the same lines."""
     done = loaded_after("""
         import click
-        from cli import _LAZY_COMMANDS, main
+        from hfta_nas.cli import _LAZY_COMMANDS, main
 
         def listing():
             with click.Context(main, info_name="hfta-nas") as ctx:
@@ -140,7 +147,7 @@ def test_search_dry_run_imports_no_statistics_or_plots(tmp_path):
     )
     assert done["result"]["code"] == 0, done["result"]["output"]
     assert sum(len(a["trials"]) for a in json.loads(done["result"]["output"])["arrays"]) == 2
-    assert present(done["modules"], ("stability", *STATS_AND_PLOTS)) == []
+    assert present(done["modules"], ("hfta_nas.stability", *STATS_AND_PLOTS)) == []
     assert not (tmp_path / "s.journal").exists()
 
 
@@ -170,14 +177,16 @@ def test_import_hfta_nas_imports_no_optuna_and_the_search_loads_on_first_use():
             "dir": sorted({"optimize", "plan", "Candidate", "SearchSummary", "search"} - set(dir(hfta_nas))),
         }
     """)
-    assert present(done["result"]["engine"], ("optuna", "hfta_nas.search", "stability", *STATS_AND_PLOTS)) == []
+    assert (
+        present(done["result"]["engine"], ("optuna", "hfta_nas.search", "hfta_nas.stability", *STATS_AND_PLOTS)) == []
+    )
     assert "optuna" in done["modules"] and all(done["result"]["same"])
     assert done["result"]["all"] == [] and done["result"]["dir"] == []
 
 
 def test_import_hfta_nas_search_names_and_unknown_names():
     import hfta_nas
-    import stability
+    import hfta_nas.stability as stability
 
     assert callable(hfta_nas.optimize) and "optimize" in hfta_nas.__all__
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
@@ -189,9 +198,9 @@ def test_import_hfta_nas_search_names_and_unknown_names():
 
 def test_import_stability_alone_imports_nothing_heavy():
     done = loaded_after("""
-        import stability
+        import hfta_nas.stability as stability
 
         result = sorted(stability.__all__)
     """)
     assert present(done["modules"], HEAVY) == []
-    assert {m for m in done["modules"] if m.startswith("stability")} == {"stability"}
+    assert {m for m in done["modules"] if m.startswith("hfta_nas.stability")} == {"hfta_nas.stability"}

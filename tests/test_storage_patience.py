@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState
 
-from cli import main
 from hfta_nas import DEFAULT_STORAGE_PATIENCE_S, MAX_STORAGE_PATIENCE_S
+from hfta_nas.cli import main
 from hfta_nas.search import PatientStorage, StorageUnreachable, open_storage, patient
 from hfta_nas.search._heartbeat import stale_reason
 from hfta_nas.search._patience import MOST_DELAY_S, is_passing
@@ -229,7 +229,7 @@ def test_bad_storage_patience_in_the_space_is_refused_at_its_key(tmp_path, value
 
 
 def test_the_default_patience_is_ten_minutes_for_a_space_and_for_open_storage(tmp_path):
-    from search_spaces import load_space
+    from hfta_nas.search_spaces import load_space
 
     assert DEFAULT_STORAGE_PATIENCE_S == 600
     assert load_space("search_spaces/mnist1d_mlp.yaml").study.storage_patience == 600

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from cli import main
+from hfta_nas.cli import main
 from tests._rendezvous import GUARD_S, Rendezvous
 from tests.test_storage_outage import finish, logs, search_command, start, stored_trials
 from tests.test_workers import assert_study_ended, counted, hfta_nas_command, space_text, worker_env

@@ -21,12 +21,12 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from cli import main
+from hfta_nas.cli import main
 from hfta_nas.search import TrialEpochEnded
+from hfta_nas.stability import StabilityTracking
+from hfta_nas.stability._configs import LabelledConfig
+from hfta_nas.stability._runner import run_stability
 from hfta_nas.tracking import SearchTracking
-from stability import StabilityTracking
-from stability._configs import LabelledConfig
-from stability._runner import run_stability
 from tests._rendezvous import GUARD_S
 from tests.test_search import load_study, search, space_text
 from tests.test_stability import mlp_config
@@ -294,7 +294,7 @@ def test_a_tracker_whose_library_is_missing_says_which_extra_to_install(tmp_path
     code = f"""
 import sys
 sys.modules[{blocked!r}] = None
-from cli import main
+from hfta_nas.cli import main
 main(["search", "space.yaml", "--storage", "s.journal", "--log", {backend!r}], prog_name="hfta-nas")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=GUARD_S, cwd=tmp_path)
@@ -309,7 +309,7 @@ def test_wandb_online_without_a_login_is_one_line_before_anything_trains(tmp_pat
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path), WANDB_MODE="online", WANDB_CONFIG_DIR=str(tmp_path / "config"))
     command = ["search", "space.yaml", "--storage", "s.journal", "--log", "wandb:p"]
-    code = f"from cli import main; main({command!r}, prog_name='hfta-nas')"
+    code = f"from hfta_nas.cli import main; main({command!r}, prog_name='hfta-nas')"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=GUARD_S, cwd=tmp_path, env=env
     )
@@ -363,7 +363,9 @@ def test_a_tracking_server_that_goes_away_is_warned_about_once_and_the_search_go
 
 
 def test_the_tracking_libraries_load_only_when_a_tracker_is_made():
-    done = loaded_after("import hfta_nas, hfta_nas.tracking, stability; stability.StabilityTracking; result = 0")
+    done = loaded_after(
+        "import hfta_nas, hfta_nas.tracking, hfta_nas.stability; hfta_nas.stability.StabilityTracking; result = 0"
+    )
     assert present(done["modules"], LIBRARIES) == []
     helped = run_cli("search", "--help")
     assert "--log BACKEND[:WHERE]" in helped["result"]["output"] and present(helped["modules"], LIBRARIES) == []

@@ -8,8 +8,8 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from cli import main
-from search_spaces import SpaceError, load_space, parse_space
+from hfta_nas.cli import main
+from hfta_nas.search_spaces import SpaceError, load_space, parse_space
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "wandb_sweep"
 

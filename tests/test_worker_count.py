@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli import workers_to_start
+from hfta_nas.cli import workers_to_start
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,7 +24,7 @@ from hfta_nas.search import counts, open_storage
 from hfta_nas.search._ledger import RETRY_OF
 from hfta_nas.search._recovery import fail_and_retry
 from hfta_nas.search._storage import study_lock
-from search_spaces import parse_space, run_search
+from hfta_nas.search_spaces import parse_space, run_search
 from tests._rendezvous import GUARD_S, Rendezvous, held_command, wait_exited, wait_for
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -55,7 +55,7 @@ def space_text(n_trials, epochs, name="workers"):
 
 def hfta_nas_command():
     script = shutil.which("hfta-nas", path=os.path.dirname(sys.executable))
-    return [script] if script else [sys.executable, "-m", "cli"]
+    return [script] if script else [sys.executable, "-m", "hfta_nas.cli"]
 
 
 def worker_env(**extra):
@@ -406,7 +406,7 @@ KILL_AFTER_FIRST_ASK = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
 from hfta_nas.search import _optimize
-from search_spaces import parse_space, run_search
+from hfta_nas.search_spaces import parse_space, run_search
 
 ask = _optimize._Search._ask
 def ask_then_die(self, *args, **kwargs):
@@ -501,7 +501,7 @@ def test_a_sigterm_right_after_an_ask_and_another_during_the_tell_lose_no_trial(
     """A SIGTERM (under the command line's handler) lands just after an ask, and a second one
     (a scheduler signals every process, the --workers parent forwards it) while the stopping
     search tells its trials: every held trial is told and queued again, none left RUNNING."""
-    from cli import Terminated, _sigterm_as_interrupt
+    from hfta_nas.cli import Terminated, _sigterm_as_interrupt
 
     space, journal = tmp_path / "space.yaml", tmp_path / "study.journal"
     space.write_text(space_text(n_trials=4, epochs=2))

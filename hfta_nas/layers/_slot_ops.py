@@ -130,7 +130,7 @@ class _ReusedBuffer:
     Each step's Linear/Conv outputs and input gradients are tens of MB. Freed
     and allocated afresh, glibc returns them to the OS and page-faults them
     back in (zero-filled) the next step: ~20% of a cnn1d array's step on CPU
-    (unless the process keeps freed memory, see `hfta_nas.train._allocator`). This
+    (unless the process keeps freed memory, see `hfta_nas.training._allocator`). This
     keeps the memory of the last buffer and gives it out again when no tensor
     shares its storage any more (not the output still held by a graph, a
     saved tensor, a view or the caller), checked through the storage's use

@@ -58,10 +58,10 @@ from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
 from hfta_nas.search._packing import Pack, shape_key
 from hfta_nas.search._resume import Claim, slot_record
-from hfta_nas.train._checkpoint import remove as remove_checkpoint
-from hfta_nas.train._checkpoint import save as save_checkpoint
-from hfta_nas.train._oom import ArrayOutOfMemory, check_budget, is_out_of_memory
-from hfta_nas.train._trainer import ArrayTrainer, EpochReport
+from hfta_nas.training._checkpoint import remove as remove_checkpoint
+from hfta_nas.training._checkpoint import save as save_checkpoint
+from hfta_nas.training._oom import ArrayOutOfMemory, check_budget, is_out_of_memory
+from hfta_nas.training._trainer import ArrayTrainer, EpochReport
 
 log = logging.getLogger(__name__)
 STATIC_METRICS = ("params", "latency_ms")

@@ -23,8 +23,8 @@ from hfta_nas._limits import MAX_BATCH_SIZE, MAX_EPOCHS
 from hfta_nas.data import Augmentation, Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS
-from hfta_nas.train._objectives import REGRESSION_LOSSES, Objective
-from hfta_nas.train._trainer import EarlyStopping, TrainingSettings
+from hfta_nas.training._objectives import REGRESSION_LOSSES, Objective
+from hfta_nas.training._trainer import EarlyStopping, TrainingSettings
 
 
 @dataclass

@@ -34,7 +34,7 @@ from torch import nn
 
 from hfta_nas._files import atomic_write_text, cache_dir
 from hfta_nas._version import __version__
-from hfta_nas.train._autosize import choose_array_size, step_seconds
+from hfta_nas.training._autosize import choose_array_size, step_seconds
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class StepCurve:
 
     @property
     def knee(self) -> int:
-        """The array size `auto` takes from this curve: `hfta_nas.train._autosize.choose_array_size`'s rule
+        """The array size `auto` takes from this curve: `hfta_nas.training._autosize.choose_array_size`'s rule
         (double while throughput rises by KNEE_GAIN) over the measured sizes, up to the largest."""
         measured = dict(zip(self.sizes, self.step_s))
         return choose_array_size(self.sizes[-1], measured.__getitem__, batch_size=1, gain=KNEE_GAIN)[0]

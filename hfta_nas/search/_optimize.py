@@ -76,10 +76,10 @@ from hfta_nas.search._recovery import (
 from hfta_nas.search._resume import Claim, claim, prune
 from hfta_nas.search._shape_checks import ShapeChecks
 from hfta_nas.search._storage import checkpoint_folder, dashboard_command, storage_location, study_lock
-from hfta_nas.train._autosize import free_memory, memory_limit
-from hfta_nas.train._checkpoint import enabled as checkpoints_enabled
-from hfta_nas.train._objectives import as_objective
-from hfta_nas.train._run import DTYPES, _checked_device
+from hfta_nas.training._autosize import free_memory, memory_limit
+from hfta_nas.training._checkpoint import enabled as checkpoints_enabled
+from hfta_nas.training._objectives import as_objective
+from hfta_nas.training._run import DTYPES, _checked_device
 
 AUTO_CAP = 64  # the most models array_size="auto" puts in one array
 AUTO_POOL = 16  # trials asked per round when the array size is "auto"

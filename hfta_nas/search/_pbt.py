@@ -52,14 +52,14 @@ from hfta_nas.search._pbt_records import Exploit, Records
 from hfta_nas.search._pbt_resume import check_same_run, members_as_left, run_identity
 from hfta_nas.search._pbt_settings import Explore, PBTSettings
 from hfta_nas.search._storage import checkpoint_folder, dashboard_command, storage_location
-from hfta_nas.train._checkpoint import enabled as checkpoints_enabled
-from hfta_nas.train._checkpoint import load as load_checkpoint
-from hfta_nas.train._checkpoint import remove as remove_checkpoint
-from hfta_nas.train._checkpoint import save as save_checkpoint
-from hfta_nas.train._objectives import higher_is_better
-from hfta_nas.train._run import DTYPES, _checked_device
-from hfta_nas.train._slot_values import prepare, read, write
-from hfta_nas.train._trainer import ArrayTrainer
+from hfta_nas.training._checkpoint import enabled as checkpoints_enabled
+from hfta_nas.training._checkpoint import load as load_checkpoint
+from hfta_nas.training._checkpoint import remove as remove_checkpoint
+from hfta_nas.training._checkpoint import save as save_checkpoint
+from hfta_nas.training._objectives import higher_is_better
+from hfta_nas.training._run import DTYPES, _checked_device
+from hfta_nas.training._slot_values import prepare, read, write
+from hfta_nas.training._trainer import ArrayTrainer
 
 log = logging.getLogger(__name__)
 MEMBER_ATTR = "pbt_member"  # a trial's slot in its population (and that it is one)

@@ -1,5 +1,5 @@
 """What population-based training may explore: the values a slot keeps for itself
-(`hfta_nas.train._slot_values`); anything else changes shapes or what the array shares, so an
+(`hfta_nas.training._slot_values`); anything else changes shapes or what the array shares, so an
 exploit could not copy weights across, and is refused, named."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas.optim._hparam_schedule import POSITIVE
 from hfta_nas.search._candidate import check_split_has_data
 from hfta_nas.search._pbt_settings import Explore
-from hfta_nas.train._objectives import as_objective
-from hfta_nas.train._slot_values import DROPOUT, slot_value_names
+from hfta_nas.training._objectives import as_objective
+from hfta_nas.training._slot_values import DROPOUT, slot_value_names
 
 
 def check_explored(explore: Mapping[str, Explore], candidate: Any) -> None:

@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 
 from hfta_nas.search._candidate import Proposal
 from hfta_nas.search._ledger import RETRY_OF
-from hfta_nas.train._checkpoint import load, remove, remove_empty_folders
+from hfta_nas.training._checkpoint import load, remove, remove_empty_folders
 
 STRAY_SECONDS = 3600  # a temporary checkpoint file this old was left by a killed write
 

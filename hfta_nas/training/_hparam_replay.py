@@ -15,8 +15,8 @@ from typing import Any
 
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import ArrayOptimizer, hparam_schedule_problems
-from hfta_nas.train._slot_values import write
-from hfta_nas.train._trainer import ArrayTrainer
+from hfta_nas.training._slot_values import write
+from hfta_nas.training._trainer import ArrayTrainer
 
 Schedule = Mapping[str, Sequence[float]]
 

@@ -19,7 +19,7 @@ from hfta_nas.data._augment import STRENGTHS
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import OPTIMIZERS
 from hfta_nas.optim._hparam_schedule import AUGMENT, DROPOUT, optimizer_values
-from hfta_nas.train._trainer import ArrayTrainer
+from hfta_nas.training._trainer import ArrayTrainer
 
 
 def slot_value_names(optimizer: str, augmentation: Any = None) -> list[str]:

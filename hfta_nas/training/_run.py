@@ -27,14 +27,14 @@ from hfta_nas.data import Augmentation, Dataset, load_dataset, pooled, slot_spli
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import resolve_model
 from hfta_nas.optim import OPTIMIZERS, LRSchedule
-from hfta_nas.train._allocator import keep_freed_memory_unless_disabled
-from hfta_nas.train._checkpoint import Checkpointer
-from hfta_nas.train._checkpoint import enabled as checkpoints_enabled
-from hfta_nas.train._hparam_replay import checked_replay
-from hfta_nas.train._objectives import Objective, as_objective
-from hfta_nas.train._oom import check_budget
-from hfta_nas.train._slot_values import prepare
-from hfta_nas.train._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult, TrainingSettings
+from hfta_nas.training._allocator import keep_freed_memory_unless_disabled
+from hfta_nas.training._checkpoint import Checkpointer
+from hfta_nas.training._checkpoint import enabled as checkpoints_enabled
+from hfta_nas.training._hparam_replay import checked_replay
+from hfta_nas.training._objectives import Objective, as_objective
+from hfta_nas.training._oom import check_budget
+from hfta_nas.training._slot_values import prepare
+from hfta_nas.training._trainer import ArrayTrainer, EarlyStopping, EpochReport, SlotResult, TrainingSettings
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -112,7 +112,7 @@ def train(
     re-draws each slot's train / validation partition of the data's train and validation
     samples. On CPU, an array whose estimated memory exceeds `memory_budget` bytes (default:
     $HFTA_NAS_MEMORY_BUDGET, else no limit) raises ArrayOutOfMemory before
-    anything is allocated (see hfta_nas.train._oom.train_in_halves for the split).
+    anything is allocated (see hfta_nas.training._oom.train_in_halves for the split).
     `checkpoint`: a file the array is saved to at every epoch's end; a call with
     the same arguments and file continues from it, bit-identically (a file saved
     with other arguments is ignored), and the file is removed at the end unless
@@ -349,7 +349,7 @@ def _warn_batch_beyond_data(batch_size: Any, samples: int) -> None:
 
 def set_up_command_process(threads: int | None) -> None:
     """What every training command does to its own process first: the torch thread count
-    (when given) and a CPU allocator that keeps freed memory (`hfta_nas.train._allocator`)."""
+    (when given) and a CPU allocator that keeps freed memory (`hfta_nas.training._allocator`)."""
     if threads is not None:
         cores = os.cpu_count() or 1
         if threads > cores:  # beyond the cores only slows torch down, and far beyond it cannot start its threads

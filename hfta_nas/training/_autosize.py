@@ -2,7 +2,7 @@
 
 Two limits, the smaller wins:
 
-1. Memory: the largest B whose estimate (`hfta_nas.train._oom.estimate_array_bytes`)
+1. Memory: the largest B whose estimate (`hfta_nas.training._oom.estimate_array_bytes`)
    fits the budget: `HFTA_NAS_MEMORY_BUDGET` when set, else 80% of the free
    memory of the device (CUDA: `torch.cuda.mem_get_info`; CPU: available RAM plus
    what this process's allocator holds free for reuse).
@@ -28,8 +28,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hfta_nas.train._allocator import retained_free_bytes
-from hfta_nas.train._oom import estimate_array_bytes, memory_budget
+from hfta_nas.training._allocator import retained_free_bytes
+from hfta_nas.training._oom import estimate_array_bytes, memory_budget
 
 # Free memory an automatic array may take: the rest is left for the allocator's slack,
 # the data and other processes.

@@ -30,7 +30,7 @@ from hfta_nas.array._model_array import ModelArray
 from hfta_nas.data import Augmentation, Dataset, EpochOrder, SlotAugmenter, SlotSplits, gather
 from hfta_nas.errors import HftaNasError
 from hfta_nas.optim import ArrayOptimizer, LRSchedule, SlotGradScaler
-from hfta_nas.train._objectives import Objective, as_objective, higher_is_better
+from hfta_nas.training._objectives import Objective, as_objective, higher_is_better
 
 PRECISIONS = ("float32", "bf16", "fp16")
 
