@@ -29,7 +29,11 @@ class BuildWithCli(build_py):
 
     def run(self) -> None:
         super().run()
-        self.copy_file("cli.py", str(Path(self.build_lib) / "hfta_nas" / "cli.py"))
+        if self.editable_mode:  # an editable install runs the clone, where hfta_nas finds cli.py beside it
+            return
+        target = Path(self.build_lib) / "hfta_nas"
+        self.mkpath(str(target))
+        self.copy_file("cli.py", str(target / "cli.py"))
 
 
 setup(
