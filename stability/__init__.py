@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
     from hfta_nas.stability._design import plan, source_seed
     from hfta_nas.stability._result import Analysis, StabilityResult
     from hfta_nas.stability._runner import run_stability
+    from hfta_nas.stability._sequential import bernoulli_cs, hedged_cs, median_cs, running_median_cs
     from hfta_nas.stability._stats import (
         bootstrap_interval,
         clopper_pearson,
@@ -52,6 +53,10 @@ _PUBLIC = {
     "Analysis": ("hfta_nas.stability._result", "Analysis"),
     "StabilityResult": ("hfta_nas.stability._result", "StabilityResult"),
     "run_stability": ("hfta_nas.stability._runner", "run_stability"),
+    "bernoulli_cs": ("hfta_nas.stability._sequential", "bernoulli_cs"),
+    "hedged_cs": ("hfta_nas.stability._sequential", "hedged_cs"),
+    "median_cs": ("hfta_nas.stability._sequential", "median_cs"),
+    "running_median_cs": ("hfta_nas.stability._sequential", "running_median_cs"),
     "bootstrap_interval": ("hfta_nas.stability._stats", "bootstrap_interval"),
     "prob_greater": ("hfta_nas.stability._stats", "prob_greater"),
     "prob_greater_interval": ("hfta_nas.stability._stats", "prob_greater_interval"),
@@ -99,6 +104,10 @@ __all__ = [
     "seeds_to_see_failure",
     "studentized_gaps",
     "variance_interval",
+    "bernoulli_cs",
+    "hedged_cs",
+    "median_cs",
+    "running_median_cs",
 ]
 
 

@@ -51,6 +51,15 @@ _FAIL_BELOW = click.option(
 )
 
 
+_MAX_SEEDS = click.option(
+    "--max-seeds",
+    default=256,
+    show_default=True,
+    type=int,
+    help="With --until or --until-decided: stop here if the question is still open.",
+)
+
+
 def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options shared by `stability run` and `stability compare`."""
     options = [
@@ -60,7 +69,7 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
             default=32,
             show_default=True,
             type=int,
-            help="Seeds per configuration (slots of the array).",
+            help="Seeds per configuration (slots of the array); with --until, the seeds of each round.",
         ),
         click.option(
             "--seed",
@@ -210,6 +219,15 @@ def stability() -> None:
     help="With --study: how many of its best trials to re-run and re-rank.",
 )
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
+@click.option(
+    "--until",
+    default=None,
+    metavar="QUESTION",
+    help="Run rounds of --seeds seeds until QUESTION is answered at 95% (anytime-valid confidence sequences) "
+    "or --max-seeds: 'mean±0.5%' or 'median±0.005' (known to ± half a point), 'fail<0.1' (failure rate "
+    "bounded below 10%). Accuracies are fractions; ASCII: mean+-0.5%.",
+)
+@_MAX_SEEDS
 @_study_options
 def run(
     config: str | None,
@@ -217,6 +235,8 @@ def run(
     study_name: str | None,
     top_k: int,
     overrides: tuple[str, ...],
+    until: str | None,
+    max_seeds: int,
     **options: Any,
 ) -> None:
     """Train CONFIG across --seeds seeds in one array and report the distribution.
@@ -244,7 +264,7 @@ def run(
     else:
         path = Path(config) if config is not None else DEFAULT_CONFIG
         configs = [LabelledConfig(label_for(path), load_config(path, parse_params(params), overrides))]
-    _execute(configs, [], **options)
+    _execute(configs, [], until=until, max_seeds=max_seeds, **options)
 
 
 @stability.command()
@@ -252,8 +272,21 @@ def run(
 @click.option(
     "--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP + " Applies to every config file."
 )
+@click.option(
+    "--until-decided",
+    is_flag=False,
+    flag_value="mean",
+    default=None,
+    type=click.Choice(["mean", "median"]),
+    help="Run rounds of --seeds seeds (the same seeds for every config) until each pair's paired difference "
+    "has its mean (or median: A better on most seeds, far fewer seeds) excluding 0 at 95% (anytime-valid, "
+    "Bonferroni over pairs) or --max-seeds. It takes an optional value: put it after the INPUTS.",
+)
+@_MAX_SEEDS
 @_study_options
-def compare(inputs: tuple[str, ...], overrides: tuple[str, ...], **options: Any) -> None:
+def compare(
+    inputs: tuple[str, ...], overrides: tuple[str, ...], until_decided: str | None, max_seeds: int, **options: Any
+) -> None:
     """Compare configurations: each INPUT is a config file (trained across the seeds)
     or the folder of an earlier stability report (reused without retraining)."""
     from hfta_nas.errors import HftaNasError
@@ -270,7 +303,12 @@ def compare(inputs: tuple[str, ...], overrides: tuple[str, ...], **options: Any)
             label = label_for(path, labels)
             labels.append(label)
             configs.append(LabelledConfig(label, load_config(path, overrides=overrides)))
-    _execute(configs, earlier, **options)
+    if until_decided and earlier:
+        raise HftaNasError("--until-decided trains rounds of seeds; give config files, not report folders.")
+    from hfta_nas.stability._rounds import decided
+
+    until = decided(until_decided) if until_decided else None
+    _execute(configs, earlier, until=until, max_seeds=max_seeds, **options)
 
 
 @click.command()
@@ -372,6 +410,8 @@ def _execute(
     as_json: bool,
     quiet: bool,
     log_to: tuple[str, ...] = (),
+    until: Any = None,
+    max_seeds: int = 256,
 ) -> None:
     import contextlib
 
@@ -415,6 +455,8 @@ def _execute(
             earlier=earlier,
             on_event=on_event,
             fail_below=fail_below,
+            until=until,
+            max_seeds=max_seeds,
         )
     _print(done, metric, as_json)
 
@@ -456,6 +498,7 @@ def _summary(done: Any, metric: str) -> dict[str, Any]:
         "report": str(done.out_dir),
         "files": {fmt: [str(p) for p in paths] for fmt, paths in done.files.items()},
         "dashboard": dashboard,
+        "sequential": metadata.get("sequential"),
     }
 
 
@@ -491,6 +534,8 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
         console.print(f"variance from {d['source']}: {d['variance']:.3g}{share}")
     for verdict in summary["mode_sources"]:
         console.print(verdict)
+    if summary["sequential"]:
+        console.print(_stopping_line(summary["sequential"]))
     arrays = summary["arrays"]
     if arrays:
         sizes = ", ".join(str(a["size"]) for a in arrays)
@@ -509,6 +554,16 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
         console.print(f"study: {name}")
     if summary["dashboard"]:
         console.print(f"dashboard: {summary['dashboard']}")
+
+
+def _stopping_line(sequential: dict[str, Any]) -> str:
+    """Why the rounds stopped: the question answered, or --max-seeds reached with it open."""
+    rounds = sequential["rounds"]
+    how = "answered" if sequential["decided"] else f"still open at --max-seeds {sequential['max_seeds']}"
+    return (
+        f"--until {sequential['question']}: {how} after {len(rounds)} round(s), {rounds[-1]['seeds']} seeds "
+        f"per configuration ({sequential['confidence']:.0%} anytime-valid confidence sequences)"
+    )
 
 
 def _comparison_line(c: dict[str, Any], scale: float, unit: str) -> str:
@@ -600,6 +655,9 @@ class _Progress:
                 f"{info['label']} ({info['size']} slots): continuing from epoch {info['epoch']}/{info['epochs']}, "
                 "from the checkpoint an interrupted run left"
             )
+        elif kind == "round":
+            for answer in info["answers"]:
+                self.progress.console.print(f"round {info['round']}, {info['seeds']} seeds: {answer.text}")
         elif kind == "started":
             self._new_array(info)
         elif kind == "epoch":

@@ -21,6 +21,7 @@ from hfta_nas.stability._configs import LabelledConfig, label_for, load_config
 from hfta_nas.stability._design import check_design, parse_vary
 from hfta_nas.stability._export import FORMATS, PLOT_FORMATS, write_report
 from hfta_nas.stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
+from hfta_nas.stability._rounds import Question, check_question, parse_until, run_rounds
 
 
 @dataclass
@@ -107,6 +108,8 @@ def run_study(
     earlier: Sequence[StabilityResult] = (),
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
     fail_below: float | None = None,
+    until: str | Question | None = None,
+    max_seeds: int = 256,
 ) -> StudyReport:
     """Train each configuration across `seeds` seeds, analyse, write the report, store it.
 
@@ -116,7 +119,9 @@ def run_study(
     to compare with, reused without retraining (with no configuration to train, only they are
     compared: nothing is trained and no storage is opened). `metric` test_acc (the default) is
     test_rmse for regression configs. `fail_below`: a seed whose `metric` is below it counts
-    as gone wrong in the failure rate.
+    as gone wrong in the failure rate. `until` ("mean±0.5%", "median±0.01", "fail<0.1", or
+    "decided" for a comparison): train rounds of `seeds` seeds until it is answered or
+    `max_seeds` (see stability/_rounds.py); it needs the storage, where the rounds resume.
     """
     from hfta_nas.search import open_storage
     from hfta_nas.stability._runner import run_stability
@@ -139,10 +144,11 @@ def run_study(
     vary = parse_vary(vary)
     check_design(seeds, vary=vary, decompose=decompose)  # before anything is stored
     _check_sources(labelled, vary)
+    question = _question(until, metric, labelled, seeds, max_seeds, store=store, decompose=decompose)
     opened, location = open_storage(storage) if store else (None, "")
-    result, stores = run_stability(
+    train = lambda n: run_stability(  # noqa: E731 (the same study, with n seeds)
         labelled,
-        n_seeds=seeds,
+        n_seeds=n,
         vary=vary,
         decompose=decompose,
         base_seed=base_seed,
@@ -154,6 +160,18 @@ def run_study(
         bootstrap_seed=bootstrap_seed,
         on_event=on_event,
     )
+    if question is None:
+        result, stores = train(seeds)
+    else:
+        result, stores = run_rounds(
+            question,
+            train,
+            round_seeds=seeds,
+            max_seeds=max_seeds,
+            metric=metric,
+            fail_below=fail_below,
+            on_event=on_event,
+        )
     if earlier:
         result = StabilityResult.combine([result, *earlier])
     out = (
@@ -173,6 +191,30 @@ def run_study(
         artifact_dir=artifacts,
         fail_below=fail_below,
     )
+
+
+def _question(
+    until: str | Question | None,
+    metric: str,
+    labelled: Sequence[LabelledConfig],
+    seeds: int,
+    max_seeds: int,
+    *,
+    store: bool,
+    decompose: bool | str | None,
+) -> Question | None:
+    """`until` parsed and checked before anything trains (None: a study of `seeds` seeds)."""
+    if until is None:
+        return None
+    question = until if isinstance(until, Question) else parse_until(until)
+    if not store:
+        raise HftaNasError("--until runs rounds that resume the stored study; it needs a storage.")
+    if decompose:
+        raise HftaNasError("--until runs the main design in rounds; run --decompose as a study of its own.")
+    if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or not 1 <= max_seeds <= MAX_SEEDS:
+        raise HftaNasError(f"--max-seeds must be an integer from 1 to {MAX_SEEDS:,}, got {max_seeds!r}.")
+    check_question(question, metric, n_configs=len(labelled), round_seeds=seeds, max_seeds=max_seeds)
+    return question
 
 
 def report(
