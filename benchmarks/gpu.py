@@ -1,241 +1,273 @@
-"""The whole GPU table in one command, under a time budget, as one JSON file.
+"""The array on a GPU against every alternative (issue 45), in one command under a budget, as one JSON.
 
-    python -m benchmarks.gpu                         # on a CUDA machine: about 9 minutes
-    python -m benchmarks.gpu --budget 300            # a shorter table (phases get their share)
-    python -m benchmarks.gpu --device cpu --quick    # checks the script on a CPU in ~1 minute
+    python -m benchmarks.gpu --device cuda --out gpu.json               # about 9 minutes on an H100/H200
+    python -m benchmarks.gpu --device cuda --budget-s 240 --out g.json  # the most important phases only
+    python -m benchmarks.gpu --device cpu --quick --out /tmp/g.json     # tiny phases on the CPU: checks it
 
-Phases, each a subprocess with its share of the budget (a phase that runs out
-is stopped and recorded as such; the others go on):
+Phases in priority order (benchmarks/_phases.py: each a subprocess with its
+share of the budget; a short budget drops phases from the end):
 
-1. throughput, float32: mlp, cnn1d, bn_cnn at B in 1, 8, 32, 64, 128, 256;
-   serial, processes (B processes sharing the GPU: the co-location baseline),
-   the torch.func vmap recipe, the array, the limit (one model on B x data);
-2. throughput, float32: the HFTA paper's families at small input size
-   (ResNet-18 on 3x32x32, PointNet, DCGAN's discriminator, a TransformerEncoder)
-   at B in 1, 8, 32, 64;
-3. throughput, bf16 autocast: mlp, cnn1d, resnet18 at B in 8, 64;
-4. the lowering: cnn1d, bn_cnn and resnet18 at B = 64 with HFTA_NAS_LOWERING
-   forced to loop and to grouped (which one the GPU wants);
-5. a whole job: a 64-seed stability study as one array against 64 plain runs.
+1. throughput of mlp and of cnn1d (one phase each) at B in 1, 16, 64, 256:
+   serial (one model at a time), processes (B processes sharing the GPU, up to
+   16), the torch.func vmap recipe, the array, and the physical limit (one
+   model on B x the data);
+2. the lowering per layer kind and size (benchmarks/lowering.py): one call per
+   slot against one grouped call, conv1d/conv2d/BatchNorm at B=64;
+3. the knee (benchmarks/knee.py): the array's throughput at B = 1, 2, 4, ...
+   and `auto`'s rule applied to it, per workload;
+4. ResNet-18 on 3x32x32 at B in 1, 8, 64 (processes up to 8);
+5. mixed sizes: padded envelope arrays against one equal-shape array per
+   shape (the same models: equal useful multiply-adds), benchmarks/envelope.py;
+6. one profile of a training step (benchmarks/_profile.py, array, B=64) for
+   each workload that missed a target in the phases before;
+7. bf16 autocast: mlp, cnn1d, resnet18 at B=64;
+8. the lowering forced on whole models: cnn1d, bn_cnn, resnet18 at B=64 with
+   HFTA_NAS_LOWERING=loop, then =grouped;
+9. the remaining workloads: bn_cnn and the HFTA paper's PointNet, DCGAN and
+   Transformer at B in 1, 8, 64.
 
-The GPU's name, driver and its utilisation (nvidia-smi, sampled every half
-second, averaged per phase) are recorded beside the figures.
+The JSON holds every phase's figures and, for the code to cite, `rules`
+(the CUDA lowering per layer kind and size, the whole-model check of it,
+the knee per workload and the array-size limit it suggests) and `targets`
+(issue 45's, each with its value, whether it was met and its profile).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks._phases import Phase, machine_record, run_phases
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-# (name, share of the budget, module, arguments, environment)
-PHASES: list[tuple[str, float, str, list[str], dict[str, str]]] = [
-    (
-        "throughput float32",
-        0.30,
-        "benchmarks.throughput",
-        [
-            "--workloads",
-            "mlp,cnn1d,bn_cnn",
-            "--batches",
-            "1,8,32,64,128,256",
-            "--max-processes",
-            "16",
-            "--cell-budget",
-            "12",
-        ],
-        {},
-    ),
-    (
-        "paper families float32",
-        0.25,
-        "benchmarks.throughput",
-        [
-            "--workloads",
-            "resnet18,pointnet,dcgan,transformer",
-            "--batches",
-            "1,8,32,64",
-            "--max-processes",
-            "8",
-            "--cell-budget",
-            "15",
-        ],
-        {},
-    ),
-    (
-        "throughput bf16",
-        0.12,
-        "benchmarks.throughput",
-        [
-            "--workloads",
-            "mlp,cnn1d,resnet18",
-            "--batches",
-            "8,64",
-            "--methods",
-            "serial,vmap,array,limit",
-            "--precision",
-            "bf16",
-            "--cell-budget",
-            "10",
-        ],
-        {},
-    ),
-    (
-        "lowering loop",
-        0.06,
-        "benchmarks.throughput",
-        ["--workloads", "cnn1d,bn_cnn,resnet18", "--batches", "64", "--methods", "array", "--cell-budget", "10"],
-        {"HFTA_NAS_LOWERING": "loop"},
-    ),
-    (
-        "lowering grouped",
-        0.06,
-        "benchmarks.throughput",
-        ["--workloads", "cnn1d,bn_cnn,resnet18", "--batches", "64", "--methods", "array", "--cell-budget", "10"],
-        {"HFTA_NAS_LOWERING": "grouped"},
-    ),
-    ("stability 64 seeds", 0.21, "benchmarks.stability", ["--seeds", "64"], {}),
+BUDGET_S = 530.0  # one command of at most 9 minutes, with ~10 s for start-up and the JSON
+TARGET_B = "64"
+QUICK_B = "2"  # --quick's one array size
+PROFILE_SHARE, PROFILE_MIN_S = 0.08, 30.0
+# (what, workload, ratio in the throughput table at B=64, goal): issue 45's targets
+TARGETS = [
+    ("mlp array/serial", "mlp", "array/serial", 30.0),
+    ("mlp array/vmap", "mlp", "array/vmap", 1.5),
+    ("mlp array vs the physical limit", "mlp", "fusion_efficiency", 0.8),
+    ("cnn1d array/serial", "cnn1d", "array/serial", 30.0),
+    ("cnn1d array/vmap", "cnn1d", "array/vmap", 1.5),
+    ("cnn1d array vs the physical limit", "cnn1d", "fusion_efficiency", 0.8),
+    ("resnet18 array/serial", "resnet18", "array/serial", 3.0),
 ]
-QUICK_PHASES: list[tuple[str, float, str, list[str], dict[str, str]]] = [
-    ("throughput float32", 0.5, "benchmarks.throughput", ["--quick", "--workloads", "mlp", "--batches", "2"], {}),
-    (
-        "lowering grouped",
-        0.2,
-        "benchmarks.throughput",
-        ["--quick", "--workloads", "cnn1d", "--batches", "2", "--methods", "array"],
-        {"HFTA_NAS_LOWERING": "grouped"},
-    ),
-    ("stability", 0.3, "benchmarks.stability", ["--quick"], {}),
-]
+ENVELOPE_GOAL = 0.8  # padded/grouped: a mixed-width array against equal-shape arrays of the same models
 
 
-class GpuWatch:
-    """nvidia-smi's utilisation and memory, sampled in the background (nothing where it is missing)."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, float, float]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> GpuWatch:
-        if _smi(["--query-gpu=name", "--format=csv,noheader"]) is not None:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            line = _smi(["--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"])
-            if line:
-                used, memory = (float(v) for v in line.splitlines()[0].split(","))
-                self.samples.append((time.monotonic(), used, memory))
-
-    def between(self, start: float, end: float) -> dict[str, float] | None:
-        window = [(u, m) for t, u, m in self.samples if start <= t <= end]
-        if not window:
-            return None
-        return {
-            "utilisation_mean_pct": sum(u for u, _ in window) / len(window),
-            "utilisation_max_pct": max(u for u, _ in window),
-            "memory_max_mib": max(m for _, m in window),
-        }
+def throughput(workloads: str, batches: str, processes: int, cell_s: int, *extra: str) -> list[str]:
+    return [
+        "--workloads",
+        workloads,
+        "--batches",
+        batches,
+        "--max-processes",
+        str(processes),
+        "--cell-budget",
+        str(cell_s),
+        "--quiet",
+        *extra,
+    ]
 
 
-def _smi(arguments: list[str]) -> str | None:
-    try:
-        done = subprocess.run(["nvidia-smi", *arguments], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def run_phase(
-    name: str, module: str, arguments: list[str], environment: dict[str, str], device: str, seconds: float, folder: Path
-) -> dict[str, Any]:
-    out = folder / f"{name.replace(' ', '-')}.json"
-    command = [sys.executable, "-m", module, *arguments, "--device", device, "--out", str(out)]
-    started = time.monotonic()
-    try:
-        done = subprocess.run(
-            command,
-            cwd=ROOT,
-            env={**os.environ, **environment, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=max(seconds, 10),
-        )
-        how = "finished" if done.returncode == 0 else f"exited with status {done.returncode}"
-        tail = (done.stdout + done.stderr)[-3000:]
-    except subprocess.TimeoutExpired as expired:
-        how = f"stopped at its budget of {seconds:.0f} s"
-        tail = ((expired.stdout or b"").decode(errors="replace") + (expired.stderr or b"").decode(errors="replace"))[
-            -3000:
+def phases(quick: bool) -> list[Phase]:
+    """The phases in priority order (quick: tiny versions of the same, to check the script)."""
+    if quick:
+        small = ["--quick", "--quiet", "--batches", QUICK_B, "--no-memory"]
+        return [
+            Phase("throughput mlp", 0.3, 5, "benchmarks.throughput", [*small, "--workloads", "mlp"]),
+            Phase("lowering layers", 0.2, 5, "benchmarks.lowering", ["--quick"]),
+            Phase("knee", 0.2, 5, "benchmarks.knee", ["--quick"]),
+            Phase("profiles", 0.1, 5, "benchmarks._profile", expand=_profiles(quick=True)),
+            Phase(
+                "lowering grouped",
+                0.2,
+                5,
+                "benchmarks.throughput",
+                [*small, "--workloads", "cnn1d", "--methods", "array"],
+                {"HFTA_NAS_LOWERING": "grouped"},
+            ),
         ]
-    figures = json.loads(out.read_text()) if out.exists() else None
+    forced = throughput("cnn1d,bn_cnn,resnet18", TARGET_B, 1, 8, "--methods", "array", "--no-memory")
+    return [
+        Phase("throughput mlp", 0.14, 60, "benchmarks.throughput", throughput("mlp", "1,16,64,256", 16, 10)),
+        Phase("throughput cnn1d", 0.14, 60, "benchmarks.throughput", throughput("cnn1d", "1,16,64,256", 16, 10)),
+        Phase("lowering layers", 0.07, 25, "benchmarks.lowering"),
+        Phase("knee", 0.12, 40, "benchmarks.knee"),
+        Phase("throughput resnet18", 0.12, 40, "benchmarks.throughput", throughput("resnet18", "1,8,64", 8, 12)),
+        Phase(
+            "envelope",
+            0.11,
+            40,
+            "benchmarks.envelope",
+            [
+                "--workloads",
+                "none",
+                "--sweep",
+                "cnn1d,mlp",
+                "--mixes",
+                "balanced,ladder",
+                "--ratios",
+                "1,0.5,0.25",
+                "--quiet",
+            ],
+        ),
+        Phase("profiles", PROFILE_SHARE, PROFILE_MIN_S, "benchmarks._profile", expand=_profiles(quick=False)),
+        Phase(
+            "throughput bf16",
+            0.07,
+            30,
+            "benchmarks.throughput",
+            throughput(
+                "mlp,cnn1d,resnet18", TARGET_B, 1, 8, "--methods", "serial,vmap,array,limit", "--precision", "bf16"
+            ),
+        ),
+        Phase("lowering loop", 0.04, 20, "benchmarks.throughput", forced, {"HFTA_NAS_LOWERING": "loop"}),
+        Phase("lowering grouped", 0.04, 20, "benchmarks.throughput", forced, {"HFTA_NAS_LOWERING": "grouped"}),
+        Phase(
+            "throughput others",
+            0.07,
+            35,
+            "benchmarks.throughput",
+            throughput("bn_cnn,pointnet,dcgan,transformer", "1,8,64", 8, 8),
+        ),
+    ]
+
+
+def _table(records: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """A finished phase's figures by its name ({} where it did not run or wrote none)."""
+    found = next((r for r in records if r.get("phase") == name), None)
+    return (found or {}).get("figures") or {}
+
+
+def ratio_at(records: list[dict[str, Any]], workload: str, ratio: str, batch: str = TARGET_B) -> float | None:
+    """A ratio of the throughput table at B=`batch`, from whichever phase measured the workload."""
+    for record in records:
+        cell = ((record.get("figures") or {}).get("results") or {}).get(workload, {}).get(batch)
+        if cell and not record.get("environment") and (record["figures"].get("precision") or "float32") == "float32":
+            return cell["ratios"].get(ratio)
+    return None
+
+
+def targets(records: list[dict[str, Any]], batch: str = TARGET_B) -> list[dict[str, Any]]:
+    """Issue 45's targets at B=`batch`: each value (None: not measured), goal and whether it was met."""
+    out = []
+    for what, workload, ratio, goal in TARGETS:
+        value = ratio_at(records, workload, ratio, batch)
+        met = None if value is None else value >= goal
+        out.append({"target": what, "workload": workload, "value": value, "goal": f">= {goal:g}", "met": met})
+    padded = [
+        point["ratios"]["padded/grouped"]
+        for point in _table(records, "envelope").get("sweep", [])
+        if point.get("padding") and point["padding"]["waste"] > 1e-9 and point["ratios"].get("padded/grouped")
+    ]
+    worst = min(padded, default=None)
+    out.append(
+        {
+            "target": "envelope padded/grouped (worst mixed point)",
+            "workload": "envelope",
+            "value": worst,
+            "goal": f">= {ENVELOPE_GOAL:g}",
+            "met": None if worst is None else worst >= ENVELOPE_GOAL,
+        }
+    )
+    return out
+
+
+def _profiles(quick: bool):
+    """The profile phases for the workloads whose targets the phases before missed."""
+
+    def expand(records: list[dict[str, Any]]) -> list[Phase]:
+        if quick:  # one profile of what the quick run measured, whatever its figures: checks the path
+            missed = ["mlp"]
+        else:
+            missed = sorted(
+                {t["workload"] for t in targets(records) if t["met"] is False and t["workload"] != "envelope"}
+            )
+        batch = QUICK_B if quick else TARGET_B
+        steps = ["--steps", "1" if quick else "3", "--top", "15"]
+        return [
+            Phase(
+                f"profile {name}",
+                0,
+                0,
+                "benchmarks._profile",
+                ["--workload", name, "--batch", batch, "--method", "array", *steps],
+                writes_json=False,
+                tail_chars=12000,
+            )
+            for name in missed
+        ]
+
+    return expand
+
+
+def rules(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the code's CUDA rules are to be set from, in the form they cite (see the module docstring)."""
+    loop, grouped = _table(records, "lowering loop"), _table(records, "lowering grouped")
+    whole = {}
+    for workload, cells in (loop.get("results") or {}).items():
+        a = cells.get(TARGET_B, {}).get("methods", {}).get("array", {}).get("samples_per_s")
+        b = (grouped.get("results") or {}).get(workload, {}).get(TARGET_B, {}).get("methods", {}).get("array", {})
+        b = b.get("samples_per_s")
+        whole[workload] = {
+            "loop_samples_per_s": a,
+            "grouped_samples_per_s": b,
+            "grouped_over_loop": b / a if a and b else None,
+        }
+    layers, knee = _table(records, "lowering layers"), _table(records, "knee")
     return {
-        "phase": name,
-        "command": " ".join(command),
-        "environment": environment,
-        "how": how,
-        "seconds": round(time.monotonic() - started, 1),
-        "figures": figures,
-        "output_tail": tail,
-        "_window": (started, time.monotonic()),
+        "cuda_lowering": {
+            "per_layer": layers.get("rule"),
+            "slots": layers.get("slots"),
+            "whole_models_at_B64": whole,
+            "sets": "hfta_nas/layers/_slot_ops.py conv_per_slot / batch_norm_per_slot on a GPU",
+        },
+        "array_size": {
+            "knee_per_workload": {name: w["knee"] for name, w in (knee.get("workloads") or {}).items()},
+            "suggested_cap": knee.get("suggested_cap"),
+            "sets": "hfta_nas/search/_optimize.py AUTO_CAP (the most models array_size='auto' puts in one array)",
+        },
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (to check the script)")
-    parser.add_argument("--budget", type=float, default=530.0, help="seconds for all phases (default 530: under 9 min)")
-    parser.add_argument("--quick", action="store_true", help="tiny phases: checks the script")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda, or cpu to check the script")
     parser.add_argument(
-        "--out", type=Path, default=None, help="the JSON file [default: benchmarks/results/gpu-<time>.json]"
+        "--budget-s", type=float, default=BUDGET_S, help=f"seconds for all phases (default {BUDGET_S:g}: < 9 min)"
     )
+    parser.add_argument("--quick", action="store_true", help="tiny phases: checks the script")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON [default: benchmarks/results/gpu-<time>.json]")
     args = parser.parse_args(argv)
-    phases = QUICK_PHASES if args.quick else PHASES
+    if args.budget_s <= 0:
+        print("error: --budget-s must be positive", file=sys.stderr)
+        return 2
     started = time.monotonic()
-    results = []
-    with tempfile.TemporaryDirectory() as scratch, GpuWatch() as watch:
-        for name, share, module, arguments, environment in phases:
-            left = args.budget - (time.monotonic() - started)
-            if left <= 5:
-                results.append({"phase": name, "how": "not run: the budget was spent"})
-                continue
-            result = run_phase(
-                name, module, arguments, environment, args.device, min(share * args.budget, left), Path(scratch)
-            )
-            result["gpu"] = watch.between(*result.pop("_window"))
-            results.append(result)
-            print(f"{name}: {result['how']} in {result['seconds']} s", flush=True)
-    record = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": args.device,
-        "gpu": _smi(["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]),
-        "budget_s": args.budget,
-        "seconds": round(time.monotonic() - started, 1),
-        "phases": results,
-    }
-    out = args.out or RESULTS / f"gpu-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    record = machine_record(args.device, args.budget_s)
+    with tempfile.TemporaryDirectory() as scratch:
+        record["phases"] = run_phases(phases(args.quick), args.budget_s, args.device, Path(scratch))
+    record["rules"] = rules(record["phases"])
+    record["targets"] = targets(record["phases"], QUICK_B if args.quick else TARGET_B)
+    for target in record["targets"]:
+        profile = f"profile {target['workload']}"
+        target["profile"] = profile if any(r.get("phase") == profile for r in record["phases"]) else None
+    record["seconds"] = round(time.monotonic() - started, 1)
+    record["quick"] = args.quick
+    out = args.out or RESULTS / f"gpu-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2, default=str))
-    print(f"{len(results)} phases in {record['seconds']} s; JSON: {out}")
+    out.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(f"{len(record['phases'])} phases in {record['seconds']} s; JSON: {out}")
+    for target in record["targets"]:
+        shown = "not measured" if target["value"] is None else f"{target['value']:.2f}"
+        print(f"  {target['target']}: {shown} (goal {target['goal']})")
     return 0
 
 

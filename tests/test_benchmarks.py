@@ -498,23 +498,6 @@ def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
         assert row["modes_found_when_present"] >= 0.98  # a mode 35 sd lower is found when seeds are in it
 
 
-@pytest.mark.slow
-def test_the_gpu_driver_runs_its_phases_and_writes_one_json(tmp_path):
-    out = tmp_path / "gpu.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--quick", "--budget", "3600", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=GUARD_S,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads(out.read_text())
-    assert [p["phase"] for p in record["phases"]] == ["throughput float32", "lowering grouped", "stability"]
-    assert all(p["how"] == "finished" and p["figures"] for p in record["phases"]), record["phases"]
-    assert record["phases"][1]["environment"] == {"HFTA_NAS_LOWERING": "grouped"}
-
-
 @pytest.mark.parametrize("name", ["resnet18", "pointnet", "dcgan", "transformer"])
 def test_the_paper_workloads_fuse_exactly(name):
     from benchmarks._workloads import WORKLOADS, prepare
