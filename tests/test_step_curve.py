@@ -57,7 +57,9 @@ def test_a_measured_curve_stops_doubling_past_its_knee_and_keeps_the_global_rand
     )
     assert torch.equal(torch.random.get_rng_state(), before)
     assert curve.sizes[0] == 1 and list(curve.sizes) == sorted(curve.sizes) and curve.sizes[-1] <= 4
-    assert all(s > 0 for s in curve.step_s) and 0.0 <= curve.fixed_share <= 1.0 and curve.array_s > 0
+    assert all(s > 0 for s in curve.step_s) and 0.0 <= curve.fixed_share <= 1.0
+    # an array's set-up is timed where arrays hold more than one model (a busy machine may measure no gain)
+    assert (curve.array_s > 0) == (curve.knee > 1)
 
 
 def test_a_curve_that_dips_was_measured_under_load():

@@ -164,7 +164,8 @@ def measure_step_cost(
     smallest: tuple[Callable[[], nn.Module], int] | None = None,
 ) -> StepCurve:
     """The StepCurve of arrays of `factory`'s models (`macs_per_sample` each) at sizes 1, 2, 4, ... up to
-    `slots` (at least 2; the doubling stops two doublings past the knee: the curve is flat there);
+    `slots` (at least 2; the doubling stops two doublings past the knee: the curve is flat there, and
+    at 2 when two models step no faster per model than one: arrays of one, measured no further);
     `smallest` (a factory and its multiply-adds) gives the share of a step that does not scale with
     the envelope. The global random state is left as it was."""
 
@@ -190,6 +191,9 @@ def measure_step_cost(
         for size in candidates:
             sizes.append(size)
             step_s.append(timed(size, factory))
+            if len(sizes) == 2 and _gain(sizes, step_s, -1) < KNEE_GAIN:
+                log.info("no gain from fusion (sizes %s, seconds %s): arrays of one, as plain", sizes, step_s)
+                return _no_gain_curve(macs_per_sample, sizes, step_s)
             if len(sizes) >= 3 and all(_gain(sizes, step_s, i) < KNEE_GAIN for i in (-1, -2)):
                 break
         array_s = _array_seconds(factory, device, dtype)
@@ -197,10 +201,24 @@ def measure_step_cost(
             ratio = smallest[1] / macs_per_sample
             small = timed(sizes[-1], smallest[0])
             fixed_share = (small / step_s[-1] - ratio) / (1.0 - ratio)
-        else:  # one size of model: the intercept of the first two points, as a share of one slot's step
-            fixed_share = (2 * step_s[0] - step_s[1]) / step_s[0]
+        else:  # one size of model
+            fixed_share = _intercept_share(step_s)
     log.info("measured the step curve in %.2f s: sizes %s, seconds %s", time.perf_counter() - started, sizes, step_s)
     return StepCurve(macs_per_sample, tuple(sizes), tuple(step_s), min(max(fixed_share, 0.0), 1.0), array_s)
+
+
+def _no_gain_curve(macs_per_sample: int, sizes: list[int], step_s: list[float]) -> StepCurve:
+    """The curve of a structure whose array of two steps no faster per model than one model alone: its
+    knee is 1 whatever larger arrays would measure, so nothing more is timed. Every array then holds one
+    model: no envelope is padded (the smaller model's share is not needed) and an array's build is paid
+    per trial, as a plain loop pays its model's (no fixed cost per array to weigh)."""
+    return StepCurve(macs_per_sample, tuple(sizes), tuple(step_s), min(max(_intercept_share(step_s), 0.0), 1.0), 0.0)
+
+
+def _intercept_share(step_s: Sequence[float]) -> float:
+    """The step's fixed part: the intercept of the first two points (arrays of 1 and 2), as a share of one
+    slot's step."""
+    return (2 * step_s[0] - step_s[1]) / step_s[0]
 
 
 def _gain(sizes: Sequence[int], step_s: Sequence[float], i: int) -> float:
