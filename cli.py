@@ -919,6 +919,7 @@ def search(
             array_size=array_size,
             device=device,
             dtype=dtype,
+            new_space=new_space,
         )
         if as_json:
             click.echo(

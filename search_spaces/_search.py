@@ -340,9 +340,11 @@ def plan_search(
     device: str = "cpu",
     dtype: str = "float32",
     max_arrays: int | None = None,
+    new_space: bool = False,
 ) -> SearchPlan:
     """What `run_search` would train (`--dry-run`), by the same policy; nothing is written
-    (an existing study is read, and the plan asks in a copy)."""
+    (an existing study is read, and the plan asks in a copy). A study searched with another
+    space is refused as `run_search` refuses it, unless `new_space`."""
     check_searches_something(space)
     check_sources(space)
     study, location = copy_of_stored_study(
@@ -352,6 +354,7 @@ def plan_search(
         sampler=space.make_sampler(seed=space.seed),
         pruner=space.make_pruner(),
     )
+    check_same_space(study, space, location, new_space=new_space)
     return plan(
         study,
         candidate_builder(space, device=device, dtype=dtype),

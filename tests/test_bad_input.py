@@ -1037,6 +1037,19 @@ def test_another_space_on_a_stored_study_is_refused_naming_what_differs(env, cha
     )
 
 
+def test_a_dry_run_refuses_another_space_on_a_stored_study_as_a_run_does(env):
+    """--dry-run reads the stored study's space too: the same one line and exit 2, nothing written;
+    with --new-space it plans."""
+    _, change, message = OTHER_SPACES[1]  # another optimizer
+    (env.tmp / "space.yaml").write_text(space_text(**{**STORED_SPACE, **change}))
+    dry_run = [*SEARCH_NO_OUT, "--dry-run"]
+    check_refused(env, dry_run, f"study 'tiny' in {env.journal} was searched with another space: {message}")
+    before = env.journal.read_bytes()
+    result = invoke(*(env.fill(a) for a in [*dry_run, "--new-space"]))
+    assert result.exit_code == 0, result.output
+    assert env.journal.read_bytes() == before
+
+
 def test_a_stored_study_takes_its_space_back_with_cosmetic_changes(env):
     """Comments, key order, another budget or array size are the same space: the study resumes."""
     text = "# the same space, written otherwise\n" + space_text(**{**STORED_SPACE, "budget": {"n_trials": 2}})

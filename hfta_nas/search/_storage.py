@@ -52,6 +52,7 @@ from hfta_nas._limits import MAX_STORAGE_PATIENCE_S
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search._credentials import hide_passwords
 from hfta_nas.search._journal_end import RecordedJournal, check_end, end_file
+from hfta_nas.search._optuna_private import storage_of, study_id
 from hfta_nas.search._patience import (
     DEFAULT_PATIENCE_S,
     PatientStorage,
@@ -706,7 +707,8 @@ def in_memory_study(
     pruner: optuna.pruners.BasePruner,
     copy_of: optuna.Study | None = None,
 ) -> optuna.Study:
-    """A new study in memory; with `copy_of`, holding that study's attributes, metric names and trials."""
+    """A new study in memory; with `copy_of`, holding that study's attributes (the system ones too: the
+    texts hfta-nas keeps there, such as its space's identity), metric names and trials."""
     memory = optuna.create_study(
         storage=optuna.storages.InMemoryStorage(),
         study_name=study_name,
@@ -717,6 +719,8 @@ def in_memory_study(
     if copy_of is not None:
         for key, value in copy_of.user_attrs.items():
             memory.set_user_attr(key, value)
+        for key, value in storage_of(copy_of).get_study_system_attrs(study_id(copy_of)).items():
+            storage_of(memory).set_study_system_attr(study_id(memory), key, value)
         if copy_of.metric_names:
             with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna, and stable in use
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
