@@ -16,7 +16,7 @@ import numpy as np
 
 CLASSES = 10
 SAMPLES = 10_000
-QUICK_SAMPLES = 1_000
+QUICK_SAMPLES = 600
 SHIFT = 4  # pixels each way
 
 
@@ -38,5 +38,5 @@ def images() -> tuple[np.ndarray, np.ndarray]:
 
 
 def images_small() -> tuple[np.ndarray, np.ndarray]:
-    """1,000 samples: a quick run's data."""
+    """600 samples: a quick run's data."""
     return _make(QUICK_SAMPLES)

@@ -70,12 +70,13 @@ def seeds_within(seeds: int, deadline_s: float, run_one: Callable[[int], None]) 
 # ------------------------------------------------------------------ search
 def quick_search_space(space: SearchSpace) -> SearchSpace:
     """Few epochs and little data: mnist1d by its sample count, the CIFAR-shaped images by their small set."""
-    if space.data.dataset.endswith(":images"):
+    if space.data.dataset.endswith(":images"):  # no step curves either: image-sized ones take minutes on a CPU
         epochs = min(space.training.epochs, QUICK_EPOCHS)
         return space.model_copy(
             update={
                 "data": space.data.model_copy(update={"dataset": QUICK_IMAGES}),
                 "training": space.training.model_copy(update={"epochs": epochs}),
+                "array": space.array.model_copy(update={"size": QUICK_TRIALS}),
             }
         )
     return search_bench.quick_space(space)

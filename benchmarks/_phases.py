@@ -53,16 +53,15 @@ class Phase:
 
 
 def allocate(phases: list[Phase], budget_s: float) -> dict[str, float]:
-    """Seconds per phase that runs: shares of `budget_s`, dropping the last phases whose share is below
-    their `min_s` (their shares go to the phases kept, in proportion) until every kept one fits."""
+    """Seconds per phase that runs: shares of `budget_s`; while some phase's share is below its `min_s`,
+    the last phase of the list is dropped and its share goes to the phases kept, in proportion."""
     kept = list(phases)
     while kept:
         total = sum(p.share for p in kept)
         seconds = {p.name: budget_s * p.share / total for p in kept}
-        short = [p for p in kept if seconds[p.name] < p.min_s]
-        if not short:
+        if all(seconds[p.name] >= p.min_s for p in kept):
             return seconds
-        kept.remove(max(short, key=phases.index))  # the least important of those that do not fit
+        kept.pop()
     return {}
 
 

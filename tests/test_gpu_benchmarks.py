@@ -26,6 +26,8 @@ def test_a_short_budget_drops_the_last_phases_and_hands_their_shares_on():
     phases = [Phase("a", 0.5, 100, "m"), Phase("b", 0.3, 50, "m"), Phase("c", 0.2, 60, "m")]
     assert allocate(phases, 1000) == {"a": 500, "b": 300, "c": 200}
     assert allocate(phases, 200) == {"a": 125, "b": 75}  # c's 40 s < its 60: dropped, a and b share 200 as 5:3
+    # b would fit, but a does not beside it: the last phase goes first, whatever fits
+    assert allocate([Phase("a", 0.1, 100, "m"), Phase("b", 0.1, 10, "m"), Phase("c", 0.8, 1, "m")], 180) == {"a": 180}
     assert allocate(phases, 90) == {}  # not even the first phase fits
 
 
@@ -123,3 +125,19 @@ def test_the_gpu_jobs_quick_run_finishes_every_job(tmp_path):
         assert figures[name]["targets"]["pack_speedup_over_plain"] > 0
     assert set(figures["pbt"]["runs"]) == {"pbt", "tpe"} and "Ray" in figures["pbt"]["ray_pbt"]
     assert record["targets"]["stability_plain_over_array"] > 0
+
+
+def test_every_phase_passes_arguments_its_module_accepts():
+    from benchmarks import envelope, throughput
+
+    parsers = {"benchmarks.throughput": throughput.build_parser(), "benchmarks.envelope": envelope.build_parser()}
+    checked = 0
+    for phase in gpu.phases(quick=False):
+        if phase.module in parsers:  # argparse exits 2 on an unknown option or value
+            parsers[phase.module].parse_args([*phase.arguments, "--device", "cuda", "--out", "x.json"])
+            checked += 1
+    assert checked == 9
+    from benchmarks._job_phases import build_parser
+
+    for phase in gpu_jobs.phases(quick=False):
+        build_parser().parse_args([*phase.arguments, "--device", "cuda", "--out", "x.json", "--deadline-s", "60"])
