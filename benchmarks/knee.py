@@ -13,7 +13,8 @@ own rule to the curve (`hfta_nas.search.StepCurve.knee`). The JSON gives per
 workload the curve and its knee, and `suggested_cap`: the largest knee
 measured, the array-size limit these workloads want on this device. It is
 rewritten after every workload, so a run stopped at its budget keeps what it
-measured.
+measured; `--deadline-s` gives each workload an equal share of the time left
+(a curve cut short says so in `stopped`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +46,16 @@ def samples_per_s(name: str, slots: int, device: torch.device, timing: Timing) -
     return measure_together({"array": warmed}, timing, device)["array"].samples_per_s
 
 
-def curve(name: str, device: torch.device, max_slots: int, timing: Timing) -> dict[str, Any]:
-    """Throughput at B = 1, 2, 4, ... and the search's knee of it."""
+def curve(name: str, device: torch.device, max_slots: int, timing: Timing, seconds: float) -> dict[str, Any]:
+    """Throughput at B = 1, 2, 4, ... (for at most about `seconds`) and the search's knee of it."""
     sizes: list[int] = []
     rates: list[float] = []
     stopped = f"--max-slots {max_slots}"
-    slots = 1
+    slots, started = 1, time.monotonic()
     while slots <= max_slots:
+        if time.monotonic() - started > seconds:
+            stopped = f"its share of the deadline, {seconds:.0f} s"
+            break
         try:
             rates.append(samples_per_s(name, slots, device, timing))
         except torch.cuda.OutOfMemoryError:
@@ -76,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help="comma-separated workloads")
     parser.add_argument("--max-slots", type=int, default=1024, help="the largest B tried (default 1024)")
+    parser.add_argument(
+        "--deadline-s", type=float, default=float("inf"), help="seconds for all workloads, shared equally"
+    )
     parser.add_argument("--quick", action="store_true", help="mlp up to B=4, few steps: checks the script")
     parser.add_argument("--out", type=Path, required=True, help="the JSON file (rewritten after every workload)")
     args = parser.parse_args(argv)
@@ -88,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     max_slots, timing = (4, QUICK_TIMING) if args.quick else (args.max_slots, TIMING)
     result: dict[str, Any] = {"batch": BATCH_SIZE, "rule": "hfta_nas.search.StepCurve.knee", "workloads": {}}
-    for name in names:
-        result["workloads"][name] = curve(name, device, max_slots, timing)
+    started = time.monotonic()
+    for done, name in enumerate(names):  # each workload gets an equal share of what is left
+        share = (args.deadline_s - (time.monotonic() - started)) / (len(names) - done)
+        result["workloads"][name] = curve(name, device, max_slots, timing, share)
         knees = [w["knee"] for w in result["workloads"].values() if w["knee"]]
         result["suggested_cap"] = max(knees, default=None)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
