@@ -2,6 +2,7 @@
 
     python -m benchmarks.search   # search_spaces/mnist1d_cnn.yaml, its budget, 5 seeds, default methods
     python -m benchmarks.search --quick             # 4 trials, 2 epochs, 1000 samples, 2 seeds: checks the script
+    python -m benchmarks.search --long --out benchmarks/results/search-long.json   # training dominates (LONG)
     python -m benchmarks.search --seeds 3 --methods plain,pack --out search.json --plot search.png
 
 Methods (benchmarks/_search_methods.py): `plain` (Optuna `study.optimize`, one
@@ -64,21 +65,33 @@ from hfta_nas.search_spaces import SearchSpace, load_space
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn.yaml"
 QUICK = {"n_trials": 4, "epochs": 2, "num_samples": 1000, "seeds": 2, "processes": 2}
+# Where training dominates (issue 43): the CNN space with 5x the data, 4x the epochs and 3x the trials, so
+# that plain Optuna's search takes at least 10 minutes a seed on a 2-core CPU and per-trial overheads and
+# timer noise do not decide the comparison (the space's own budget trains 12-33 s). ~2-3 hours for the
+# 5 seeds of plain and pack on a quiet machine; not run by the tests (--quick is their check).
+LONG = {
+    "space": DEFAULT_SPACE,
+    "n_trials": 48,
+    "seeds": 5,
+    "methods": ("plain", "pack"),
+    "overrides": ("training.epochs=20", "data.num_samples=20000"),
+}
+# Datasets that take a sample count (generated data); a file's data is used whole.
+SIZED_DATASETS = ("mnist1d",)
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
 CHECKPOINTS = (0.25, 0.5, 1.0)  # fractions of the reference's median wall time
 
 
 # ---------------------------------------------------------------- the space
 def quick_space(space: SearchSpace) -> SearchSpace:
-    """The space with QUICK's epochs and data size (a cosine t_max set in the file is kept)."""
+    """The space with QUICK's epochs and, for generated data, its data size (a cosine t_max set in the
+    file is kept)."""
     epochs = min(space.training.epochs, QUICK["epochs"])
-    num_samples = min(space.data.num_samples or QUICK["num_samples"], QUICK["num_samples"])
-    return space.model_copy(
-        update={
-            "training": space.training.model_copy(update={"epochs": epochs}),
-            "data": space.data.model_copy(update={"num_samples": num_samples}),
-        }
-    )
+    data = space.data
+    if data.dataset in SIZED_DATASETS:
+        num_samples = min(data.num_samples or QUICK["num_samples"], QUICK["num_samples"])
+        data = data.model_copy(update={"num_samples": num_samples})
+    return space.model_copy(update={"training": space.training.model_copy(update={"epochs": epochs}), "data": data})
 
 
 def check_space(space: SearchSpace) -> str:
@@ -356,15 +369,42 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help=f"{QUICK['n_trials']} trials, {QUICK['epochs']} epochs, {QUICK['num_samples']} samples, "
-        f"{QUICK['seeds']} seeds, at most {QUICK['processes']} processes: checks the script",
+        f"{QUICK['seeds']} seeds, at most {QUICK['processes']} processes: checks the script "
+        "(an explicit --n-trials is kept)",
+    )
+    parser.add_argument(
+        "--long",
+        action="store_true",
+        help=f"where training dominates: {LONG['space'].name}, {LONG['n_trials']} trials, "
+        f"{' '.join(LONG['overrides'])}, {LONG['seeds']} seeds, methods {','.join(LONG['methods'])} "
+        "(other options given win)",
     )
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="draw the anytime curves to this image (.png, .svg)")
     return parser
 
 
+def _apply_long(args: argparse.Namespace, argv: list[str]) -> None:
+    """LONG's settings, where the command line left the default (an option given wins)."""
+    given = {word.split("=")[0] for word in argv if word.startswith("--")}
+    if "--space" not in given:
+        args.space = LONG["space"]
+    if "--n-trials" not in given:
+        args.n_trials = LONG["n_trials"]
+    if "--seeds" not in given:
+        args.seeds = LONG["seeds"]
+    if "--methods" not in given:
+        args.methods = list(LONG["methods"])
+    args.overrides = [*LONG["overrides"], *args.overrides]  # --set after LONG's: a later value wins
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.quick and args.long:
+        print("error: --quick and --long are two budgets; give one", file=sys.stderr)
+        return 2
+    if args.long:
+        _apply_long(args, argv or [])
     if min(args.threads, args.seeds, args.n_trials or 1, args.processes or 1) < 1:
         print("error: --threads, --seeds, --n-trials and --processes must be positive", file=sys.stderr)
         return 2
@@ -384,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     n_trials = args.n_trials or space.budget.n_trials
     seeds, processes = args.seeds, args.processes or len(available_cores())
     if args.quick:
-        space, n_trials = quick_space(space), min(n_trials or QUICK["n_trials"], QUICK["n_trials"])
+        space = quick_space(space)
+        n_trials = args.n_trials or min(n_trials or QUICK["n_trials"], QUICK["n_trials"])
         seeds, processes = min(seeds, QUICK["seeds"]), min(processes, QUICK["processes"])
     if n_trials is None:
         print(f"error: {args.space} has no n_trials budget; give --n-trials", file=sys.stderr)
@@ -392,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = run(
         space, n_trials, list(range(seeds)), list(dict.fromkeys(args.methods)), processes, args.device, args.dtype
     )
-    figures["quick"] = args.quick
+    figures["quick"], figures["long"] = args.quick, args.long
     print_table(figures, args.quick)
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
