@@ -224,8 +224,9 @@ def stability() -> None:
     default=None,
     metavar="QUESTION",
     help="Run rounds of --seeds seeds until QUESTION is answered at 95% (anytime-valid confidence sequences) "
-    "or --max-seeds: 'mean±0.5%' or 'median±0.005' (known to ± half a point), 'fail<0.1' (failure rate "
-    "bounded below 10%). Accuracies are fractions; ASCII: mean+-0.5%.",
+    "or --max-seeds: 'median±0.5%' or 'median±0.005' (the median known to ± half a point), 'mean±1%' (the "
+    "mean: needs hundreds of seeds, any seed may be 0), 'fail<0.1' (failure rate bounded below 10%). "
+    "ASCII: median+-0.5%.",
 )
 @_MAX_SEEDS
 @_study_options

@@ -24,6 +24,7 @@ order), which must not depend on their values.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -114,6 +115,7 @@ def median_cs(
     return float(values[k]), float(values[n - 1 - k])
 
 
+@functools.lru_cache(maxsize=4096)  # a function of n and alpha alone: each study size asks it again
 def _largest_count_below_half(n: int, alpha: float) -> int | None:
     below = [k for k in range((n + 1) // 2) if bernoulli_cs(k, n, alpha)[1] < 0.5]
     return below[-1] if below else None

@@ -231,3 +231,16 @@ def test_compare_until_decided_pairs_the_same_seeds(tmp_path):
     (pair,) = looks[-1]["answers"]
     assert pair["subject"] == "fast vs slow" and pair["n"] == looks[-1]["seeds"]
     assert pair["decided"] == (pair["low"] > 0 or pair["high"] < 0) == record["decided"]
+
+
+def test_the_stopping_benchmark_runs_in_quick_mode(tmp_path):
+    from benchmarks import stopping
+
+    out = tmp_path / "stopping.json"
+    assert stopping.main(["--quick", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["shape"] for r in result["precision"]] == list(stopping.SHAPES)
+    assert [r["shape"] for r in result["null"]] == list(stopping.NULL_DIFFERENCES)
+    assert len(result["savings"]) == len(stopping.EFFECTS) * len(stopping.NULL_DIFFERENCES) * 2
+    assert all(0 <= r["mean_type1"] <= 1 and 0 <= r["t_peeking_type1"] <= 1 for r in result["null"])
+    assert result["machine_at_start"]["threads"]["OMP_NUM_THREADS"] is not None
