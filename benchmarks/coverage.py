@@ -3,6 +3,7 @@
     python -m benchmarks.coverage                      # 2000 replicates per cell (a few minutes)
     python -m benchmarks.coverage --quick              # 100 replicates, n in {3, 8}: checks the script
     python -m benchmarks.coverage --reps 4000 --out coverage.json
+    python -m benchmarks.coverage --shapes-only --reps 1000 --out coverage_shapes.json   # any shape of seeds
 
 For each data shape and seed count n in {3, 5, 8, 16, 32, 64}, draw `--reps`
 samples of n seeds whose true value is known, build each interval, and count how
@@ -31,6 +32,11 @@ Modes (no bootstrap, so fast; `--modes-only` runs just these):
   mean; with one mode, the t interval of all seeds); the exact interval of the share of seeds in
   the worse mode (of the true share); and how often the rule finds exactly the worse-mode seeds
   when the sample has some.
+
+Any shape (`--shapes-only` runs just these; see benchmarks/_coverage_shapes.py): every interval the
+report prints (median, IQM, mean, gone wrong, the performance profile's band, P(A better)) on normal,
+t3, t2 and log-normal seeds, two modes, three modes and seeds between two clusters, n in
+{5, 8, 16, 32, 64}; and grids whose failures follow the init seed.
 """
 
 from __future__ import annotations
@@ -38,13 +44,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy
 
+from benchmarks._coverage_shapes import GRID_SIDES, run_shapes, shapes_markdown
+from benchmarks._coverage_shapes import SEED_COUNTS as SHAPE_SEED_COUNTS
 from hfta_nas.stability import (
     bootstrap_interval,
     clopper_pearson,
@@ -245,27 +256,49 @@ def worst_headline(result: dict[str, Any]) -> str:
     )
 
 
+def machine() -> dict[str, Any]:
+    """What the timings ran on: the load while it ran, the threads and the packages."""
+    return {
+        "load_1_5_15": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=2000, help="replicates per cell")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="100 replicates, n in {3, 8}")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
-    parser.add_argument("--modes-only", action="store_true", help="only the mode rule and mixture tables (fast)")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--modes-only", action="store_true", help="only the mode rule and mixture tables (fast)")
+    only.add_argument("--shapes-only", action="store_true", help="only the any-shape table (every printed interval)")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be positive")
+    started = time.perf_counter()
     reps, counts = (100, (3, 8)) if args.quick else (args.reps, SEED_COUNTS)
     mode_counts, mixture_counts = ((8,), (8,)) if args.quick else (MODE_SEED_COUNTS, MIXTURE_SEED_COUNTS)
-    result = {"confidence": CONFIDENCE, "reps": reps, "seed": args.seed, "rows": []}
-    if not args.modes_only:
-        result = run(reps, counts, args.seed)
+    shape_counts, sides = ((8,), (4,)) if args.quick else (SHAPE_SEED_COUNTS, GRID_SIDES)
+    result = {"confidence": CONFIDENCE, "reps": reps, "seed": args.seed, "rows": [], "machine_at_start": machine()}
+    if not (args.modes_only or args.shapes_only):
+        result.update(run(reps, counts, args.seed))
         print(markdown(result))
-    result.update(run_modes(reps, args.seed, mode_counts, mixture_counts))
-    print(modes_markdown(result))
+    if not args.shapes_only:
+        result.update(run_modes(reps, args.seed, mode_counts, mixture_counts))
+        print(modes_markdown(result))
+    if not args.modes_only:
+        result.update(run_shapes(reps, args.seed, shape_counts, sides))
+        print(shapes_markdown(result))
+    result["machine_at_end"] = machine()
+    result["seconds"] = round(time.perf_counter() - started, 1)
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-    if not args.modes_only:
+    if not (args.modes_only or args.shapes_only):
         print(worst_headline(result))
     return 0
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from hfta_nas.stability import _stats
+from hfta_nas.stability import _robust, _stats
 from hfta_nas.stability._result import METRICS, SOURCES, Analysis, StabilityResult
 
 ALPHA = 0.05  # significance level of the power analysis
@@ -47,10 +47,15 @@ SUMMARY_COLUMNS = (
     "ci_bca_low",
     "ci_bca_high",
     "median",
+    "median_low",
+    "median_high",
+    "median_level",
     "q1",
     "q3",
     "iqr",
     "iqm",
+    "iqm_low",
+    "iqm_high",
     "min",
     "max",
     "range",
@@ -68,15 +73,14 @@ SUMMARY_COLUMNS = (
     "good_mode_n",
     "good_mode_mean",
     "good_mode_std",
-    "good_mode_ci_low",
-    "good_mode_ci_high",
     "worse_mode_n",
     "worse_mode_mean",
     "worse_mode_std",
     "worse_mode_seeds",
     "bad_failed",
-    "bad_in_worse_mode",
     "bad_below",
+    "bad_cut",
+    "bad_unit",
     "bad_n",
     "bad_of",
     "bad_rate",
@@ -135,6 +139,8 @@ COMPARISON_COLUMNS = (
     "aso_confidence",
 )
 RANKING_COLUMNS = ("metric", "rank", "config", "mean", "ci_low", "ci_high")
+PROFILE_COLUMNS = ("config", "design", "metric", "threshold", "share", "low", "high")
+PROFILE_QUANTILES = np.linspace(0.0, 1.0, 11)  # the profile frame's thresholds: these quantiles of every seed
 POWER_COLUMNS = ("config", "metric", "test", "std", "n", "min_detectable_diff")
 PAIRED_TEST = "paired t (same seeds)"
 TWO_SAMPLE_TEST = "two-sample t (independent seeds)"
@@ -163,23 +169,25 @@ def analyse(
     n_resamples: int = 9999,
     differences: Sequence[float] = (0.005, 0.01, 0.02),
     fail_below: Mapping[str, float] | None = None,
+    fail_margin: float = _robust.FAIL_MARGIN,
 ) -> Analysis:
     """Every statistic of the report, computed once; `bootstrap_seed` defaults to the study's own
     (metadata "bootstrap_seed", else 0) so a report rebuilt from the saved result is identical.
-    `fail_below` {metric: threshold}: a seed below it counts as gone wrong (see `_stats.summarize`)."""
+    A seed goes wrong when it fails, or is below `fail_below` {metric: threshold} where given, else
+    worse than its study's median by `fail_margin` of the median (see `_robust.failure_cut`)."""
     if bootstrap_seed is None:
         bootstrap_seed = result.metadata.get("bootstrap_seed") or 0
     seeds = result.seeds
     metrics = _metrics(seeds)
     common = {"confidence": confidence, "bootstrap_seed": int(bootstrap_seed), "n_resamples": n_resamples}
-    summary = _summary(seeds, metrics, result.metadata, fail_below=dict(fail_below or {}), **common)
+    rule = {"fail_below": dict(fail_below or {}), "fail_margin": fail_margin}
+    summary = _summary(seeds, metrics, result.metadata, **rule, **common)
     comparisons = _comparisons(
         seeds,
         metrics,
         summary,
         confidence=confidence,
         bootstrap_seed=int(bootstrap_seed),
-        fail_below=dict(fail_below or {}),
     )
     return Analysis(
         summary=summary,
@@ -189,11 +197,14 @@ def analyse(
         power=_power(summary, comparisons, differences),
         decomposition=_decomposition(seeds, metrics, confidence),
         mode_sources=_mode_sources(seeds, metrics, summary),
+        profiles=_profiles(seeds, metrics, confidence),
         settings={
             **common,
             "alpha": ALPHA,
             "power": POWER,
-            "fail_below": dict(fail_below or {}),
+            **rule,
+            "gone_wrong_rule": gone_wrong_rule(rule["fail_below"], fail_margin),
+            "profile_band": _robust.profile_band(confidence),
             "mode_rule": MODE_RULE,
             "seeds_to_see_1_in_10_with_90_percent": _stats.seeds_to_see_failure(0.1, 0.9),
         },
@@ -261,10 +272,12 @@ def _summary(
     bootstrap_seed: int,
     n_resamples: int,
     fail_below: dict[str, float],
+    fail_margin: float,
 ) -> pd.DataFrame:
     """One row per (config, design, metric). The noise floor of an accuracy needs the size of the
     split it was measured on: n_test for test_acc (likewise n_val, n_train when recorded). The
-    grid design's interval of the mean is the crossed design's (its runs share init and data seeds)."""
+    grid design's interval of the mean is the crossed design's (its runs share init and data seeds),
+    and its seeds gone wrong are counted per init (or data) seed, `_grid_failures`."""
     rows = []
     for (config, design), group in seeds.groupby(["config", "design"], sort=False):
         for metric in metrics:
@@ -277,6 +290,7 @@ def _summary(
                 is_accuracy=metric.endswith("_acc"),
                 higher_is_better=_higher_is_better(metric),
                 fail_below=fail_below.get(metric),
+                fail_margin=fail_margin,
                 confidence=confidence,
                 bootstrap_seed=bootstrap_seed,
                 n_resamples=n_resamples,
@@ -286,6 +300,7 @@ def _summary(
             row["best_of_k"] = json.dumps({str(k): v for k, v in row["best_of_k"].items()})
             if design == "grid":
                 row.update(_grid_interval(group, metric, confidence))
+                row.update(_grid_failures(group, metric, row["bad_cut"], confidence))
             row["headline"] = headline(row, metric)
             rows.append({"config": config, "design": design, "metric": metric, **row})
     return _frame(rows, SUMMARY_COLUMNS)
@@ -302,22 +317,48 @@ def _grid_interval(rows: pd.DataFrame, metric: str, confidence: float) -> dict[s
     return {"ci_low": low, "ci_high": high, "ci_method": "crossed init x data"}
 
 
+def _grid_failures(rows: pd.DataFrame, metric: str, cut: float, confidence: float) -> dict[str, Any]:
+    """A grid's seeds gone wrong, counted per independent unit: runs that share an init seed are not
+    independent, so a unit is an init seed, one with a run gone wrong counting as gone wrong; the
+    data seed instead when the exact test (`_stats.mode_follows_levels`) finds the runs gone wrong
+    crowding into some data seeds and not into some init seeds. The per-unit share bounds the
+    per-run share from above (benchmarks/coverage.py: per run, the interval covers 45-90% when
+    failures follow the init seed; per init seed, at least 95%)."""
+    values = pd.to_numeric(rows[metric], errors="coerce").to_numpy(dtype=np.float64)
+    usable = (rows["status"].to_numpy() == "completed") & np.isfinite(values)
+    past = _robust.past_cut(np.where(usable, values, np.nan), cut, _higher_is_better(metric))
+    wrong = ~usable | past
+    follows = {s: _stats.mode_follows_levels(wrong, rows[f"seed_{s}"].to_numpy())["p"] for s in ("init", "data")}
+    source = "data" if follows["data"] < ALPHA <= follows["init"] else "init"
+    bad, units = _robust.wrong_units(wrong, rows[f"seed_{source}"].to_numpy())
+    return {"bad_unit": f"{source} seed", **_stats.failure_rate(bad, units, confidence)}
+
+
+def gone_wrong_rule(fail_below: Mapping[str, float], fail_margin: float) -> str:
+    """What "gone wrong" means in this report, in words every export uses."""
+    rule = f"failed, or worse than the median by more than {fail_margin:.0%} of it"
+    given = "; ".join(f"{metric}: below {value:g}" for metric, value in fail_below.items())
+    return f"{rule}{f' ({given} instead, as asked)' if given else ''}; in a grid, counted per init seed"
+
+
 def headline(row: Mapping[str, Any], metric: str) -> str:
-    """The summary's one-line answer: the modes when the values separate ("bimodal: 1 of 8 seeds
-    in a mode 35.0 points lower"), else the mean and sd of the one mode."""
+    """The summary's one-line answer, true whatever the shape of the seeds: the median with its
+    exact interval, and how many seeds (or grid units) went wrong; a gap between two modes, when
+    the mode rule finds one, is described after them, never used for a bound."""
     accuracy = metric.endswith("_acc")
     number = (lambda v: f"{100 * v:.2f}%") if accuracy else (lambda v: f"{v:.4g}")
     if row["n"] == 0:
         return "no completed seed"
+    text = f"median {number(row['median'])}"
+    if row["n"] >= 2:
+        text += f" [{number(row['median_low'])}, {number(row['median_high'])}]"
+    text += f"; {int(row['bad_n'])} of {int(row['bad_of'])} {row['bad_unit']}s gone wrong"
     if row["modes"] == 2:
         gap = abs(row["good_mode_mean"] - row["worse_mode_mean"])
         gap_text = f"{100 * gap:.1f} points" if accuracy else f"{gap:.3g}"
         side = "lower" if _higher_is_better(metric) else "higher"
-        return f"bimodal: {row['worse_mode_n']} of {row['n']} seeds in a mode {gap_text} {side}"
-    spread = f" ± {number(row['std'])}" if np.isfinite(row["std"]) else ""
-    if row["n"] < _stats.MIN_SEEDS_FOR_MODES:
-        return f"{number(row['mean'])}{spread} (under {_stats.MIN_SEEDS_FOR_MODES} seeds: modes not sought)"
-    return f"one mode: {number(row['mean'])}{spread}"
+        text += f"; a gap: {row['worse_mode_n']} of {row['n']} seeds {gap_text} {side}"
+    return text
 
 
 def _per_epoch(curves: pd.DataFrame, seeds: pd.DataFrame, confidence: float) -> pd.DataFrame:
@@ -353,7 +394,6 @@ def _comparisons(
     *,
     confidence: float,
     bootstrap_seed: int,
-    fail_below: dict[str, float] | None = None,
 ) -> pd.DataFrame:
     """Every pair of configurations on the main design, "better" read in the metric's direction.
 
@@ -411,7 +451,7 @@ def _comparisons(
                     "a_bad_of": int(summary_a["bad_of"]),
                     "b_bad_n": int(summary_b["bad_n"]),
                     "b_bad_of": int(summary_b["bad_of"]),
-                    **_rate_test(rows_a, rows_b, metric, summary_a, summary_b, (fail_below or {}).get(metric), paired),
+                    **_rate_test(rows_a, rows_b, metric, summary_a, summary_b, paired),
                     "aso_confidence": aso_confidence,
                 }
             )
@@ -431,14 +471,13 @@ def _rate_test(
     metric: str,
     summary_a: Mapping[str, Any],
     summary_b: Mapping[str, Any],
-    fail_below: float | None,
     paired: bool,
 ) -> dict[str, Any]:
     """The test of two failure rates that fits the design: McNemar's exact test on the slots of
     shared seeds, Fisher's exact test on independent seeds."""
     if paired:
-        wrong_a = _gone_wrong(rows_a, metric, summary_a, fail_below)
-        wrong_b = _gone_wrong(rows_b, metric, summary_b, fail_below)
+        wrong_a = _gone_wrong(rows_a, metric, summary_a)
+        wrong_b = _gone_wrong(rows_b, metric, summary_b)
         slots = sorted(wrong_a)
         figures = _stats.compare_paired_rates([wrong_a[i] for i in slots], [wrong_b[i] for i in slots])
         return {"bad_rate_test": "McNemar exact (paired)", **figures}
@@ -446,18 +485,12 @@ def _rate_test(
     return {"bad_rate_test": "Fisher exact", "a_only_bad": np.nan, "b_only_bad": np.nan, "bad_rate_p": p}
 
 
-def _gone_wrong(
-    rows: pd.DataFrame, metric: str, summary: Mapping[str, Any], fail_below: float | None
-) -> dict[int, bool]:
+def _gone_wrong(rows: pd.DataFrame, metric: str, summary: Mapping[str, Any]) -> dict[int, bool]:
     """seed_index -> whether that seed went wrong, by the summary's rule (so the counts agree with
-    bad_n): it gave no value (failed, diverged), is in the worse mode, or is below `fail_below`."""
+    bad_n): it gave no value (failed, diverged) or is past the summary's cut."""
     values, index, _ = _values(rows, metric)
-    worse = {int(i) for i in str(summary["worse_mode_seeds"]).split(",") if i.strip()}
-    completed = dict(zip(index.tolist(), values.tolist()))
-    return {
-        int(i): i not in completed or int(i) in worse or (fail_below is not None and completed[i] < fail_below)
-        for i in rows["seed_index"]
-    }
+    past = dict(zip(index.tolist(), _robust.past_cut(values, summary["bad_cut"], _higher_is_better(metric)).tolist()))
+    return {int(i): past.get(i, True) for i in rows["seed_index"]}
 
 
 def _seed_plan(rows: pd.DataFrame) -> list[tuple[Any, ...]]:
@@ -575,6 +608,26 @@ def _decomposition(seeds: pd.DataFrame, metrics: list[str], confidence: float) -
                 ]
     frame = _frame(rows, DECOMPOSITION_COLUMNS)
     return frame.astype({c: float for c in ("variance", "ci_low", "ci_high", "share")}) if rows else frame
+
+
+def _profiles(seeds: pd.DataFrame, metrics: list[str], confidence: float) -> pd.DataFrame:
+    """Performance profiles: per (config, design, metric), the share of completed seeds scoring
+    above each threshold, with the DKW band. The thresholds are the deciles (PROFILE_QUANTILES) of
+    every configuration's completed seeds pooled: where the seeds are, whatever their spread, and
+    the same for every configuration so that they read side by side."""
+    rows = []
+    for metric in metrics:
+        everything = _values(seeds, metric)[0]
+        if everything.size == 0:
+            continue
+        thresholds = np.quantile(everything, PROFILE_QUANTILES)
+        for (config, design), group in seeds.groupby(["config", "design"], sort=False):
+            values = _values(group, metric)[0]
+            rows += [
+                {"config": config, "design": design, "metric": metric, **point}
+                for point in _robust.describe_profile(values, thresholds, confidence)
+            ]
+    return _frame(rows, PROFILE_COLUMNS)
 
 
 # --------------------------------------------------------------------------- which source moves seeds between modes

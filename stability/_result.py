@@ -202,20 +202,25 @@ class Analysis:
 
     summary:       one row per (config, design, metric) over completed seeds;
                    columns config, design, metric, n, n_failed, mean, std, sem,
-                   ci_low, ci_high (the headline interval), ci_method ("t"),
+                   ci_low, ci_high (the mean's interval), ci_method ("t"),
                    few_seeds (n below 5: the interval's level rests on normality),
-                   ci_t_low, ci_t_high, ci_bca_low, ci_bca_high, median, q1, q3,
-                   iqr, iqm, min, max, range, cv, normality_stat, normality_p,
+                   ci_t_low, ci_t_high, ci_bca_low, ci_bca_high, median, median_low,
+                   median_high (exact order-statistic interval), median_level (its exact
+                   level: at least the confidence from 6 seeds), q1, q3, iqr, iqm, iqm_low,
+                   iqm_high (rliable's stratified percentile bootstrap), min, max, range, cv,
+                   normality_stat, normality_p,
                    n_outliers, outliers (str: comma-separated seed_index values),
                    best_of_k (str: JSON {k: expected best}), noise_floor_std,
                    variance_ratio (observed var / noise-floor var; NaN for losses);
-                   modes (1 or 2, `_stats.find_modes`), mode_stat, mode_threshold,
-                   good_mode_n/mean/std/ci_low/ci_high, worse_mode_n/mean/std,
-                   worse_mode_seeds (str: comma-separated seed_index values);
-                   seeds gone wrong: bad_failed, bad_in_worse_mode, bad_below
-                   (--fail-below), bad_n of bad_of, bad_rate, bad_low, bad_high
-                   (Clopper-Pearson), bad_upper (one-sided); headline (str: "bimodal:
-                   k of n seeds in a mode m points lower" or "one mode: mean ± sd").
+                   a description of the shape, never the basis of a bound: modes (1 or 2,
+                   `_stats.find_modes`), mode_stat, mode_threshold, good_mode_n/mean/std,
+                   worse_mode_n/mean/std, worse_mode_seeds (str: comma-separated seed_index
+                   values); seeds gone wrong (failed, or past bad_cut: --fail-below, else the
+                   median moved by --fail-margin of it): bad_failed, bad_below, bad_cut,
+                   bad_unit ("seed"; "init seed" or "data seed" in a grid, where bad_n counts
+                   units with a run gone wrong), bad_n of bad_of, bad_rate, bad_low, bad_high
+                   (Clopper-Pearson), bad_upper (one-sided); headline (str: "median m [low,
+                   high]; k of n seeds gone wrong", then "; a gap: ..." where two modes show).
                    ci_method is "crossed init x data" for the grid design
     per_epoch:     config, design, metric, epoch, n, mean, std, ci_low, ci_high (t interval),
                    ci_method (the band's statistic in words, as the plot's legend names it)
@@ -238,7 +243,7 @@ class Analysis:
                    a_only_bad, b_only_bad (McNemar's discordant slots; NaN when not
                    paired), bad_rate_p(_holm), aso_confidence (Bonferroni-adjusted
                    across the pairs)
-    ranking:       metric, rank, config, mean, ci_low, ci_high (the headline interval)
+    ranking:       metric, rank, config, mean, ci_low, ci_high (the mean's interval)
     power:         config ("A - B" for a pair), metric, test ("paired t (same seeds)": one row per
                    paired comparison, std the sd of the differences, n the pairs; "two-sample t
                    (independent seeds)": one row per config in no paired comparison), std, n,
@@ -256,8 +261,12 @@ class Analysis:
                    main design's split), metric, source, worse_n, runs, levels,
                    levels_with_worse, p (grid only), verdict (str: "the worse mode
                    follows the init seed: ...")
+    profiles:      performance profiles: config, design, metric, threshold (the deciles 0%, 10%,
+                   ..., 100% of every configuration's completed seeds pooled), share (of completed
+                   seeds above it), low, high (the DKW band, simultaneous over thresholds)
     settings:      confidence, bootstrap_seed, n_resamples, alpha, power, fail_below
-                   ({metric: threshold}), mode_rule, seeds_to_see_1_in_10_with_90_percent
+                   ({metric: threshold}), fail_margin, gone_wrong_rule, profile_band,
+                   mode_rule, seeds_to_see_1_in_10_with_90_percent
     """
 
     summary: pd.DataFrame
@@ -267,4 +276,5 @@ class Analysis:
     power: pd.DataFrame
     decomposition: pd.DataFrame
     mode_sources: pd.DataFrame = field(default_factory=pd.DataFrame)
+    profiles: pd.DataFrame = field(default_factory=pd.DataFrame)
     settings: dict[str, Any] = field(default_factory=dict)

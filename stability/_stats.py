@@ -27,6 +27,8 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import optimize, stats
 
+from hfta_nas.stability import _robust
+
 NAN = float("nan")
 # The interval of the mean is Student's t. benchmarks/coverage.py measures it at 92.7-96.2% for
 # a nominal 95% from 5 seeds on normal, skewed (gamma 4) and heavy-tailed (t, 3 df) data, where
@@ -345,6 +347,7 @@ def summarize(
     is_accuracy: bool = True,
     higher_is_better: bool = True,
     fail_below: float | None = None,
+    fail_margin: float = _robust.FAIL_MARGIN,
     confidence: float = 0.95,
     bootstrap_seed: int = 0,
     n_resamples: int = 9999,
@@ -354,7 +357,9 @@ def summarize(
     `outliers` and `worse_mode_seeds` are lists of positions into `values` and `best_of_k` a dict
     {k: expected best}; the analysis turns them into the report's strings. The noise floor and
     variance ratio are only defined for accuracies measured on `n_test` examples. A seed "went
-    wrong" (bad_*) when it failed, is in the worse mode, or is below `fail_below`.
+    wrong" (bad_*) when it failed or is worse than the cut: `fail_below` when given, else the
+    median moved by `fail_margin` of its size (`_robust.failure_cut`). Modes describe the values;
+    no interval rests on them.
     """
     x = _as_1d(values)
     n = int(x.size)
@@ -365,6 +370,8 @@ def summarize(
         q1, median, q3 = (float(q) for q in np.quantile(x, [0.25, 0.5, 0.75])) if n else (NAN, NAN, NAN)
         ci_t = t_interval(x, confidence)
         ci_bca = bootstrap_interval([x], np.mean, confidence=confidence, seed=bootstrap_seed, n_resamples=n_resamples)
+        exact = _robust.median_interval(x, confidence)
+        iqm_low, iqm_high = _robust.stratified_bootstrap(x, confidence=confidence, reps=n_resamples, rng=bootstrap_seed)
         normal = stats.shapiro(x) if n >= 3 and np.ptp(x) > 0 else None
         row.update(
             mean=mean,
@@ -376,10 +383,15 @@ def summarize(
             ci_bca_low=ci_bca[0],
             ci_bca_high=ci_bca[1],
             median=median,
+            median_low=exact["low"],
+            median_high=exact["high"],
+            median_level=exact["level"],
             q1=q1,
             q3=q3,
             iqr=q3 - q1,
-            iqm=float(stats.trim_mean(x, 0.25)) if n else NAN,
+            iqm=_robust.iqm(x),
+            iqm_low=iqm_low,
+            iqm_high=iqm_high,
             min=float(np.min(x)) if n else NAN,
             max=float(np.max(x)) if n else NAN,
             range=float(np.ptp(x)) if n else NAN,
@@ -396,39 +408,32 @@ def summarize(
         noise_floor_std=floor,
         variance_ratio=std**2 / floor**2 if floor > 0 else NAN,
     )
-    row.update(_modes_and_failures(x, int(n_failed), higher_is_better, fail_below, confidence))
+    row.update(describe_modes(x, higher_is_better))
+    cut = _robust.failure_cut(x, higher_is_better=higher_is_better, below=fail_below, margin=fail_margin)
+    past = int(np.sum(_robust.past_cut(x, cut, higher_is_better)))
+    row.update(bad_failed=int(n_failed), bad_below=past, bad_cut=cut, bad_unit="seed")
+    row.update(failure_rate(int(n_failed) + past, n + int(n_failed), confidence))
     return row
 
 
-def _modes_and_failures(
-    x: np.ndarray, n_failed: int, higher_is_better: bool, fail_below: float | None, confidence: float
-) -> dict[str, Any]:
-    """The summary's mode fields (each mode's size, mean, spread; the worse mode's positions) and
-    how many seeds went wrong: failed, in the worse mode, or (besides those) below `fail_below`."""
+def describe_modes(x: np.ndarray, higher_is_better: bool) -> dict[str, Any]:
+    """The summary's mode fields, a description of the values' shape (each mode's size, mean and
+    spread; the worse mode's positions): no bound of the report is computed from them."""
     modes = find_modes(x, higher_is_better)
     good, worse = x[modes["good"]], x[modes["worse"]]
-    below = [i for i in range(x.size) if fail_below is not None and x[i] < fail_below and i not in modes["worse"]]
     with _quiet():
-        good_ci = t_interval(good, confidence)
-        fields = {
+        return {
             "modes": modes["modes"],
             "mode_stat": modes["mode_stat"],
             "mode_threshold": modes["mode_threshold"],
             "good_mode_n": int(good.size),
             "good_mode_mean": float(np.mean(good)) if good.size else NAN,
             "good_mode_std": float(np.std(good, ddof=1)) if good.size >= 2 else NAN,
-            "good_mode_ci_low": good_ci[0],
-            "good_mode_ci_high": good_ci[1],
             "worse_mode_n": int(worse.size),
             "worse_mode_mean": float(np.mean(worse)) if worse.size else NAN,
             "worse_mode_std": float(np.std(worse, ddof=1)) if worse.size >= 2 else NAN,
             "worse_mode_seeds": modes["worse"],
-            "bad_failed": n_failed,
-            "bad_in_worse_mode": int(worse.size),
-            "bad_below": len(below),
         }
-    bad = n_failed + int(worse.size) + len(below)
-    return {**fields, **failure_rate(bad, x.size + n_failed, confidence)}
 
 
 # --------------------------------------------------------------------------- two samples

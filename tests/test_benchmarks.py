@@ -496,6 +496,13 @@ def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
     assert [(r["bad_share"], r["n"]) for r in result["mixtures"]] == [(s, 8) for s in coverage.BAD_SHARES]
     for row in result["mixtures"]:
         assert row["modes_found_when_present"] >= 0.98  # a mode 35 sd lower is found when seeds are in it
+    from benchmarks import _coverage_shapes
+
+    assert [(r["shape"], r["n"]) for r in result["shapes"]] == [(s, 8) for s in _coverage_shapes.SHAPES]
+    for row in result["shapes"]:  # the exact and DKW intervals hold whatever the shape
+        assert row["median_exact"] >= 0.9 and row["bad_exact"] >= 0.9 and row["profile_dkw"] >= 0.9
+    assert [g["runs"] for g in result["grids"]] == [16] and result["grids"][0]["per_init_seed"] >= 0.9
+    assert len(result["machine_at_start"]["load_1_5_15"]) == 3
 
 
 @pytest.mark.parametrize("name", ["resnet18", "pointnet", "dcgan", "transformer"])

@@ -148,7 +148,7 @@ def test_html_is_self_contained_with_decodable_images(written):
     _, _, out, _ = written
     page = (out / "report.html").read_text()
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(images) == 5
+    assert len(images) == 6  # distribution, profile, ecdf, curves, comparison, variance
     assert all(base64.b64decode(image).startswith(PNG_MAGIC) for image in images)
     assert not re.search(r'src="(?!data:)', page)  # nothing to fetch: no external images or scripts
     assert "<script" not in page
@@ -157,8 +157,8 @@ def test_html_is_self_contained_with_decodable_images(written):
 def test_latex_table_escapes_names_and_uses_booktabs(written):
     _, _, out, _ = written
     tex = (out / "report.tex").read_text()
-    # distribution, modes, shape; comparisons and failure rates; power and sources of variance
-    assert tex.count("\\begin{table}") == 7 and "\\toprule" in tex and "\\bottomrule" in tex
+    # distribution, gone wrong, profile, shape; comparisons and failure rates; power and sources of variance
+    assert tex.count("\\begin{table}") == 8 and "\\toprule" in tex and "\\bottomrule" in tex
     # escaped, and free to wrap after the underscore in a narrow column
     assert "B\\_\\allowbreak{}wide" in tex and "B_wide" not in tex.replace("B\\_\\allowbreak{}wide", "")
     assert "\\label{tab:stability}" in tex
@@ -173,10 +173,10 @@ def test_latex_tables_fit_the_page_and_are_plain_ascii(written, tmp_path):
     _, _, out, _ = written
     tex = (out / "report.tex").read_text()
     assert tex.isascii(), sorted({c for c in tex if not c.isascii()})
-    assert "\\resizebox" not in tex and "\\scalebox" not in tex and tex.count("\\begin{tabular}") == 7
-    assert tex.count("\\footnotesize") == 7 and not re.search(r"\\(scriptsize|tiny)\b", tex)
+    assert "\\resizebox" not in tex and "\\scalebox" not in tex and tex.count("\\begin{tabular}") == 8
+    assert tex.count("\\footnotesize") == 8 and not re.search(r"\\(scriptsize|tiny)\b", tex)
     specs = re.findall(r"^\\begin\{tabular\}\{(.*)\}$", tex, flags=re.M)
-    assert len(specs) == 7
+    assert len(specs) == 8
     for spec in specs:  # wrapped columns, each a fraction of the line width
         widths = [float(f) for f in re.findall(r"p\{\\dimexpr ([\d.]+)\\linewidth-2\\tabcolsep\\relax\}", spec)]
         assert 0 < len(widths) <= 9 and spec.count("p{") == len(widths), spec
@@ -293,7 +293,7 @@ def test_a_single_config_without_decomposition_skips_what_it_cannot_show(tmp_pat
         only_a, analyse(only_a, n_resamples=200), tmp_path, formats=("md", "csv"), plot_formats=("png",)
     )
     names = {p.name for p in files["plots"]}
-    assert names == {"distribution.png", "ecdf.png", "curves.png"}
+    assert names == {"distribution.png", "ecdf.png", "profile.png", "curves.png"}
     markdown = (tmp_path / "report.md").read_text()
     assert "## Comparisons" not in markdown and "## Failed seeds" not in markdown
     assert not (tmp_path / "comparisons.csv").exists()
@@ -363,15 +363,16 @@ def bimodal(tmp_path_factory):
 
 def test_the_report_words_modes_no_failure_and_some_failures(bimodal):
     markdown = (bimodal / "report.md").read_text()
-    assert "bimodal: 1 of 8 seeds in a mode 35.0 points lower" in markdown  # B_wide's headline
-    assert "1 of 8 = 12.5% [0.3%, 52.7%]" in markdown  # A: one failed seed, exact interval
-    assert "1 in the worse mode" in markdown and "1 failed" in markdown and "#5" in markdown
+    # B_wide's headline: the median's exact interval and the count, the gap described after them
+    assert "median 77.77% [43.00%, 79.44%]; 1 of 8 seeds gone wrong; a gap: 1 of 8 seeds 35.0 points lower" in markdown
+    assert "1 of 8 seeds = 12.5% [0.3%, 52.7%]" in markdown  # A: one failed seed, exact interval
+    assert "1 past the cut" in markdown and "1 failed" in markdown and "#5" in markdown
     only_a = synthetic_result(failed=0)
     out = bimodal.parent / "clean"
     write_report(only_a, analyse(only_a, n_resamples=100), out, formats=("md",), plot_formats=())
     clean = (out / "report.md").read_text()
-    assert "0 of 8 (still possible: up to 31%, one-sided 95%)" in clean
-    assert "one mode: " in clean and "bimodal" not in clean
+    assert "0 of 8 seeds (still possible: up to 31%, one-sided 95%)" in clean
+    assert "; 0 of 8 seeds gone wrong |" in clean and "; a gap:" not in clean
 
 
 def test_every_export_format_carries_the_modes_and_the_failure_rate(bimodal):
@@ -383,12 +384,12 @@ def test_every_export_format_carries_the_modes_and_the_failure_rate(bimodal):
     assert {"paired", "paired_t_p", "wilcoxon_p", "a_bad_n", "b_bad_n", "bad_rate_p"} <= set(comparisons.columns)
     document = json.loads((bimodal / "report.json").read_text())
     b_wide = next(r for r in document["summary"] if r["config"] == "B_wide" and r["metric"] == "test_acc")
-    assert b_wide["worse_mode_seeds"] == [5] and b_wide["headline"].startswith("bimodal: 1 of 8")
+    assert b_wide["worse_mode_seeds"] == [5] and b_wide["headline"].startswith("median 77.77% [43.00%, 79.44%]")
     assert all(field in b_wide for field in fields)
     for name in ("report.md", "report.html", "report.tex"):
         text = (bimodal / name).read_text()
-        assert "bimodal: 1 of 8 seeds" in text and "Clopper-Pearson" in text, name
-        assert "1 of 8 = 12.5" in text and "McNemar" in text, name  # shared seeds: the paired test
+        assert "a gap: 1 of 8 seeds" in text and "Clopper-Pearson" in text and "DKW" in text, name
+        assert "1 of 8 seeds = 12.5" in text and "McNemar" in text, name  # shared seeds: the paired test
 
 
 def test_comparisons_of_shared_seeds_are_paired_in_the_report(bimodal):
@@ -409,7 +410,7 @@ def test_fail_below_counts_seeds_under_a_threshold(tmp_path):
     values = result.seeds.query("config == 'A' and design == 'all'")["test_acc"]
     assert row["bad_below"] == row["bad_n"] == int((values < 0.80).sum()) > 0
     write_report(result, analysis, tmp_path, formats=("md",), plot_formats=())
-    assert "is below 0.8 (test_acc)" in (tmp_path / "report.md").read_text()
+    assert "(test_acc: below 0.8 instead, as asked)" in (tmp_path / "report.md").read_text()
     for threshold, metric, message in (
         (60.0, "test_acc", "accuracies are fractions from 0 to 1 (did you mean 0.6?)"),
         (0.5, "test_loss", "test_loss is better lower"),
@@ -613,3 +614,25 @@ def test_the_latex_export_carries_the_power_and_decomposition_tables(written, tm
     write_report(result, analyse(result, n_resamples=100), tmp_path, formats=("tex",), plot_formats=())
     tex = (tmp_path / "report.tex").read_text()
     assert "tab:stability-decomposition" not in tex and "\\label{tab:stability-power}" in tex
+
+
+def test_the_reports_coverage_labels_are_the_committed_measurements():
+    """Every 'measured a-b%' beside an interval is the range over shapes and n in the committed run of
+    `python -m benchmarks.coverage --shapes-only` (benchmarks/results/coverage_shapes.json)."""
+    from pathlib import Path
+
+    from hfta_nas.stability._export import MEASURED
+
+    path = Path(__file__).parents[1] / "benchmarks" / "results" / "coverage_shapes.json"
+    cells = json.loads(path.read_text())["shapes"]
+    for label, column in (
+        ("iqm", "iqm_bootstrap"),
+        ("mean", "mean_t"),
+        ("gone wrong", "bad_exact"),
+        ("profile", "profile_dkw"),
+        ("p better", "p_better"),
+    ):
+        values = [100 * cell[column] for cell in cells]
+        assert f"measured {min(values):.0f}-{max(values):.0f}%" in MEASURED[label], label
+    exact = [cell for cell in cells if cell["n"] >= 6]
+    assert min(cell["median_exact"] for cell in exact) >= 0.95  # "at least 95% from 6 seeds"

@@ -23,6 +23,7 @@ from hfta_nas.stability._analysis import (
     MODE_SOURCE_COLUMNS,
     PER_EPOCH_COLUMNS,
     POWER_COLUMNS,
+    PROFILE_COLUMNS,
     RANKING_COLUMNS,
     SUMMARY_COLUMNS,
     analyse,
@@ -528,9 +529,13 @@ def test_analyse_fills_every_documented_column(analysed):
         "alpha": 0.05,
         "power": 0.8,
         "fail_below": {},
+        "fail_margin": 0.1,
+        "gone_wrong_rule": "failed, or worse than the median by more than 10% of it; in a grid, counted per init seed",
+        "profile_band": "95% DKW band (simultaneous over every threshold, any distribution)",
         "mode_rule": MODE_RULE,
         "seeds_to_see_1_in_10_with_90_percent": 22,
     }
+    assert tuple(an.profiles.columns) == PROFILE_COLUMNS
     # val_* were never recorded, so they get no rows; the others one per (config, design)
     assert set(an.summary["metric"]) == {"test_acc", "test_loss", "train_acc", "train_loss"}
     assert len(an.summary) == 5 * 4 and len(an.comparisons) == 3 * 4 and len(an.power) == 3 * 4
@@ -745,11 +750,26 @@ def test_failure_rates_compare_by_fishers_exact_test(counts):
 def test_summarize_counts_seeds_gone_wrong(no_warnings):
     values = np.array([0.75, 0.76, 0.74, 0.40, 0.75, 0.73, 0.70, 0.76])
     row = _stats.summarize(values, n_failed=1, fail_below=0.72, n_resamples=100)
-    assert row["modes"] == 2 and row["worse_mode_seeds"] == [3] and row["good_mode_n"] == 7
-    assert row["bad_failed"] == 1 and row["bad_in_worse_mode"] == 1 and row["bad_below"] == 1  # 0.70
+    assert row["modes"] == 2 and row["worse_mode_seeds"] == [3] and row["good_mode_n"] == 7  # a description
+    assert row["bad_failed"] == 1 and row["bad_below"] == 2 and row["bad_cut"] == 0.72  # 0.40 and 0.70
     assert (row["bad_n"], row["bad_of"]) == (3, 9)
     assert (row["bad_low"], row["bad_high"]) == pytest.approx(_stats.clopper_pearson(3, 9))
     assert row["good_mode_mean"] == pytest.approx(np.mean(np.delete(values, 3)))
+    # without a threshold: more than 10% below the median (0.745 -> 0.6705), so 0.40 only
+    row = _stats.summarize(values, n_failed=1, n_resamples=100)
+    assert row["bad_cut"] == pytest.approx(0.6705) and row["bad_below"] == 1 and (row["bad_n"], row["bad_of"]) == (2, 9)
+
+
+def test_three_modes_are_counted_gone_wrong_without_finding_modes(no_warnings):
+    """Audit: 11 seeds at 73-76%, 3 at 45-47% and 2 at 10% read "one mode: 61.13% ± 23.03%, 0 of 16".
+    The mode rule still sees one gap's worth (a description); the count does not depend on it."""
+    values = np.array(
+        [0.73, 0.735, 0.74, 0.745, 0.75, 0.75, 0.755, 0.76, 0.76, 0.76, 0.76, 0.45, 0.46, 0.47, 0.10, 0.10]
+    )
+    row = _stats.summarize(values, n_resamples=200)
+    assert (row["bad_n"], row["bad_of"]) == (5, 16) and row["bad_below"] == 5
+    assert (row["bad_low"], row["bad_high"]) == pytest.approx(_stats.clopper_pearson(5, 16))
+    assert row["median_low"] <= 0.745 <= row["median_high"] and row["median_level"] >= 0.95
 
 
 # --------------------------------------------------------------------------- paired designs and the grid
@@ -947,3 +967,40 @@ def test_analyse_says_which_one_at_a_time_design_moves_runs_between_modes():
         "the worse mode follows init (runs in both modes when it alone varies): "
         "init alone: 2 of 8 runs in the worse mode; data alone: 0 of 8 runs in the worse mode"
     )
+
+
+@pytest.mark.parametrize(
+    ("worse_cells", "unit", "bad"),
+    [
+        ({(1, j) for j in range(5)} | {(3, j) for j in range(5)}, "init seed", 2),  # 10 runs, 2 init seeds
+        ({(i, 4) for i in range(5)}, "data seed", 1),  # 5 runs, all of data seed 4
+        (set(), "init seed", 0),
+    ],
+)
+def test_a_grid_counts_seeds_gone_wrong_per_independent_unit(worse_cells, unit, bad):
+    """Audit: a 4x4 grid printed "0 of 16 ... up to 17%", its runs taken as independent seeds. Runs
+    that share an init (or data) seed are one unit: the exact interval is over the 5 units."""
+    row = analyse(grid_result(worse_cells), n_resamples=100).summary.set_index("metric").loc["test_acc"]
+    assert row["bad_unit"] == unit and (row["bad_n"], row["bad_of"]) == (bad, 5)
+    assert row["bad_below"] == len(worse_cells)  # the runs behind the count
+    assert (row["bad_low"], row["bad_high"]) == pytest.approx(_stats.clopper_pearson(bad, 5))
+    assert row["headline"].endswith(f"{bad} of 5 {unit}s gone wrong") or "; a gap:" in row["headline"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 8, 9, 16, 17, 33, 64])
+def test_the_medians_interval_is_the_exact_order_statistic_one(n):
+    """[x_(k), x_(n+1-k)] holds the median unless fewer than k values fall below it or above it; its
+    level, summed from the binomial by hand, is the largest k's that reaches 95% (the range below 6)."""
+    from hfta_nas.stability._robust import median_interval
+
+    x = np.random.default_rng(n).normal(size=n)
+    figures = median_interval(x)
+
+    def level(k: int) -> float:
+        return sum(math.comb(n, j) for j in range(k, n - k + 1)) / 2**n
+
+    reaching = [k for k in range(1, n // 2 + 1) if level(k) >= 0.95]
+    k = reaching[-1] if reaching else 1
+    assert figures["level"] == pytest.approx(level(k) if n >= 2 else 0.0, abs=1e-12)
+    assert (figures["low"], figures["high"]) == (np.sort(x)[k - 1], np.sort(x)[n - k])
+    assert figures["median"] == np.median(x)
