@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from hfta_nas.stability._formats import FORMATS, PLOT_FORMATS
+from hfta_nas.stability._formats import FAIL_MARGIN, FORMATS, PLOT_FORMATS
 
 
 def _split(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
@@ -47,7 +47,15 @@ _FAIL_BELOW = click.option(
     type=float,
     default=None,
     help="A seed whose --metric is below this value counts as gone wrong in the failure rate "
-    "(accuracies are fractions: 0.6). Failed seeds and seeds in a worse mode always count.",
+    "(accuracies are fractions: 0.6), instead of --fail-margin. Failed seeds always count.",
+)
+_FAIL_MARGIN = click.option(
+    "--fail-margin",
+    type=click.FloatRange(min=0.0),
+    default=FAIL_MARGIN,
+    show_default=True,
+    help="Without --fail-below: a seed worse than its study's median by more than this share of the median "
+    "counts as gone wrong (0.1: an accuracy under 0.9 x the median, a loss over 1.1 x); no mode is sought.",
 )
 
 
@@ -154,6 +162,7 @@ def _study_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Seed of the bootstrap resamples (recorded in the report).",
         ),
         _FAIL_BELOW,
+        _FAIL_MARGIN,
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines)."),
         click.option("--quiet", is_flag=True, help="No progress display."),
         click.option(
@@ -343,6 +352,7 @@ def compare(
     help="Seed of the bootstrap resamples [default: the one the study recorded].",
 )
 @_FAIL_BELOW
+@_FAIL_MARGIN
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for machines).")
 def report(
     folder: str | None,
@@ -354,6 +364,7 @@ def report(
     metric: str,
     bootstrap_seed: int | None,
     fail_below: float | None,
+    fail_margin: float,
     as_json: bool,
 ) -> None:
     """Regenerate a stability report from stored results, without retraining.
@@ -383,6 +394,7 @@ def report(
         metric=metric,
         bootstrap_seed=bootstrap_seed,
         fail_below=fail_below,
+        fail_margin=fail_margin,
     )
     _print(done, metric, as_json)
 
@@ -408,6 +420,7 @@ def _execute(
     metric: str,
     bootstrap_seed: int,
     fail_below: float | None,
+    fail_margin: float,
     as_json: bool,
     quiet: bool,
     log_to: tuple[str, ...] = (),
@@ -456,6 +469,7 @@ def _execute(
             earlier=earlier,
             on_event=on_event,
             fail_below=fail_below,
+            fail_margin=fail_margin,
             until=until,
             max_seeds=max_seeds,
         )
@@ -513,7 +527,7 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     table = Table(title=f"{metric}: distribution over seeds")
     from hfta_nas.stability._export import gone_wrong
 
-    columns = ("config", "n", "failed", "headline", "95% CI of mean (t; one mode)", "gone wrong [95% CI]", "min–max")
+    columns = ("config", "n", "failed", "headline", "IQM [95% bootstrap CI]", "gone wrong [95% exact CI]", "min–max")
     for column in columns:
         table.add_column(column, justify="right")
     for row in summary["configs"]:
@@ -523,7 +537,7 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
             str(row["n"]),
             str(row["n_failed"]),
             str(row["headline"]),
-            f"[{f(row['ci_low'])}, {f(row['ci_high'])}]" + (" (few seeds)" if row.get("few_seeds") else ""),
+            f"{f(row['iqm'])} [{f(row['iqm_low'])}, {f(row['iqm_high'])}]",
             gone_wrong(row),
             f"{f(row['min'])}–{f(row['max'])}",
         )

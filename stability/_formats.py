@@ -1,9 +1,13 @@
-"""The report and plot formats a stability report can be written in.
+"""The report and plot formats a stability report can be written in, and the default margin
+past which a seed counts as gone wrong.
 
 Their own module, free of pandas and plotting, so the click commands
 (`stability._cli`) can name them as option defaults without importing the
-report writer (`stability._export`) until a report is written.
+report writer (`stability._export`) or the statistics until a report is written.
 """
 
 FORMATS = ("html", "md", "csv", "json", "tex")
 PLOT_FORMATS = ("png", "svg")
+# A seed "went wrong" when it is worse than its study's median by more than this share of the
+# median's size (an accuracy under 0.9 x median, a loss over 1.1 x median), unless a threshold is given.
+FAIL_MARGIN = 0.10

@@ -27,10 +27,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from hfta_nas.stability._formats import FAIL_MARGIN
+
 NAN = float("nan")
-# A seed "went wrong" when it is worse than the study's median by more than this share of the
-# median's size (an accuracy under 0.9 x median, a loss over 1.1 x median), unless a threshold is given.
-FAIL_MARGIN = 0.10
 BOOTSTRAP_REPS = 2000  # rliable's default
 
 

@@ -20,6 +20,7 @@ from hfta_nas.search_spaces import ResolvedConfig
 from hfta_nas.stability._configs import LabelledConfig, label_for, load_config
 from hfta_nas.stability._design import check_design, parse_vary
 from hfta_nas.stability._export import FORMATS, PLOT_FORMATS, write_report
+from hfta_nas.stability._formats import FAIL_MARGIN
 from hfta_nas.stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
 from hfta_nas.stability._rounds import Question, check_question, parse_until, run_rounds
 
@@ -108,6 +109,7 @@ def run_study(
     earlier: Sequence[StabilityResult] = (),
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
     fail_below: float | None = None,
+    fail_margin: float = FAIL_MARGIN,
     until: str | Question | None = None,
     max_seeds: int = 256,
 ) -> StudyReport:
@@ -119,7 +121,8 @@ def run_study(
     to compare with, reused without retraining (with no configuration to train, only they are
     compared: nothing is trained and no storage is opened). `metric` test_acc (the default) is
     test_rmse for regression configs. `fail_below`: a seed whose `metric` is below it counts
-    as gone wrong in the failure rate. `until` ("mean±0.5%", "median±0.01", "fail<0.1", or
+    as gone wrong in the failure rate; without it, one worse than its study's median by more than
+    `fail_margin` of the median does. `until` ("mean±0.5%", "median±0.01", "fail<0.1", or
     "decided" for a comparison): train rounds of `seeds` seeds until it is answered or
     `max_seeds` (see stability/_rounds.py); it needs the storage, where the rounds resume.
     """
@@ -190,6 +193,7 @@ def run_study(
         stores=stores,
         artifact_dir=artifacts,
         fail_below=fail_below,
+        fail_margin=fail_margin,
     )
 
 
@@ -228,6 +232,7 @@ def report(
     stores: dict[str, Any] | None = None,
     artifact_dir: Path | None = None,
     fail_below: float | None = None,
+    fail_margin: float = FAIL_MARGIN,
 ) -> StudyReport:
     """Analyse a result and write its report (and raw data, for `hfta-nas report`) to `out_dir`."""
     from hfta_nas.stability._analysis import analyse
@@ -242,7 +247,7 @@ def report(
     except OSError as error:
         raise HftaNasError(f"cannot write the report folder '{out}': {error.strerror or error}") from None
     thresholds = None if fail_below is None else {metric: fail_below}
-    analysis = analyse(result, bootstrap_seed=bootstrap_seed, fail_below=thresholds)
+    analysis = analyse(result, bootstrap_seed=bootstrap_seed, fail_below=thresholds, fail_margin=fail_margin)
     files = write_report(result, analysis, out, formats=formats, plot_formats=plot_formats, metric=metric)
     attached = []
     html = next((p for p in files.get("html", []) if Path(p).suffix == ".html"), None)

@@ -636,3 +636,26 @@ def test_the_reports_coverage_labels_are_the_committed_measurements():
         assert f"measured {min(values):.0f}-{max(values):.0f}%" in MEASURED[label], label
     exact = [cell for cell in cells if cell["n"] >= 6]
     assert min(cell["median_exact"] for cell in exact) >= 0.95  # "at least 95% from 6 seeds"
+
+
+def test_fail_margin_sets_the_distance_below_the_median_that_counts_as_gone_wrong(tmp_path):
+    """`hfta-nas report FOLDER --fail-margin M`: seeds worse than the median by more than M of it
+    count; a negative margin is refused in one line (exit 2)."""
+    from click.testing import CliRunner
+
+    from hfta_nas.cli import main
+
+    result = synthetic_result(failed=0)
+    result.save(tmp_path / "study" / "result")
+    values = result.seeds.query("config == 'A' and design == 'all'")["test_acc"].to_numpy()
+    margin = 0.005
+    expected = int(np.sum(values < np.median(values) * (1 - margin)))
+    done = CliRunner().invoke(
+        main, ["report", str(tmp_path / "study"), "--fail-margin", str(margin), "--format", "json", "--json"]
+    )
+    assert done.exit_code == 0, done.output
+    summary = json.loads((tmp_path / "study" / "report.json").read_text())["summary"]
+    row = next(r for r in summary if (r["config"], r["design"], r["metric"]) == ("A", "all", "test_acc"))
+    assert row["bad_n"] == row["bad_below"] == expected > 0
+    refused = CliRunner().invoke(main, ["report", str(tmp_path / "study"), "--fail-margin", "-1"])
+    assert refused.exit_code == 2 and "--fail-margin" in refused.output and "Traceback" not in refused.output
