@@ -24,6 +24,7 @@ order), which must not depend on their values.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from scipy.optimize import brentq
 from scipy.special import betaln
 
 ALPHA = 0.05
+_CHUNK = 2048  # observations per pass of `hedged_cs`: its grid x chunk arrays stay near 16 MB at any size
 _JEFFREYS = 0.5  # both parameters of the mixing Beta density of `bernoulli_cs`
 
 
@@ -60,20 +62,34 @@ def hedged_cs(
     if np.any((x < 0) | (x > 1)) or not np.all(np.isfinite(x)):
         raise ValueError("hedged_cs needs observations in [0, 1]")
     grid = np.arange(0, 1 + 1 / breaks, 1 / breaks)[:, None]
-    with np.errstate(divide="ignore"):  # the cap is infinite at m = 0 (up) and m = 1 (down)
-        up = np.minimum(predictable_bets(x, alpha * theta), truncation / grid)
-        down = np.minimum(predictable_bets(x, alpha * (1 - theta)), truncation / (1 - grid))
-    # capped bets keep every factor >= 1 - truncation > 0: the capital's logarithm is finite
-    log_up = np.cumsum(np.log1p(up * (x - grid)), axis=1) + math.log(theta)
-    log_down = np.cumsum(np.log1p(-down * (x - grid)), axis=1) + math.log(1 - theta)
-    kept = np.maximum(log_up, log_down) <= math.log(1 / alpha)
+    bets_up, bets_down = predictable_bets(x, alpha * theta), predictable_bets(x, alpha * (1 - theta))
+    log_up, log_down = np.full_like(grid, math.log(theta)), np.full_like(grid, math.log(1 - theta))
+    lower, upper = [], []
+    for start in range(0, len(x), _CHUNK):  # the capital carried from chunk to chunk
+        part = slice(start, start + _CHUNK)
+        with np.errstate(divide="ignore"):  # the cap is infinite at m = 0 (up) and m = 1 (down)
+            up = np.minimum(bets_up[part], truncation / grid)
+            down = np.minimum(bets_down[part], truncation / (1 - grid))
+        # capped bets keep every factor >= 1 - truncation > 0: the capital's logarithm is finite
+        steps_up = np.cumsum(np.log1p(up * (x[part] - grid)), axis=1) + log_up
+        steps_down = np.cumsum(np.log1p(-down * (x[part] - grid)), axis=1) + log_down
+        log_up, log_down = steps_up[:, -1:], steps_down[:, -1:]
+        low, high = _kept_range(grid[:, 0], np.maximum(steps_up, steps_down) <= math.log(1 / alpha))
+        lower.append(low)
+        upper.append(high)
+    return np.maximum.accumulate(np.concatenate(lower)), np.minimum.accumulate(np.concatenate(upper))
+
+
+def _kept_range(grid: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per observation (column), the lowest and highest candidates kept, widened by one grid step
+    (the true mean may lie between two); [0, 1] where none is kept."""
+    step = grid[1] - grid[0]
     any_kept = kept.any(axis=0)
     first = np.argmax(kept, axis=0)
     last = len(grid) - 1 - np.argmax(kept[::-1], axis=0)
-    step = 1 / breaks
-    lower = np.where(any_kept, np.maximum(grid[first, 0] - step, 0.0), 0.0)
-    upper = np.where(any_kept, np.minimum(grid[last, 0] + step, 1.0), 1.0)
-    return np.maximum.accumulate(lower), np.minimum.accumulate(upper)
+    lower = np.where(any_kept, np.maximum(grid[first] - step, 0.0), 0.0)
+    upper = np.where(any_kept, np.minimum(grid[last] + step, 1.0), 1.0)
+    return lower, upper
 
 
 def bernoulli_cs(successes: int, trials: int, alpha: float = ALPHA) -> tuple[float, float]:
@@ -115,18 +131,29 @@ def median_cs(
     return float(values[k]), float(values[n - 1 - k])
 
 
-@functools.lru_cache(maxsize=4096)  # a function of n and alpha alone: each study size asks it again
+@functools.cache  # a function of n and alpha alone: each round asks again for every smaller n
 def _largest_count_below_half(n: int, alpha: float) -> int | None:
-    below = [k for k in range((n + 1) // 2) if bernoulli_cs(k, n, alpha)[1] < 0.5]
-    return below[-1] if below else None
+    """The largest k < n/2 whose upper bound on the rate after k of n is below 1/2; the bound grows
+    with k, so a bisection finds it."""
+    below_half = lambda k: bernoulli_cs(k, n, alpha)[1] < 0.5  # noqa: E731 (the bisection's test)
+    if n == 0 or not below_half(0):
+        return None
+    low, high = 0, (n + 1) // 2  # below_half(low) holds; the answer lies in [low, high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if below_half(middle) else (low, middle)
+    return low
 
 
 def running_median_cs(
     x: Sequence[float], alpha: float = ALPHA, lowest: float = 0.0, highest: float = 1.0
 ) -> tuple[float, float]:
-    """`median_cs` intersected over every prefix of x: each holds at once, so their intersection does."""
+    """`median_cs` after every prefix of x, intersected: each holds at once, so their intersection does."""
+    seen: list[float] = []  # the prefix, sorted
     low, high = lowest, highest
-    for t in range(1, len(x) + 1):
-        a, b = median_cs(x[:t], alpha, lowest, highest)
-        low, high = max(low, a), min(high, b)
+    for value in x:
+        bisect.insort(seen, float(value))
+        k = _largest_count_below_half(len(seen), alpha / 2)
+        if k is not None:
+            low, high = max(low, seen[k]), min(high, seen[len(seen) - 1 - k])
     return low, high
