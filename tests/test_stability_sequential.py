@@ -82,6 +82,20 @@ def test_the_sequences_cover_the_truth_at_every_look_in_95_percent_of_studies():
     assert missed_rate <= 15  # 5% of 300
 
 
+def test_the_hedged_cs_carries_its_capital_across_chunks(monkeypatch):
+    from hfta_nas.stability import _sequential
+
+    whole = hedged_cs(FIXED)
+    monkeypatch.setattr(_sequential, "_CHUNK", 7)
+    np.testing.assert_allclose(hedged_cs(FIXED), whole, atol=1e-12)
+
+
+def test_the_running_median_interval_is_the_intersection_over_every_prefix():
+    x = np.random.default_rng(5).beta(5, 2, size=120)
+    prefixes = np.array([median_cs(x[:t]) for t in range(1, len(x) + 1)])
+    assert running_median_cs(x) == (prefixes[:, 0].max(), prefixes[:, 1].min())
+
+
 def test_the_median_interval_is_an_order_statistic_interval_around_the_sample_median():
     x = np.linspace(0.6, 0.8, 41)
     low, high = median_cs(x)
