@@ -63,6 +63,7 @@ ENVELOPE_GOAL = 0.8  # padded/grouped: a mixed-width array against equal-shape a
 
 
 def throughput(workloads: str, batches: str, processes: int, cell_s: int, *extra: str) -> list[str]:
+    """benchmarks.throughput's arguments for a phase (no per-cell progress: the phase's record keeps the tail)."""
     return [
         "--workloads",
         workloads,
@@ -219,14 +220,18 @@ def _profiles(quick: bool):
     return expand
 
 
+def _array_rate(table: dict[str, Any], workload: str) -> float | None:
+    """The array's samples/s at B=64 in a throughput table (None where it is missing)."""
+    cell = (table.get("results") or {}).get(workload, {}).get(TARGET_B, {})
+    return cell.get("methods", {}).get("array", {}).get("samples_per_s")
+
+
 def rules(records: list[dict[str, Any]]) -> dict[str, Any]:
     """What the code's CUDA rules are to be set from, in the form they cite (see the module docstring)."""
     loop, grouped = _table(records, "lowering loop"), _table(records, "lowering grouped")
     whole = {}
-    for workload, cells in (loop.get("results") or {}).items():
-        a = cells.get(TARGET_B, {}).get("methods", {}).get("array", {}).get("samples_per_s")
-        b = (grouped.get("results") or {}).get(workload, {}).get(TARGET_B, {}).get("methods", {}).get("array", {})
-        b = b.get("samples_per_s")
+    for workload in loop.get("results") or {}:
+        a, b = _array_rate(loop, workload), _array_rate(grouped, workload)
         whole[workload] = {
             "loop_samples_per_s": a,
             "grouped_samples_per_s": b,

@@ -90,14 +90,14 @@ def targets(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Issue 46's figures, by job (None where the job did not run or finish its part)."""
     figures = {r["phase"]: r.get("figures") or {} for r in records}
     stability = figures.get("stability", {}).get("summary") or {}
-    pbt = (figures.get("pbt", {}).get("summary") or {}).get("ratios", {})
+    pbt = figures.get("pbt", {}).get("summary") or {}
     return {
         "stability_plain_over_array": stability.get("plain_over_array"),
         "stability_goal": ">= 16",
         "stability_processes_over_array": stability.get("processes_over_array"),
         "search cnn1d": figures.get("search cnn1d", {}).get("targets"),
         "search cifar-shaped": figures.get("search cifar-shaped", {}).get("targets"),
-        "pbt_to_tpe_best_over_tpe_wall": pbt.get("pbt_to_tpe_best_over_tpe_wall"),
+        "pbt_vs_tpe": pbt.get("head_to_head", pbt.get("ratios")),  # benchmarks/pbt.py's seed-by-seed ratios
         "ray": RAY_LEFT_OUT,
     }
 

@@ -58,8 +58,8 @@ def curve(name: str, device: torch.device, max_slots: int, timing: Timing, secon
             break
         try:
             rates.append(samples_per_s(name, slots, device, timing))
-        except torch.cuda.OutOfMemoryError:
-            stopped = f"out of memory at B={slots}"
+        except RuntimeError as error:  # OutOfMemoryError, or cuDNN/cuBLAS failing to allocate: where B ends
+            stopped = f"at B={slots}: {str(error).splitlines()[0][:200]}"
             break
         finally:
             if device.type == "cuda":

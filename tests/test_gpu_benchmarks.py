@@ -141,3 +141,25 @@ def test_every_phase_passes_arguments_its_module_accepts():
 
     for phase in gpu_jobs.phases(quick=False):
         build_parser().parse_args([*phase.arguments, "--device", "cuda", "--out", "x.json", "--deadline-s", "60"])
+
+
+def _array_at_64(workload, rate):
+    return {"results": {workload: {"64": {"methods": {"array": {"samples_per_s": rate}}}}}}
+
+
+def test_the_rules_cite_the_lowering_and_knee_phases():
+    records = [
+        {"phase": "lowering layers", "figures": {"slots": 64, "rule": {"conv2d": {"loop_from_per_slot_macs": 1e8}}}},
+        {
+            "phase": "knee",
+            "figures": {"workloads": {"mlp": {"knee": 128}, "cnn1d": {"knee": 32}}, "suggested_cap": 128},
+        },
+        {"phase": "lowering loop", "figures": _array_at_64("resnet18", 1000.0)},
+        {"phase": "lowering grouped", "figures": _array_at_64("resnet18", 1500.0)},
+    ]
+    found = gpu.rules(records)
+    assert found["cuda_lowering"]["per_layer"]["conv2d"]["loop_from_per_slot_macs"] == 1e8
+    assert found["cuda_lowering"]["whole_models_at_B64"]["resnet18"]["grouped_over_loop"] == 1.5
+    assert found["array_size"]["knee_per_workload"] == {"mlp": 128, "cnn1d": 32}
+    assert found["array_size"]["suggested_cap"] == 128
+    assert gpu.rules([])["array_size"]["suggested_cap"] is None  # nothing measured: nothing suggested
