@@ -7,15 +7,15 @@
 Phases in priority order (benchmarks/_phases.py: each a subprocess with its
 share of the budget; a short budget drops phases from the end):
 
-1. throughput of mlp and of cnn1d (one phase each) at B in 1, 16, 64, 256:
-   serial (one model at a time), processes (B processes sharing the GPU, up to
-   16), the torch.func vmap recipe, the array, and the physical limit (one
-   model on B x the data);
+1. throughput of mlp at B in 1, 16, 64, 256: serial (one model at a time), the
+   torch.func vmap recipe, the array, and the physical limit (one model on
+   B x the data);
 2. the lowering per layer kind and size (benchmarks/lowering.py): one call per
    slot against one grouped call, conv1d/conv2d/BatchNorm at B=64;
 3. the knee (benchmarks/knee.py): the array's throughput at B = 1, 2, 4, ...
    and `auto`'s rule applied to it, per workload;
-4. ResNet-18 on 3x32x32 at B in 1, 8, 64 (processes up to 8);
+4. throughput of cnn1d as of mlp, then of ResNet-18 on 3x32x32 at B in 1, 8, 64;
+   then B = 16 processes sharing the GPU (mlp, cnn1d) against serial;
 5. mixed sizes: padded envelope arrays against one equal-shape array per
    shape (the same models: equal useful multiply-adds), benchmarks/envelope.py;
 6. one profile of a training step (benchmarks/_profile.py, array, B=64) for
@@ -100,9 +100,9 @@ def phases(quick: bool) -> list[Phase]:
     forced = throughput("cnn1d,bn_cnn,resnet18", TARGET_B, 1, 8, "--methods", "array", "--no-memory")
     return [
         Phase("throughput mlp", 0.1, 45, "benchmarks.throughput", throughput("mlp", "1,16,64,256", 1, 10, *fused)),
-        Phase("throughput cnn1d", 0.1, 45, "benchmarks.throughput", throughput("cnn1d", "1,16,64,256", 1, 10, *fused)),
         Phase("lowering layers", 0.06, 25, "benchmarks.lowering"),
         Phase("knee", 0.11, 40, "benchmarks.knee", deadline_margin_s=10),
+        Phase("throughput cnn1d", 0.1, 45, "benchmarks.throughput", throughput("cnn1d", "1,16,64,256", 1, 10, *fused)),
         Phase("throughput resnet18", 0.1, 40, "benchmarks.throughput", throughput("resnet18", "1,8,64", 1, 12, *fused)),
         Phase(
             "processes",
