@@ -1086,7 +1086,7 @@ class _SearchProgress:
         if event.state == "COMPLETE" and event.values:
             if len(self.metrics) > 1:
                 self._add_to_front(list(event.values))
-            elif self._better(event.values[0]):
+            elif event.feasible and self._better(event.values[0]):
                 self.best, self.best_trial = event.values[0], event.trial
         if self.task is not None:
             self.progress.advance(self.task)

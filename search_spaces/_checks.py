@@ -30,6 +30,7 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas.models import FAMILIES, family_defaults, model_factory
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS, LRSchedule
 from hfta_nas.search_spaces import _optuna
+from hfta_nas.search_spaces._constraints import check_constraints, warn_unaware_sampler
 from hfta_nas.search_spaces._errors import Problem, SpaceError
 from hfta_nas.search_spaces._pbt_checks import check_pbt
 from hfta_nas.search_spaces._schema import (
@@ -240,11 +241,13 @@ def validate(data: Any, where: Where) -> Validated:
     _check_metric_splits(run, context)
     _warn_strong_mixing(where, file, params)
     check_pbt(run.add, file, params)
+    check_constraints(run.add, file, [*measured_metrics(file), *STATIC_METRICS], _unknown_metric)
     if file.budget.n_trials is None and file.budget.timeout is None:
         run.add(("budget",), "give 'n_trials' or 'timeout' (or both); with neither the search would never stop")
     file = _check_sampler_and_pruner(run, file, params)
     run.raise_if_any()
     _warn_pruner_never_reached(where, file, params)
+    warn_unaware_sampler(where, file)
     return Validated(file, params)
 
 

@@ -408,18 +408,24 @@ _ROOT_KEYS = (
     "pbt",
     "seed",
     "params",
+    "constraints",
 )
 
 
 def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str] | None:
     """Keys accepted at `loc` (a path into `model`), for unknown-key messages."""
     current: Any = model
+    keyed = False  # the part is a key of a mapping of models (constraints: {metric: {...}})
     for part in loc:
+        if keyed:
+            keyed = False
+            continue
         if not (isinstance(current, type) and issubclass(current, BaseModel)):
             return None
         info = current.model_fields.get(str(part))
         if info is None:
             return None
+        keyed = getattr(info.annotation, "__origin__", None) is dict
         current = next(
             (
                 a
@@ -503,6 +509,14 @@ def validation_problems(where: Where, error: ValidationError, model: type[BaseMo
     return [problem for _, problem in problems]
 
 
+class ConstraintSpec(_Strict):
+    """An outcome constraint on one metric of a completed trial: at most `max`, at least `min`
+    (Optuna's constraints: a trial is feasible when every one holds)."""
+
+    max: FiniteFloat | None = None
+    min: FiniteFloat | None = None
+
+
 class SpaceFile(_Strict):
     """The top level of a search space file (what the YAML may contain)."""
 
@@ -517,3 +531,4 @@ class SpaceFile(_Strict):
     pbt: PBTSpec | None = None
     seed: NonNegativeInt | None = 0
     params: dict[str, Any] = {}
+    constraints: dict[str, ConstraintSpec] = {}

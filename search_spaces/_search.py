@@ -42,6 +42,7 @@ from hfta_nas.search import (
     set_study_text,
     study_lock,
 )
+from hfta_nas.search_spaces._constraints import OutcomeConstraints
 from hfta_nas.search_spaces._identity import check_same_space, remember_space
 from hfta_nas.search_spaces._pbt import pbt_options
 from hfta_nas.search_spaces._pbt_checks import per_slot
@@ -326,7 +327,8 @@ def run_search(
     build = candidate_builder(space, device=device, dtype=dtype, datasets=datasets)
     if space.pbt is not None:
         return pbt(study, build, out_dir=out, on_event=on_event, device=device, dtype=dtype, **pbt_options(space))
-    return optimize(study, build, out_dir=out, on_event=on_event, **options)
+    constraints = OutcomeConstraints(space.constraints) if space.constraints else None
+    return optimize(study, build, out_dir=out, on_event=on_event, constraints=constraints, **options)
 
 
 def plan_search(

@@ -30,6 +30,7 @@ from hfta_nas.search_spaces._schema import (
     ArraySpec,
     BudgetSpec,
     Categorical,
+    ConstraintSpec,
     DataSpec,
     Distribution,
     Fixed,
@@ -72,6 +73,7 @@ class SearchSpace(_Strict):
     seed: NonNegativeInt | None
     params: dict[str, Param]
     pbt: PBTSpec | None = None  # population-based training instead of a search
+    constraints: dict[str, ConstraintSpec] = {}  # outcome constraints on measured values (_constraints)
     text: str
     source: str
     notes: tuple[str, ...] = ()  # how a W&B sweep file's keys were read (empty for our own files)
@@ -344,6 +346,7 @@ def parse_space(text: str, source: str = "<string>", overrides: Sequence[str] = 
         training=file.training,
         model=file.model,
         pbt=file.pbt,
+        constraints=file.constraints,
         seed=file.seed,
         params=checked.params,
         text=text,

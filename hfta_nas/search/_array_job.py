@@ -200,7 +200,9 @@ class ArrayJob:
 
     def _start_slot(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         self.started[proposal.number] = time.monotonic()
-        self.static[proposal.number] = static_metrics(proposal, self.ctx.metrics, self.ctx.device, self.ctx.dtype)
+        # constraints may read a static metric the objectives do not (a latency bound): measured then too
+        wanted = [*self.ctx.metrics, *getattr(self.ctx.constraints, "metrics", ())]
+        self.static[proposal.number] = static_metrics(proposal, wanted, self.ctx.device, self.ctx.dtype)
         self.records[proposal.number] = slot_record(proposal)
         with self.ctx.account.phase("storage"):
             try:
@@ -492,13 +494,20 @@ class ArrayJob:
         ctx.emit(TrialEpochEnded(number, result.epochs, {**metrics, **dict(zip(ctx.metrics, values))}))
         if result.status == "completed":
             # what a sampler's constraints_func reads when the trial is told (Optuna calls it in tell)
-            final = {"params": count_parameters(proposal.shell), **metrics, **dict(zip(ctx.metrics, values))}
+            final = {
+                "params": count_parameters(proposal.shell),
+                **self.static[number],
+                **metrics,
+                **dict(zip(ctx.metrics, values)),
+            }
             final = {name: float(value) for name, value in final.items()}
+            named = ctx.constraints(final) if ctx.constraints else {}
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                 proposal.trial.set_user_attr("final_metrics", final)
-                for name, value in (ctx.constraints(final) if ctx.constraints else {}).items():
+                for name, value in named.items():
                     proposal.trial.set_constraint(name, float(value))  # before tell: the sampler reads it there
-            self._complete(proposal, values, trainer, result.epochs)
+            feasible = all(float(value) <= 0 for value in named.values())
+            self._complete(proposal, values, trainer, result.epochs, feasible)
             if result.epochs < proposal.candidate.epochs:  # stopped early: its slot is free for another trial
                 yield from self._refill_or_stop(trainer, proposal, "early stopped")
         elif len(ctx.metrics) == 1 and proposal.trial.should_prune():
@@ -529,13 +538,15 @@ class ArrayJob:
             trial.set_user_attr("train_seconds", round(time.monotonic() - self.started[proposal.number], 3))
         trial.set_user_attr("train_end", _now())
 
-    def _complete(self, proposal: Proposal, values: list[float], trainer: ArrayTrainer, epochs: int) -> None:
+    def _complete(
+        self, proposal: Proposal, values: list[float], trainer: ArrayTrainer, epochs: int, feasible: bool = True
+    ) -> None:
         if not all(math.isfinite(v) for v in values):
             self._fail(proposal, f"non-finite metric values {values}", epochs)
             return
         self._ended(proposal, epochs)
         self.ctx.ledger.complete(proposal.trial, values)
-        self.ctx.emit(TrialEnded(proposal.number, "COMPLETE", list(values)))
+        self.ctx.emit(TrialEnded(proposal.number, "COMPLETE", list(values), feasible=feasible))
         slot = trainer.position_of(proposal.number)
         self.ctx.export.offer(proposal, values, trainer.array.slot_state_dict(slot), self.ctx.study_name)
 

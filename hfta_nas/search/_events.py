@@ -92,6 +92,7 @@ class TrialEnded:
     state: str  # COMPLETE, PRUNED or FAIL
     values: list[float] = field(default_factory=list)
     reason: str = ""
+    feasible: bool = True  # False: a COMPLETE trial past one of its constraints (it cannot be the best)
 
 
 @dataclass(frozen=True)

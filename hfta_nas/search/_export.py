@@ -57,8 +57,11 @@ class BestExport:
         self.failure: ExportFailed | None = None  # the first offer that could not be written
 
     def best_trial(self) -> FrozenTrial | None:
-        """The study's best COMPLETE trial by the first metric (the earliest on a tie)."""
+        """The study's best COMPLETE trial by the first metric (the earliest on a tie); where trials
+        carry constraints, the best feasible one (None when none is), as Optuna's `best_trial`."""
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if any(t.constraints for t in done):
+            done = [t for t in done if all(v <= 0 for v in t.constraints.values())]
         if not done:
             return None
         key = (lambda t: (-t.values[0], t.number)) if self.maximize else (lambda t: (t.values[0], t.number))

@@ -160,7 +160,9 @@ def optimize(
       is <= 0), called with a completed trial's final metrics (every metric its last epoch measured, its
       objectives and `params`, its parameter count; also its user attribute `final_metrics`); each value
       is set with `trial.set_constraint` before the trial is told, so constraint-aware samplers (TPE,
-      NSGA-II, GP) see it, as Optuna 5 asks an objective to do.
+      NSGA-II, GP) see it, as Optuna 5 asks an objective to do. A `constraints` with a `metrics`
+      attribute naming `latency_ms` has it measured for every trial, as for an objective (a space
+      file's `constraints:` block builds one).
     """
     return _Search(
         study,
@@ -701,7 +703,10 @@ class _Search:
     def _best_trials(self) -> list[optuna.trial.FrozenTrial]:
         if not self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             return []
-        return list(self.study.best_trials) if len(self.metrics) > 1 else [self.study.best_trial]
+        try:
+            return list(self.study.best_trials) if len(self.metrics) > 1 else [self.study.best_trial]
+        except ValueError:  # Optuna's word for "no completed trial is feasible" under constraints
+            return []
 
     def _mean_occupancy(self) -> float:
         return float(np.mean(self.ctx.occupancy)) if self.ctx.occupancy else 0.0
