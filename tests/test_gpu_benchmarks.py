@@ -163,3 +163,26 @@ def test_the_rules_cite_the_lowering_and_knee_phases():
     assert found["array_size"]["knee_per_workload"] == {"mlp": 128, "cnn1d": 32}
     assert found["array_size"]["suggested_cap"] == 128
     assert gpu.rules([])["array_size"]["suggested_cap"] is None  # nothing measured: nothing suggested
+
+
+def test_the_search_targets_compare_pack_with_plain_and_the_processes_by_their_medians():
+    from benchmarks._job_phases import search_targets
+
+    def method(speedup, best, seconds, to_target):
+        median = lambda v: {"median": v}  # noqa: E731 - benchmarks._anytime.spread's shape
+        return {
+            "speedup": median(speedup),
+            "best_value": median(best),
+            "seconds": median(seconds),
+            "time_to_target": median(to_target),
+        }
+
+    methods = {
+        "pack": method(5.0, 0.5, 10, 4),
+        "plain": method(1.0, 0.75, 50, 40),
+        "processes": method(2, 0.7, 25, None),
+    }
+    found = search_targets({"methods": methods}, "minimize")  # a loss: pack's 0.5 is better by 0.25
+    assert found["pack_speedup_over_plain"] == 5.0 and found["pack_better_than_plain_by"] == 0.25
+    assert found["pack_seconds_over_processes_seconds"] == 0.4
+    assert found["time_to_plain_median_best_s"] == {"pack": 4, "plain": 40, "processes": None}
