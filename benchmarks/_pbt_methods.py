@@ -7,12 +7,18 @@
   median, where the PBT file names none), n_trials = population;
 - plain: Optuna's `study.optimize` on that space, one trial at a time, the plain
   PyTorch loop (benchmarks/_search_methods.py `run_plain`);
-- ray_pbt: Ray Tune's PopulationBasedTraining of the plain loop (benchmarks/_ray_pbt.py).
+- ray_pbt: Ray Tune's PopulationBasedTraining of the plain loop (benchmarks/_ray_pbt.py),
+  asynchronous (Ray's default); ray_pbt_sync: the same with `synch=True`, synchronous
+  rounds as hfta-nas's PBT runs them.
 
 Figures of a run: `seconds` (wall), `best_value` (the best final value: of a
-completed trial, or of a member at the last epoch), `curve` (best so far against
-seconds from the start: completed trials for tpe and plain, the population's
-best at each epoch end for pbt and ray_pbt), `epochs_trained` (slot-epochs),
+completed trial, or of a member at the last epoch: what each method exports),
+`curve` (the best value a user could keep, against seconds from the start:
+completed trials for tpe and plain; for the PBT methods one point, the best
+member's final value when the population ended, since a member's value
+mid-run belongs to weights that later epochs and exploits replace; that
+transient is kept apart as `peak_curve` and enters no statistic),
+`epochs_trained` (slot-epochs),
 `start_values` (trial or member number -> epoch -> value, for the epochs before the
 first exploit: trials 0..P-1 of every method start from the same params and seeds).
 """
@@ -20,6 +26,8 @@ first exploit: trials 0..P-1 of every method start from the same params and seed
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +42,7 @@ from benchmarks.search import run_figures
 from hfta_nas.search import open_storage
 from hfta_nas.search_spaces import SearchSpace, run_search
 
-METHODS = ("pbt", "tpe", "plain", "ray_pbt")
+METHODS = ("pbt", "tpe", "plain", "ray_pbt", "ray_pbt_sync")
 
 
 # ----------------------------------------------------------------- the space
@@ -70,12 +78,13 @@ def run_pbt(space: SearchSpace, folder: Path, device: str, dtype: str, cpus: int
     # before the first epoch, so the curve is never earlier than it could be.
     setup = max(0.0, seconds - summary.seconds)
     points = [(setup + t, "COMPLETE", v) for t, v in summary.curve if math.isfinite(v)]
-    curve = best_so_far(points, summary.direction)
+    best = summary.best.get("value")
     study = optuna.load_study(study_name=summary.study_name, storage=open_storage(str(folder / "pbt.journal"))[0])
     return {
         "seconds": seconds,
-        "best_value": summary.best.get("value"),
-        "curve": [list(point) for point in curve],
+        "best_value": best,
+        "curve": [[seconds, best]] if best is not None else [],  # the exported member, at the end
+        "peak_curve": [list(point) for point in best_so_far(points, summary.direction)],
         "epochs_trained": summary.population * summary.epochs,
         "exploits": summary.exploits,
         "setup_s": setup,
@@ -96,8 +105,41 @@ def _searched(method: str) -> Any:
     return run
 
 
-def _ray(space: SearchSpace, folder: Path, device: str, dtype: str, cpus: int | None) -> dict[str, Any]:
-    return run_ray_pbt(space, device, dtype, folder, cpus)
+def _ray(synch: bool) -> Any:
+    def run(space: SearchSpace, folder: Path, device: str, dtype: str, cpus: int | None) -> dict[str, Any]:
+        return run_ray_pbt(space, device, dtype, folder, cpus, synch=synch)
+
+    return run
 
 
-RUNNERS_PBT = {"pbt": run_pbt, "tpe": _searched("pack"), "plain": _searched("plain"), "ray_pbt": _ray}
+RUNNERS_PBT = {
+    "pbt": run_pbt,
+    "tpe": _searched("pack"),
+    "plain": _searched("plain"),
+    "ray_pbt": _ray(synch=False),
+    "ray_pbt_sync": _ray(synch=True),
+}
+IN_PROCESS = ("pbt", "tpe", "plain")  # warm in this process; the Ray methods start their own workers
+
+
+def cold_startup_s(space: SearchSpace, device: str, dtype: str) -> float:
+    """What a fresh process pays before its search can start: the interpreter, torch, hfta-nas and the
+    space's data (the in-process methods' counterpart of Ray's start-up, for a ratio that counts
+    start-up on both sides)."""
+    config = space.resolve(space.suggest(optuna.trial.FixedTrial(_first_values(space))))
+    script = (
+        "import torch, hfta_nas.search_spaces; from hfta_nas.data import load_dataset; "
+        f"load_dataset({config.dataset!r}, **{config.dataset_kwargs()!r}, device={device!r}, "
+        f"dtype=getattr(torch, {dtype!r}))"
+    )
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[1])
+    return time.perf_counter() - started
+
+
+def _first_values(space: SearchSpace) -> dict[str, Any]:
+    """One value of every searched param (the data settings do not depend on them)."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    space.suggest(trial)
+    return trial.params

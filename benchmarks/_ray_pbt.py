@@ -1,10 +1,12 @@
 """The `ray_pbt` method of benchmarks/pbt.py: population-based training by Ray Tune, as its docs run it.
 
 - a local Ray started by the benchmark, as benchmarks/_ray_search.py starts it
-  (`ray.init(num_cpus=C)`, no dashboard, no usage statistics), C = the population
-  by default, so every member trains at once (PBT compares members at the same
-  step); Ray's start-up (`ray.init` until its C prestarted workers are up) is
-  measured apart and not in the wall time;
+  (`ray.init(num_cpus=C)`, no dashboard, no usage statistics), C = the cores this
+  process may use by default (the cores hfta-nas's PBT has; a population larger
+  than C trains C members at a time, as Ray schedules it); Ray's start-up
+  (`ray.init` until its C prestarted workers are up) is measured apart
+  (`startup_s`), and so is the part of `tuner.fit()` before the first member's
+  first epoch began (`actor_startup_s`: the actors' imports, data and model);
 - `PopulationBasedTraining` with the space's `pbt:` settings: perturbation every
   `interval` training iterations (one iteration = one epoch), the same quantile
   fraction. Ray's own explore multiplies every param by one shared pair of
@@ -14,7 +16,9 @@
   with no `hyperparam_mutations`): hfta-nas's rule, `Explore.new_value` (with
   the resample probability draw afresh from [min, max], log-uniformly where
   log; else multiply by one of the factors and clip), from a generator seeded
-  with the search seed. Asynchronous PBT (Ray's default). Ray also perturbs at
+  with the search seed. Asynchronous PBT (Ray's default), or synchronous
+  (`synch=True`: every member reaches the interval before any exploits, as
+  hfta-nas's rounds do; the `ray_pbt_sync` method). Ray also perturbs at
   the last epoch (hfta-nas does not): a member exploited there loads the
   donor's final checkpoint and trains no further (its last value stays its own);
 - the initial population is the space's sampler's first P asks (seeded with
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -221,7 +226,7 @@ def _trainable(
             metric: value,
             "epoch": member.epoch,
             "member": number,
-            "train_s": time.perf_counter() - started,
+            "train_s": time.perf_counter() - started,  # training and evaluation
             "restored": restored,
             "load_s": load_s,
             "last_report_s": last_report["seconds"],
@@ -277,7 +282,7 @@ class _Explore:
         return config
 
 
-def _scheduler(options: dict[str, Any], explore: dict[str, Explore]) -> Any:
+def _scheduler(options: dict[str, Any], explore: dict[str, Explore], synch: bool) -> Any:
     from ray.tune.schedulers import PopulationBasedTraining
 
     return PopulationBasedTraining(
@@ -285,18 +290,22 @@ def _scheduler(options: dict[str, Any], explore: dict[str, Explore]) -> Any:
         perturbation_interval=options["interval"],
         quantile_fraction=options["quantile"],
         custom_explore_fn=_Explore(explore, options["resample_probability"], options["seed"]),
+        synch=synch,
     )
 
 
-def run_ray_pbt(space: SearchSpace, device: str, dtype: str, folder: Path, cpus: int | None = None) -> dict[str, Any]:
-    """Ray Tune's PBT of the plain loop with the settings of `space`'s pbt block; the run's figures."""
+def run_ray_pbt(
+    space: SearchSpace, device: str, dtype: str, folder: Path, cpus: int | None = None, synch: bool = False
+) -> dict[str, Any]:
+    """Ray Tune's PBT of the plain loop with the settings of `space`'s pbt block (asynchronous, Ray's
+    default, or `synch`), on `cpus` CPUs (None: the cores available); the run's figures."""
     ray = _import_ray()
     from ray import tune
 
     options = pbt_options(space)
     explore = {OPTIMIZER + name: how for name, how in options["explore"].items()}
     metric, direction, population = space.study.metrics[0], space.directions[0], options["population"]
-    cpus = cpus or population
+    cpus = cpus or len(os.sched_getaffinity(0))
     with local_ray(cpus) as cluster:
         members = initial_population(space, population, list(explore))
         param_space = {"member": tune.grid_search(list(range(population)))}
@@ -320,7 +329,7 @@ def run_ray_pbt(space: SearchSpace, device: str, dtype: str, folder: Path, cpus:
             tune_config=tune.TuneConfig(
                 metric=metric,
                 mode="max" if direction == "maximize" else "min",
-                scheduler=_scheduler(options, explore),
+                scheduler=_scheduler(options, explore, synch),
                 num_samples=1,
                 reuse_actors=True,
             ),
@@ -338,6 +347,7 @@ def run_ray_pbt(space: SearchSpace, device: str, dtype: str, folder: Path, cpus:
         "seconds": seconds,
         "startup_s": cluster.startup_s,
         "cpus": cpus,
+        "synch": synch,
         "exploits": exploits,
         "ray_version": ray.__version__,
         **figures,
@@ -349,19 +359,26 @@ def _figures(
 ) -> dict[str, Any]:
     """Curve, final best, epochs trained and checkpoint seconds from what the Tune callback recorded."""
     results = sorted((r for record in records.values() for r in record["results"]), key=lambda r: r["seen"])
-    curve = best_so_far([(r["seen"] - wall, "COMPLETE", r[metric]) for r in results], direction)
+    # any member's value at any epoch end: a transient peak, neither kept nor exported (no statistic uses it)
+    peak = best_so_far([(r["seen"] - wall, "COMPLETE", r[metric]) for r in results], direction)
     lasts = [record["results"][-1] for record in records.values() if record["results"]]
     finals = [last[metric] for last in lasts if last["epoch"] >= epochs]  # members that trained to the end
     pick = max if direction == "maximize" else min
+    best = pick(finals) if finals else None
+    ended = max((r["seen"] - wall for r in results), default=0.0)
     start: dict[int, dict[int, float]] = {}
     for r in results:
         if r["epoch"] <= interval:
             start.setdefault(r["member"], {})[r["epoch"]] = r[metric]
     return {
-        "best_value": pick(finals) if finals else None,
+        "best_value": best,
         "start_values": start,
-        "curve": [list(point) for point in curve],
+        # what a user keeps: the best member's final value, when the last member ended
+        "curve": [[ended, best]] if best is not None else [],
+        "peak_curve": [list(point) for point in peak],
         "first_result_s": results[0]["seen"] - wall if results else None,  # the actors' start, imports, data, 1 epoch
+        # the actors' start before the first epoch began (imports, data, model): Ray's start-up inside fit()
+        "actor_startup_s": results[0]["seen"] - wall - results[0]["train_s"] if results else None,
         "epochs_trained": len(results),
         "members": len(records),
         "restores": sum(bool(r["restored"]) for r in results),

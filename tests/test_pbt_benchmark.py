@@ -1,8 +1,9 @@
 """The PBT benchmark runs end to end (`--quick`) and writes every method's figures.
 
-This checks the script, not the timings: each of the four methods ran once on
-the quick budget, its figures are finite, the summary's ratios are those of the
-runs, and the plain loop Ray's members train is the `plain` method's loop.
+This checks the script, not the timings: each of the five methods ran once on
+the quick budget, its figures are finite, the summary's head-to-head ratios are
+those of the runs (one statistic for every method: the final value of what it
+exports), and the plain loop Ray's members train is the `plain` method's loop.
 """
 
 import json
@@ -19,7 +20,7 @@ pytest.importorskip("ray.tune", reason="the ray_pbt method needs Ray Tune: pip i
 pytestmark = pytest.mark.xdist_group(name="benchmarks")
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ["pbt", "tpe", "plain", "ray_pbt"]
+METHODS = ["pbt", "tpe", "plain", "ray_pbt", "ray_pbt_sync"]
 
 
 @pytest.fixture(scope="module")
@@ -52,26 +53,45 @@ def test_quick_run_has_every_method_with_finite_figures(quick_run):
         assert all(_finite(cell[key]["median"]) for key in ("seconds", "best_value", "epochs_trained")), method
     assert result["runs"]["pbt"][0]["epochs_trained"] == budget  # a PBT member is never pruned
     assert result["runs"]["tpe"][0]["epochs_trained"] <= budget >= result["runs"]["plain"][0]["epochs_trained"]
-    ray = result["runs"]["ray_pbt"][0]
-    assert _finite(ray["startup_s"]) and ray["cpus"] == result["population"]
-    assert all(_finite(v) and v >= 0 for v in ray["checkpoint"].values())
-    assert ray["checkpoint"]["save_s"] > 0  # every member saved at the interval
+    for method in ("ray_pbt", "ray_pbt_sync"):
+        ray = result["runs"][method][0]
+        assert ray["synch"] is (method == "ray_pbt_sync")
+        assert _finite(ray["startup_s"]) and ray["cpus"] == result["machine"]["cores_available"]  # the same cores
+        assert _finite(ray["actor_startup_s"]) and 0 <= ray["actor_startup_s"] <= ray["seconds"]
+        assert all(_finite(v) and v >= 0 for v in ray["checkpoint"].values())
+        assert ray["checkpoint"]["save_s"] > 0  # every member saved at the interval
+    for method in ("pbt", "ray_pbt", "ray_pbt_sync"):  # what is exported, at the end: no transient peak
+        (run,) = result["runs"][method]
+        assert run["curve"] == [[pytest.approx(run["curve"][0][0]), run["best_value"]]], method
+    assert _finite(result["cold_startup_s"]) and result["cold_startup_s"] > 0
+    assert isinstance(result["machine"]["busy"], bool) and "torch" in result["versions"]
     assert table == stdout and all(method in table for method in METHODS)
 
 
 @pytest.mark.slow
 def test_quick_run_ratios_are_those_of_the_runs(quick_run):
     result, _, _ = quick_run
-    runs, ratios = result["runs"], result["summary"]["ratios"]
-    ray_over_pbt = ratios["ray_pbt_over_pbt_wall"]
-    assert ray_over_pbt["per_seed"] == [pytest.approx(runs["ray_pbt"][0]["seconds"] / runs["pbt"][0]["seconds"])]
-    assert ray_over_pbt["target"] == ">= 3" and isinstance(ray_over_pbt["met"], bool)
-    to_tpe = ratios["pbt_to_tpe_best_over_tpe_wall"]
-    (value,) = to_tpe["per_seed"]  # None: pbt never reached tpe's best on that seed
-    assert value is None or (_finite(value) and value > 0)
-    assert result["summary"]["target"] == runs["tpe"][0]["best_value"]
-    share = result["summary"]["ray"]["checkpoint_share_of_wall"]["median"]
-    assert share == pytest.approx(runs["ray_pbt"][0]["checkpoint"]["total_s"] / runs["ray_pbt"][0]["seconds"])
+    runs, pairs = result["runs"], result["summary"]["head_to_head"]
+    expected = ("pbt_over_tpe", "pbt_over_plain", "tpe_over_plain", "ray_pbt_over_pbt", "ray_pbt_sync_over_pbt")
+    assert set(pairs) == set(expected)
+    (ray,), (pbt,), (tpe,) = runs["ray_pbt"], runs["pbt"], runs["tpe"]
+    ray_over_pbt = pairs["ray_pbt_over_pbt"]
+    assert ray_over_pbt["wall"]["per_seed"] == [pytest.approx(ray["seconds"] / pbt["seconds"])]
+    per_epoch = (ray["seconds"] / ray["epochs_trained"]) / (pbt["seconds"] / pbt["epochs_trained"])
+    assert ray_over_pbt["per_slot_epoch"]["per_seed"] == [pytest.approx(per_epoch)]
+    neither = (ray["seconds"] - ray["actor_startup_s"]) / pbt["seconds"]
+    both = (ray["seconds"] + ray["startup_s"]) / (pbt["seconds"] + result["cold_startup_s"])
+    assert ray_over_pbt["wall_startup_neither"]["per_seed"] == [pytest.approx(neither)]
+    assert ray_over_pbt["wall_startup_both"]["per_seed"] == [pytest.approx(both)]
+    # the common target is the worse of the two finals, which both reach: a finite ratio of their times to it
+    (to_target,) = pairs["pbt_over_tpe"]["time_to_common_target"]["per_seed"]
+    assert _finite(to_target) and to_target > 0
+    assert pairs["pbt_over_tpe"]["final_difference"]["per_seed"] == [
+        pytest.approx(pbt["best_value"] - tpe["best_value"])
+    ]
+    assert result["summary"]["target"] == tpe["best_value"]
+    share = result["summary"]["ray"]["ray_pbt"]["checkpoint_share_of_wall"]["median"]
+    assert share == pytest.approx(ray["checkpoint"]["total_s"] / ray["seconds"])
 
 
 @pytest.mark.slow
@@ -79,8 +99,9 @@ def test_members_start_as_the_plain_trials_of_the_same_number(quick_run):
     # Before the first exploit, member k of every method is trial k of plain: same params, same seeds.
     # Ray's members run the plain loop itself (equal values); the arrays agree to a sample or two.
     same = quick_run[0]["summary"]["same_start"]
-    assert set(same) == {"pbt", "tpe", "ray_pbt"}
+    assert set(same) == {"pbt", "tpe", "ray_pbt", "ray_pbt_sync"}
     population, interval = quick_run[0]["population"], quick_run[0]["interval"]
-    assert same["ray_pbt"] == {"compared": population * interval, "max_difference": 0.0}
+    for method in ("ray_pbt", "ray_pbt_sync"):
+        assert same[method] == {"compared": population * interval, "max_difference": 0.0}, method
     for method in ("pbt", "tpe"):
         assert same[method]["compared"] >= interval and same[method]["max_difference"] <= 0.02, method
