@@ -2,6 +2,8 @@
 alone: convolutions and BatchNorm as one call per slot ("loop") or one call over the array
 ("grouped": a grouped convolution, vmap's batch norm over B*C channels, what a GPU runs)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -31,3 +33,19 @@ def test_the_policy_by_device_and_the_forced_modes(monkeypatch):
     monkeypatch.setenv("HFTA_NAS_LOWERING", "fast")
     with pytest.raises(HftaNasError, match="HFTA_NAS_LOWERING must be one of auto, loop, grouped"):
         ModelArray([torch.nn.Conv1d(1, 2, 3) for _ in range(2)])(torch.zeros(2, 4, 1, 8))
+
+
+def test_a_lowering_changed_between_calls_runs_each_call_as_alone(monkeypatch):
+    """A shape that ran without vmap under one lowering and needs vmap under the next (a benchmark
+    forcing each in turn, in one process) ran into the saved state of its first call, which was never
+    saved: an AttributeError. Each call now matches the plain models, BatchNorm statistics included."""
+    torch.manual_seed(0)
+    plain = [torch.nn.Sequential(torch.nn.BatchNorm1d(2), torch.nn.Conv1d(2, 3, 3)).double() for _ in range(2)]
+    arr = ModelArray([copy.deepcopy(model) for model in plain])
+    for mode in ("loop", "grouped", "loop"):
+        monkeypatch.setenv("HFTA_NAS_LOWERING", mode)
+        x = torch.randn(2, 4, 2, 8, dtype=torch.float64)
+        out = arr(x)
+        for b, model in enumerate(plain):
+            torch.testing.assert_close(out[b], model(x[b]), rtol=0, atol=1e-12)
+            torch.testing.assert_close(arr.slot_state_dict(b)["0.running_mean"], model[0].running_mean)

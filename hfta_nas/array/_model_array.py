@@ -51,7 +51,7 @@ from hfta_nas.envelope._probe import PaddingCost, PlacedSlot, count_macs, rechec
 from hfta_nas.envelope._template import Envelope
 from hfta_nas.errors import FusionError, FusionFallbackWarning, HftaNasError
 from hfta_nas.layers._slot_layers import SlotDropout, init_slot_randomness, make_fusable, no_attention_fast_path
-from hfta_nas.layers._slot_ops import NeedsVmap, global_hooks_set, native_forward
+from hfta_nas.layers._slot_ops import NeedsVmap, global_hooks_set, lowering, native_forward
 
 __all__ = ["FusionSignature", "ModelArray", "check_fusable"]
 
@@ -510,12 +510,13 @@ class ModelArray:
         Layers before the one that refuses may have run already and changed
         state (BatchNorm running stats, dropout counters): on the first call
         of a kind those are saved, and put back if the call is refused, so the
-        vmap path starts from the same state. Refusals depend only on shapes
-        and mode, so a call of a kind that once ran through never refuses.
+        vmap path starts from the same state. Refusals depend only on shapes,
+        mode and the lowering (`HFTA_NAS_LOWERING`, which a process may change
+        between calls), so a call of a kind that once ran through never refuses.
         """
         if not isinstance(x, torch.Tensor) or global_hooks_set():
             return None
-        key = (tuple(x.shape), x.dtype, self.training)
+        key = (tuple(x.shape), x.dtype, self.training, lowering())
         if key in self._native_refused:
             return None
         stateful = {**self.buffers, **self._slot_random}
