@@ -68,7 +68,11 @@ def decided(statistic: str = "mean") -> Question:
 
 
 def parse_until(text: str) -> Question:
-    """`--until`'s value as a Question; HftaNasError (one line) for anything else."""
+    """`--until`'s value as a Question ("decided", "decided median": `decided`, for run_study's
+    until); HftaNasError (one line) for anything else."""
+    words = text.split()
+    if words[:1] == ["decided"] and len(words) <= 2:
+        return decided(*words[1:])
     precision, failures = _PRECISION.match(text), _FAILURES.match(text)
     if precision:
         kind, number, percent = precision.groups()

@@ -122,8 +122,8 @@ def run_study(
     compared: nothing is trained and no storage is opened). `metric` test_acc (the default) is
     test_rmse for regression configs. `fail_below`: a seed whose `metric` is below it counts
     as gone wrong in the failure rate; without it, one worse than its study's median by more than
-    `fail_margin` of the median does. `until` ("mean±0.5%", "median±0.01", "fail<0.1", or
-    "decided" for a comparison): train rounds of `seeds` seeds until it is answered or
+    `fail_margin` of the median does. `until` ("median±0.5%", "mean±0.01", "fail<0.1", or
+    "decided median" / "decided" (the mean) for a comparison): train rounds of `seeds` seeds until it is answered or
     `max_seeds` (see stability/_rounds.py); it needs the storage, where the rounds resume.
     """
     from hfta_nas.search import open_storage

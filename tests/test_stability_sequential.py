@@ -172,6 +172,10 @@ def test_a_half_width_equal_to_the_one_asked_decides():
     assert (result.low, result.high) == (0.733, 0.753) and result.decided
 
 
+def test_run_study_takes_decided_as_text():
+    assert parse_until("decided median") == decided("median") and parse_until("decided").statistic == "mean"
+
+
 @pytest.mark.parametrize(
     "text,statistic,bound",
     [
