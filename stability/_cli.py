@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from hfta_nas.stability._formats import FAIL_MARGIN, FORMATS, PLOT_FORMATS
+from hfta_nas.stability._formats import FAIL_MARGIN, FORMATS, MAX_SEEDS_UNTIL, PLOT_FORMATS
 
 
 def _split(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
@@ -61,7 +61,7 @@ _FAIL_MARGIN = click.option(
 
 _MAX_SEEDS = click.option(
     "--max-seeds",
-    default=256,
+    default=MAX_SEEDS_UNTIL,
     show_default=True,
     type=int,
     help="With --until or --until-decided: stop here if the question is still open.",
@@ -425,7 +425,7 @@ def _execute(
     quiet: bool,
     log_to: tuple[str, ...] = (),
     until: Any = None,
-    max_seeds: int = 256,
+    max_seeds: int = MAX_SEEDS_UNTIL,
 ) -> None:
     import contextlib
 

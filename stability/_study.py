@@ -20,7 +20,7 @@ from hfta_nas.search_spaces import ResolvedConfig
 from hfta_nas.stability._configs import LabelledConfig, label_for, load_config
 from hfta_nas.stability._design import check_design, parse_vary
 from hfta_nas.stability._export import FORMATS, PLOT_FORMATS, write_report
-from hfta_nas.stability._formats import FAIL_MARGIN
+from hfta_nas.stability._formats import FAIL_MARGIN, MAX_SEEDS_UNTIL
 from hfta_nas.stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
 from hfta_nas.stability._rounds import Question, check_question, parse_until, run_rounds
 
@@ -111,7 +111,7 @@ def run_study(
     fail_below: float | None = None,
     fail_margin: float = FAIL_MARGIN,
     until: str | Question | None = None,
-    max_seeds: int = 256,
+    max_seeds: int = MAX_SEEDS_UNTIL,
 ) -> StudyReport:
     """Train each configuration across `seeds` seeds, analyse, write the report, store it.
 
