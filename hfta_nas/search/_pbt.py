@@ -41,7 +41,7 @@ from hfta_nas.data import Dataset
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search._array_job import array_trainer
 from hfta_nas.search._candidate import Candidate, Proposal, as_candidate, built, meta_shell, trial_seeds
-from hfta_nas.search._events import PBTExploited, PBTStarted, TrialEnded
+from hfta_nas.search._events import PBTExploited, PBTStarted, TrialEnded, TrialEpochEnded, TrialStarted
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
 from hfta_nas.search._optuna_private import storage_of, trial_id
@@ -184,6 +184,7 @@ class _PBTRun:
                 start_epoch,
             )
         )
+        self._announce_members(trainer)
         curve: list[tuple[float, float]] = []
         try:
             for report in trainer.epochs(first.epochs):
@@ -275,9 +276,20 @@ class _PBTRun:
         prepare(trainer, self.settings.explore)
         return trainer
 
+    def _announce_members(self, trainer: ArrayTrainer) -> None:
+        """Each member's start, as a search's trial starts (a tracker opens its run: params, slot, seeds)."""
+        for proposal in self.proposals:
+            attributes = {
+                MEMBER_ATTR: proposal.trial.user_attrs.get(MEMBER_ATTR),
+                "slot": trainer.position_of(proposal.number),
+                **{f"seed_{source}": seed for source, seed in proposal.seeds.items()},
+            }
+            self.emit(TrialStarted(proposal.number, dict(proposal.trial.params), attributes))
+
     # ------------------------------------------------------------------ per epoch
     def _tell_epoch(self, report: Any, trainer: ArrayTrainer, records: Records) -> None:
-        records.record_epoch({n: self._explored_now(trainer, n) for n in report.metrics})
+        explored = {n: self._explored_now(trainer, n) for n in report.metrics}
+        records.record_epoch(explored)
         for proposal in self.proposals:
             number = proposal.number
             if number in report.failed:
@@ -288,6 +300,9 @@ class _PBTRun:
             elif number in report.metrics and report.epoch not in proposal.reported:
                 proposal.reported.add(report.epoch)
                 proposal.trial.report(report.metrics[number][self.metric], report.epoch)
+                # its curves, and the explored values it trained this epoch with (a tracker's hp/ curves)
+                hparams = {f"hp/{name}": value for name, value in explored[number].items()}
+                self.emit(TrialEpochEnded(number, report.epoch, {**report.metrics[number], **hparams}))
 
     def _explored_now(self, trainer: ArrayTrainer, number: int) -> dict[str, float]:
         """The explored hyper-parameters of a member as set (a scheduled lr: its base lr)."""

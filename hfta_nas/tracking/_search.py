@@ -1,11 +1,11 @@
-"""`SearchTracking`: a search's events (`optimize(..., on_event=...)`) as tracker runs, one
-per trial, grouped by the study."""
+"""`SearchTracking`: a search's or a PBT run's events (`optimize(..., on_event=...)`,
+`pbt(..., on_event=...)`) as tracker runs, one per trial (a PBT member), grouped by the study."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hfta_nas.search import PBTStarted, SearchStarted, TrialEnded, TrialEpochEnded, TrialStarted
+from hfta_nas.search import PBTExploited, PBTStarted, SearchStarted, TrialEnded, TrialEpochEnded, TrialStarted
 from hfta_nas.tracking._base import Tracker
 from hfta_nas.tracking._runs import Runs
 from hfta_nas.tracking._spec import trackers_from
@@ -19,7 +19,10 @@ class SearchTracking:
 
     A trial's run opens when it takes its slot (params; array, slot and seeds as attributes),
     gets a point per metric each epoch, and ends when the trial is told (final values, its
-    state). A trial told without training (a refused model) gets a run that only ends."""
+    state). A trial told without training (a refused model) gets a run that only ends. A PBT
+    member's run also has a curve per explored hyper-parameter (`hp/<name>`: the value of each
+    epoch) and, at each exploit that replaced it, `pbt/copied_from` (the member it copied) and
+    `pbt/explored/<name>` (the value explore gave it) at that epoch."""
 
     def __init__(self, *trackers: str | Tracker) -> None:
         self.runs = Runs(trackers_from(trackers))
@@ -36,6 +39,9 @@ class SearchTracking:
         elif isinstance(event, TrialEpochEnded) and event.epoch > self.epochs.get(event.trial, 0):
             self.epochs[event.trial] = event.epoch
             self.runs.log(event.trial, event.epoch, event.metrics)
+        elif isinstance(event, PBTExploited):
+            explored = {f"pbt/explored/{name}": new for name, (_, new) in event.changes.items()}
+            self.runs.log(event.target, event.epoch, {"pbt/copied_from": float(event.source), **explored})
         elif isinstance(event, TrialEnded) and event.trial not in self.ended:
             self.ended.add(event.trial)
             if event.trial not in self.epochs:
