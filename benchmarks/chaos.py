@@ -56,6 +56,15 @@ The namespaces live for the whole run and are removed at its end (also after an 
 what a crashed run left is removed at the next start. Where
 namespaces cannot be made (not root, no `ip`) one line says so and the database faults run
 alone, the hosts then being plain processes. The summary gives a line per fault kind.
+
+SIGTERM and a full disk: `--faults sigterm,disk` (the kinds' names: sigterm, disk-full). A
+sigterm round sends SIGTERM, as a scheduler does at a time limit, to a search, a stability study
+or a PBT population once an array is part-way, checks exit 143, its one line and that nothing
+is left RUNNING, then re-runs it and checks the study against a clean run
+(benchmarks/_chaos_sigterm.py). A disk-full round puts `--out` on a small tmpfs that fills while
+the best weights are written (root), checks that no trained trial failed, one line names the
+full disk and the exit is 2, frees the space and checks that the next run finishes the study
+(benchmarks/_chaos_disk.py).
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
+from benchmarks._cli import package_versions
 from hfta_nas.search import counts, open_storage, outcome_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,8 +249,12 @@ def clean_run(argv: list[str], log: Path) -> int:
 
 
 # --------------------------------------------------------------- invariants
-def search_problems(url: str, name: str, out: Path, reference: dict[tuple, float]) -> tuple[list[str], int]:
-    """What breaks an invariant, and how many trials were compared with the clean run."""
+def search_problems(
+    url: str, name: str, out: Path, reference: dict[tuple, float], export_required: bool = True
+) -> tuple[list[str], int]:
+    """What breaks an invariant, and how many trials were compared with the clean run. Without
+    `export_required` (the best trial's weights were lost to a full disk, as its run said) no
+    published pair passes, but one that names another trial than the best does not."""
     study = optuna.load_study(study_name=name, storage=open_storage(url)[0])
     trials = study.get_trials(deepcopy=False)
     problems = [
@@ -259,7 +273,7 @@ def search_problems(url: str, name: str, out: Path, reference: dict[tuple, float
         if not any(t.params == lost.params and t.state.is_finished() and counts(t) for t in trials):
             problems.append(f"interrupted trial {lost.number} ({lost.params}) was never trained again")
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    if complete:
+    if complete and (export_required or (out / "best_config.yaml").exists()):
         best = min(complete, key=lambda t: (-t.values[0], t.number))
         config = out / "best_config.yaml"
         exported = yaml.safe_load(config.read_text())["origin"]["trial"] if config.exists() else None
@@ -329,8 +343,9 @@ def draw_round(rng: random.Random, number: int, storages: list[str]) -> Draw:
     )
 
 
-def references(base: Path, epochs: int = EPOCHS) -> dict[str, Any]:
-    """Clean runs of both commands, once, on the journal (values do not depend on the storage)."""
+def references(base: Path, epochs: int = EPOCHS, pbt: bool = False) -> dict[str, Any]:
+    """Clean runs of both commands (and of a PBT population), once, on the journal (values do not
+    depend on the storage)."""
     folder = base / "reference"
     folder.mkdir()
     (folder / "space.yaml").write_text(space_text("reference", epochs))
@@ -340,7 +355,21 @@ def references(base: Path, epochs: int = EPOCHS) -> dict[str, Any]:
         probe = Draw(0, what, "journal", 1, "", "command", 0, 0)
         if clean_run(command(probe, folder, url), folder / f"{what}.log"):
             raise SystemExit(f"the clean reference {what} failed:\n{(folder / f'{what}.log').read_text()[-3000:]}")
-    return {"search": search_reference(url, "reference"), "stability": stability_values(folder / "report")}
+    found = {"search": search_reference(url, "reference"), "stability": stability_values(folder / "report")}
+    if pbt:
+        found["pbt"] = _pbt_reference(base / "reference-pbt", epochs)
+    return found
+
+
+def _pbt_reference(folder: Path, epochs: int) -> dict[str, Any]:
+    from benchmarks._chaos_pbt import pbt_reference, pbt_space_text
+
+    folder.mkdir()
+    (folder / "space.yaml").write_text(pbt_space_text("reference", epochs))
+    url = storage_url("journal", folder, None, "reference")
+    if clean_run(command(Draw(0, "search", "journal", 1, "", "command", 0, 0), folder, url), folder / "pbt.log"):
+        raise SystemExit(f"the clean reference PBT run failed:\n{(folder / 'pbt.log').read_text()[-3000:]}")
+    return pbt_reference(url, "reference", folder / "out")
 
 
 def run_round(
@@ -386,8 +415,10 @@ FAULT_GROUPS = {
     "signals": ("signals",),
     "network": ("partition", "slow-link", "host-kill"),
     "database": ("db-restart",),
+    "disk": ("disk-full",),
 }
-FAULTS = ("signals", "partition", "slow-link", "host-kill", "db-restart")
+FAULTS = ("signals", "sigterm", "disk-full", "partition", "slow-link", "host-kill", "db-restart")
+ONE_HOST = ("signals", "sigterm", "disk-full")  # faults of one command on the drawn storage
 HEARTBEAT_S = "2"  # HFTA_NAS_HEARTBEAT of the hosts and the re-run: a 6 s grace
 PATIENCE_S = 300.0  # a host's --storage-patience unless the round draws a short one
 HOST_GUARD_S = 420  # a host still running this long after its round began is a hang: killed, a problem
@@ -650,6 +681,45 @@ def _summary_by_fault(results: list[dict[str, Any]]) -> dict[str, dict[str, int]
     return table
 
 
+def _stop_round(
+    fault: str,
+    rng: random.Random,
+    number: int,
+    storages: list[str],
+    base: Path,
+    postgres: str | None,
+    reference: dict[str, Any],
+    epochs: int,
+) -> tuple[dict[str, Any], list[str], int, str, str]:
+    """One SIGTERM or full-disk round: its record, problems, results compared, and what to print."""
+    if fault == "sigterm":
+        from benchmarks._chaos_sigterm import draw_sigterm_round, run_sigterm_round
+
+        draw = draw_sigterm_round(rng, number, storages)
+        problems, compared, hit, resumed = run_sigterm_round(draw, base, postgres, reference, epochs)
+        what = f"SIGTERM {draw.command} {draw.storage} workers={draw.workers} ->{draw.target} +{draw.after_s}s"
+        extra = (" [continued mid-array from a checkpoint]" if resumed else "") + (
+            "" if hit else " [no array was part-way when it was sent]"
+        )
+        record = {"fault": fault, **asdict(draw), "signal_hit": hit, "resumed_mid_array": resumed}
+        return record, problems, compared, what, extra
+    from benchmarks._chaos_disk import draw_disk_round, run_disk_round
+
+    disk = draw_disk_round(rng, number, storages)
+    problems, compared, filled = run_disk_round(disk, base, postgres, reference, epochs)
+    extra = "" if filled else " [the disk held every file: nothing filled it]"
+    record = {"fault": fault, **asdict(disk), "fault_hit": filled, "resumed_mid_array": False}
+    return record, problems, compared, f"full disk {disk.command} {disk.storage} {disk.free_kib} KiB free", extra
+
+
+def _unmount_left(base: Path) -> None:
+    """Unmount the small disks a round left under `base` (one that crashed mid-round)."""
+    from benchmarks._chaos_disk import mounts_under, unmount
+
+    for point in mounts_under(base):
+        unmount(point)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=100)
@@ -691,7 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     faults: list[str] = []
     for word in (w for w in args.faults.split(",") if w):
         if word not in FAULT_GROUPS and word not in FAULTS:
-            parser.error(f"--faults takes some of {', '.join([*FAULT_GROUPS, *FAULTS[1:]])}, not {word!r}")
+            names = ", ".join(dict.fromkeys([*FAULT_GROUPS, *FAULTS]))
+            parser.error(f"--faults takes some of {names}, not {word!r}")
         faults += [f for f in FAULT_GROUPS.get(word, (word,)) if f not in faults]
     try:
         partition, outage = parse_range(args.partition_seconds), parse_range(args.outage_seconds)
@@ -700,6 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     if not faults:
         parser.error("--faults names no fault")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    load_at_start = [round(v, 2) for v in os.getloadavg()]
     rng = random.Random(args.seed)
     base = Path(tempfile.mkdtemp(prefix="hfta-nas-chaos-")) if args.keep is None else args.keep
     base.mkdir(parents=True, exist_ok=True)
@@ -707,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
         postgres = server = hosts = None
-        host_faults = [f for f in faults if f != "signals"]
+        host_faults = [f for f in faults if f not in ONE_HOST]
         if host_faults:
             from benchmarks import _netns
             from benchmarks._postgres import Unavailable, throwaway_server
@@ -727,11 +799,23 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"chaos: no network namespaces ({why_not}); the database faults alone", flush=True)
                     notes.append(f"no network namespaces: {why_not}")
                     host_faults = [f for f in host_faults if f not in FAULT_GROUPS["network"]]
-            faults = [f for f in faults if f == "signals" or f in host_faults]
+            faults = [f for f in faults if f in ONE_HOST or f in host_faults]
             if not faults:
                 print("chaos: no fault can be made here", flush=True)
                 return 1
-        if "signals" in faults and "postgresql" in storages:
+        if "disk-full" in faults:
+            from benchmarks import _chaos_disk
+
+            why_not = _chaos_disk.why_not()
+            if why_not is not None:
+                print(f"chaos: no full-disk rounds: {why_not}", flush=True)
+                notes.append(f"no full-disk rounds: {why_not}")
+                faults.remove("disk-full")
+            stack.callback(_unmount_left, base)
+        if not faults:
+            print("chaos: no fault can be made here", flush=True)
+            return 1
+        if set(ONE_HOST) & set(faults) and "postgresql" in storages:
             from benchmarks._postgres import Unavailable, throwaway_postgres
 
             try:
@@ -739,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
             except Unavailable as why:
                 print(f"chaos: no PostgreSQL ({why}); journal and SQLite only", flush=True)
                 storages.remove("postgresql")
-        reference = references(base, args.epochs)
+        reference = references(base, args.epochs, pbt=bool({"sigterm", "disk-full"} & set(faults)))
         run_started = time.monotonic()
         for number in range(1, args.rounds + 1):
             if args.minutes is not None and time.monotonic() - run_started > 60 * args.minutes:
@@ -757,6 +841,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 verdict_extra = (" [continued mid-array from a checkpoint]" if resumed else "") + (
                     "" if hit else " [the command had ended before the signal]"
+                )
+            elif fault in ("sigterm", "disk-full"):
+                record, problems, compared, what, verdict_extra = _stop_round(
+                    fault, rng, number, storages, base, postgres, reference, args.epochs
                 )
             else:
                 host_draw = draw_host_round(rng, number, fault, partition, outage, hosts is not None)
@@ -805,6 +893,9 @@ def main(argv: list[str] | None = None) -> int:
                     "partition_seconds": args.partition_seconds,
                     "outage_seconds": args.outage_seconds,
                     "heartbeat_s": float(HEARTBEAT_S),
+                    "load_average_at_start": load_at_start,
+                    "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
+                    "versions": package_versions(),
                     "notes": notes,
                     "by_fault": by_fault,
                     "rounds": results,
