@@ -440,6 +440,38 @@ def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_full_disk_round_and_a_sigterm_round_hold_their_invariants(tmp_path):
+    """`--faults sigterm,disk --seed 13` draws a PBT run whose --out fills (4 KiB free), then a search of
+    3 workers sent SIGTERM once an array is part-way: the first ends with exit 2 naming the full disk and
+    no trained member failed, the second with exit 143, its line and nothing RUNNING; the next run of
+    each finishes its study as a clean run does, and no mount is left."""
+    from benchmarks import _chaos_disk
+
+    why = _chaos_disk.why_not()
+    if why is not None:
+        pytest.skip(why)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = tmp_path / "chaos.json"
+    argv = ["--faults", "sigterm,disk", "--rounds", "2", "--seed", "13", "--storages", "journal"]
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.chaos", *argv, "--keep", str(tmp_path / "rounds"), "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+    )
+    assert completed.returncode == 0, completed.stdout[-5000:] + completed.stderr[-3000:]
+    full, terminated = json.loads(out.read_text())["rounds"]
+    assert (full["fault"], full["command"], full["free_kib"]) == ("disk-full", "pbt", 4)
+    assert (terminated["fault"], terminated["command"], terminated["workers"]) == ("sigterm", "search", 3)
+    assert full["fault_hit"] and terminated["signal_hit"]
+    assert full["problems"] == [] and terminated["problems"] == []
+    assert full["compared_with_clean_run"] == 4 and terminated["compared_with_clean_run"] >= 1
+    assert not _chaos_disk.mounts_under(tmp_path)
+
+
+@pytest.mark.slow
 def test_two_chaos_rounds_restart_the_database_and_partition_a_host(tmp_path):
     """`--faults network,database --seed 9` draws a database stopped as a crash for 3.4 s under three
     hosts, then one host of three cut off for 9.9 s (past the 6 s heartbeat grace): each round's
