@@ -27,12 +27,14 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from hfta_nas.stability import clopper_pearson, prob_greater_interval, t_interval
-from hfta_nas.stability._robust import (
+from hfta_nas.stability import (
     FAIL_MARGIN,
+    clopper_pearson,
     dkw_half_width,
     median_interval,
+    prob_greater_interval,
     stratified_bootstrap,
+    t_interval,
     wrong_units,
 )
 

@@ -24,7 +24,16 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
     from hfta_nas.stability._cli import stability as stability_command
     from hfta_nas.stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
     from hfta_nas.stability._design import plan, source_seed
+    from hfta_nas.stability._formats import FAIL_MARGIN
     from hfta_nas.stability._result import Analysis, StabilityResult
+    from hfta_nas.stability._robust import (
+        dkw_half_width,
+        iqm,
+        median_interval,
+        performance_profile,
+        stratified_bootstrap,
+        wrong_units,
+    )
     from hfta_nas.stability._runner import run_stability
     from hfta_nas.stability._sequential import bernoulli_cs, hedged_cs, median_cs, running_median_cs
     from hfta_nas.stability._stats import (
@@ -53,6 +62,13 @@ _PUBLIC = {
     "Analysis": ("hfta_nas.stability._result", "Analysis"),
     "StabilityResult": ("hfta_nas.stability._result", "StabilityResult"),
     "run_stability": ("hfta_nas.stability._runner", "run_stability"),
+    "FAIL_MARGIN": ("hfta_nas.stability._formats", "FAIL_MARGIN"),
+    "dkw_half_width": ("hfta_nas.stability._robust", "dkw_half_width"),
+    "iqm": ("hfta_nas.stability._robust", "iqm"),
+    "median_interval": ("hfta_nas.stability._robust", "median_interval"),
+    "performance_profile": ("hfta_nas.stability._robust", "performance_profile"),
+    "stratified_bootstrap": ("hfta_nas.stability._robust", "stratified_bootstrap"),
+    "wrong_units": ("hfta_nas.stability._robust", "wrong_units"),
     "bernoulli_cs": ("hfta_nas.stability._sequential", "bernoulli_cs"),
     "hedged_cs": ("hfta_nas.stability._sequential", "hedged_cs"),
     "median_cs": ("hfta_nas.stability._sequential", "median_cs"),
@@ -79,6 +95,7 @@ _PUBLIC = {
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "FAIL_MARGIN",
     "Analysis",
     "LabelledConfig",
     "StabilityResult",
@@ -108,6 +125,12 @@ __all__ = [
     "hedged_cs",
     "median_cs",
     "running_median_cs",
+    "dkw_half_width",
+    "iqm",
+    "median_interval",
+    "performance_profile",
+    "stratified_bootstrap",
+    "wrong_units",
 ]
 
 

@@ -32,9 +32,10 @@ from hfta_nas.stability import _robust
 NAN = float("nan")
 # The interval of the mean is Student's t. benchmarks/coverage.py measures it at 92.7-96.2% for
 # a nominal 95% from 5 seeds on normal, skewed (gamma 4) and heavy-tailed (t, 3 df) data, where
-# BCa under-covers (83% at n = 5 on normal data); it collapses on mixtures of a good and a bad mode
-# (see find_modes), which is why modes are looked for first. Below this many seeds its level
-# rests on normality alone, and the report says so.
+# BCa under-covers (83% at n = 5 on normal data); it collapses on mixtures of modes and on a tail
+# of bad seeds (42-84% at n = 5, benchmarks/results/coverage_shapes.json), which is why the report
+# leads with the median's exact interval (`_robust`) and labels this one. Below this many seeds
+# its level rests on normality alone, and the report says so.
 FEW_SEEDS = 5
 
 # The mode rule (find_modes): a study splits into two modes when the widest gap between its
@@ -77,7 +78,8 @@ def t_interval(values: ArrayLike, confidence: float = 0.95) -> tuple[float, floa
 
 
 def headline_interval(values: ArrayLike, confidence: float = 0.95) -> dict[str, Any]:
-    """The interval the report leads with: t (see FEW_SEEDS), and whether n is too small to trust its level."""
+    """The interval of the mean in the summary's ci_* columns: t (see FEW_SEEDS), and whether n is too small
+    to trust its level. The headline leads with the median's exact interval instead."""
     low, high = t_interval(values, confidence)
     return {"ci_low": low, "ci_high": high, "ci_method": "t", "few_seeds": _as_1d(values).size < FEW_SEEDS}
 
