@@ -112,6 +112,12 @@ def schedules(rec: Recorder, device: torch.device, quick: bool) -> None:
             rec.compare("schedules", f"{opt_name} {dtype_name(dtype)}", difference, TOLERANCE[dtype])
 
 
+# Attention with a key bias: its true gradient is exactly zero, and the adaptive optimizers turn its
+# float noise into full-size steps (Adam 0.15 in float64 on the CPU), as tests/test_envelope.py says
+# where it trains these with SGD and the bias-free transformer with Adam.
+ATTENTION_KEY_BIAS = {"transformer", "wide_shallow_transformer"}
+
+
 def envelopes(rec: Recorder, device: torch.device, quick: bool) -> None:
     """Models of different sizes padded into one envelope (test_envelope's WORKLOADS: widths, depths,
     kernels, BatchNorm, GRU, LSTM, transformers), against each model alone."""
@@ -124,7 +130,7 @@ def envelopes(rec: Recorder, device: torch.device, quick: bool) -> None:
         names = sorted(test_trainer.OPTIMIZERS) if dtype == torch.float64 and not quick else ["SGD"]
         for workload in workloads:
             builders, make_x = test_envelope.WORKLOADS[workload]
-            for opt_name in names:
+            for opt_name in names if workload not in ATTENTION_KEY_BIAS else ["SGD"]:
                 models = test_envelope.build(builders)
                 batches = test_envelope.make_batches(make_x, len(models), steps)
                 difference = _train_pair(models, batches, opt_name, device, dtype)
