@@ -4,7 +4,8 @@ equal rliable's (Agarwal et al. 2021) on the same scores.
 Skipped only when rliable cannot be imported: rliable 1.2.0 pins arch<8, and every arch 7 fails
 to import under pandas 3 (arch.univariate calls pandas' deprecate_kwarg with the old signature),
 so `pip install .[dev]` with pandas 3 installs an rliable that does not import; with arch 8
-installed beside it (`pip install arch==8.0.0`, pip warns of the pin) rliable imports. arch 8
+installed beside it (`pip install --no-deps arch==8.0.0`, as .ci/run does: pip warns of the pin)
+rliable imports, and CI runs these tests. arch 8
 renamed the bootstrap's random_state argument, so rliable's own get_interval_estimates fails
 there: the bootstrap test draws its resamples through rliable's StratifiedBootstrap.update_indices
 and takes arch's percentile interval (np.percentile) of rliable's aggregate_iqm on them.
