@@ -78,7 +78,12 @@ def test_a_search_where_fusion_does_not_pay_trains_every_trial_alone(timed, tmp_
         return hfta_nas.Candidate(factory, hparams={"lr": lr}, epochs=1, batch_size=64)
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
-    summary = hfta_nas.optimize(study, build, digits, n_trials=6, seed=1)
-    assert summary.trials == {"COMPLETE": 6}
-    assert [(a["array_size"], a["slots"]) for a in summary.arrays] == [(1, 1)] * 6  # plain-shaped: one at a time
+    first_round = 16  # the pool asked before any structure's curve is known (AUTO_POOL)
+    summary = hfta_nas.optimize(study, build, digits, n_trials=first_round + 3, seed=1)
+    assert summary.trials == {"COMPLETE": first_round + 3}
+    assert [(a["array_size"], a["slots"]) for a in summary.arrays] == [(1, 1)] * (first_round + 3)  # one at a time
     assert [size for size, _ in calls] == [1, 2] and built == []  # measured once, to the size that decided it
+    # after the first round, each trial is asked once every earlier one is told: as study.optimize asks
+    trials = study.get_trials()
+    for later in trials[first_round:]:
+        assert all(earlier.datetime_complete <= later.datetime_start for earlier in trials[: later.number])

@@ -601,6 +601,10 @@ class _Search:
             size, reason = self._budget_cap(), f"a third of the budget of {self.n_trials} trials"
         self.sizes[key] = size
         self.pool_size = max(self.pool_size, size)  # a round asks at least one array of the largest size
+        if all(chosen == 1 for chosen in self.sizes.values()):
+            # fusion pays for no structure measured: one trial at a time, each asked with every result
+            # so far, as plain Optuna's study.optimize asks (a pool only spreads trials over arrays)
+            self.pool_size = 1
         with self.account.phase("storage"):
             self.study.set_user_attr(f"array_size:{key}", {"size": size, "reason": reason})
         self.emit(ArraySizeChosen(key, size, reason))
