@@ -32,6 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = {"cuda": 150, "cpu": None}
 # A quick run trains on 1000 generated MNIST-1D samples, not 5000, for one or two epochs.
 QUICK_DATA = "data.num_samples=1000"
+# Sane results: a quick job (one or two epochs on 1000 samples) beats chance (10 classes); the full
+# jobs (8 and 30 epochs on 5000) are far past it (the PBT space's median final best on the CPU was
+# 95.75% val acc, docs/performance.md).
+SANE_ACCURACY = {True: 0.1, False: 0.5}
 
 
 def _wide_mlp(quick: bool):
@@ -140,7 +144,7 @@ def _last_line(process: subprocess.CompletedProcess) -> str:
 
 def stability_study(rec: Recorder, device: torch.device, quick: bool, out: Path) -> None:
     """`hfta-nas stability --seeds 32 --device DEVICE`: exit 0, every seed completed, accuracy above
-    chance (10 classes) and finite losses."""
+    chance (10 classes; the full job: above 0.5) and finite losses."""
     seeds = 4 if quick else 32
     folder = out / "stability"
     budget = ["--set", "epochs=1", "--set", QUICK_DATA] if quick else []
@@ -168,15 +172,17 @@ def stability_study(rec: Recorder, device: torch.device, quick: bool, out: Path)
     mean = sum(accuracies) / len(accuracies) if accuracies else math.nan
     rec.condition(
         "main job",
-        f"stability: {seeds} seeds completed, mean test_acc above chance",
-        len(accuracies) == seeds and mean > 0.1 and all(math.isfinite(float(r["train_loss"])) for r in rows),
+        f"stability: {seeds} seeds completed, mean test_acc above {SANE_ACCURACY[quick]}",
+        len(accuracies) == seeds
+        and mean > SANE_ACCURACY[quick]
+        and all(math.isfinite(float(r["train_loss"])) for r in rows),
         f"{len(accuracies)}/{seeds} completed, mean test_acc {mean:.3f}",
     )
 
 
 def pbt_space(rec: Recorder, device: torch.device, quick: bool, out: Path) -> None:
     """The shipped PBT space (8 members, exploit every 3 epochs, 30 epochs) on DEVICE: exit 0, every
-    member completed, the best val_acc above chance."""
+    member completed, the best val_acc above chance (the full job: above 0.5)."""
     folder = out / "pbt"
     budget = ["--set", "training.epochs=2", "--set", "pbt.interval=1", "--set", QUICK_DATA] if quick else []
     process = _cli(
@@ -204,8 +210,8 @@ def pbt_space(rec: Recorder, device: torch.device, quick: bool, out: Path) -> No
     exploits = len(exploits) if isinstance(exploits, list) else exploits
     rec.condition(
         "main job",
-        "PBT: 8 members, exploits made, best val_acc above chance",
-        summary.get("population") == 8 and bool(exploits) and best is not None and best > 0.1,
+        f"PBT: 8 members, exploits made, best val_acc above {SANE_ACCURACY[quick]}",
+        summary.get("population") == 8 and bool(exploits) and best is not None and best > SANE_ACCURACY[quick],
         f"population {summary.get('population')}, epochs {summary.get('epochs')}, exploits {exploits}, "
         f"best val_acc {best}",
     )
