@@ -4,8 +4,8 @@
     python -m benchmarks.ask_batch --quick                                   # 2 epochs, 1000 samples, 1 seed
     python -m benchmarks.ask_batch --n-trials 48 --set training.epochs=15 --seeds 5
 
-A search asks a pool of trials before any of them has a result (`hfta_nas.search._optimize.AUTO_POOL`,
-16, when the array size is "auto"), and TPE proposes each with the others' results unknown (the constant
+A search asks a pool of trials before any of them has a result (16 when the array size is "auto";
+`$HFTA_NAS_ASK_POOL` sets another), and TPE proposes each with the others' results unknown (the constant
 liar spreads them). With the shipped spaces' 16 trials that pool is the whole budget. Variants, each the
 default search (`run_search`) on the same space, budget and seeds, in an order rotated per seed:
 
@@ -31,7 +31,6 @@ from typing import Any
 import optuna
 import torch
 
-import hfta_nas.search._optimize as search_loop
 from benchmarks._anytime import spread, value_at
 from benchmarks._cli import comma_list, package_versions, write_result
 from benchmarks._search_methods import RUNNERS
@@ -39,7 +38,8 @@ from benchmarks.search import DEFAULT_SPACE, quick_space, run_figures
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search_spaces import SearchSpace, load_space
 
-SHIPPED_POOL = search_loop.AUTO_POOL
+SHIPPED_POOL = 16  # the search's pool when the array size is "auto" and $HFTA_NAS_ASK_POOL is unset
+POOL_SETTING = "HFTA_NAS_ASK_POOL"
 
 
 def variant_space(space: SearchSpace, variant: str) -> tuple[SearchSpace, int]:
@@ -54,12 +54,16 @@ def variant_space(space: SearchSpace, variant: str) -> tuple[SearchSpace, int]:
 
 def one_search(space: SearchSpace, variant: str, n_trials: int) -> dict[str, Any]:
     searched, pool = variant_space(space, variant)
-    search_loop.AUTO_POOL = pool  # the search's pool when the array size is "auto"
+    before = os.environ.get(POOL_SETTING)
+    os.environ[POOL_SETTING] = str(pool)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-ask-") as folder:
             done = RUNNERS["pack"](searched, n_trials, "cpu", "float32", Path(folder), 1)
     finally:
-        search_loop.AUTO_POOL = SHIPPED_POOL
+        if before is None:
+            del os.environ[POOL_SETTING]
+        else:
+            os.environ[POOL_SETTING] = before
     figures = run_figures(done, space.directions[0])
     first_result = min((seconds for seconds, _, _ in done.finished()), default=0.0)
     asked = sum((t.datetime_start - done.start).total_seconds() <= first_result for t in done.trials)

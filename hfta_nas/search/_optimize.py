@@ -185,6 +185,13 @@ def optimize(
     ).run()
 
 
+def auto_pool() -> int:
+    """Trials a round asks when the array size is "auto": AUTO_POOL, or a positive $HFTA_NAS_ASK_POOL
+    (benchmarks/ask_batch.py compares pool sizes with it)."""
+    setting = os.environ.get("HFTA_NAS_ASK_POOL", "").strip()
+    return int(setting) if setting.isdigit() and int(setting) > 0 else AUTO_POOL
+
+
 def check_options(n_trials: Any, timeout: Any, array_size: Any, max_waste: Any) -> None:
     """HftaNasError naming the first bad budget or array option."""
     for name, value in (("n_trials", n_trials), ("timeout", timeout)):
@@ -252,7 +259,7 @@ class _Search:
         lock = study_lock(storage_of(study), self.location, study.study_name)
         self.ledger = Ledger(study, n_trials, lock, callbacks or ())
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
-        self.pool_size = array_size if isinstance(array_size, int) else AUTO_POOL
+        self.pool_size = array_size if isinstance(array_size, int) else auto_pool()
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.waiting: list[Proposal] = []  # asked, RUNNING, waiting for an array (first in line first)
         self.deferred: dict[int, int] = {}  # trial number -> rounds it waited for a fuller array
