@@ -6,7 +6,7 @@ free: less than a search's or a population's files. The command must train and t
 (none FAIL, none RUNNING, the budget counted), end with exit 2 and one `error:` line naming the
 full disk, and print no traceback. Then the filler is removed (space freed) and the same command,
 run again, must end with exit 0 and a study that holds every invariant of a clean run
-(`chaos.search_problems`, `_chaos_pbt.pbt_problems`), but one: a search's best weights that the
+(`_chaos_rounds.search_problems`, `_chaos_pbt.pbt_problems`), but one: a search's best weights that the
 full disk took (its line names the trial whose weights are not saved) are not trained again, so
 no best pair may be published, though never another trial's. Every mount is removed at the round's end,
 and what a crashed run left under the benchmark's folder at its end.
@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from benchmarks import chaos
+from benchmarks import _chaos_rounds as rounds
 from benchmarks._chaos_sigterm import finished_problems, write_inputs
 from hfta_nas.search import counts, open_storage
 
@@ -105,8 +105,8 @@ def full_disk_problems(what: str, code: int, log: Path, url: str, name: str) -> 
     if unfinished:
         reasons = [t.user_attrs.get("fail_reason") for t in trials if t.state == TrialState.FAIL]
         problems.append(f"trials not COMPLETE after a full disk: {unfinished} {reasons}")
-    if what == "search" and sum(1 for t in trials if counts(t)) != chaos.N_TRIALS:
-        problems.append(f"{sum(1 for t in trials if counts(t))} trials counted, expected {chaos.N_TRIALS}")
+    if what == "search" and sum(1 for t in trials if counts(t)) != rounds.N_TRIALS:
+        problems.append(f"{sum(1 for t in trials if counts(t))} trials counted, expected {rounds.N_TRIALS}")
     return problems
 
 
@@ -118,14 +118,14 @@ def run_disk_round(
     folder = base / f"round-{draw.round}"
     folder.mkdir()
     name = f"chaos{draw.round}"
-    url = chaos.storage_url(draw.storage, folder, postgres, name)
-    argv = chaos.command(write_inputs(draw.command, folder, name, epochs), folder, url)
+    url = rounds.storage_url(draw.storage, folder, postgres, name)
+    argv = rounds.command(write_inputs(draw.command, folder, name, epochs), folder, url)
     with small_disk(folder / "out", draw.free_kib) as filler:
-        code = chaos.clean_run(argv, folder / "full.log")
+        code = rounds.clean_run(argv, folder / "full.log")
         filled = code != 0
         problems = full_disk_problems(draw.command, code, folder / "full.log", url, name) if filled else []
         filler.unlink()  # space freed: the same command must finish the study
-        if chaos.clean_run(argv, folder / "rerun.log"):
+        if rounds.clean_run(argv, folder / "rerun.log"):
             problems.append(f"the re-run failed:\n{(folder / 'rerun.log').read_text(errors='replace')[-1500:]}")
             return problems, 0, filled
         # a search's best weights the full disk took are not trained again: its run said so, naming the

@@ -7,8 +7,8 @@ part-way (a trial RUNNING with an epoch reported, or an epoch's checkpoint on di
 must end with exit 143, the line `terminated by SIGTERM` and no traceback; nothing it held may be
 left RUNNING (a search's arrays are told as interrupted, naming SIGTERM, and queued again; a PBT
 population alone stays RUNNING, its checkpoint kept for the next run); then the same command, run
-again, must finish the study exactly as a clean run of it (`chaos.search_problems`,
-`chaos.stability_problems`, `_chaos_pbt.pbt_problems`), leaving no checkpoint.
+again, must finish the study exactly as a clean run of it (`_chaos_rounds.search_problems`,
+`_chaos_rounds.stability_problems`, `_chaos_pbt.pbt_problems`), leaving no checkpoint.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from benchmarks import chaos
+from benchmarks import _chaos_rounds as rounds
 from benchmarks._chaos_pbt import pbt_problems, pbt_space_text
 from hfta_nas.search import open_storage
 
@@ -59,15 +59,15 @@ def draw_sigterm_round(rng: random.Random, number: int, storages: list[str]) -> 
     )
 
 
-def write_inputs(draw_command: str, folder: Path, name: str, epochs: int) -> chaos.Draw:
-    """The round's space or config in `folder`, and the draw `chaos.command` builds its argv from
+def write_inputs(draw_command: str, folder: Path, name: str, epochs: int) -> rounds.Draw:
+    """The round's space or config in `folder`, and the draw `_chaos_rounds.command` builds its argv from
     (a PBT space runs through `search`)."""
     if draw_command == "pbt":
         (folder / "space.yaml").write_text(pbt_space_text(name, epochs))
     else:
-        (folder / "space.yaml").write_text(chaos.space_text(name, epochs))
-        (folder / "config.yaml").write_text(chaos.stability_config(epochs))
-    return chaos.Draw(0, "stability" if draw_command == "stability" else "search", "", 1, "", "command", 0, 0)
+        (folder / "space.yaml").write_text(rounds.space_text(name, epochs))
+        (folder / "config.yaml").write_text(rounds.stability_config(epochs))
+    return rounds.Draw(0, "stability" if draw_command == "stability" else "search", "", 1, "", "command", 0, 0)
 
 
 def _readable_storage(url: str) -> Any | None:
@@ -101,7 +101,7 @@ def terminated_run(draw: TermDraw, argv: list[str], folder: Path, url: str) -> t
     whether the signal found it running mid-array, and its exit status."""
     log = folder / "terminated.log"
     with open(log, "wb") as stream:
-        process = subprocess.Popen(argv, cwd=folder, env=chaos.env(), stdout=stream, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, cwd=folder, env=rounds.env(), stdout=stream, stderr=subprocess.STDOUT)
     deadline, storage, seen = time.monotonic() + MID_ARRAY_GUARD_S, None, False
     while time.monotonic() < deadline and process.poll() is None and not seen:
         storage = storage or (_readable_storage(url) if draw.command == "search" else None)
@@ -110,7 +110,7 @@ def terminated_run(draw: TermDraw, argv: list[str], folder: Path, url: str) -> t
     time.sleep(draw.after_s)
     hit = seen and process.poll() is None
     if process.poll() is None:
-        targets = [process.pid] + (chaos._workers_of(process.pid) if draw.target == "every process" else [])
+        targets = [process.pid] + (rounds.workers_of(process.pid) if draw.target == "every process" else [])
         for pid in targets:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -159,12 +159,12 @@ def run_sigterm_round(
     name = f"chaos{draw.round}"
     argv_draw = write_inputs(draw.command, folder, name, epochs)
     argv_draw.workers = draw.workers
-    url = chaos.storage_url(draw.storage, folder, postgres, name)
-    argv = chaos.command(argv_draw, folder, url)
+    url = rounds.storage_url(draw.storage, folder, postgres, name)
+    argv = rounds.command(argv_draw, folder, url)
     hit, code = terminated_run(draw, argv, folder, url)
     problems = stopped_problems(draw, code, folder, url) if hit else []
     continued = any(folder.rglob("checkpoints/*/*.pt"))  # what the re-run may continue from
-    if chaos.clean_run(argv, folder / "rerun.log"):
+    if rounds.clean_run(argv, folder / "rerun.log"):
         problems.append(f"the re-run failed:\n{(folder / 'rerun.log').read_text(errors='replace')[-1500:]}")
         return problems, 0, hit, False
     found, compared, resumed = finished_problems(draw.command, folder, url, name, reference)
@@ -180,13 +180,13 @@ def finished_problems(
 ) -> tuple[list[str], int, bool]:
     """A finished study's invariants against the clean runs, how many results equal theirs, and
     whether the run continued an array from its checkpoint (`export_required`: see
-    `chaos.search_problems`)."""
+    `_chaos_rounds.search_problems`)."""
     if what == "stability":
-        problems, compared = chaos.stability_problems(folder / "report", reference["stability"])
-        return problems, compared, chaos._stability_resumed(folder / "report")
+        problems, compared = rounds.stability_problems(folder / "report", reference["stability"])
+        return problems, compared, rounds.stability_resumed(folder / "report")
     if what == "pbt":
         problems, compared = pbt_problems(url, name, folder / "out", reference["pbt"])
         return problems, compared, False  # a PBT run's continuation is seen by its checkpoint, before it
-    problems, compared = chaos.search_problems(url, name, folder / "out", reference["search"], export_required)
+    problems, compared = rounds.search_problems(url, name, folder / "out", reference["search"], export_required)
     trials = optuna.load_study(study_name=name, storage=open_storage(url)[0]).get_trials(deepcopy=False)
     return problems, compared, any("resumed_from_epoch" in t.user_attrs for t in trials)
