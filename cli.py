@@ -1246,7 +1246,14 @@ def _print_search_summary(summary: Any) -> None:
         # one parameter a line: the table stays narrow (an 80-column terminal) however many there are
         params = "\n".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["params"].items())
         table.add_row(str(best["number"]), *(f"{best['values'][m]:.4g}" for m in summary.metrics), params)
-    console.print(table)
+    completed = summary.trials.get("COMPLETE", 0)
+    if summary.best or not completed:
+        console.print(table)
+    else:  # completed trials and no best: under constraints, Optuna's best is the best feasible trial
+        console.print(
+            f"study {summary.study_name}: no best trial: none of the {completed} completed trials met the "
+            "space's constraints (each trial's system attribute 'constraints' says by how much it missed)"
+        )
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(summary.trials.items()))
     if not summary.arrays:
         console.print(

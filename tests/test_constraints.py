@@ -9,7 +9,9 @@ import optuna
 import pytest
 import torch
 import yaml
+from click.testing import CliRunner
 
+from hfta_nas.cli import main
 from hfta_nas.search import open_storage
 from hfta_nas.search_spaces import SpaceError, parse_space, run_search
 
@@ -82,6 +84,17 @@ def test_a_space_none_of_whose_trials_is_feasible_exports_nothing(tmp_path):
     )
     assert summary.best == []
     assert not (tmp_path / "out" / "best_weights.pt").exists()
+
+
+def test_the_command_says_why_a_study_has_no_best_trial(tmp_path):
+    """It printed an empty best-trial table and no reason."""
+    file = tmp_path / "space.yaml"
+    file.write_text(yaml.safe_dump(space(constraints={"params": {"max": 100}}, budget={"n_trials": 2})))
+    args = ["search", str(file), "--storage", str(tmp_path / "s.journal"), "--out", str(tmp_path / "out")]
+    done = CliRunner().invoke(main, [*args, "--threads", "1"])
+    assert done.exit_code == 0, done.output
+    assert "no best trial: none of the 2 completed trials met the space's constraints" in " ".join(done.output.split())
+    assert "best trial(s)" not in done.output
 
 
 BAD = [
