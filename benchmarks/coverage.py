@@ -37,6 +37,11 @@ Any shape (`--shapes-only` runs just these; see benchmarks/_coverage_shapes.py):
 report prints (median, IQM, mean, gone wrong, the performance profile's band, P(A better)) on normal,
 t3, t2 and log-normal seeds, two modes, three modes and seeds between two clusters, n in
 {5, 8, 16, 32, 64}; and grids whose failures follow the init seed.
+
+Differences and grids (`--differences-only` runs just these, without bootstrap): on the same shapes and
+n, the paired-t and Welch intervals of a difference between configurations and the chi-square interval
+of a variance (`--decompose`); on crossed 3x3 to 8x8 grids with normal or heavy-tailed effects, and
+failures that follow the init seed, the crossed interval of the mean and the variance components' intervals.
 """
 
 from __future__ import annotations
@@ -54,7 +59,14 @@ from typing import Any
 import numpy as np
 import scipy
 
-from benchmarks._coverage_shapes import GRID_SIDES, run_shapes, shapes_markdown
+from benchmarks._coverage_shapes import (
+    GRID_SIDES,
+    INTERVAL_GRID_SIDES,
+    differences_markdown,
+    run_differences,
+    run_shapes,
+    shapes_markdown,
+)
 from benchmarks._coverage_shapes import SEED_COUNTS as SHAPE_SEED_COUNTS
 from hfta_nas.stability import (
     bootstrap_interval,
@@ -277,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--modes-only", action="store_true", help="only the mode rule and mixture tables (fast)")
     only.add_argument("--shapes-only", action="store_true", help="only the any-shape table (every printed interval)")
+    only.add_argument(
+        "--differences-only", action="store_true", help="only the differences' and grids' intervals on any shape"
+    )
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be positive")
@@ -284,21 +299,26 @@ def main(argv: list[str] | None = None) -> int:
     reps, counts = (100, (3, 8)) if args.quick else (args.reps, SEED_COUNTS)
     mode_counts, mixture_counts = ((8,), (8,)) if args.quick else (MODE_SEED_COUNTS, MIXTURE_SEED_COUNTS)
     shape_counts, sides = ((8,), (4,)) if args.quick else (SHAPE_SEED_COUNTS, GRID_SIDES)
+    interval_sides = (4,) if args.quick else INTERVAL_GRID_SIDES
+    alone = args.modes_only or args.shapes_only or args.differences_only
     result = {"confidence": CONFIDENCE, "reps": reps, "seed": args.seed, "rows": [], "machine_at_start": machine()}
-    if not (args.modes_only or args.shapes_only):
+    if not alone:
         result.update(run(reps, counts, args.seed))
         print(markdown(result))
-    if not args.shapes_only:
+    if not alone or args.modes_only:
         result.update(run_modes(reps, args.seed, mode_counts, mixture_counts))
         print(modes_markdown(result))
-    if not args.modes_only:
+    if not alone or args.shapes_only:
         result.update(run_shapes(reps, args.seed, shape_counts, sides))
         print(shapes_markdown(result))
+    if not alone or args.differences_only:
+        result.update(run_differences(reps, args.seed, shape_counts, interval_sides))
+        print(differences_markdown(result))
     result["machine_at_end"] = machine()
     result["seconds"] = round(time.perf_counter() - started, 1)
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-    if not (args.modes_only or args.shapes_only):
+    if not alone:
         print(worst_headline(result))
     return 0
 

@@ -39,8 +39,10 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
     from hfta_nas.stability._stats import (
         bootstrap_interval,
         clopper_pearson,
+        crossed_mean_interval,
         failure_rate,
         find_modes,
+        grid_decomposition,
         mode_threshold,
         prob_greater,
         prob_greater_interval,
@@ -48,6 +50,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
         studentized_gaps,
         t_interval,
         variance_interval,
+        welch_interval,
     )
     from hfta_nas.stability._study import StudyReport, default_artifact_dir, report, run_study
     from hfta_nas.stability._tracking import StabilityTracking
@@ -84,6 +87,9 @@ _PUBLIC = {
     "seeds_to_see_failure": ("hfta_nas.stability._stats", "seeds_to_see_failure"),
     "studentized_gaps": ("hfta_nas.stability._stats", "studentized_gaps"),
     "variance_interval": ("hfta_nas.stability._stats", "variance_interval"),
+    "welch_interval": ("hfta_nas.stability._stats", "welch_interval"),
+    "crossed_mean_interval": ("hfta_nas.stability._stats", "crossed_mean_interval"),
+    "grid_decomposition": ("hfta_nas.stability._stats", "grid_decomposition"),
     "report_command": ("hfta_nas.stability._cli", "report"),
     "stability_command": ("hfta_nas.stability._cli", "stability"),
     "StudyReport": ("hfta_nas.stability._study", "StudyReport"),
@@ -121,6 +127,9 @@ __all__ = [
     "seeds_to_see_failure",
     "studentized_gaps",
     "variance_interval",
+    "welch_interval",
+    "crossed_mean_interval",
+    "grid_decomposition",
     "bernoulli_cs",
     "hedged_cs",
     "median_cs",

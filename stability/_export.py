@@ -233,7 +233,9 @@ def _write_latex(report: _Report, out: Path) -> list[Path]:
             _latex(
                 _decomposition_table(report, decomposition),
                 caption=f"Sources of variance of the final {name}: each source's variance with its 95\\% interval "
-                "(method 'sources': normal-theory chi-square; 'grid': two-way random-effects ANOVA) and its share "
+                "(method 'sources': normal-theory chi-square, "
+                f"{_latex_escape(MEASURED['variance'])}; 'grid': two-way random-effects ANOVA, "
+                f"{_latex_escape(MEASURED['grid init and data'])}) and its share "
                 "(a point estimate, without interval).",
                 label="tab:stability-decomposition",
             )
@@ -352,6 +354,20 @@ MEASURED = {
     "gone wrong": "exact: at least 95% for any shape; measured 96-100%",
     "profile": "at least 95% for any shape; measured 95-98%",
     "p better": "measured 92-97% across shapes at n = 5-64",
+    # the intervals of a difference, of a variance and of a crossed grid (`--differences-only`):
+    # benchmarks/results/coverage_differences.json, checked against that file by the same test module
+    "paired t": "measured 94-99% across shapes at n = 5-64 when both configurations' seeds share the shape",
+    "paired t, A alone": "measured 56-97% when only one configuration's seeds go wrong: 56-58% at 5-8 seeds "
+    "with two modes",
+    "welch": "measured 94-99% across shapes at n = 5-64 when both share the shape",
+    "welch, A alone": "measured 53-97% when only one goes wrong: 53-57% at 5-8 seeds with two modes",
+    "variance": "measured 0-96% across shapes at n = 5-64: 95% on normal seeds, 33-93% with heavy tails or modes, "
+    "0% on t2 seeds, which have no variance",
+    "crossed mean": "measured 56-98% on crossed 3x3 to 8x8 grids: 94-98% with normal or t3 effects, 56-81% "
+    "when failures follow the init seed",
+    "grid init and data": "measured 59-96% on the same grids: 93-96% with normal effects, 81-92% with t3 "
+    "effects, 59-82% for init when failures follow it",
+    "grid residual": "measured 57-95% on the same grids: 94-95% with normal effects, 57-88% with t3 effects",
 }
 INTERVALS_CAPTION = (
     "The headline: the median with its exact order-statistic 95% interval, and the seeds gone wrong. Beside it: "
@@ -364,7 +380,8 @@ DISTRIBUTION_TEXT = (
     f"interval ({MEASURED['median']}; its exact level beside it), and the seeds gone wrong (next section). The "
     f"IQM (interquartile mean) has rliable's stratified percentile bootstrap interval ({MEASURED['iqm']}). The "
     f"mean has Student's t interval ({MEASURED['mean']}); 'few seeds' marks n below 5. The grid design's interval "
-    "of the mean is the crossed design's (runs sharing an init or a data seed are not independent). The BCa "
+    "of the mean is the crossed design's (runs sharing an init or a data seed are not independent; "
+    f"{MEASURED['crossed mean']}). The BCa "
     "bootstrap interval of the mean is in the CSV/JSON."
 )
 COMPARISON_TEXT = (
@@ -373,7 +390,9 @@ COMPARISON_TEXT = (
     "paired-t interval, the paired t-test and the Wilcoxon signed-rank test, and P(A better) over the pairs "
     "(ties half) with its exact interval. Independent (different seeds): Welch's interval and t-test, "
     "Mann-Whitney U, and P(A better) over all pairs of seeds with Newcombe's score interval "
-    f"({MEASURED['p better']}). The t intervals of a difference assume roughly normal seeds. Every p-value is "
+    f"({MEASURED['p better']}). The t intervals of a difference are not distribution-free: paired t "
+    f"{MEASURED['paired t']}, {MEASURED['paired t, A alone']}; Welch {MEASURED['welch']}, "
+    f"{MEASURED['welch, A alone']}. Every p-value is "
     "Holm-adjusted per test across the pairs (in brackets). Cohen's d and Cliff's delta (positive: A better) "
     "and almost-stochastic-order epsilon_min (Bonferroni-adjusted confidence; below 0.5: A tends to be better) "
     "treat the seeds as independent."
@@ -476,15 +495,15 @@ def _decomposition_text(metadata: dict[str, Any]) -> str:
     )
     return (
         "Method 'sources' (--decompose): each source varied alone (the others fixed), each design with seeds of "
-        "its own; its variance with a normal-theory chi-square 95% interval (it assumes normal seeds: simulated, it "
-        "covers 94-95% on normal seeds but 79-88% on gamma-2 and 53-86% on heavy-tailed (t, 3 df) seeds, and a "
-        "worse mode makes it meaningless; see docs/stability.md), and its "
+        "its own; its variance with a normal-theory chi-square 95% interval (not distribution-free: "
+        f"{MEASURED['variance']}; see docs/stability.md), and its "
         "share of the sum of the sources' variances (a point estimate, without interval), beside the total when "
         "all vary. If the sources interact, each one-at-a-time design counts their interaction once more and the "
         "total falls below the sum; the report does not test this, and a total below the sum within the "
         "intervals may be noise. Method 'grid' (--decompose grid): init seeds crossed with data seeds, one run "
         "per cell; two-way random-effects ANOVA components with 95% intervals (modified large-sample for init "
-        f"and data, chi-square for their interaction, which holds the residual: {residual})."
+        f"and data, {MEASURED['grid init and data']}; chi-square for their interaction, which holds the residual: "
+        f"{residual}; {MEASURED['grid residual']})."
     )
 
 

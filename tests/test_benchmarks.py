@@ -534,6 +534,13 @@ def test_coverage_quick_run_prints_every_cell_and_its_count(tmp_path):
     for row in result["shapes"]:  # the exact and DKW intervals hold whatever the shape
         assert row["median_exact"] >= 0.9 and row["bad_exact"] >= 0.9 and row["profile_dkw"] >= 0.9
     assert [g["runs"] for g in result["grids"]] == [16] and result["grids"][0]["per_init_seed"] >= 0.9
+    assert [(r["shape"], r["n"]) for r in result["differences"]] == [(s, 8) for s in _coverage_shapes.SHAPES]
+    normal = result["differences"][0]  # normal seeds: every interval of a difference and the variance's hold
+    assert min(normal[k] for k in ("paired_t", "welch", "paired_t_a_only", "welch_a_only", "variance_chi2")) >= 0.85
+    assert next(r for r in result["differences"] if r["shape"] == "t2")["variance_chi2"] == 0.0  # t2 has no variance
+    assert [(g["grid"], g["runs"]) for g in result["grid_intervals"]] == [(m, 16) for m in _coverage_shapes.GRID_MODELS]
+    normal_grid = result["grid_intervals"][0]
+    assert min(normal_grid[k] for k in ("crossed_mean", "init_mls", "data_mls", "residual_chi2")) >= 0.85
     assert len(result["machine_at_start"]["load_1_5_15"]) == 3
 
 

@@ -638,6 +638,31 @@ def test_the_reports_coverage_labels_are_the_committed_measurements():
     assert min(cell["median_exact"] for cell in exact) >= 0.95  # "at least 95% from 6 seeds"
 
 
+def test_the_reports_difference_and_grid_labels_are_the_committed_measurements():
+    """The same for the intervals of a difference, of a variance and of a crossed grid: the range over
+    shapes, n and grids in the committed run of `python -m benchmarks.coverage --differences-only`
+    (benchmarks/results/coverage_differences.json)."""
+    from pathlib import Path
+
+    from hfta_nas.stability._export import MEASURED
+
+    path = Path(__file__).parents[1] / "benchmarks" / "results" / "coverage_differences.json"
+    result = json.loads(path.read_text())
+    shapes, grids = result["differences"], result["grid_intervals"]
+    for label, cells, columns in (
+        ("paired t", shapes, ("paired_t",)),
+        ("paired t, A alone", shapes, ("paired_t_a_only",)),
+        ("welch", shapes, ("welch",)),
+        ("welch, A alone", shapes, ("welch_a_only",)),
+        ("variance", shapes, ("variance_chi2",)),
+        ("crossed mean", grids, ("crossed_mean",)),
+        ("grid init and data", grids, ("init_mls", "data_mls")),
+        ("grid residual", grids, ("residual_chi2",)),
+    ):
+        values = [100 * cell[column] for cell in cells for column in columns]
+        assert f"measured {min(values):.0f}-{max(values):.0f}%" in MEASURED[label], label
+
+
 def test_fail_margin_sets_the_distance_below_the_median_that_counts_as_gone_wrong(tmp_path):
     """`hfta-nas report FOLDER --fail-margin M`: seeds worse than the median by more than M of it
     count; a negative margin is refused in one line (exit 2)."""
