@@ -550,7 +550,9 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     for verdict in summary["mode_sources"]:
         console.print(verdict)
     if summary["sequential"]:
-        console.print(_stopping_line(summary["sequential"]))
+        from hfta_nas.stability._export import stopping_text
+
+        console.print(stopping_text(summary["sequential"]))
     arrays = summary["arrays"]
     if arrays:
         sizes = ", ".join(str(a["size"]) for a in arrays)
@@ -569,16 +571,6 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
         console.print(f"study: {name}")
     if summary["dashboard"]:
         console.print(f"dashboard: {summary['dashboard']}")
-
-
-def _stopping_line(sequential: dict[str, Any]) -> str:
-    """Why the rounds stopped: the question answered, or --max-seeds reached with it open."""
-    rounds = sequential["rounds"]
-    how = "answered" if sequential["decided"] else f"still open at --max-seeds {sequential['max_seeds']}"
-    return (
-        f"--until {sequential['question']}: {how} after {len(rounds)} round(s), {rounds[-1]['seeds']} seeds "
-        f"per configuration ({sequential['confidence']:.0%} anytime-valid confidence sequences)"
-    )
 
 
 def _comparison_line(c: dict[str, Any], scale: float, unit: str) -> str:

@@ -277,6 +277,9 @@ def _sections(report: _Report) -> list[_Section]:
             "curves",
         ),
     ]
+    if metadata.get("sequential"):
+        sequential = metadata["sequential"]
+        sections.insert(1, _Section("Stopping", stopping_text(sequential), _stopping_table(sequential)))
     if len(failed):
         sections.append(
             _Section(
@@ -535,6 +538,26 @@ def _mode_sources_table(mode_sources: pd.DataFrame) -> pd.DataFrame:
             for _, r in mode_sources.iterrows()
         ]
     )
+
+
+def stopping_text(sequential: dict[str, Any]) -> str:
+    """Why the rounds of `--until` stopped: the question answered, or --max-seeds reached with it open."""
+    rounds = sequential["rounds"]
+    how = "answered" if sequential["decided"] else f"still open at --max-seeds {sequential['max_seeds']}"
+    return (
+        f"--until {sequential['question']}: {how} after {len(rounds)} round(s), {rounds[-1]['seeds']} seeds "
+        f"per configuration ({sequential['confidence']:.0%} anytime-valid confidence sequences)"
+    )
+
+
+def _stopping_table(sequential: dict[str, Any]) -> pd.DataFrame:
+    """Every look of the rounds: each configuration's (or pair's) answer after each round."""
+    rows = [
+        {"round": number, "seeds": look["seeds"], "answer": a["text"], "decided": "yes" if a["decided"] else "no"}
+        for number, look in enumerate(sequential["rounds"], start=1)
+        for a in look["answers"]  # each answer's text names its configuration or pair
+    ]
+    return pd.DataFrame(rows, columns=["round", "seeds", "answer", "decided"])
 
 
 def _protocol_text(metadata: dict[str, Any], analysis: Analysis) -> str:

@@ -234,11 +234,14 @@ def test_until_runs_rounds_and_a_rerun_resumes_the_stored_study(tmp_path):
     config, journal = tmp_path / "tiny.yaml", tmp_path / "s.journal"
     config.write_text(TINY)
     args = ("stability", config, "--seeds", 4, "--until", "fail<0.5", "--max-seeds", 12, "--storage", journal)
-    first = cli(*args, "--out", tmp_path / "r", "--format", "json", "--json")
+    first = cli(*args, "--out", tmp_path / "r", "--format", "json,md", "--json")
     assert first.exit_code == 0, first.output
     summary = json.loads(first.output)
     record = summary["sequential"]  # 0 of 4 bounds the rate at 66%, 0 of 8 at 44%
     assert record["decided"] and [look["seeds"] for look in record["rounds"]] == [4, 8]
+    report = (tmp_path / "r" / "report.md").read_text()  # the report says why the rounds stopped, look by look
+    assert "## Stopping" in report and "--until fail<0.5: answered after 2 round(s), 8 seeds" in report
+    assert "(0 of 4 seeds failed): undecided against 50.00%" in report and "(0 of 8 seeds failed): below" in report
     assert [a["size"] for a in summary["arrays"]] == [4, 4] and summary["reused_seeds"] == 0
     (name,) = summary["studies"].values()
     assert len(optuna.load_study(study_name=name, storage=open_storage(str(journal))[0]).trials) == 8
