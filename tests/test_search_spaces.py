@@ -744,8 +744,9 @@ def test_readme_examples_are_valid():
     import hfta_nas.search_spaces as search_spaces
 
     readme = (Path(search_spaces.__file__).parent / "README.md").read_text()
-    space_text, pbt_text, config_text = re.findall(r"```yaml\n(.*?)```", readme, re.S)
+    space_text, pbt_text, constraints_text, config_text = re.findall(r"```yaml\n(.*?)```", readme, re.S)
     assert len(parse_space(space_text, "README.md").searched) == 4
+    assert parse_space(space_text + constraints_text, "README.md").constraints
     assert ResolvedConfig.from_yaml(config_text, "README.md").origin["trial"] == 12
     searched_lr = "params:\n  training.optimizer.lr: {distribution: log_uniform, min: 1.0e-4, max: 1.0e-2}\n"
     explore = search_spaces.pbt_options(parse_space(pbt_text + searched_lr, "README.md"))["explore"]

@@ -211,7 +211,7 @@ def test_fused_relu_layers_equal_separate_models(name, loop, monkeypatch):
     x = torch.randn(len(SEEDS), N, *shape, dtype=torch.float64)
     x[:, :, 0] = 0.0  # exact zeros reach the ReLUs: their gradient there is 0, as in torch
     arr = assert_matches_separate_models(factory, x)
-    assert arr._native_refused == (set() if loop else {(tuple(x.shape), x.dtype, True)})
+    assert arr._native_refused == (set() if loop else {(tuple(x.shape), x.dtype, True, "auto")})
 
 
 def test_double_backward_through_the_convolution_loop(conv_loop_everywhere):
