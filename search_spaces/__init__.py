@@ -17,10 +17,10 @@ The schema is documented key by key in search_spaces/README.md.
 
 from pathlib import Path
 
-from hfta_nas.search_spaces._errors import Problem, SpaceError
-from hfta_nas.search_spaces._pbt import pbt_notes, pbt_options
-from hfta_nas.search_spaces._resolved import ResolvedConfig, parse_config_overrides, read_text
-from hfta_nas.search_spaces._schema import (
+from ._errors import Problem, SpaceError
+from ._pbt import pbt_notes, pbt_options
+from ._resolved import ResolvedConfig, parse_config_overrides, read_text
+from ._schema import (
     DISTRIBUTIONS,
     METRICS,
     PRUNERS,
@@ -32,7 +32,7 @@ from hfta_nas.search_spaces._schema import (
     LogUniform,
     Uniform,
 )
-from hfta_nas.search_spaces._search import (
+from ._search import (
     architecture_params,
     candidate_builder,
     open_space_study,
@@ -41,8 +41,8 @@ from hfta_nas.search_spaces._search import (
     storage_patience_of,
     study_name_of,
 )
-from hfta_nas.search_spaces._sources import check_sources
-from hfta_nas.search_spaces._space import SearchSpace, load_space, parse_space
+from ._sources import check_sources
+from ._space import SearchSpace, load_space, parse_space
 
 SHIPPED_SPACES: dict[str, Path] = {path.stem: path for path in sorted(Path(__file__).parent.glob("*.yaml"))}
 """Name (file stem) -> path of every search space shipped in this folder."""

@@ -29,11 +29,12 @@ from hfta_nas.data import DATASETS
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import FAMILIES, family_defaults, model_factory
 from hfta_nas.optim import OPTIMIZERS, SCHEDULE_KINDS, LRSchedule
-from hfta_nas.search_spaces import _optuna
-from hfta_nas.search_spaces._constraints import check_constraints, warn_unaware_sampler
-from hfta_nas.search_spaces._errors import Problem, SpaceError
-from hfta_nas.search_spaces._pbt_checks import check_pbt
-from hfta_nas.search_spaces._schema import (
+
+from . import _optuna
+from ._constraints import check_constraints, warn_unaware_sampler
+from ._errors import Problem, SpaceError
+from ._pbt_checks import check_pbt
+from ._schema import (
     DISTRIBUTIONS,
     FOREIGN_DISTRIBUTIONS,
     BatchSize,
@@ -58,7 +59,7 @@ from hfta_nas.search_spaces._schema import (
     unknown_key_message,
     validation_problems,
 )
-from hfta_nas.search_spaces._yaml import Loc, Where
+from ._yaml import Loc, Where
 
 # Shapes of the built-in datasets, so a family config can be checked (layer
 # sizes fit the input) without generating the data.

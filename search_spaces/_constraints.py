@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from hfta_nas.search_spaces._schema import ConstraintSpec, SpaceFile
-from hfta_nas.search_spaces._yaml import Loc, Where
+from ._schema import ConstraintSpec, SpaceFile
+from ._yaml import Loc, Where
 
 # samplers that read trial.constraints when they sample (Optuna 5); the others only record them
 AWARE_SAMPLERS = ("tpe", "nsga2", "gp")

@@ -25,8 +25,9 @@ import optuna
 
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search import set_study_text, study_text
-from hfta_nas.search_spaces._schema import short
-from hfta_nas.search_spaces._space import SearchSpace, parse_space
+
+from ._schema import short
+from ._space import SearchSpace, parse_space
 
 IDENTITY_KEY = "space_identity"  # the identity of the space the study's trials came from
 HISTORY_KEY = "space_history"  # earlier spaces (--new-space), each with the trial number it stopped at

@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from hfta_nas.search_spaces._schema import describe_error
+from ._schema import describe_error
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from hfta_nas.search_spaces._errors import Problem, SpaceError
-from hfta_nas.search_spaces._yaml import Loc, Where, _Loader
+from ._errors import Problem, SpaceError
+from ._yaml import Loc, Where, _Loader
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from hfta_nas import Explore
-from hfta_nas.search_spaces._pbt_checks import explorable, explore_bounds
-from hfta_nas.search_spaces._space import SearchSpace
+
+from ._pbt_checks import explorable, explore_bounds
+from ._space import SearchSpace
 
 
 def pbt_options(space: SearchSpace) -> dict[str, Any]:

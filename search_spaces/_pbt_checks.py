@@ -13,8 +13,9 @@ from typing import Any
 
 from hfta_nas.optim import OPTIMIZERS, optimizer_values
 from hfta_nas.search import explore_bounds_problem
-from hfta_nas.search_spaces._schema import Fixed, LogUniform, Param, SpaceFile, Uniform
-from hfta_nas.search_spaces._yaml import Loc
+
+from ._schema import Fixed, LogUniform, Param, SpaceFile, Uniform
+from ._yaml import Loc
 
 # Searched params an array keeps per slot (the optimizer's hyper-parameters and the schedule's values).
 PER_SLOT_OPTIMIZER = (

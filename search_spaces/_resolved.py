@@ -22,11 +22,12 @@ from hfta_nas import LOSSES, EarlyStopping, Objective, loss_kind
 from hfta_nas.data import Augmentation
 from hfta_nas.models import FAMILIES, family_defaults, load_factory
 from hfta_nas.optim import OPTIMIZERS, LRSchedule, hparam_schedule_problems
-from hfta_nas.search_spaces._checks import validate
-from hfta_nas.search_spaces._errors import Problem, SpaceError
-from hfta_nas.search_spaces._overrides import OverriddenWhere, apply_overrides, parse_overrides
-from hfta_nas.search_spaces._schema import SpaceFile, short, unknown_key_message
-from hfta_nas.search_spaces._yaml import Loc, Where, dump_yaml, parse_yaml
+
+from ._checks import validate
+from ._errors import Problem, SpaceError
+from ._overrides import OverriddenWhere, apply_overrides, parse_overrides
+from ._schema import SpaceFile, short, unknown_key_message
+from ._yaml import Loc, Where, dump_yaml, parse_yaml
 
 FILE_KEYS = (
     "model",

@@ -23,7 +23,8 @@ from hfta_nas import (
     MAX_TRIALS,
     higher_is_better,
 )
-from hfta_nas.search_spaces._yaml import Loc, Where
+
+from ._yaml import Loc, Where
 
 # ------------------------------------------------------------------ value types
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]

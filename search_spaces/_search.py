@@ -42,12 +42,13 @@ from hfta_nas.search import (
     set_study_text,
     study_lock,
 )
-from hfta_nas.search_spaces._constraints import OutcomeConstraints
-from hfta_nas.search_spaces._identity import check_same_space, remember_space
-from hfta_nas.search_spaces._pbt import pbt_options
-from hfta_nas.search_spaces._pbt_checks import per_slot
-from hfta_nas.search_spaces._sources import check_sources
-from hfta_nas.search_spaces._space import SearchSpace
+
+from ._constraints import OutcomeConstraints
+from ._identity import check_same_space, remember_space
+from ._pbt import pbt_options
+from ._pbt_checks import per_slot
+from ._sources import check_sources
+from ._space import SearchSpace
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

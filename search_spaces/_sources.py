@@ -14,8 +14,9 @@ from typing import Any
 from hfta_nas.data import check_source
 from hfta_nas.errors import HftaNasError
 from hfta_nas.models import load_factory
-from hfta_nas.search_spaces._errors import SpaceError
-from hfta_nas.search_spaces._yaml import Where
+
+from ._errors import SpaceError
+from ._yaml import Where
 
 
 def check_sources(space: Any) -> None:

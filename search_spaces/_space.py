@@ -21,12 +21,13 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from pydantic import PrivateAttr
 
 from hfta_nas.search import TrialSeededSampler
-from hfta_nas.search_spaces import _optuna
-from hfta_nas.search_spaces._checks import encode_choice, grid_space, json_able, validate
-from hfta_nas.search_spaces._errors import Problem, SpaceError
-from hfta_nas.search_spaces._overrides import OverriddenWhere, apply_overrides, parse_overrides
-from hfta_nas.search_spaces._resolved import ResolvedConfig, build, read_text
-from hfta_nas.search_spaces._schema import (
+
+from . import _optuna
+from ._checks import encode_choice, grid_space, json_able, validate
+from ._errors import Problem, SpaceError
+from ._overrides import OverriddenWhere, apply_overrides, parse_overrides
+from ._resolved import ResolvedConfig, build, read_text
+from ._schema import (
     ArraySpec,
     BudgetSpec,
     Categorical,
@@ -50,8 +51,8 @@ from hfta_nas.search_spaces._schema import (
     _Strict,
     short,
 )
-from hfta_nas.search_spaces._wandb import is_sweep, translate_sweep
-from hfta_nas.search_spaces._yaml import Loc, Where, parse_yaml
+from ._wandb import is_sweep, translate_sweep
+from ._yaml import Loc, Where, parse_yaml
 
 
 class SearchSpace(_Strict):
@@ -204,8 +205,8 @@ class SearchSpace(_Strict):
         multi-objective study, a grid over continuous params, ...); problems
         raise `SpaceError` naming the option, e.g. `--sampler: expected one of ...`.
         """
-        from hfta_nas.search_spaces._checks import _check_sampler_and_pruner, _Run
-        from hfta_nas.search_spaces._schema import PRUNERS, SAMPLERS
+        from ._checks import _check_sampler_and_pruner, _Run
+        from ._schema import PRUNERS, SAMPLERS
 
         problems = []
         for option, value, names in (("--sampler", sampler, SAMPLERS), ("--pruner", pruner, PRUNERS)):

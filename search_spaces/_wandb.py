@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfta_nas.search_spaces._errors import Problem, SpaceError
-from hfta_nas.search_spaces._schema import short
-from hfta_nas.search_spaces._yaml import Loc, Where
+from ._errors import Problem, SpaceError
+from ._schema import short
+from ._yaml import Loc, Where
 
 SWEEP_ONLY_KEYS = ("method", "metric", "parameters", "early_terminate", "run_cap")
 _UNUSED_KEYS = {

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from hfta_nas.search_spaces._errors import Problem, SpaceError
+from ._errors import Problem, SpaceError
 
 Loc = tuple[Any, ...]
 

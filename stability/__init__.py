@@ -20,13 +20,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names below are, for type checkers and editors
-    from hfta_nas.stability._cli import report as report_command
-    from hfta_nas.stability._cli import stability as stability_command
-    from hfta_nas.stability._configs import DEFAULT_CONFIG, LabelledConfig, load_config
-    from hfta_nas.stability._design import plan, source_seed
-    from hfta_nas.stability._formats import FAIL_MARGIN
-    from hfta_nas.stability._result import Analysis, StabilityResult
-    from hfta_nas.stability._robust import (
+    from ._cli import report as report_command
+    from ._cli import stability as stability_command
+    from ._configs import DEFAULT_CONFIG, LabelledConfig, load_config
+    from ._design import plan, source_seed
+    from ._formats import FAIL_MARGIN
+    from ._result import Analysis, StabilityResult
+    from ._robust import (
         dkw_half_width,
         iqm,
         median_interval,
@@ -34,9 +34,9 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
         stratified_bootstrap,
         wrong_units,
     )
-    from hfta_nas.stability._runner import run_stability
-    from hfta_nas.stability._sequential import bernoulli_cs, hedged_cs, median_cs, running_median_cs
-    from hfta_nas.stability._stats import (
+    from ._runner import run_stability
+    from ._sequential import bernoulli_cs, hedged_cs, median_cs, running_median_cs
+    from ._stats import (
         bootstrap_interval,
         clopper_pearson,
         crossed_mean_interval,
@@ -52,8 +52,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
         variance_interval,
         welch_interval,
     )
-    from hfta_nas.stability._study import StudyReport, default_artifact_dir, report, run_study
-    from hfta_nas.stability._tracking import StabilityTracking
+    from ._study import StudyReport, default_artifact_dir, report, run_study
+    from ._tracking import StabilityTracking
 
 # public name -> (module, its name there)
 _PUBLIC = {

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from hfta_nas.stability import _robust, _stats
-from hfta_nas.stability._result import METRICS, SOURCES, Analysis, StabilityResult
+from . import _robust, _stats
+from ._result import METRICS, SOURCES, Analysis, StabilityResult
 
 ALPHA = 0.05  # significance level of the power analysis
 POWER = 0.8  # power the power analysis asks for

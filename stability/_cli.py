@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from hfta_nas.stability._formats import FAIL_MARGIN, FORMATS, MAX_SEEDS_UNTIL, PLOT_FORMATS
+from ._formats import FAIL_MARGIN, FORMATS, MAX_SEEDS_UNTIL, PLOT_FORMATS
 
 
 def _split(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
@@ -257,7 +257,8 @@ def run(
     a search are re-run across seeds and re-ranked with intervals.
     """
     from hfta_nas.errors import HftaNasError
-    from hfta_nas.stability._configs import (
+
+    from ._configs import (
         DEFAULT_CONFIG,
         LabelledConfig,
         label_for,
@@ -300,7 +301,8 @@ def compare(
     """Compare configurations: each INPUT is a config file (trained across the seeds)
     or the folder of an earlier stability report (reused without retraining)."""
     from hfta_nas.errors import HftaNasError
-    from hfta_nas.stability._configs import LabelledConfig, label_for, load_config
+
+    from ._configs import LabelledConfig, label_for, load_config
 
     if len(inputs) < 2:
         raise HftaNasError("compare needs at least two configurations (config files or report folders).")
@@ -315,7 +317,7 @@ def compare(
             configs.append(LabelledConfig(label, load_config(path, overrides=overrides)))
     if until_decided and earlier:
         raise HftaNasError("--until-decided trains rounds of seeds; give config files, not report folders.")
-    from hfta_nas.stability._rounds import decided
+    from ._rounds import decided
 
     until = decided(until_decided) if until_decided else None
     _execute(configs, earlier, until=until, max_seeds=max_seeds, **options)
@@ -373,9 +375,10 @@ def report(
     or name the studies with --study (`hfta-nas stability` prints their names).
     """
     from hfta_nas.errors import HftaNasError
-    from hfta_nas.stability._result import StabilityResult
-    from hfta_nas.stability._store import load_stability_study, result_of
-    from hfta_nas.stability._study import report as rebuild
+
+    from ._result import StabilityResult
+    from ._store import load_stability_study, result_of
+    from ._study import report as rebuild
 
     if (folder is None) == (not studies):
         raise HftaNasError("give a report FOLDER or at least one --study NAME (not both).")
@@ -431,7 +434,7 @@ def _execute(
 
     import optuna
 
-    from hfta_nas.stability._study import check_fail_below, metric_for, run_study
+    from ._study import check_fail_below, metric_for, run_study
 
     formats_ = _split(formats, FORMATS, "--format")
     plot_formats_ = _split(plot_formats, PLOT_FORMATS, "--plot-format")
@@ -445,7 +448,7 @@ def _execute(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metric = metric_for(configs, metric)
     check_fail_below(fail_below, metric)  # before training, not after
-    from hfta_nas.stability._tracking import StabilityTracking
+    from ._tracking import StabilityTracking
 
     tracking = StabilityTracking(*log_to) if log_to else contextlib.nullcontext()  # a bad --log fails before training
     with tracking, _Progress(enabled=not (quiet or as_json)) as progress:
@@ -525,7 +528,7 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     console = command_console()
     scale, unit = (100.0, "%") if metric.endswith("_acc") else (1.0, "")
     table = Table(title=f"{metric}: distribution over seeds")
-    from hfta_nas.stability._export import gone_wrong
+    from ._export import gone_wrong
 
     columns = ("config", "n", "failed", "headline", "IQM [95% bootstrap CI]", "gone wrong [95% exact CI]", "min–max")
     for column in columns:
@@ -550,7 +553,7 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
     for verdict in summary["mode_sources"]:
         console.print(verdict)
     if summary["sequential"]:
-        from hfta_nas.stability._export import stopping_text
+        from ._export import stopping_text
 
         console.print(stopping_text(summary["sequential"]))
     arrays = summary["arrays"]
@@ -575,7 +578,7 @@ def _print_summary(summary: dict[str, Any], metric: str) -> None:
 
 def _comparison_line(c: dict[str, Any], scale: float, unit: str) -> str:
     """One comparison in the words of its design: paired tests when the seeds are shared."""
-    from hfta_nas.stability._export import pairs_text
+    from ._export import pairs_text
 
     g = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731 (local helper)
     if c["paired"]:
@@ -703,7 +706,8 @@ def _open(storage: str | None) -> tuple[Any, str]:
 
 def _load_result(folder: Path) -> Any:
     from hfta_nas.errors import HftaNasError
-    from hfta_nas.stability._result import StabilityResult
+
+    from ._result import StabilityResult
 
     for candidate in (folder / "result", folder):
         if (candidate / "seeds.csv").exists():

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hfta_nas.errors import HftaNasError
-from hfta_nas.stability._result import DEFAULT_VARY, SOURCES
+
+from ._result import DEFAULT_VARY, SOURCES
 
 # the position names each design's streams: append, never reorder (stored studies are found by their seeds)
 DESIGNS = ("all", "only_init", "only_data", "only_dropout", "grid", "only_split")

@@ -24,9 +24,10 @@ import pandas as pd
 
 from hfta_nas.errors import HftaNasError
 from hfta_nas.runtime import atomic_write_text
-from hfta_nas.stability import _plots
-from hfta_nas.stability._formats import FORMATS, PLOT_FORMATS
-from hfta_nas.stability._result import Analysis, StabilityResult
+
+from . import _plots
+from ._formats import FORMATS, PLOT_FORMATS
+from ._result import Analysis, StabilityResult
 
 
 def write_report(
@@ -483,7 +484,7 @@ def _power_caption(analysis: Analysis) -> str:
 
 def _band_label(analysis: Analysis) -> str:
     """The learning curves' band in words: the statistic the analysis computed per epoch."""
-    from hfta_nas.stability._analysis import band_label
+    from ._analysis import band_label
 
     methods = analysis.per_epoch["ci_method"].dropna() if "ci_method" in analysis.per_epoch else pd.Series()
     return str(methods.iloc[0]) if len(methods) else band_label(analysis.settings.get("confidence", 0.95))
@@ -685,7 +686,7 @@ def _modes_table(report: _Report) -> pd.DataFrame:
     rows, several_designs = _metric_rows(report)
     f = _value_format(report)
     table = []
-    from hfta_nas.stability._analysis import _higher_is_better
+    from ._analysis import _higher_is_better
 
     side = "below" if _higher_is_better(report.metric) else "above"
     for _, r in rows.iterrows():

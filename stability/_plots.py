@@ -30,8 +30,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from hfta_nas.runtime import atomic_write_bytes
-from hfta_nas.stability._result import Analysis, StabilityResult
-from hfta_nas.stability._robust import performance_profile, profile_band
+
+from ._result import Analysis, StabilityResult
+from ._robust import performance_profile, profile_band
 
 PLOT_NAMES = ("distribution", "ecdf", "profile", "curves", "comparison", "variance")
 

@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from hfta_nas.stability._formats import FAIL_MARGIN
+from ._formats import FAIL_MARGIN
 
 NAN = float("nan")
 BOOTSTRAP_REPS = 2000  # rliable's default

@@ -41,7 +41,8 @@ import numpy as np
 import pandas as pd
 
 from hfta_nas.errors import HftaNasError
-from hfta_nas.stability._sequential import ALPHA, bernoulli_cs, hedged_cs, running_median_cs
+
+from ._sequential import ALPHA, bernoulli_cs, hedged_cs, running_median_cs
 
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)"
 _PRECISION = re.compile(rf"^\s*(mean|median)\s*(?:±|\+-|\+/-)\s*{_NUMBER}\s*$")

@@ -34,10 +34,11 @@ from hfta_nas.runtime import DTYPES, remove_checkpoint, remove_empty_folders, tr
 from hfta_nas.runtime import checked_device as _checked_device
 from hfta_nas.search import checkpoint_folder
 from hfta_nas.search_spaces import ResolvedConfig
-from hfta_nas.stability._configs import LabelledConfig
-from hfta_nas.stability._design import SeedPlan, parse_decompose, plan
-from hfta_nas.stability._result import DEFAULT_VARY, SOURCES, StabilityResult
-from hfta_nas.stability._store import SeedOutcome, SeedStore, frames, study_name_for
+
+from ._configs import LabelledConfig
+from ._design import SeedPlan, parse_decompose, plan
+from ._result import DEFAULT_VARY, SOURCES, StabilityResult
+from ._store import SeedOutcome, SeedStore, frames, study_name_for
 
 Event = Callable[[str, dict[str, Any]], None]
 

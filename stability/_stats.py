@@ -27,7 +27,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import optimize, stats
 
-from hfta_nas.stability import _robust
+from . import _robust
 
 NAN = float("nan")
 # The interval of the mean is Student's t. benchmarks/coverage.py measures it at 92.7-96.2% for

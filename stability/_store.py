@@ -28,8 +28,9 @@ from optuna.trial import TrialState
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search import set_study_text, study_text
 from hfta_nas.search_spaces import ResolvedConfig
-from hfta_nas.stability._design import SeedPlan
-from hfta_nas.stability._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, SOURCES
+
+from ._design import SeedPlan
+from ._result import CURVE_COLUMNS, METRICS, SEED_COLUMNS, SOURCES
 
 
 @dataclass
@@ -246,7 +247,7 @@ def frames(outcomes: dict[str, list[SeedOutcome]]) -> tuple[pd.DataFrame, pd.Dat
 
 def result_of(study: optuna.Study) -> Any:
     """The StabilityResult stored in a stability study (for `hfta-nas report --study`)."""
-    from hfta_nas.stability._result import StabilityResult
+    from ._result import StabilityResult
 
     label = study.study_name.split(":")[1] if study.study_name.count(":") >= 2 else study.study_name
     outcomes = outcomes_of(study)

@@ -17,12 +17,13 @@ from typing import Any
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search import artifact_folder
 from hfta_nas.search_spaces import ResolvedConfig
-from hfta_nas.stability._configs import LabelledConfig, label_for, load_config
-from hfta_nas.stability._design import check_design, parse_vary
-from hfta_nas.stability._export import FORMATS, PLOT_FORMATS, write_report
-from hfta_nas.stability._formats import FAIL_MARGIN, MAX_SEEDS_UNTIL
-from hfta_nas.stability._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
-from hfta_nas.stability._rounds import Question, check_question, parse_until, run_rounds
+
+from ._configs import LabelledConfig, label_for, load_config
+from ._design import check_design, parse_vary
+from ._export import FORMATS, PLOT_FORMATS, write_report
+from ._formats import FAIL_MARGIN, MAX_SEEDS_UNTIL
+from ._result import DEFAULT_VARY, METRICS, Analysis, StabilityResult
+from ._rounds import Question, check_question, parse_until, run_rounds
 
 
 @dataclass
@@ -127,7 +128,8 @@ def run_study(
     `max_seeds` (see stability/_rounds.py); it needs the storage, where the rounds resume.
     """
     from hfta_nas.search import open_storage
-    from hfta_nas.stability._runner import run_stability
+
+    from ._runner import run_stability
 
     labelled = _labelled(configs)
     if not labelled and earlier:
@@ -235,7 +237,7 @@ def report(
     fail_margin: float = FAIL_MARGIN,
 ) -> StudyReport:
     """Analyse a result and write its report (and raw data, for `hfta-nas report`) to `out_dir`."""
-    from hfta_nas.stability._analysis import analyse
+    from ._analysis import analyse
 
     check_fail_below(fail_below, metric)
     known = set(result.curves["metric"]) | {c for c in result.seeds.columns if c.endswith(("_acc", "_loss"))}

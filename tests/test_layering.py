@@ -58,9 +58,20 @@ def modules() -> dict[str, Path]:
     return found
 
 
+def absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module a `from ... import` names, a relative one (`from ._x import`) resolved in `package`."""
+    if not node.level:
+        return node.module
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}" if node.module else base
+
+
 def imports(path: Path, known: set[str]) -> list[str]:
-    """Modules of this project that `path` imports (a `from m import name` of a submodule counts as it)."""
+    """Modules of this project that `path` imports (a `from m import name` of a submodule counts as it;
+    a relative import counts as the absolute one it stands for)."""
     tree = ast.parse(path.read_text())
+    own = import_name(path.relative_to(ROOT)) if path != ROOT / "cli.py" else "hfta_nas.cli"
+    package = own if path.name == "__init__.py" else own.rpartition(".")[0]
     typing_only = {
         id(n)
         for block in ast.walk(tree)
@@ -74,10 +85,9 @@ def imports(path: Path, known: set[str]) -> list[str]:
             continue
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found += [
-                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
-            ]
+        elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            module = absolute(node, package)
+            found += [f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names]
     return [name for name in found if name.split(".")[0] in ("hfta_nas", "benchmarks")]
 
 
