@@ -121,9 +121,16 @@ def test_workers_share_one_journal_study_and_its_budget(tmp_path):
     assert len({a.partition("/")[0] for a in arrays}) > 1  # arrays trained by several workers
 
 
-def test_workers_stop_and_tell_their_trials_when_their_parent_is_killed(tmp_path):
+def _as_a_background_job() -> None:
+    """What a shell does to `hfta-nas search ... &` in a batch script: SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("started", ["in the foreground", "as a background job"])
+def test_workers_stop_and_tell_their_trials_when_their_parent_is_killed(tmp_path, started):
     """SIGKILL of `hfta-nas search --workers 2` (the OOM killer, a scheduler): Linux sends its
-    workers SIGINT, and each stops as on Ctrl-C, its trials told and queued again."""
+    workers SIGINT, and each stops as on Ctrl-C, its trials told and queued again; also when
+    the search was started with SIGINT ignored, as a shell starts a background job."""
     space, journal = tmp_path / "space.yaml", tmp_path / "study.journal"
     space.write_text(space_text(n_trials=40, epochs=30))
     parent = subprocess.Popen(
@@ -145,6 +152,7 @@ def test_workers_stop_and_tell_their_trials_when_their_parent_is_killed(tmp_path
         env=worker_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=_as_a_background_job if started == "as a background job" else None,
     )
 
     try:

@@ -116,14 +116,18 @@ def run_workers(
     ]
 
 
-def _stop_when_parent_dies(parent: int) -> Callable[[], None] | None:
-    """In the worker, before exec: ask Linux for SIGINT when this parent dies (SIGKILL, the OOM
-    killer), so a worker stops as on Ctrl-C, telling its trials, instead of running on orphaned.
-    Elsewhere nothing (a worker then ends with its budget, and a re-run retries what it held)."""
-    if not sys.platform.startswith("linux"):
-        return None
+def _stop_when_parent_dies(parent: int) -> Callable[[], None]:
+    """In the worker, before exec: Ctrl-C's default action back, and on Linux a request for SIGINT
+    when this parent dies (SIGKILL, the OOM killer), so a worker stops as on Ctrl-C, telling its
+    trials, instead of running on orphaned. A shell starts a background job (`hfta-nas search &` in
+    a batch script) with SIGINT ignored; a worker that inherited that would ignore both this signal
+    and the stop its parent forwards. Elsewhere than Linux a worker whose parent died ends with its
+    budget, and a re-run retries what it held."""
 
     def arrange() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the worker's Python then raises KeyboardInterrupt on it
+        if not sys.platform.startswith("linux"):
+            return
         import ctypes
 
         PR_SET_PDEATHSIG = 1
