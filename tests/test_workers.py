@@ -255,6 +255,33 @@ def postgres_url(postgres):
     return postgres.url
 
 
+def test_a_ctrl_c_just_after_the_study_lock_was_granted_leaves_it_free(tmp_path, monkeypatch):
+    """Python raises a KeyboardInterrupt just after the call it arrived in; when that call is the
+    flock that got the study lock, the lock must be given back, or the stopping worker (telling
+    its trials under the same lock, with a new file) and every other worker wait on it forever."""
+    import fcntl
+
+    journal = tmp_path / "study.journal"
+    lock = study_lock(open_storage(str(journal))[0], str(journal), "workers")
+    real_flock, interrupted = fcntl.flock, []
+
+    def flock_then_ctrl_c(handle, operation):
+        real_flock(handle, operation)
+        if operation == fcntl.LOCK_EX and not interrupted:
+            interrupted.append(operation)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fcntl, "flock", flock_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt) as stopping, lock:  # kept, as the stopping worker keeps it
+        pass
+    [lock_file] = tmp_path.glob(".study.journal.*.lock")
+    with open(lock_file, "a") as another_worker:  # a new open file, as another process's
+        real_flock(another_worker, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError while held
+        real_flock(another_worker, fcntl.LOCK_UN)
+    with lock:  # and this worker takes it again
+        assert interrupted == [fcntl.LOCK_EX] and stopping.traceback
+
+
 @pytest.mark.slow
 def test_postgres_study_lock_excludes_another_worker(postgres_url):
     """Two workers' locks on one PostgreSQL study: the second waits while the first holds it.

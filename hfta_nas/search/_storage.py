@@ -506,13 +506,16 @@ class StudyLock:
 
     def __enter__(self) -> StudyLock:
         self._local.acquire()
-        if self._depth == 0:
-            try:
+        try:
+            if self._depth == 0:
                 self._acquire()
-            except BaseException:
-                self._local.release()
-                raise
-        self._depth += 1
+            self._depth += 1
+        except BaseException:  # a Ctrl-C may land just after the backing lock was granted: give it back
+            if self._depth == 0:
+                with contextlib.suppress(Exception):
+                    self._release()
+            self._local.release()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -547,12 +550,19 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
 
         def acquire() -> None:
             connection = engine.connect()
-            connection.execute(take, {"key": key})
-            connection.commit()
+            try:
+                connection.execute(take, {"key": key})
+                connection.commit()
+            except BaseException:  # a Ctrl-C just after the server granted it: closing the session frees it
+                with contextlib.suppress(Exception):
+                    connection.close()
+                raise
             held.append(connection)
 
         def release() -> None:
-            connection = held.pop()
+            if not held:  # given back already (StudyLock gives back a lock a Ctrl-C cut short)
+                return
+            connection = held[-1]
             try:
                 connection.execute(give, {"key": key})
                 connection.commit()
@@ -561,6 +571,7 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
                     raise
                 # the server dropped the connection (a restart): the lock, a session's, went with it
             finally:
+                held.pop()
                 with contextlib.suppress(Exception):
                     connection.close()
 
@@ -575,16 +586,23 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
     import fcntl
 
     lock_path = path.with_name(f".{path.name}.{key & 0xFFFFFFFF:08x}.lock")  # hidden: it outlives the run, empty
+    # The open file is kept in `files` before it locks, and leaves only once unlocked: a Ctrl-C (or
+    # the SIGINT a killed parent sends) is raised just after the call it arrived in, and when that
+    # call is the flock that got the lock, the next acquire must flock the same file (at once)
+    # rather than a new one, which would wait on this process's own lock forever.
     files: list[Any] = []
 
     def acquire_file() -> None:
-        handle = open(lock_path, "a")  # noqa: SIM115 - held open while the lock is held; closed on release
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        files.append(handle)
+        if not files:
+            files.append(open(lock_path, "a"))  # noqa: SIM115 - open while the lock is held; closed on release
+        fcntl.flock(files[0], fcntl.LOCK_EX)
 
     def release_file() -> None:
-        handle = files.pop()
+        if not files:  # given back already (StudyLock gives back a lock a Ctrl-C cut short)
+            return
+        handle = files[0]
         fcntl.flock(handle, fcntl.LOCK_UN)
+        files.clear()
         handle.close()
 
     return acquire_file, release_file
