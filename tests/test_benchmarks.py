@@ -401,6 +401,23 @@ def test_envelope_bad_arguments_are_rejected(capsys):
 
 
 # ---------------------------------------------------------------- benchmarks/chaos.py
+def chaos_failure(completed, tail=3000):
+    """What a failed chaos run printed: every round's verdict (the line "round N: ..." and the
+    problems under it, each round's cut to 2500 characters, wherever it is in the output), then
+    the output's tails, which hold the summary lines and any error."""
+    verdicts, current = [], None
+    for line in completed.stdout.splitlines():
+        if line.startswith("round "):
+            current = [line]
+            verdicts.append(current)
+        elif line.startswith("chaos: "):
+            current = None
+        elif current is not None:
+            current.append(line)
+    rounds = "\n".join("\n".join(lines)[:2500] for lines in verdicts) or "(no round verdict printed)"
+    return f"{rounds}\n--- stdout's tail:\n{completed.stdout[-tail:]}\n--- stderr's tail:\n{completed.stderr[-tail:]}"
+
+
 @pytest.mark.slow
 def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
     """`--seed 0` draws a search with 2 workers, one SIGKILLed mid-run (the 100-round count is in the README)."""
@@ -426,7 +443,7 @@ def test_one_chaos_round_kills_a_worker_and_checks_the_invariants(tmp_path):
         text=True,
         timeout=GUARD_S,
     )
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert completed.returncode == 0, chaos_failure(completed)
     [round_] = json.loads(out.read_text())["rounds"]
     assert (round_["command"], round_["workers"], round_["signal"], round_["target"]) == (
         "search",
@@ -467,7 +484,7 @@ def test_a_full_disk_round_and_a_sigterm_round_hold_their_invariants(tmp_path):
         text=True,
         timeout=GUARD_S,
     )
-    assert completed.returncode == 0, completed.stdout[-5000:] + completed.stderr[-3000:]
+    assert completed.returncode == 0, chaos_failure(completed)
     full, terminated = json.loads(out.read_text())["rounds"]
     assert (full["fault"], full["command"], full["free_kib"]) == ("disk-full", "pbt", 4)
     assert (terminated["fault"], terminated["command"], terminated["workers"]) == ("sigterm", "search", 3)
@@ -503,7 +520,7 @@ def test_two_chaos_rounds_restart_the_database_and_partition_a_host(tmp_path):
     )
     if "chaos: no PostgreSQL" in completed.stdout:
         pytest.skip(completed.stdout.strip().splitlines()[0])
-    assert completed.returncode == 0, completed.stdout[-5000:] + completed.stderr[-3000:]
+    assert completed.returncode == 0, chaos_failure(completed)
     record = json.loads(out.read_text())
     rounds = record["rounds"]
     assert [(r["fault"], r["hosts"], r["target"], r["length_s"], r["stop_mode"]) for r in rounds] == [

@@ -205,6 +205,9 @@ class ArrayJob:
         self.static[proposal.number] = static_metrics(proposal, wanted, self.ctx.device, self.ctx.dtype)
         self.records[proposal.number] = slot_record(proposal)
         with self.ctx.account.phase("storage"):
+            if self.ctx.ledger.beyond_budget(proposal.trial):  # asked on a count a database crash made stale
+                self._refuse_surplus(proposal)
+                return
             try:
                 self._tell_start(proposal, slot, **extra)
             except optuna.exceptions.UpdateFinishedTrialError:
@@ -217,6 +220,14 @@ class ArrayJob:
                         proposal.number, "FAIL", reason="taken over: another worker retried it before it started"
                     )
                 )
+
+    def _refuse_surplus(self, proposal: Proposal) -> None:
+        """Fail a trial past the budget as surplus before it trains; like a trial taken over, its
+        slot trains untold until its first epoch ends, then leaves."""
+        self.ended[proposal.number] = 0
+        reason = "surplus: asked when the budget was already full (another worker counted at the same time)"
+        if self.ctx.ledger.fail(proposal.trial, Outcome.SURPLUS, reason):
+            self.ctx.emit(TrialEnded(proposal.number, "FAIL", reason=reason))
 
     def _tell_start(self, proposal: Proposal, slot: int, **extra: Any) -> None:
         trial = proposal.trial

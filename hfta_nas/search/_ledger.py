@@ -33,7 +33,7 @@ class Outcome(str, enum.Enum):
     PRUNED = "pruned"
     FAILED = "failed"  # trained and failed: diverged, its array failed, too big even alone
     INTERRUPTED = "interrupted"  # its worker stopped while it ran; failed, and retried as a new trial
-    SURPLUS = "surplus"  # enqueued (a retry, a fill) when the budget was already full; never trained
+    SURPLUS = "surplus"  # enqueued (a retry, a fill) or asked when the budget was already full; never trained
     NOT_TRAINED = "not_trained"  # asked, then the search stopped (an error, the timeout) before its array ran
 
     @property
@@ -91,6 +91,19 @@ class Ledger:
         if self.n_trials is None:
             return sys.maxsize
         return self.n_trials - self.counted()
+
+    def beyond_budget(self, trial: optuna.Trial) -> bool:
+        """Whether `trial` would take a place past the budget: as many counted trials numbered
+        before it as `n_trials`. Counting then asking under the study lock keeps this False, but a
+        database that crashes drops its sessions' advisory locks: a worker that counted before the
+        crash asks after it, while another worker took the freed lock and counted too. The later
+        of two such trials sees the earlier one here, so one of them, never both, is refused (ties
+        of number, which trials created at once may get, go by storage id)."""
+        if self.n_trials is None:
+            return False
+        place = (trial.number, trial_id(trial))
+        others = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, *_ENDED))
+        return sum(counts(t) for t in others if (t.number, trial_id(t)) < place) >= self.n_trials
 
     def is_running(self, trial: optuna.Trial) -> bool:
         return storage_of(self.study).get_trial(trial_id(trial)).state == TrialState.RUNNING
