@@ -883,8 +883,10 @@ def search(
     from hfta_nas.runtime import checked_device as _checked_device
     from hfta_nas.runtime import checked_out_dir as _checked_out_dir
     from hfta_nas.runtime import set_up_command_process
+    from hfta_nas.search import stop_when_orphaned
     from hfta_nas.search_spaces import load_space, plan_search, run_search
 
+    stop_when_orphaned()  # a worker of --workers: stops as its parent would have stopped it, should the parent die
     set_up_command_process(threads)
     if storage_patience is not None:
         from hfta_nas.search import check_patience

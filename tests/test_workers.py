@@ -166,6 +166,35 @@ def test_workers_stop_and_tell_their_trials_when_their_parent_is_killed(tmp_path
     assert any(t.user_attrs.get("outcome") == "interrupted" for t in trials)
 
 
+ORPHAN = """
+import os, signal, sys, threading
+from hfta_nas.search import stop_when_orphaned
+
+def heard(signum, frame):
+    os.write(1, f"{signal.Signals(signum).name}\\n".encode())  # one write: a handler may cut into another
+    if signum == signal.SIGTERM:
+        os._exit(0)
+
+signal.signal(signal.SIGTERM, heard)
+signal.signal(signal.SIGINT, signal.SIG_IGN if sys.argv[1] == "missed" else heard)  # missed: it came while ignored
+stop_when_orphaned(grace_s=0.0)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.parametrize(("sigint", "heard"), [("heard", ["SIGINT", "SIGTERM"]), ("missed", ["SIGTERM"])])
+def test_a_worker_whose_parent_is_gone_stops_even_if_it_missed_the_kernels_sigint(sigint, heard):
+    """A worker watches its parent's pid (`HFTA_NAS_WORKER_PARENT`); once the parent is gone it
+    signals itself as the parent's stop would: SIGINT, then SIGTERM (which one that missed or
+    ignored the SIGINT hears), then SIGKILL."""
+    gone = str(os.getpid() + 1_000_000)  # no process's pid: this worker's parent is gone
+    env = worker_env(HFTA_NAS_WORKER_PARENT=gone)
+    worker = subprocess.run(
+        [sys.executable, "-c", ORPHAN, sigint], env=env, capture_output=True, text=True, timeout=GUARD_S
+    )
+    assert (worker.returncode, worker.stdout.split()) == (0, heard), worker.stderr
+
+
 def test_a_sigterm_to_the_parent_reaches_every_worker_and_each_stops_as_on_ctrl_c(tmp_path):
     """SIGTERM of `hfta-nas search --workers 2` alone (Slurm's `--signal=B:TERM@...` to the batch
     shell, docker stop, kill): the parent forwards it, each worker tells its trials and queues them

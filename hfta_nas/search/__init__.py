@@ -31,6 +31,7 @@ from hfta_nas.search._events import (
 )
 from hfta_nas.search._ledger import Outcome, counts, outcome_of
 from hfta_nas.search._optimize import SearchSummary, check_options, optimize
+from hfta_nas.search._orphaned import stop_when_orphaned
 from hfta_nas.search._patience import PatientStorage, StorageUnreachable, patient
 from hfta_nas.search._pbt import PBTSummary, pbt
 from hfta_nas.search._pbt_explore import bounds_problem as explore_bounds_problem
@@ -108,6 +109,7 @@ __all__ = [
     "run_workers",
     "serve_proxy",
     "set_study_text",
+    "stop_when_orphaned",
     "study_lock",
     "study_report",
     "study_text",

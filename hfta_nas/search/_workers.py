@@ -29,6 +29,9 @@ from typing import Any
 
 from hfta_nas.search._recovery import stop_signal
 
+PARENT_ENV = "HFTA_NAS_WORKER_PARENT"  # a worker's parent pid: each worker watches it (`_orphaned`)
+STOP_GRACE_S = 10.0  # how long a worker signalled to stop may take to tell its trials before SIGTERM
+
 
 @dataclass
 class WorkerExit:
@@ -71,7 +74,7 @@ def run_workers(
     commands: Sequence[tuple[list[str], dict[str, str]]],
     *,
     echo: Callable[[str], None] | None = None,
-    grace_s: float = 10.0,
+    grace_s: float = STOP_GRACE_S,
 ) -> list[WorkerExit]:
     """Start one worker process per (argv, environment) of `commands` (the command line builds
     them: `cli.worker_commands`), relay their output through `echo`, wait for all, and return how
@@ -86,7 +89,7 @@ def run_workers(
         for worker, (argv, env) in enumerate(commands):
             process = subprocess.Popen(
                 argv,
-                env=env,
+                env={**env, PARENT_ENV: str(os.getpid())},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
