@@ -1281,6 +1281,8 @@ def _print_search_summary(summary: Any) -> None:
         )
     for what, path in summary.exported.items():
         console.print(f"best {what}: {path}")
+    if summary.unsaved_best:
+        console.print(f"best weights: {summary.unsaved_best}")
     console.print(f"dashboard: {summary.dashboard}")
     for step in _next_steps(summary):
         console.print(f"next: {step}", soft_wrap=True)

@@ -28,7 +28,7 @@ from optuna.trial import TrialState
 
 from benchmarks import _chaos_rounds as rounds
 from benchmarks._chaos_pbt import pbt_problems, pbt_space_text
-from hfta_nas.search import open_storage
+from hfta_nas.search import Outcome, open_storage, outcome_of
 
 MID_ARRAY_GUARD_S = 300  # a command that shows no array part-way this long is signalled anyway
 TERMINATED_LINE = "terminated by SIGTERM"
@@ -141,11 +141,23 @@ def stopped_problems(draw: TermDraw, code: int, folder: Path, url: str) -> list[
         if running:
             problems.append(f"study {study.study_name}: trials {running} left RUNNING by SIGTERM")
         if draw.command == "search":
-            told = [t for t in trials if "interrupted_because" in t.user_attrs]
-            if not told:
-                problems.append("no trial was told as interrupted: the array in flight was lost")
-            elif any("SIGTERM" not in str(t.user_attrs["interrupted_because"]) for t in told):
-                problems.append(f"interrupted_because does not name SIGTERM: {told[0].user_attrs}")
+            problems += _search_stop_problems(trials)
+    return problems
+
+
+def _search_stop_problems(trials: list[Any]) -> list[str]:
+    """A SIGTERMed search's trials: each that failed was told as interrupted, naming SIGTERM (and
+    queued again), or was a surplus retry; one failed any other way is an array the stop lost.
+    None told as interrupted is no loss: a SIGTERM of the --workers parent alone reaches its
+    workers 2 s later, when the arrays seen part-way may have ended, and the budget with them."""
+    problems = []
+    told = [t for t in trials if "interrupted_because" in t.user_attrs]
+    if any("SIGTERM" not in str(t.user_attrs["interrupted_because"]) for t in told):
+        problems.append(f"interrupted_because does not name SIGTERM: {told[0].user_attrs}")
+    allowed = (Outcome.INTERRUPTED, Outcome.SURPLUS)
+    lost = [t.number for t in trials if t.state == TrialState.FAIL and outcome_of(t) not in allowed]
+    if lost:
+        problems.append(f"trials {lost} failed other than as interrupted by SIGTERM: the array in flight was lost")
     return problems
 
 

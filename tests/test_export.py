@@ -89,6 +89,26 @@ def test_a_better_trial_from_another_run_replaces_the_pair(tmp_path):
     assert sorted(p.name for p in (out / ".trials").iterdir()) == [f"{number}.pt", f"{number}.yaml"]
 
 
+def test_a_best_trial_whose_weights_were_never_written_is_named_not_hidden(tmp_path):
+    """The study's best trial ended in a run that could not write its weights (a full disk): the
+    next run, with nothing to train, keeps the older pair but says whose it is and which trial
+    has none, where it used to print the older pair as the best's."""
+    search(tmp_path, TEXT)
+    out, study = tmp_path / "out", load_study(tmp_path)
+    older, _ = published(out)
+    best = study.best_trial
+    better = optuna.trial.create_trial(params=best.params, distributions=best.distributions, value=best.value + 1.0)
+    study.add_trial(better)  # told COMPLETE by a run whose weights never reached the disk: nothing staged
+    number = max(t.number for t in study.get_trials())
+
+    summary = search(tmp_path, TEXT, n_trials=5)
+    assert published(out)[0] == older
+    assert summary.unsaved_best == (
+        f"trial {number}, the study's best, has no weights saved (its run could not write them: a full "
+        f"disk, or another --out); the files in '{out}' are trial {older}'s"
+    )
+
+
 def test_a_trial_taken_over_while_its_worker_was_paused_is_not_told_twice(tmp_path):
     """A worker paused past the heartbeat grace finds its trial failed and retried by another
     worker (here: failed from outside after the first epoch); its slot stops, the search goes on."""

@@ -55,6 +55,7 @@ class BestExport:
         self.maximize = directions[0] == "maximize"
         self.files: dict[str, str] = {}
         self.failure: ExportFailed | None = None  # the first offer that could not be written
+        self.unsaved_best: str | None = None  # why the published pair is not the study's best trial's
 
     def best_trial(self) -> FrozenTrial | None:
         """The study's best COMPLETE trial by the first metric (the earliest on a tie); where trials
@@ -133,13 +134,29 @@ class BestExport:
 
     def _note_published(self) -> None:
         """`files` names the published pair as it now stands; what else was written (PBT's plot and
-        schedule) stays named."""
+        schedule) stays named. `unsaved_best` says when the study's best trial has no weights here
+        (a run that could not write them, a full disk): the pair, if any, is an older trial's."""
         assert self.out_dir is not None
         for kind, name in (("weights", WEIGHTS), ("config", CONFIG)):
             if (self.out_dir / name).exists():
                 self.files[kind] = str(self.out_dir / name)
             else:
                 self.files.pop(kind, None)
+        best, published = self.best_trial(), _published_trial(self.out_dir / CONFIG)
+        self.unsaved_best = None
+        if best is not None and published != best.number and not (self.out_dir / STAGED / f"{best.number}.pt").exists():
+            held = f"the files in '{self.out_dir}' are trial {published}'s" if published is not None else "none is"
+            self.unsaved_best = (
+                f"trial {best.number}, the study's best, has no weights saved (its run could not write "
+                f"them: a full disk, or another --out); {held}"
+            )
+
+
+def _published_trial(config: Path) -> int | None:
+    """The trial number a published config names (its `origin`), None without one."""
+    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return int(yaml.safe_load(config.read_text())["origin"]["trial"])
+    return None
 
 
 @contextlib.contextmanager

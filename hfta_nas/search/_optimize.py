@@ -111,6 +111,7 @@ class SearchSummary:
     time_account: dict[str, dict[str, float]] = field(default_factory=dict)
     # trial number -> why it trained in an array of its own (its array's check refused its place there)
     trained_apart: dict[int, str] = field(default_factory=dict)
+    unsaved_best: str | None = None  # why `exported` is not the study's best trial's (its weights were never written)
 
     @property
     def waste(self) -> float:
@@ -754,6 +755,7 @@ class _Search:
             dict(self.ctx.export.files),
             self.account.report(),
             dict(self.trained_apart),
+            self.ctx.export.unsaved_best,
         )
 
 
