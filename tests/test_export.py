@@ -104,8 +104,8 @@ def test_a_best_trial_whose_weights_were_never_written_is_named_not_hidden(tmp_p
     summary = search(tmp_path, TEXT, n_trials=5)
     assert published(out)[0] == older
     assert summary.unsaved_best == (
-        f"trial {number}, the study's best, has no weights saved (its run could not write them: a full "
-        f"disk, or another --out); the files in '{out}' are trial {older}'s"
+        f"trial {number}, the study's best, has no weights saved here (its run could not write them, wrote "
+        f"them under another --out, or is still writing them); the files in '{out}' are trial {older}'s"
     )
 
 

@@ -177,22 +177,36 @@ def heard(signum, frame):
 
 signal.signal(signal.SIGTERM, heard)
 signal.signal(signal.SIGINT, signal.SIG_IGN if sys.argv[1] == "missed" else heard)  # missed: it came while ignored
-stop_when_orphaned(grace_s=0.0)
+watching = stop_when_orphaned(grace_s=0.0) is not None
+os.write(1, f"watching={watching} passed_on={'HFTA_NAS_WORKER_PARENT' in os.environ}\\n".encode())
+os.write(int(sys.argv[2]), b"1")  # the parent may go now
 threading.Event().wait()
+"""
+
+PARENT = """
+import os, subprocess, sys
+ready, armed = os.pipe()
+env = dict(os.environ, HFTA_NAS_WORKER_PARENT=str(os.getpid()))  # as run_workers sets it
+subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1], str(armed)], env=env, pass_fds=[armed])
+os.close(armed)
+os.read(ready, 1)
+os._exit(0)  # gone, as a SIGKILLed parent, once its worker watches
 """
 
 
 @pytest.mark.parametrize(("sigint", "heard"), [("heard", ["SIGINT", "SIGTERM"]), ("missed", ["SIGTERM"])])
 def test_a_worker_whose_parent_is_gone_stops_even_if_it_missed_the_kernels_sigint(sigint, heard):
-    """A worker watches its parent's pid (`HFTA_NAS_WORKER_PARENT`); once the parent is gone it
-    signals itself as the parent's stop would: SIGINT, then SIGTERM (which one that missed or
-    ignored the SIGINT hears), then SIGKILL."""
-    gone = str(os.getpid() + 1_000_000)  # no process's pid: this worker's parent is gone
-    env = worker_env(HFTA_NAS_WORKER_PARENT=gone)
-    worker = subprocess.run(
-        [sys.executable, "-c", ORPHAN, sigint], env=env, capture_output=True, text=True, timeout=GUARD_S
-    )
-    assert (worker.returncode, worker.stdout.split()) == (0, heard), worker.stderr
+    """A worker watches its parent's pid (`HFTA_NAS_WORKER_PARENT`, kept from the processes it
+    starts); once the parent is gone it signals itself as the parent's stop would: SIGINT, then
+    SIGTERM (which one that missed or ignored the SIGINT hears), then SIGKILL."""
+    parent = subprocess.run(
+        [sys.executable, "-c", PARENT, sigint, ORPHAN],
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+    )  # returns once the worker, which holds the same stdout, has exited too
+    assert parent.stdout.split() == ["watching=True", "passed_on=False", *heard], parent.stderr
 
 
 def test_a_sigterm_to_the_parent_reaches_every_worker_and_each_stops_as_on_ctrl_c(tmp_path):
@@ -329,6 +343,39 @@ def test_postgres_study_lock_excludes_another_worker(postgres_url):
         assert not entered.wait(1.0), "the second worker entered while the first held the study lock"
     assert entered.wait(30), "the second worker never got the lock after the first released it"
     thread.join(30)
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_just_after_the_postgres_study_lock_was_granted_leaves_it_free(postgres_url, monkeypatch):
+    """The advisory lock is the database session's, and a connection closed the plain way goes
+    back to the engine's pool, session and lock with it: one cut short by a Ctrl-C just after the
+    grant is invalidated, so another worker (another session) takes the lock at once."""
+    import hashlib
+
+    import sqlalchemy
+
+    lock = study_lock(open_storage(postgres_url)[0], postgres_url, "locked")
+    real_commit, interrupted = sqlalchemy.engine.Connection.commit, []
+
+    def commit_then_ctrl_c(connection):
+        real_commit(connection)
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sqlalchemy.engine.Connection, "commit", commit_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt) as stopping, lock:  # kept, as the stopping worker keeps it
+        pass
+    monkeypatch.undo()
+    key = int.from_bytes(hashlib.sha256(b"locked").digest()[:8], "big", signed=True)
+    another_worker = sqlalchemy.create_engine(postgres_url)
+    with another_worker.connect() as connection:
+        taken = connection.execute(sqlalchemy.text("SELECT pg_try_advisory_lock(:key)"), {"key": key}).scalar()
+        connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+    another_worker.dispose()
+    assert taken and stopping.traceback
+    with lock:  # and this worker takes it again
+        pass
 
 
 @pytest.mark.slow

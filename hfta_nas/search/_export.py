@@ -147,14 +147,14 @@ class BestExport:
         if best is not None and published != best.number and not (self.out_dir / STAGED / f"{best.number}.pt").exists():
             held = f"the files in '{self.out_dir}' are trial {published}'s" if published is not None else "none is"
             self.unsaved_best = (
-                f"trial {best.number}, the study's best, has no weights saved (its run could not write "
-                f"them: a full disk, or another --out); {held}"
+                f"trial {best.number}, the study's best, has no weights saved here (its run could not "
+                f"write them, wrote them under another --out, or is still writing them); {held}"
             )
 
 
 def _published_trial(config: Path) -> int | None:
     """The trial number a published config names (its `origin`), None without one."""
-    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+    with contextlib.suppress(OSError, yaml.YAMLError, LookupError, AttributeError, TypeError, ValueError):
         return int(yaml.safe_load(config.read_text())["origin"]["trial"])
     return None
 

@@ -27,8 +27,8 @@ POLL_S = 1.0  # how often the parent's pid is looked at (a system call)
 def stop_when_orphaned(grace_s: float = STOP_GRACE_S) -> threading.Thread | None:
     """In a worker of `--workers` (its parent's pid in the environment): a daemon thread that
     watches the parent and stops this process once the parent is gone; None elsewhere."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent or not parent.isdigit():
+    parent = os.environ.pop(PARENT_ENV, "")  # for this process only: not a process it starts
+    if not parent.isdigit() or os.getppid() != int(parent):  # not the worker its parent started
         return None
     watcher = threading.Thread(target=_watch, args=(int(parent), grace_s), name="hfta-nas-orphan-watch", daemon=True)
     watcher.start()

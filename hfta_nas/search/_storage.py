@@ -511,10 +511,12 @@ class StudyLock:
                 self._acquire()
             self._depth += 1
         except BaseException:  # a Ctrl-C may land just after the backing lock was granted: give it back
-            if self._depth == 0:
-                with contextlib.suppress(Exception):
-                    self._release()
-            self._local.release()
+            try:
+                if self._depth == 0:
+                    with contextlib.suppress(Exception):
+                        self._release()
+            finally:
+                self._local.release()
             raise
         return self
 
@@ -548,32 +550,37 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
             take, give = text("SELECT GET_LOCK(:key, -1)"), text("SELECT RELEASE_LOCK(:key)")
             key = f"hfta-nas/{key}"
 
+        # The lock is the database session's: a connection given back to the engine's pool keeps
+        # it, so one whose lock may be held and not given back is invalidated (its session closed).
         def acquire() -> None:
             connection = engine.connect()
             try:
                 connection.execute(take, {"key": key})
                 connection.commit()
-            except BaseException:  # a Ctrl-C just after the server granted it: closing the session frees it
-                with contextlib.suppress(Exception):
-                    connection.close()
+            except BaseException:  # a Ctrl-C just after the server granted it
+                _drop_session(connection)
                 raise
             held.append(connection)
 
         def release() -> None:
             if not held:  # given back already (StudyLock gives back a lock a Ctrl-C cut short)
                 return
-            connection = held[-1]
+            connection, unlocked = held[-1], False
             try:
                 connection.execute(give, {"key": key})
                 connection.commit()
+                unlocked = True
             except Exception as error:
                 if not is_passing(error):
                     raise
                 # the server dropped the connection (a restart): the lock, a session's, went with it
             finally:
                 held.pop()
-                with contextlib.suppress(Exception):
-                    connection.close()
+                if unlocked:
+                    with contextlib.suppress(Exception):
+                        connection.close()
+                else:
+                    _drop_session(connection)
 
         return acquire, release
     path = None
@@ -606,6 +613,15 @@ def _backing_lock(storage: BaseStorage | str, location: str, study_name: str):
         handle.close()
 
     return acquire_file, release_file
+
+
+def _drop_session(connection: Any) -> None:
+    """Close `connection`'s database session, and with it any session lock it holds (a plain close
+    would return the session to the pool, lock and all)."""
+    with contextlib.suppress(Exception):
+        connection.invalidate()
+    with contextlib.suppress(Exception):
+        connection.close()
 
 
 def dashboard_command(dashboard_location: str) -> str:
