@@ -239,7 +239,9 @@ def test_a_sigterm_to_the_parent_reaches_every_worker_and_each_stops_as_on_ctrl_
     trials = optuna.load_study(study_name="workers", storage=open_storage(str(journal))[0]).get_trials(deepcopy=False)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
     interrupted = [t for t in trials if t.user_attrs.get("outcome") == "interrupted"]
-    assert interrupted and {pid_of(t) for t in interrupted} <= workers  # told by the workers themselves
+    # told by the workers themselves (a trial the SIGTERM caught between its ask and the write of
+    # its worker's name has no pid; the reason, which only a stopping worker writes, still says so)
+    assert interrupted and {pid_of(t) for t in interrupted} - {None} <= workers
     assert {t.user_attrs["interrupted_because"] for t in interrupted} == {"SIGTERM stopped its search"}
     waiting = [t for t in trials if t.state == TrialState.WAITING]
     assert len(waiting) == len(interrupted)  # each queued again, for the next run
