@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 
-from hfta_nas.search._workers import PARENT_ENV, STOP_GRACE_S
+from hfta_nas.search._workers import PARENT_ENV, STOP_GRACE_S, stop_escalation
 
 POLL_S = 1.0  # how often the parent's pid is looked at (a system call)
 
@@ -39,6 +39,6 @@ def _watch(parent: int, grace_s: float) -> None:
     while os.getppid() == parent:
         time.sleep(POLL_S)
     time.sleep(grace_s)  # the worker that got the kernel's SIGINT has stopped (and this thread with it)
-    for sig, then_wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+    for sig, then_wait_s in stop_escalation(signal.SIGINT, grace_s):
         os.kill(os.getpid(), sig)
         time.sleep(then_wait_s)

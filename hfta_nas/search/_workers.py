@@ -147,11 +147,17 @@ def _relay(process: subprocess.Popen, prefix: str, echo: Callable[[str], None]) 
         echo(prefix + line.rstrip("\n"))
 
 
+def stop_escalation(first: signal.Signals, grace_s: float) -> list[tuple[signal.Signals, float]]:
+    """How a worker is stopped: `first`, then SIGTERM, then SIGKILL, each with how long to wait
+    for it (the parent's `_stop`, and an orphaned worker's own watch, `_orphaned`)."""
+    return [(first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)]
+
+
 def _stop(processes: list[subprocess.Popen], grace_s: float, first: signal.Signals = signal.SIGINT) -> None:
     """Send `first` (the signal that stopped this process) to every worker still running (a
     terminal's Ctrl-C, or a scheduler's SIGTERM to every process of a job, reached them already;
     a `kill` of this process alone did not), then SIGTERM, then SIGKILL."""
-    steps = [(None, 2.0), (first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)]
+    steps = [(None, 2.0), *stop_escalation(first, grace_s)]
     if first == signal.SIGTERM:
         del steps[2]  # sent already
     for sig, wait in steps:
