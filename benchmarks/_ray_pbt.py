@@ -68,8 +68,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks._anytime import best_so_far
+from benchmarks._plain_parts import plain_metric
 from benchmarks._ray_search import _import_ray, _threads, local_ray
-from benchmarks._search_common import _metric
 from benchmarks.stability import _TORCH_OPTIMIZERS
 from hfta_nas import Explore
 from hfta_nas.data import load_dataset
@@ -221,7 +221,7 @@ def _trainable(
     while member.epoch < resolved.epochs:
         started = time.perf_counter()
         member.train_epoch()
-        value = _metric(member.model, member.data, metric)
+        value = plain_metric(member.model, member.data, metric, member.config.loss)
         metrics = {
             metric: value,
             "epoch": member.epoch,

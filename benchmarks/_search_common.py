@@ -11,9 +11,9 @@ from typing import Any
 import optuna
 import torch
 from optuna.trial import FrozenTrial
-from torch.nn import functional as F
 
-from benchmarks.stability import _accuracy, plain_run
+from benchmarks._plain_parts import plain_metric
+from benchmarks.stability import plain_run
 from hfta_nas.data import load_dataset
 from hfta_nas.runtime import DTYPES
 from hfta_nas.search import trial_seeds
@@ -42,16 +42,6 @@ class SearchRun:
         return sorted(rows, key=lambda row: row[0])
 
 
-def _metric(model: torch.nn.Module, data: Any, metric: str) -> float:
-    split, kind = metric.split("_")
-    x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
-    if kind == "acc":
-        return _accuracy(model, x, y)
-    with torch.no_grad():
-        model.eval()
-        return F.cross_entropy(model(x), y).item()
-
-
 def plain_objective(
     space: SearchSpace, device: str, dtype: str, datasets: dict[str, Any] | None = None
 ) -> Callable[[optuna.Trial], float]:
@@ -71,12 +61,13 @@ def plain_objective(
         data = datasets[key]
         last: list[float] = []
 
-        def on_epoch(epoch: int, model: torch.nn.Module) -> None:
-            value = _metric(model, data, metric)
+        def on_epoch(epoch: int, model: torch.nn.Module) -> dict[str, float]:
+            value = plain_metric(model, data, metric, config.loss)
             last[:] = [value]
             trial.report(value, epoch)
             if trial.should_prune():
                 raise optuna.TrialPruned()
+            return {metric: value}
 
         plain_run(config, data, trial_seeds(space.seed, trial.number), torch_device, torch_dtype, on_epoch=on_epoch)
         return last[0]  # NaN: Optuna fails the trial, as the search fails a non-finite metric

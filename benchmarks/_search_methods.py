@@ -53,7 +53,6 @@ from hfta_nas.search_spaces import SearchSpace, run_search
 
 METHODS = ("plain", "processes", "ray", "hfta", "replicate", "pack", "pack-workers")
 DEFAULT_METHODS = ("plain", "processes", "ray", "pack", "pack-workers")
-PLAIN_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss")  # what the plain loop evaluates per epoch
 
 
 # ------------------------------------------------------------- the objective

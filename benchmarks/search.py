@@ -49,16 +49,17 @@ import torch
 
 from benchmarks._anytime import best_so_far, metric_text, plot, spread, spread_text, time_to, value_at
 from benchmarks._cli import comma_list, package_versions, write_result
+from benchmarks._plain_parts import check_metric
 from benchmarks._ray_search import MISSING_RAY, ray_available
 from benchmarks._search_methods import (
     DEFAULT_METHODS,
     METHODS,
-    PLAIN_METRICS,
     RUNNERS,
     SearchRun,
     available_cores,
     one_epoch,
 )
+from hfta_nas import REGRESSION_LOSSES
 from hfta_nas.errors import HftaNasError
 from hfta_nas.runtime import DTYPES
 from hfta_nas.search_spaces import SearchSpace, load_space
@@ -102,10 +103,11 @@ def check_space(space: SearchSpace) -> str:
             f"metrics {list(space.study.metrics)}"
         )
     metric = space.study.metrics[0]
-    if metric not in PLAIN_METRICS:
-        raise SystemExit(
-            f"{space.source}: the plain loop reports one of {', '.join(PLAIN_METRICS)} per epoch, not {metric!r}"
-        )
+    loss = space.training.loss
+    try:
+        check_metric(metric, regression=loss is not None and loss.name in REGRESSION_LOSSES)
+    except SystemExit as refusal:
+        raise SystemExit(f"{space.source}: {refusal}") from None
     return metric
 
 

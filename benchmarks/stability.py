@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 from scipy import stats
-from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks._plain_parts import PlainEarlyStopping, plain_loss, plain_metric, plain_schedule, refuse_unlike
 from hfta_nas.data import load_dataset
 from hfta_nas.models import resolve_model
 from hfta_nas.runtime import DTYPES
@@ -57,17 +57,21 @@ def plain_run(
     seeds: dict[str, int],
     device: torch.device,
     dtype: torch.dtype,
-    on_epoch: Callable[[int, torch.nn.Module], None] | None = None,
+    on_epoch: Callable[[int, torch.nn.Module], dict[str, float] | None] | None = None,
 ) -> float:
-    """One seed the usual way; returns the final test accuracy.
+    """One seed the usual way; returns the final test accuracy (a regression's test RMSE).
 
     `on_epoch(epoch, model)` (epochs from 1), when given, replaces the per-epoch
     validation pass: the caller evaluates what it watches (benchmarks/search.py
-    reports it to an Optuna trial) and may end the run by raising (optuna.TrialPruned).
+    reports it to an Optuna trial), returns those values by name, and may end the run by
+    raising (optuna.TrialPruned). The config's early stopping ends the loop as the
+    engine's does, reading the value on_epoch returned where it has it.
     """
     factory = resolve_model(
         config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes
     )
+    refuse_unlike(config)
+    watched = "rmse" if config.kind == "regression" else "acc"
     torch.manual_seed(seeds["init"])
     model = factory().to(device=device, dtype=dtype)
     hparams = dict(config.hparams)
@@ -75,25 +79,21 @@ def plain_run(
     if "beta1" in hparams:
         hparams["betas"] = (hparams.pop("beta1"), hparams.pop("beta2"))
     optimizer = _TORCH_OPTIMIZERS[config.optimizer](model.parameters(), **hparams)
-    schedule = None
-    if config.schedule is not None:
-        if config.schedule["kind"] != "cosine" or config.schedule.get("warmup_steps"):
-            raise SystemExit("the plain baseline reproduces cosine (or no) schedules without warm-up only")
-        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
-            optimizer, T_max=config.schedule["t_max"], eta_min=config.schedule["eta_min"]
-        )
+    schedule = plain_schedule(optimizer, config.schedule)
+    loss = plain_loss(config.loss)
     loader = DataLoader(
         TensorDataset(data.x_train, data.y_train),
         batch_size=config.data["batch_size"],
         shuffle=True,
         generator=torch.Generator().manual_seed(seeds["data"]),
     )
+    stopper = PlainEarlyStopping(**config.early_stopping) if config.early_stopping else None
     torch.manual_seed(seeds["dropout"])
     for epoch in range(1, config.epochs + 1):
         model.train()
         for x, y in loader:
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
+            loss(model(x), y).backward()
             if clip_value is not None:
                 torch.nn.utils.clip_grad_value_(model.parameters(), clip_value)
             if clip_norm is not None:
@@ -101,17 +101,12 @@ def plain_run(
             optimizer.step()
         if schedule is not None:
             schedule.step()
-        if on_epoch is not None:
-            on_epoch(epoch, model)
-        else:
-            _accuracy(model, data.x_val, data.y_val)  # a real loop watches validation every epoch
-    return _accuracy(model, data.x_test, data.y_test)
-
-
-@torch.no_grad()
-def _accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    model.eval()
-    return (model(x).argmax(-1) == y).double().mean().item()
+        seen = on_epoch(epoch, model) if on_epoch is not None else None
+        if seen is None:  # a real loop watches validation every epoch
+            seen = {f"val_{watched}": plain_metric(model, data, f"val_{watched}", config.loss)}
+        if stopper is not None and stopper.stalled(seen, model, data, config.loss):
+            break
+    return plain_metric(model, data, f"test_{watched}", config.loss)
 
 
 def run(config: ResolvedConfig, n_seeds: int, device: str, dtype: str) -> dict[str, Any]:
