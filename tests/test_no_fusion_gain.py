@@ -78,12 +78,14 @@ def test_a_search_where_fusion_does_not_pay_trains_every_trial_alone(timed, tmp_
         return hfta_nas.Candidate(factory, hparams={"lr": lr}, epochs=1, batch_size=64)
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
-    first_round = 16  # the pool asked before any structure's curve is known (AUTO_POOL)
-    summary = hfta_nas.optimize(study, build, digits, n_trials=first_round + 3, seed=1)
-    assert summary.trials == {"COMPLETE": first_round + 3}
-    assert [(a["array_size"], a["slots"]) for a in summary.arrays] == [(1, 1)] * (first_round + 3)  # one at a time
+    n_trials = 19
+    first_round = 7  # the pool asked before any structure's curve is known: a third of the budget
+    summary = hfta_nas.optimize(study, build, digits, n_trials=n_trials, seed=1)
+    assert summary.trials == {"COMPLETE": n_trials}
+    assert [(a["array_size"], a["slots"]) for a in summary.arrays] == [(1, 1)] * n_trials  # one at a time
     assert [size for size, _ in calls] == [1, 2] and built == []  # measured once, to the size that decided it
     # after the first round, each trial is asked once every earlier one is told: as study.optimize asks
     trials = study.get_trials()
+    assert all(t.datetime_start < trials[0].datetime_complete for t in trials[:first_round])
     for later in trials[first_round:]:
         assert all(earlier.datetime_complete <= later.datetime_start for earlier in trials[: later.number])

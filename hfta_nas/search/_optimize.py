@@ -186,11 +186,14 @@ def optimize(
     ).run()
 
 
-def auto_pool() -> int:
-    """Trials a round asks when the array size is "auto": AUTO_POOL, or a positive $HFTA_NAS_ASK_POOL
-    (benchmarks/ask_batch.py compares pool sizes with it)."""
+def auto_pool(budget_cap: int) -> int:
+    """Trials a round asks when the array size is "auto": a positive $HFTA_NAS_ASK_POOL
+    (benchmarks/ask_batch.py compares pool sizes with it), else AUTO_POOL but no more than
+    `budget_cap`, the third of the budget an array may take. A pool of the whole budget would
+    sample every trial before any result (TPE then draws them all at random) and start them
+    together, so that the pruner, which compares with completed trials only, prunes none."""
     setting = os.environ.get("HFTA_NAS_ASK_POOL", "").strip()
-    return int(setting) if setting.isdigit() and int(setting) > 0 else AUTO_POOL
+    return int(setting) if setting.isdigit() and int(setting) > 0 else min(AUTO_POOL, budget_cap)
 
 
 def check_options(n_trials: Any, timeout: Any, array_size: Any, max_waste: Any) -> None:
@@ -260,7 +263,7 @@ class _Search:
         lock = study_lock(storage_of(study), self.location, study.study_name)
         self.ledger = Ledger(study, n_trials, lock, callbacks or ())
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
-        self.pool_size = array_size if isinstance(array_size, int) else auto_pool()
+        self.pool_size = array_size if isinstance(array_size, int) else auto_pool(self._budget_cap())
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.waiting: list[Proposal] = []  # asked, RUNNING, waiting for an array (first in line first)
         self.deferred: dict[int, int] = {}  # trial number -> rounds it waited for a fuller array
