@@ -15,7 +15,9 @@ The forward pass runs ONE template copy of the user's model through
 code is never edited: it sees one slot's batch [N, ...] as it would alone.
 A template that is an nn.Sequential of plain layers (Linear, large Conv,
 activations, Flatten) skips vmap and runs the same ops on the [B, ...]
-tensors directly (`hfta_nas.layers._slot_ops.native_forward`).
+tensors directly (`hfta_nas.layers._slot_ops.native_forward`). An array of one
+slot fuses nothing and skips both: it runs the template on the slot's tensors
+as its model alone would (`ModelArray._alone`).
 """
 
 from __future__ import annotations
@@ -428,7 +430,8 @@ class ModelArray:
             self._verify_pending(inputs, shared_input)
         if self._slots is not None and (self.training or torch.is_grad_enabled()):
             self._recheck_now_and_then(inputs, shared_input)
-        if self._native is not None and not shared_input and len(inputs) == 1 and not keyword_inputs:
+        alone = self._alone()
+        if self._native is not None and not alone and not shared_input and len(inputs) == 1 and not keyword_inputs:
             out = self._native_call(inputs[0])
             if out is not None:
                 return out
@@ -436,12 +439,20 @@ class ModelArray:
         call = call_template(len(inputs), list(keyword_inputs))
         mode = (self.training, shared_input)
         with no_attention_fast_path():
-            if self._one_by_one is not None:
+            if self._one_by_one is not None or alone:
                 out, kept = self._slot_by_slot(call, state, batched, mode)
             else:
                 out, kept = self._fused(call, state, batched, mode)
         keep(self.buffers, self._leaves, kept)
         return out
+
+    def _alone(self) -> bool:
+        """Whether the array is one slot of its own shapes, which fusion cannot speed up: its forward
+        then runs the template once on the slot's tensors, without vmap, so its layers run torch's own
+        code as the model alone does (`_slot_loop.py`). Under vmap an array of one paid the batching
+        machinery for nothing: 1.4x plain PyTorch's time per epoch (SignalNet of
+        examples/custom_model.py, CPU, 1 thread; issue 43). An envelope's last slot keeps its padding."""
+        return len(self) == 1 and self._slots is None
 
     def _fused(self, call, state: dict[str, torch.Tensor], batched: tuple[Any, ...], mode: tuple[bool, bool]):
         """(outputs, buffers the forward reassigned) of one vmap call over the slots; on the first
