@@ -57,6 +57,7 @@ from hfta_nas.search._events import (
 from hfta_nas.search._export import BestExport
 from hfta_nas.search._ledger import Ledger, Outcome
 from hfta_nas.search._packing import Pack, shape_key
+from hfta_nas.search._pruning import should_prune
 from hfta_nas.search._resume import Claim, slot_record
 from hfta_nas.training._checkpoint import remove as remove_checkpoint
 from hfta_nas.training._checkpoint import save as save_checkpoint
@@ -521,7 +522,7 @@ class ArrayJob:
             self._complete(proposal, values, trainer, result.epochs, feasible)
             if result.epochs < proposal.candidate.epochs:  # stopped early: its slot is free for another trial
                 yield from self._refill_or_stop(trainer, proposal, "early stopped")
-        elif len(ctx.metrics) == 1 and proposal.trial.should_prune():
+        elif len(ctx.metrics) == 1 and should_prune(proposal.trial):
             self._ended(proposal, result.epochs)
             ctx.ledger.prune(proposal.trial)
             ctx.emit(TrialEnded(number, "PRUNED"))
