@@ -86,7 +86,6 @@ AUTO_POOL = 16  # trials asked per round when the array size is "auto"
 log = logging.getLogger(__name__)
 TARGET_OCCUPANCY = 0.7  # an array starts when this share of its slots is filled (or nothing more can be asked)
 POOL_ARRAYS = 2  # at most this many array sizes of trials asked and not yet training
-MAX_DEFERRALS = 2  # rounds a proposal may wait for its array to fill
 
 
 @dataclass
@@ -266,7 +265,6 @@ class _Search:
         self.pool_size = array_size if isinstance(array_size, int) else auto_pool(self._budget_cap())
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.waiting: list[Proposal] = []  # asked, RUNNING, waiting for an array (first in line first)
-        self.deferred: dict[int, int] = {}  # trial number -> rounds it waited for a fuller array
         self.asked: dict[int, optuna.Trial] = {}  # trial id -> every trial this run asked (held until told)
         self.proposed: set[str] = set()  # shape keys of the candidates asked this run
         self.trained_apart: dict[int, str] = {}  # trial number -> why its array refused it (SearchSummary)
@@ -538,10 +536,12 @@ class _Search:
     def next_arrays(self, pool: list[Proposal]) -> list[Pack]:
         """The arrays to train now for `pool` (the real run and `plan` both call this).
 
-        An array that would start below TARGET_OCCUPANCY of its size waits, its proposals first in
-        line for the next round and for freed slots, while more trials can be asked: the pool grows,
-        one ask at a time, up to POOL_ARRAYS array sizes, until some array is full enough. A proposal
-        waits at most MAX_DEFERRALS rounds; with nothing left to ask, everything trains."""
+        While no array would start at TARGET_OCCUPANCY of its size and more trials can be asked,
+        the pool grows one ask at a time, up to POOL_ARRAYS array sizes. Then every array of the
+        round trains, in the order of its first trial. None waits for a later round to fill: a
+        trial asked early then trained after trials asked later, so the sampler drew those later
+        trials without its result (never_slower, 5 seeds, median best val acc of mnist1d_mlp:
+        54.00% with arrays waiting up to two rounds, 58.75% without, plain Optuna 59.25%)."""
         packs = self.pack(pool)
         if self.replicate:
             return packs
@@ -551,16 +551,7 @@ class _Search:
                     return packs
                 pool.append(self._ask())
             packs = self.pack(pool)
-        now = [
-            p
-            for p in packs
-            if self._full(p) or any(self.deferred.get(q.number, 0) >= MAX_DEFERRALS for q in p.proposals)
-        ]
-        later = [q for p in packs if p not in now for q in p.proposals]
-        for proposal in later:
-            self.deferred[proposal.number] = self.deferred.get(proposal.number, 0) + 1
-        self.waiting[:0] = later
-        return now
+        return packs
 
     def _full(self, planned: Pack) -> bool:
         return len(planned.proposals) >= TARGET_OCCUPANCY * planned.array_size
