@@ -8,7 +8,7 @@
 # 1. never slower than plain Optuna: every shipped space at its own budget, 3 seeds (~30 min);
 # 2. PBT like for like: pbt, tpe, plain, Ray async and sync, 5 seeds (~30-40 min);
 # 3. asking in batches: the shipped pool (16) vs a pool of 6 vs no constant liar, at 48 trials (~1 h);
-# 4. where training dominates: the CNN space, 48 trials x 20 epochs on 20,000 samples, 5 seeds (~3 h).
+# 4. where training dominates: the CNN space, 48 trials x 20 epochs on 20,000 samples, 5 seeds (81 min on 2026-11-28).
 set -eu
 out=benchmarks/results
 python -m benchmarks.never_slower --out "$out/never-slower.json"

@@ -67,9 +67,10 @@ from hfta_nas.search_spaces import SearchSpace, load_space
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d_cnn.yaml"
 QUICK = {"n_trials": 4, "epochs": 2, "num_samples": 1000, "seeds": 2, "processes": 2}
 # Where training dominates (issue 43): the CNN space with 5x the data, 4x the epochs and 3x the trials, so
-# that plain Optuna's search takes at least 10 minutes a seed on a 2-core CPU and per-trial overheads and
-# timer noise do not decide the comparison (the space's own budget trains 12-33 s). ~2-3 hours for the
-# 5 seeds of plain and pack on a quiet machine; not run by the tests (--quick is their check).
+# that per-trial overheads and timer noise do not decide the comparison (the space's own budget trains
+# 12-33 s). Measured 2026-11-28 on the 2-core CPU: plain took 7.0-13.5 minutes a seed (the median pruner
+# stops most trials), 81 minutes for the 5 seeds of plain and pack; not run by the tests (--quick is
+# their check).
 LONG = {
     "space": DEFAULT_SPACE,
     "n_trials": 48,
