@@ -65,11 +65,14 @@ def plain_objective(
             value = plain_metric(model, data, metric, config.loss)
             last[:] = [value]
             trial.report(value, epoch)
-            if trial.should_prune():
-                raise optuna.TrialPruned()
             return {metric: value}
 
-        plain_run(config, data, trial_seeds(space.seed, trial.number), torch_device, torch_dtype, on_epoch=on_epoch)
+        def between_epochs() -> None:
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+
+        seeds = trial_seeds(space.seed, trial.number)
+        plain_run(config, data, seeds, torch_device, torch_dtype, on_epoch=on_epoch, between_epochs=between_epochs)
         return last[0]  # NaN: Optuna fails the trial, as the search fails a non-finite metric
 
     return objective

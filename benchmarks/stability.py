@@ -58,14 +58,17 @@ def plain_run(
     device: torch.device,
     dtype: torch.dtype,
     on_epoch: Callable[[int, torch.nn.Module], dict[str, float] | None] | None = None,
+    between_epochs: Callable[[], None] | None = None,
 ) -> float:
     """One seed the usual way; returns the final test accuracy (a regression's test RMSE).
 
     `on_epoch(epoch, model)` (epochs from 1), when given, replaces the per-epoch
     validation pass: the caller evaluates what it watches (benchmarks/search.py
-    reports it to an Optuna trial), returns those values by name, and may end the run by
-    raising (optuna.TrialPruned). The config's early stopping ends the loop as the
-    engine's does, reading the value on_epoch returned where it has it.
+    reports it to an Optuna trial) and returns those values by name. The config's early
+    stopping then ends the loop as the engine's does, reading the value on_epoch returned
+    where it has it. `between_epochs()` runs only when another epoch follows, and may end
+    the run by raising (optuna.TrialPruned): the engine asks the pruner there too, never
+    at a trial's last epoch or at the epoch it stops early, which complete the trial.
     """
     factory = resolve_model(
         config.model, config.model_config, input_shape=data.input_shape, num_classes=data.num_classes
@@ -106,10 +109,14 @@ def plain_run(
             seen = {f"val_{watched}": plain_metric(model, data, f"val_{watched}", config.loss)}
         if stopper is not None and stopper.stalled(seen, model, data, config.loss):
             break
+        if between_epochs is not None and epoch < config.epochs:
+            between_epochs()
     return plain_metric(model, data, f"test_{watched}", config.loss)
 
 
 def run(config: ResolvedConfig, n_seeds: int, device: str, dtype: str) -> dict[str, Any]:
+    if config.kind != "classification":
+        raise SystemExit("benchmarks.stability compares test accuracies: give a classification config")
     torch_device, torch_dtype = torch.device(device), DTYPES[dtype]
     data = load_dataset(config.dataset, **config.dataset_kwargs(), device=torch_device, dtype=torch_dtype)
     plans = plan(n_seeds)

@@ -2,11 +2,15 @@
 
 Optuna's pruners compare a trial with the study's completed trials. `study.optimize` trains one
 trial at a time, so trial k is compared with trials 0..k-1, all ended, and a median pruner's
-first `n_startup_trials` trials are never pruned. A search trains its trials out of order: an
-under-filled array waits for a later round, so a trial asked early can train after trials asked
-later have completed, and was pruned where plain Optuna's pruner would have been idle (on the
-shipped CNN and MLP spaces, trials 0, 2 and 4 at their first epochs, which plain completed).
-Judging each trial against the trials asked before it gives every trial plain Optuna's view.
+first `n_startup_trials` trials are never pruned. A search trains trials side by side and in
+packs, so a trial asked early can still be training when trials asked after it complete, and
+was pruned where plain Optuna's pruner would have been idle (on the shipped CNN and MLP spaces,
+trials 0, 2 and 4 at their first epochs, which plain completed). Judging each trial against the
+trials asked before it gives it plain Optuna's view.
+
+The view is the study's `get_trials`: the median, percentile, successive-halving, threshold and
+patient pruners read it. Hyperband builds its bracket studies from the storage and Wilcoxon
+reads the study's best trial, so those two still see every trial.
 """
 
 from __future__ import annotations
