@@ -26,8 +26,10 @@ def test_a_smaller_envelope_saves_only_the_share_that_scales_with_arithmetic():
     assert CURVE.seconds(8 * 500, batch_size=100, slots=8) == pytest.approx(CURVE.step_seconds(8, 500))
 
 
-def test_the_knee_is_the_last_size_whose_doubling_still_paid():
-    assert CURVE.knee == 8  # 8 -> 16 raises throughput 16/6.0 vs 8/2.4: less than KNEE_GAIN
+def test_the_knee_is_the_smallest_size_within_knee_gain_of_the_best_throughput():
+    assert CURVE.knee == 8  # 4 steps 2.5 models a second, 8 steps 3.3 (the best), 16 steps 2.7
+    late = StepCurve(1000, (1, 2, 4, 8), (1.0, 1.9, 2.5, 4.8), 0.0, 0.0)
+    assert late.knee == 4  # two hardly pays (1.05x one's throughput), four does (1.6x): not stopped at 1
     flat = StepCurve(1000, (1, 2, 4), (1.0, 2.0 / KNEE_GAIN * 1.01, 4.0), 0.0, 0.0)
     assert flat.knee == 1
     rising = StepCurve(1000, (1, 2, 4), (1.0, 1.0, 1.0), 0.0, 0.0)

@@ -11,8 +11,9 @@ models are launch-bound: most of a step is fixed, padding a small model into a
 bigger envelope is nearly free and one full array beats several small ones. On
 a CPU the arithmetic dominates: padding costs what it computes. The packing
 policy (`_packing`) follows whichever this device measured. The curve's knee
-(where doubling the array stops raising throughput by 10%) is the array size
-`auto` chooses.
+(the smallest array within 10% of the best measured throughput) is the array
+size `auto` chooses. Each size is timed in turns with the one before it, so a
+busy machine's load weighs on both sides of every ratio alike.
 
 `StepCost` is a fixed line (`fixed_s + per_gmac_s x multiply-adds`) a user can
 pin to repeat a packing exactly.
@@ -34,14 +35,14 @@ from torch import nn
 
 from hfta_nas._files import atomic_write_text, cache_dir
 from hfta_nas._version import __version__
-from hfta_nas.training._autosize import choose_array_size, step_seconds
+from hfta_nas.training._autosize import interleaved_step_seconds
 
 log = logging.getLogger(__name__)
 
 # Timed seconds per array size (a median of at least 5 steps); a structure's curve is measured
 # once per machine (`StepCostCache`), before its first array trains.
 MIN_SECONDS = 0.15
-KNEE_GAIN = 1.1  # doubling the array past the knee raises throughput by less than this factor
+KNEE_GAIN = 1.1  # no measured array steps this much more throughput than the knee
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,8 @@ class StepCurve:
 
     @property
     def knee(self) -> int:
-        """The array size `auto` takes from this curve: `hfta_nas.training._autosize.choose_array_size`'s rule
-        (double while throughput rises by KNEE_GAIN) over the measured sizes, up to the largest."""
-        measured = dict(zip(self.sizes, self.step_s))
-        return choose_array_size(self.sizes[-1], measured.__getitem__, batch_size=1, gain=KNEE_GAIN)[0]
+        """The array size `auto` takes from this curve (`_knee`)."""
+        return _knee(self.sizes, self.step_s)
 
     @property
     def steady(self) -> bool:
@@ -164,17 +163,16 @@ def measure_step_cost(
     smallest: tuple[Callable[[], nn.Module], int] | None = None,
 ) -> StepCurve:
     """The StepCurve of arrays of `factory`'s models (`macs_per_sample` each) at sizes 1, 2, 4, ... up to
-    `slots` (at least 2; the doubling stops two doublings past the knee: the curve is flat there, and
-    at 2 when two models step no faster per model than one: arrays of one, measured no further);
+    `slots` (at least 2; the doubling stops once two doublings in a row gain less than KNEE_GAIN: the
+    curve is flat there; a knee of 1 means arrays of one, and nothing more is measured);
     `smallest` (a factory and its multiply-adds) gives the share of a step that does not scale with
     the envelope. The global random state is left as it was."""
 
-    def timed(size: int, make: Callable[[], nn.Module]) -> float:
-        return step_seconds(
-            make,
+    def in_turns(*arrays: tuple[Callable[[], nn.Module], int]) -> list[float]:
+        return interleaved_step_seconds(
+            arrays,
             input_shape,
             num_classes,
-            slots=size,
             batch_size=batch_size,
             dtype=dtype,
             optimizer=optimizer,
@@ -187,20 +185,26 @@ def measure_step_cost(
     candidates = sorted({*(2**k for k in range(limit.bit_length()) if 2**k <= limit), limit})
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         started = time.perf_counter()
-        sizes, step_s = [], []
-        for size in candidates:
+        sizes, step_s = [1], []
+        for size in candidates[1:]:
+            # each size is timed in turns with the one before it, and the curve chains those ratios: the
+            # knee is read from ratios, which a shared machine's load moves far less than it moves
+            # timings taken one after the other (one slow timing of the array of one made fusion look
+            # twice as good as it was)
+            before, after = in_turns((factory, sizes[-1]), (factory, size))
+            step_s = step_s or [before]
             sizes.append(size)
-            step_s.append(timed(size, factory))
-            if len(sizes) == 2 and _gain(sizes, step_s, -1) < KNEE_GAIN:
-                log.info("no gain from fusion (sizes %s, seconds %s): arrays of one, as plain", sizes, step_s)
-                return _no_gain_curve(macs_per_sample, sizes, step_s)
+            step_s.append(step_s[-1] * after / before)
             if len(sizes) >= 3 and all(_gain(sizes, step_s, i) < KNEE_GAIN for i in (-1, -2)):
                 break
+        if _knee(sizes, step_s) == 1:
+            log.info("no gain from fusion (sizes %s, seconds %s): arrays of one, as plain", sizes, step_s)
+            return _no_gain_curve(macs_per_sample, sizes, step_s)
         array_s = _array_seconds(factory, device, dtype)
         if smallest is not None and smallest[1] < macs_per_sample:
             ratio = smallest[1] / macs_per_sample
-            small = timed(sizes[-1], smallest[0])
-            fixed_share = (small / step_s[-1] - ratio) / (1.0 - ratio)
+            big, small = in_turns((factory, sizes[-1]), (smallest[0], sizes[-1]))
+            fixed_share = (small / big - ratio) / (1.0 - ratio)
         else:  # one size of model
             fixed_share = _intercept_share(step_s)
     log.info("measured the step curve in %.2f s: sizes %s, seconds %s", time.perf_counter() - started, sizes, step_s)
@@ -208,10 +212,10 @@ def measure_step_cost(
 
 
 def _no_gain_curve(macs_per_sample: int, sizes: list[int], step_s: list[float]) -> StepCurve:
-    """The curve of a structure whose array of two steps no faster per model than one model alone: its
-    knee is 1 whatever larger arrays would measure, so nothing more is timed. Every array then holds one
-    model: no envelope is padded (the smaller model's share is not needed) and an array's build is paid
-    per trial, as a plain loop pays its model's (no fixed cost per array to weigh)."""
+    """The curve of a structure whose knee is 1 (no measured array steps clearly more models per second
+    than one model alone), so nothing more is timed. Every array then holds one model: no envelope is
+    padded (the smaller model's share is not needed) and an array's build is paid per trial, as a plain
+    loop pays its model's (no fixed cost per array to weigh)."""
     return StepCurve(macs_per_sample, tuple(sizes), tuple(step_s), min(max(_intercept_share(step_s), 0.0), 1.0), 0.0)
 
 
@@ -219,6 +223,15 @@ def _intercept_share(step_s: Sequence[float]) -> float:
     """The step's fixed part: the intercept of the first two points (arrays of 1 and 2), as a share of one
     slot's step."""
     return (2 * step_s[0] - step_s[1]) / step_s[0]
+
+
+def _knee(sizes: Sequence[int], step_s: Sequence[float]) -> int:
+    """The smallest measured array size whose throughput (models stepped per second) is within KNEE_GAIN
+    of the best measured: a larger array would gain less than that, and costs the search rounds. Not
+    the first size where one doubling stops paying: on a CPU an array of two can step hardly faster
+    per model than one while an array of four steps half again as fast (a small 1-D CNN, measured)."""
+    throughput = [size / seconds for size, seconds in zip(sizes, step_s)]
+    return next(size for size, rate in zip(sizes, throughput) if rate * KNEE_GAIN >= max(throughput))
 
 
 def _gain(sizes: Sequence[int], step_s: Sequence[float], i: int) -> float:
@@ -236,6 +249,10 @@ def _array_seconds(factory: Callable[[], nn.Module], device: torch.device, dtype
 
 
 CACHE_FILE = "step_costs.json"
+# How a curve is measured, in its cache key: a change of method (sizes timed in turns since the curves
+# timed one after the other misled the knee) measures every structure again instead of reading a curve
+# the old method measured.
+MEASURE_METHOD = "in-turns"
 
 
 def device_name(device: torch.device) -> str:
@@ -248,8 +265,8 @@ def device_name(device: torch.device) -> str:
 
 class StepCostCache:
     """Measured step costs kept on disk between searches (`hfta_nas._files.cache_dir()`), one
-    entry per structure, array size, device, thread count, dtype and version of torch and
-    hfta-nas: a second search of the same structure on the same machine measures nothing.
+    entry per structure, array size, device, thread count, dtype, version of torch and hfta-nas,
+    and way of measuring (MEASURE_METHOD): a second search of the same structure on the same machine measures nothing.
     A missing, unreadable or foreign file is an empty cache; writes replace the file whole."""
 
     def __init__(self) -> None:
@@ -260,7 +277,8 @@ class StepCostCache:
     def key(structure: str, slots: int, device: torch.device, dtype: torch.dtype) -> str:
 
         machine = f"{device_name(device)}:{platform.machine()}:{platform.processor() or 'unknown'}"  # this machine's
-        return f"{structure}|{slots}|{machine}|{dtype}|torch-{torch.__version__}|hfta-nas-{__version__}"
+        versions = f"torch-{torch.__version__}|hfta-nas-{__version__}|{MEASURE_METHOD}"
+        return f"{structure}|{slots}|{machine}|{dtype}|{versions}"
 
     def _entries(self) -> dict[str, dict[str, float]]:
         if self.path is None:

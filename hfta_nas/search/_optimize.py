@@ -658,14 +658,15 @@ class _Search:
         return self.costs[key]
 
     def _measured_cost(self, group: list[Proposal], slots: int) -> StepCurve:
-        """The disk cache's step curve for the group's structure up to `slots`, else a measurement (then cached)."""
+        """The disk cache's step curve for the group's structure up to `slots`, else a measurement (then cached).
+        The curve is measured on the group's largest model and kept for the structure, whatever its sizes:
+        it prices any envelope of that structure by the envelope's multiply-adds (`StepCurve.step_seconds`),
+        so a later search whose first group holds other sizes (another seed's draws) measures nothing."""
         largest = max(group, key=lambda p: p.useful_macs)
         smallest = min(group, key=lambda p: p.useful_macs)
         candidate = largest.candidate
         with self.account.phase("cost"):
-            cache_key = StepCostCache.key(
-                f"{cost_key(largest)}:{largest.useful_macs}:{smallest.useful_macs}", slots, self.device, self.dtype
-            )
+            cache_key = StepCostCache.key(cost_key(largest), slots, self.device, self.dtype)
             cost = self.cost_cache.get(cache_key)
             if not isinstance(cost, StepCurve):
                 cost = measure_step_cost(

@@ -20,6 +20,7 @@ shape signature by the search.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,89 @@ def memory_limit(
     return max(1, min(cap, available // max(one, 1)))  # the estimate is linear in B
 
 
+class _StepTimer:
+    """One array of `slots` models with its optimizer and random inputs of the data's shape, ready to
+    time single training steps (forward, per-slot loss, backward, optimizer step)."""
+
+    def __init__(
+        self,
+        factory: Callable[[], nn.Module],
+        input_shape: Sequence[int],
+        num_classes: int,
+        *,
+        slots: int,
+        batch_size: int,
+        dtype: torch.dtype,
+        optimizer: str,
+        device: torch.device,
+    ) -> None:
+        from hfta_nas.array._model_array import ModelArray
+        from hfta_nas.optim import OPTIMIZERS
+
+        self.slots, self.device = slots, device
+        self.array = ModelArray.from_factory(factory, list(range(slots)), device=device, dtype=dtype)
+        self.optimizer = OPTIMIZERS[optimizer](self.array)
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(slots, batch_size, *input_shape, generator=generator, dtype=dtype).to(device)
+        self.y = torch.randint(num_classes, (slots, batch_size), generator=generator).to(device)
+
+    def step(self) -> float:
+        started = time.perf_counter()
+        logits = self.array(self.x)
+        flat = F.cross_entropy(logits.flatten(0, 1), self.y.flatten(), reduction="none")
+        loss = flat.view(self.slots, -1).mean(1).sum()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - started
+
+
+def interleaved_step_seconds(
+    arrays: Sequence[tuple[Callable[[], nn.Module], int]],
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    batch_size: int,
+    dtype: torch.dtype,
+    optimizer: str,
+    device: torch.device,
+    min_steps: int = 3,
+    min_seconds: float = 0.3,
+    max_steps: int = 50,
+) -> list[float]:
+    """Median wall time of one training step of each array (a model factory and a number of slots),
+    timed in turns: one step of each, then the next round, after one warm-up step each, for at least
+    `min_steps` rounds and until each array has stepped `min_seconds`. Taking turns gives every array
+    the same share of whatever else this machine runs meanwhile, so their ratios (which decide the
+    array size) hold on a shared machine, where timings taken one after the other could differ by
+    the load alone."""
+    timers = [
+        _StepTimer(
+            factory,
+            input_shape,
+            num_classes,
+            slots=slots,
+            batch_size=batch_size,
+            dtype=dtype,
+            optimizer=optimizer,
+            device=device,
+        )
+        for factory, slots in arrays
+    ]
+    times: list[list[float]] = [[] for _ in timers]
+
+    def enough(spent: list[float]) -> bool:
+        measured = spent[1:]  # the first step warms up
+        return len(measured) >= min_steps and (sum(measured) >= min_seconds or len(measured) >= max_steps)
+
+    while not all(enough(spent) for spent in times):
+        for timer, spent in zip(timers, times):
+            spent.append(timer.step())
+    return [statistics.median(spent[1:]) for spent in times]
+
+
 def step_seconds(
     factory: Callable[[], nn.Module],
     input_shape: Sequence[int],
@@ -87,30 +171,22 @@ def step_seconds(
     min_seconds: float = 0.3,
     max_steps: int = 50,
 ) -> float:
-    """Median wall time of one training step of an array of `slots` models, after one
-    warm-up step, over at least `min_steps` steps and `min_seconds` (a median of
-    several steps: this machine may be shared)."""
-    from hfta_nas.array._model_array import ModelArray
-    from hfta_nas.optim import OPTIMIZERS
-
-    array = ModelArray.from_factory(factory, list(range(slots)), device=device, dtype=dtype)
-    opt = OPTIMIZERS[optimizer](array)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(slots, batch_size, *input_shape, generator=generator, dtype=dtype).to(device)
-    y = torch.randint(num_classes, (slots, batch_size), generator=generator).to(device)
-    times: list[float] = []
-    while len(times) <= min_steps or (sum(times[1:]) < min_seconds and len(times) <= max_steps):
-        started = time.perf_counter()
-        logits = array(x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(slots, -1).mean(1).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - started)
-    times = sorted(times[1:])
-    return times[len(times) // 2]
+    """Median wall time of one training step of an array of `slots` models, after one warm-up
+    step, over at least `min_steps` steps and `min_seconds` (a median of several steps: this
+    machine may be shared)."""
+    (seconds,) = interleaved_step_seconds(
+        [(factory, slots)],
+        input_shape,
+        num_classes,
+        batch_size=batch_size,
+        dtype=dtype,
+        optimizer=optimizer,
+        device=device,
+        min_steps=min_steps,
+        min_seconds=min_seconds,
+        max_steps=max_steps,
+    )
+    return seconds
 
 
 def choose_array_size(
