@@ -39,9 +39,11 @@ from hfta_nas.training._autosize import interleaved_step_seconds
 
 log = logging.getLogger(__name__)
 
-# Timed seconds per array size (a median of at least 5 steps); a structure's curve is measured
-# once per machine (`StepCostCache`), before its first array trains.
-MIN_SECONDS = 0.15
+# Seconds each array of a pair timed in turns steps for (and at least MIN_STEPS steps: their medians make
+# the ratio); a structure's curve is measured once per machine (`StepCostCache`), before its first array
+# trains, and on a 16-trial search of small models its seconds are a share of the search's.
+MIN_SECONDS = 0.05
+MIN_STEPS = 7
 KNEE_GAIN = 1.1  # no measured array steps this much more throughput than the knee
 
 
@@ -177,7 +179,7 @@ def measure_step_cost(
             dtype=dtype,
             optimizer=optimizer,
             device=device,
-            min_steps=5,
+            min_steps=MIN_STEPS,
             min_seconds=MIN_SECONDS,
         )
 
