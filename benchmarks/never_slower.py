@@ -20,8 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import torch
+from scipy.stats import wilcoxon
 
 from benchmarks._cli import package_versions, write_result
 from benchmarks.search import quick_space, run
@@ -53,9 +55,44 @@ def one_space(path: Path, n_trials: int | None, seeds: int, quick: bool) -> dict
         "never_slower": speedup["median"] >= 1.0,
         "reaches_plain_best_no_later": to_target[1] is not None
         and (to_target[0] is None or to_target[1] <= to_target[0]),
+        "paired": paired(figures),
         "pack_time_account": pack.get("time_account", {}),
         "pack_arrays": [(r["arrays"], r["mean_occupancy"]) for r in figures["runs"]["pack"]],
         "figures": figures,
+    }
+
+
+def paired(figures: dict[str, Any]) -> dict[str, Any]:
+    """Seed by seed, pack against plain: wall time, wall time per trained epoch (speed apart from which
+    trials the pruner stopped) and final best value (positive: pack's better). For each, the median,
+    min and max over seeds and the two-sided Wilcoxon signed-rank p-value of "no difference" (of the
+    ratios' logarithms), so that a skeptic can tell a difference from the spread between seeds."""
+    sign = 1.0 if figures["direction"] == "maximize" else -1.0
+    runs = {m: {r["seed"]: r for r in figures["runs"][m]} for m in METHODS}
+    seeds = sorted(set(runs["plain"]) & set(runs["pack"]))
+    plain, pack = ([runs[m][s] for s in seeds] for m in METHODS)
+    per_epoch = lambda r: r["seconds"] / max(r["epochs_trained"], 1)
+    series = {
+        "plain_over_pack_wall": [a["seconds"] / b["seconds"] for a, b in zip(plain, pack)],
+        "plain_over_pack_per_epoch": [per_epoch(a) / per_epoch(b) for a, b in zip(plain, pack)],
+        "pack_best_minus_plain": [sign * (b["best_value"] - a["best_value"]) for a, b in zip(plain, pack)],
+    }
+    logs = {"plain_over_pack_wall": True, "plain_over_pack_per_epoch": True, "pack_best_minus_plain": False}
+    return {"seeds": seeds} | {name: _described(values, logs[name]) for name, values in series.items()}
+
+
+def _described(values: list[float], ratio: bool) -> dict[str, Any]:
+    differences = np.log(values) if ratio else np.asarray(values)
+    nonzero = differences[differences != 0]
+    p_value = float(wilcoxon(nonzero).pvalue) if len(nonzero) >= 2 else None
+    return {
+        "per_seed": values,
+        "median": float(np.median(values)),
+        "min": min(values),
+        "max": max(values),
+        "pack_ahead": int(np.sum(differences > 0)),
+        "pack_behind": int(np.sum(differences < 0)),
+        "wilcoxon_p": p_value,
     }
 
 
@@ -73,6 +110,14 @@ def print_row(name: str, row: dict[str, Any]) -> None:
         + ("-" if overhead is None else f"{overhead:.0%}")
         + f" of its wall; arrays, occupancy {row['pack_arrays']}"
     )
+    for statistic, values in row["paired"].items():
+        if statistic != "seeds":
+            p_value = "-" if values["wilcoxon_p"] is None else f"{values['wilcoxon_p']:.2f}"
+            print(
+                f"{'':>30}{statistic}: median {values['median']:.3f} [{values['min']:.3f}, {values['max']:.3f}], "
+                f"pack ahead in {values['pack_ahead']} and behind in {values['pack_behind']} of "
+                f"{len(row['paired']['seeds'])} seeds, Wilcoxon p {p_value}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,9 @@ machine's load and the package versions."""
 
 import json
 
+import numpy as np
 import pytest
+from scipy.stats import wilcoxon
 
 from tests._benchmark_runs import run_from_checkout
 
@@ -31,3 +33,36 @@ def test_quick_run_compares_plain_and_pack_and_skips_what_plain_cannot_run(tmp_p
     assert row["never_slower"] is (row["plain_over_pack_wall"]["median"] >= 1.0)
     assert row["pack_time_account"]["overhead"] >= 0
     assert len(result["machine"]["load_average_before"]) == 3 and "optuna" in result["versions"]
+    assert row["paired"]["plain_over_pack_wall"]["per_seed"] == [pytest.approx(row["plain_over_pack_wall"]["median"])]
+
+
+def _runs(seconds, epochs, best):
+    return [
+        {"seed": i, "seconds": s, "epochs_trained": e, "best_value": b}
+        for i, (s, e, b) in enumerate(zip(seconds, epochs, best))
+    ]
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_paired_statistics_are_seed_by_seed_and_their_tests_are_scipys(direction):
+    from benchmarks.never_slower import paired
+
+    plain = _runs([10.0, 12.0, 9.0, 11.0], [50, 60, 40, 55], [0.80, 0.85, 0.82, 0.90])
+    pack = _runs([8.0, 13.0, 6.0, 10.0], [52, 50, 45, 60], [0.81, 0.83, 0.82, 0.92])
+    stats = paired({"direction": direction, "runs": {"plain": plain, "pack": pack}})
+    wall = [10 / 8, 12 / 13, 9 / 6, 11 / 10]
+    assert stats["seeds"] == [0, 1, 2, 3]
+    assert stats["plain_over_pack_wall"]["per_seed"] == pytest.approx(wall)
+    assert stats["plain_over_pack_wall"]["median"] == pytest.approx(np.median(wall))
+    assert stats["plain_over_pack_wall"]["wilcoxon_p"] == pytest.approx(wilcoxon(np.log(wall)).pvalue)
+    assert (stats["plain_over_pack_wall"]["pack_ahead"], stats["plain_over_pack_wall"]["pack_behind"]) == (3, 1)
+    per_epoch = [
+        (a["seconds"] / a["epochs_trained"]) / (b["seconds"] / b["epochs_trained"]) for a, b in zip(plain, pack)
+    ]
+    assert stats["plain_over_pack_per_epoch"]["per_seed"] == pytest.approx(per_epoch)
+    sign = 1 if direction == "maximize" else -1
+    gains = [sign * (b["best_value"] - a["best_value"]) for a, b in zip(plain, pack)]
+    assert stats["pack_best_minus_plain"]["per_seed"] == pytest.approx(gains)
+    nonzero = [g for g in gains if g != 0]  # a tie (seed 2) says nothing about which is better
+    assert stats["pack_best_minus_plain"]["wilcoxon_p"] == pytest.approx(wilcoxon(nonzero).pvalue)
+    assert stats["pack_best_minus_plain"]["pack_ahead"] == (2 if sign > 0 else 1)
