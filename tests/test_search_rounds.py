@@ -145,3 +145,24 @@ def test_three_workers_train_as_many_distinct_parameter_sets_as_trials(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     trials = [t for t in load_study(tmp_path).get_trials(deepcopy=False) if t.state.is_finished()]
     assert len(trials) == 6 and len({tuple(sorted(t.params.items())) for t in trials}) == 6
+
+
+def _finished_before(trials, trial, states):
+    return sum(t.state in states and t.datetime_complete <= trial.datetime_start for t in trials)
+
+
+def test_no_trial_past_the_samplers_random_start_is_asked_before_that_many_have_finished(tmp_path):
+    """TPE draws at random until n_startup_trials trials have finished (complete or pruned): a trial asked
+    earlier to fill an array, or a slot, would spend one of its guided draws at random. With a random
+    sampler every draw is at random, and a round grows to fill its arrays as before."""
+    digits = load_dataset("digits")
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    tpe = _study()  # n_startup_trials=4
+    options = {"n_trials": 12, "array_size": 4, "seed": 1, "step_cost": ARITHMETIC_BOUND}
+    hfta_nas.optimize(tpe, _build(digits), digits, **options)  # four widths apart: rounds grow to fill arrays
+    trials = tpe.get_trials()
+    assert all(_finished_before(trials, t, states) >= 4 for t in trials[4:])
+    random = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    hfta_nas.optimize(random, _build(digits), digits, **options)
+    trials = random.get_trials()
+    assert any(_finished_before(trials, t, states) < 4 for t in trials[4:])  # grown before any finished

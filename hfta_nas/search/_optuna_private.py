@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import optuna
 from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat as BaseHeartbeat
+from optuna.trial import TrialState
 
 from hfta_nas.errors import HftaNasError  # storages with heartbeats inherit it
 
@@ -59,3 +60,13 @@ def grpc_proxy_server(storage: BaseStorage, host: str, port: int):
 def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
     """A trial's id in its storage (unique across the storage's studies, unlike its number)."""
     return trial._trial_id
+
+
+def random_startup(sampler: optuna.samplers.BaseSampler) -> tuple[int, tuple[TrialState, ...]] | None:
+    """How many finished trials, in which states, the sampler waits for before its draws follow results
+    (TPE, GP and CMA-ES draw at random until then); None for a sampler without such a start."""
+    if isinstance(sampler, optuna.samplers.TPESampler):
+        return sampler._n_startup_trials, (TrialState.COMPLETE, TrialState.PRUNED)
+    if isinstance(sampler, optuna.samplers.GPSampler | optuna.samplers.CmaEsSampler):
+        return sampler._n_startup_trials, (TrialState.COMPLETE,)
+    return None
