@@ -594,8 +594,11 @@ class _Search:
         if any(t.state == TrialState.WAITING for t in trials):
             return False  # the next ask takes a queued trial: no draw
         finished = sum(t.state in states for t in trials)
+        if finished >= count:  # finished trials stay finished: no ask of this search is blind again
+            self.startup = None
+            return False
         running = any(t.state == TrialState.RUNNING for t in trials)
-        return running and len(trials) >= count and finished < count
+        return running and len(trials) >= count
 
     def pack(self, pool: list[Proposal]) -> list[Pack]:
         """The packing policy's arrays for `pool`: the groups' array sizes and step costs are looked up
