@@ -67,6 +67,7 @@ from hfta_nas.search._packing import (
 )
 from hfta_nas.search._patience import StorageUnreachable
 from hfta_nas.search._recovery import (
+    WAIT_POLL_S,
     interrupt_held,
     interrupts_deferred,
     retry_stale_trials,
@@ -308,6 +309,10 @@ class _Search:
                         with self.account.phase("storage"):
                             retry_stale_trials(self.ledger, list(self.asked), self.worker, self.emit)
                         pool = self.next_pool()
+                    if not pool and self._waits_for_random_start():
+                        with self.account.phase("waiting"):
+                            time.sleep(min(heartbeat.interval, WAIT_POLL_S))
+                        continue
                     if not pool:
                         with self.account.phase("waiting"):
                             waited = wait_for_other_workers(
@@ -578,6 +583,12 @@ class _Search:
             and self._time_left()
             and not self._ask_would_be_blind()
         )
+
+    def _waits_for_random_start(self) -> bool:
+        """Whether an empty round held its asks back for the random start's results (budget and time are
+        left): this worker polls, asking again once they are in. Not `wait_for_other_workers`, which
+        waits for a taken budget and ends the run where the trials it saw running have just finished."""
+        return self.startup is not None and not self.replicate and self.ledger.remaining() > 0 and self._time_left()
 
     def _ask_would_be_blind(self) -> bool:
         """Whether a trial asked now would be drawn at random where a later ask would follow results:
