@@ -71,17 +71,31 @@ def paired(figures: dict[str, Any]) -> dict[str, Any]:
     runs = {m: {r["seed"]: r for r in figures["runs"][m]} for m in METHODS}
     seeds = sorted(set(runs["plain"]) & set(runs["pack"]))
     plain, pack = ([runs[m][s] for s in seeds] for m in METHODS)
-    per_epoch = lambda r: r["seconds"] / max(r["epochs_trained"], 1)
+    valued = [(a, b) for a, b in zip(plain, pack) if a["best_value"] is not None and b["best_value"] is not None]
     series = {
         "plain_over_pack_wall": [a["seconds"] / b["seconds"] for a, b in zip(plain, pack)],
-        "plain_over_pack_per_epoch": [per_epoch(a) / per_epoch(b) for a, b in zip(plain, pack)],
-        "pack_best_minus_plain": [sign * (b["best_value"] - a["best_value"]) for a, b in zip(plain, pack)],
+        "plain_over_pack_per_epoch": [_per_epoch(a) / _per_epoch(b) for a, b in zip(plain, pack)],
+        "pack_best_minus_plain": [sign * (b["best_value"] - a["best_value"]) for a, b in valued],  # seeds with both
     }
     logs = {"plain_over_pack_wall": True, "plain_over_pack_per_epoch": True, "pack_best_minus_plain": False}
     return {"seeds": seeds} | {name: _described(values, logs[name]) for name, values in series.items()}
 
 
+def _per_epoch(run: dict[str, Any]) -> float:
+    return run["seconds"] / max(run["epochs_trained"], 1)
+
+
 def _described(values: list[float], ratio: bool) -> dict[str, Any]:
+    if not values:  # no seed where both methods completed a trial
+        return {
+            "per_seed": [],
+            "median": None,
+            "min": None,
+            "max": None,
+            "pack_ahead": 0,
+            "pack_behind": 0,
+            "wilcoxon_p": None,
+        }
     differences = np.log(values) if ratio else np.asarray(values)
     nonzero = differences[differences != 0]
     p_value = float(wilcoxon(nonzero).pvalue) if len(nonzero) >= 2 else None
@@ -111,12 +125,12 @@ def print_row(name: str, row: dict[str, Any]) -> None:
         + f" of its wall; arrays, occupancy {row['pack_arrays']}"
     )
     for statistic, values in row["paired"].items():
-        if statistic != "seeds":
+        if statistic != "seeds" and values["per_seed"]:
             p_value = "-" if values["wilcoxon_p"] is None else f"{values['wilcoxon_p']:.2f}"
             print(
                 f"{'':>30}{statistic}: median {values['median']:.3f} [{values['min']:.3f}, {values['max']:.3f}], "
                 f"pack ahead in {values['pack_ahead']} and behind in {values['pack_behind']} of "
-                f"{len(row['paired']['seeds'])} seeds, Wilcoxon p {p_value}"
+                f"{len(values['per_seed'])} seeds, Wilcoxon p {p_value}"
             )
 
 

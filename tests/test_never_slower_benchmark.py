@@ -66,3 +66,13 @@ def test_paired_statistics_are_seed_by_seed_and_their_tests_are_scipys(direction
     nonzero = [g for g in gains if g != 0]  # a tie (seed 2) says nothing about which is better
     assert stats["pack_best_minus_plain"]["wilcoxon_p"] == pytest.approx(wilcoxon(nonzero).pvalue)
     assert stats["pack_best_minus_plain"]["pack_ahead"] == (2 if sign > 0 else 1)
+
+
+def test_a_seed_where_a_method_completed_no_trial_has_no_best_to_compare():
+    from benchmarks.never_slower import paired
+
+    plain = _runs([10.0, 12.0], [50, 60], [0.80, None])
+    pack = _runs([8.0, 13.0], [52, 50], [0.81, 0.83])
+    stats = paired({"direction": "maximize", "runs": {"plain": plain, "pack": pack}})
+    assert stats["plain_over_pack_wall"]["per_seed"] == pytest.approx([10 / 8, 12 / 13])  # wall: both seeds
+    assert stats["pack_best_minus_plain"]["per_seed"] == pytest.approx([0.01])  # best: seed 0 only

@@ -597,7 +597,8 @@ class _Search:
         the next trial once the earlier ones finished, so its draws past the start follow them; a fuller
         round is not worth guided draws spent blind (mnist1d_mlp, 16 trials: growth to fill arrays asked
         trials 10 and 11 before any result, and TPE drew them at random; over 10 seeds pack's best was
-        below plain's in 8, by a median 2.4 points). Rounds, their growth and refills all wait."""
+        below plain's in 8, by a median 2.4 points). Rounds, their growth and refills all wait (a replicate
+        round copies an ended trial's draw and is not held)."""
         if self.startup is None:
             return False
         count, states = self.startup
