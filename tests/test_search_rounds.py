@@ -166,24 +166,3 @@ def test_no_trial_past_the_samplers_random_start_is_asked_before_that_many_have_
     hfta_nas.optimize(random, _build(digits), digits, **options)
     trials = random.get_trials()
     assert any(_finished_before(trials, t, states) < 4 for t in trials[4:])  # grown before any finished
-
-
-def test_a_worker_whose_round_waits_for_the_random_start_asks_once_it_ends(monkeypatch):
-    """Another worker's random-start trials run, so this worker's round asks nothing; they finish right
-    after that check. The worker asks once their results are in rather than ending as one whose budget
-    was taken (it had seen trials running, and now sees none)."""
-    digits = load_dataset("digits")
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=2))
-    others = [study.ask() for _ in range(2)]  # another worker's, fresh: not stale
-    blind = _optimize._Search._ask_would_be_blind
-
-    def others_end_just_after(search):
-        held_back = blind(search)
-        for trial in others:
-            if held_back and study.get_trials(deepcopy=False)[trial.number].state == optuna.trial.TrialState.RUNNING:
-                study.tell(trial, 0.5)
-        return held_back
-
-    monkeypatch.setattr(_optimize._Search, "_ask_would_be_blind", others_end_just_after)
-    summary = hfta_nas.optimize(study, _build(digits), digits, n_trials=4, array_size=2, seed=1)
-    assert sum(len(a["trials"]) for a in summary.arrays) == 2 and len(study.trials) == 4

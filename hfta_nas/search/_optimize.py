@@ -67,7 +67,6 @@ from hfta_nas.search._packing import (
 )
 from hfta_nas.search._patience import StorageUnreachable
 from hfta_nas.search._recovery import (
-    WAIT_POLL_S,
     interrupt_held,
     interrupts_deferred,
     retry_stale_trials,
@@ -309,10 +308,6 @@ class _Search:
                         with self.account.phase("storage"):
                             retry_stale_trials(self.ledger, list(self.asked), self.worker, self.emit)
                         pool = self.next_pool()
-                    if not pool and self._waits_for_random_start():
-                        with self.account.phase("waiting"):
-                            time.sleep(min(heartbeat.interval, WAIT_POLL_S))
-                        continue
                     if not pool:
                         with self.account.phase("waiting"):
                             waited = wait_for_other_workers(
@@ -384,7 +379,7 @@ class _Search:
             len(pool) < self.pool_size
             and self.ledger.remaining() > 0
             and self._time_left()
-            and not self._ask_would_be_blind()
+            and (not pool or not self._ask_would_be_blind())  # a worker with nothing to train asks anyway
         ):
             pool.append(self._ask())
         return pool
@@ -584,12 +579,6 @@ class _Search:
             and not self._ask_would_be_blind()
         )
 
-    def _waits_for_random_start(self) -> bool:
-        """Whether an empty round held its asks back for the random start's results (budget and time are
-        left): this worker polls, asking again once they are in. Not `wait_for_other_workers`, which
-        waits for a taken budget and ends the run where the trials it saw running have just finished."""
-        return self.startup is not None and not self.replicate and self.ledger.remaining() > 0 and self._time_left()
-
     def _ask_would_be_blind(self) -> bool:
         """Whether a trial asked now would be drawn at random where a later ask would follow results:
         the sampler's random start (TPE's first 10 trials by default) is all asked, not yet that many have
@@ -598,7 +587,9 @@ class _Search:
         round is not worth guided draws spent blind (mnist1d_mlp, 16 trials: growth to fill arrays asked
         trials 10 and 11 before any result, and TPE drew them at random; over 10 seeds pack's best was
         below plain's in 8, by a median 2.4 points). Rounds, their growth and refills all wait (a replicate
-        round copies an ended trial's draw and is not held)."""
+        round copies an ended trial's draw and is not held), except a round's first ask: a worker with
+        nothing to train asks one trial, as each of several plain Optuna processes would, rather than
+        idle while another worker's start trains (`--workers`)."""
         if self.startup is None:
             return False
         count, states = self.startup
