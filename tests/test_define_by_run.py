@@ -50,7 +50,7 @@ def test_the_same_space_as_yaml_and_as_python_gives_the_same_trials(tmp_path):
     )
     study = optuna.create_study(direction="maximize", sampler=sampler, pruner=optuna.pruners.MedianPruner())
     summary = hfta_nas.optimize(study, build, digits, n_trials=6, array_size=3, seed=7, step_cost=StepCost(**COST))
-    assert summary.trials == {"COMPLETE": 6}
+    assert sum(summary.trials.values()) == 6  # every trial trained and told (the median pruner may stop one)
 
     def described(s):
         return [(t.number, t.state, t.params, t.intermediate_values, t.values) for t in s.get_trials(deepcopy=False)]

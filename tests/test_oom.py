@@ -119,7 +119,11 @@ def test_a_search_array_over_the_budget_is_split_and_every_trial_trains(tmp_path
     from tests.test_search import load_study, search, space_text
 
     params = {"training.optimizer.lr": {"distribution": "log_uniform", "min": 1e-3, "max": 3e-2}}
-    text = space_text(params=params, model={"family": "mlp", "config": {"depth": 1, "width": 16}})
+    # a random sampler: TPE would hold its guided asks until its random start has results, and the first
+    # array would hold 2 trials, not 3
+    text = space_text(
+        params=params, model={"family": "mlp", "config": {"depth": 1, "width": 16}}, sampler={"name": "random"}
+    )
     data = load_dataset("digits")
     factory = resolve_model(
         "mlp", {"depth": 1, "width": 16}, input_shape=data.input_shape, num_classes=data.num_classes
@@ -138,7 +142,7 @@ def test_a_search_array_out_of_memory_while_training_is_retried_in_halves(tmp_pa
     from optuna.trial import TrialState
 
     from hfta_nas.training._trainer import ArrayTrainer
-    from tests.test_search import load_study, search
+    from tests.test_search import load_study, search, space_text
 
     epochs = ArrayTrainer.epochs  # the loop a search's array job drives
 
@@ -149,7 +153,8 @@ def test_a_search_array_out_of_memory_while_training_is_retried_in_halves(tmp_pa
 
     monkeypatch.setattr(ArrayTrainer, "epochs", epochs_like_a_small_gpu)
     events = []
-    search(tmp_path, on_event=events.append)
+    random_sampler = space_text(sampler={"name": "random"})  # rounds of 3: no TPE start to wait for
+    search(tmp_path, random_sampler, on_event=events.append)
     trials = load_study(tmp_path).trials
     assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)  # none lost, none retried anew
     split = [t for t in trials if "out_of_memory" in t.user_attrs]  # the trials of arrays that ran out

@@ -314,7 +314,11 @@ def test_a_stop_between_the_tells_of_an_arrays_last_epoch_still_continues_from_t
     beside them (as it did), so the retries end with the values of a search never stopped."""
     from hfta_nas.search import ArrayResumed, TrialEnded
 
-    text = space_text(budget={"n_trials": 3}, training={"epochs": 4, "optimizer": {"name": "adam", "lr": 1e-3}})
+    text = space_text(  # a random sampler: one array of all 3 (TPE would hold its guided ask for its start's results)
+        budget={"n_trials": 3},
+        training={"epochs": 4, "optimizer": {"name": "adam", "lr": 1e-3}},
+        sampler={"name": "random"},
+    )
     search(tmp_path / "ref", text)
     reference = {
         t.number: t
