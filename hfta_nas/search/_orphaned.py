@@ -40,5 +40,7 @@ def _watch(parent: int, grace_s: float) -> None:
         time.sleep(POLL_S)
     time.sleep(grace_s)  # the worker that got the kernel's SIGINT has stopped (and this thread with it)
     for sig, then_wait_s in stop_escalation(signal.SIGINT, grace_s):
-        os.kill(os.getpid(), sig)
+        # to the main thread, where Python runs signal handlers: a signal the kernel hands to this thread
+        # leaves a main thread blocked in a wait (a lock, a join) asleep until SIGKILL (clean-clone CI once)
+        signal.pthread_kill(threading.main_thread().ident, sig)
         time.sleep(then_wait_s)
