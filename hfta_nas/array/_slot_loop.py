@@ -58,6 +58,13 @@ def slots_one_by_one(
     return _stacked(outputs), _stacked_buffers(kept, state)
 
 
+def one_slot_result(
+    output: Any, kept: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
+) -> tuple[Any, dict[str, torch.Tensor]]:
+    """`slots_one_by_one`'s result for one slot that returned `output` and reassigned `kept`."""
+    return _stacked([output]), _stacked_buffers([kept], state)
+
+
 def call_template(count: int, names: list[str]) -> Callable[[nn.Module, dict[str, torch.Tensor], tuple[Any, ...]], Any]:
     """A `call` for `slots_one_by_one`: the first `count` inputs positional, the rest keyword `names`."""
 

@@ -101,6 +101,12 @@ def _slot_first(tensor: torch.Tensor | None, dim: int | None, batch_size: int) -
     return tensor if dim == 0 else tensor.movedim(dim, 0)  # no autograd node for the common case
 
 
+def under_vmap() -> bool:
+    """Whether the innermost functorch transform is a vmap (`physical_call` runs its kernel only then)."""
+    cdata = _functorch.peek_interpreter_stack()
+    return cdata is not None and cdata.key() == TransformType.Vmap
+
+
 def physical_call(kernel, *tensors: torch.Tensor | None) -> torch.Tensor | None:
     """`kernel(batch_size, dims, *physical)` on vmap's physical tensors, its result wrapped back.
 
@@ -110,10 +116,9 @@ def physical_call(kernel, *tensors: torch.Tensor | None) -> torch.Tensor | None:
     `ModelArray.__call__`, and the kernel returns (output, its slot dim)
     rather than None.
     """
-    cdata = _functorch.peek_interpreter_stack()
-    if cdata is None or cdata.key() != TransformType.Vmap:
+    if not under_vmap():
         return None
-    interpreter = coerce_cinterpreter(cdata)
+    interpreter = coerce_cinterpreter(_functorch.peek_interpreter_stack())
     level = interpreter.level()
     unwrapped = [_functorch._unwrap_batched(t, level) if t is not None else (None, None) for t in tensors]
     with temporarily_pop_interpreter_stack():
@@ -442,7 +447,8 @@ class _SlotConvMixin:
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - torch's name: callers may pass input=
         out = None
-        if conv_per_slot(input.device, _per_slot_macs(self, input.shape)):
+        # outside vmap (an array of one, slots one by one) a slot's convolution is torch's own
+        if under_vmap() and conv_per_slot(input.device, _per_slot_macs(self, input.shape)):
             out = physical_call(self._loop_kernel, input, self.weight, self.bias)
         return super().forward(input) if out is None else out  # small: vmap's grouped convolution
 
