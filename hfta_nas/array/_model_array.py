@@ -49,6 +49,7 @@ from hfta_nas.array._signature import (
     refuse_hooked_weights,
 )
 from hfta_nas.array._slot_loop import call_template, one_slot_result, refusing_random_operations, slots_one_by_one
+from hfta_nas.array._unpad import forward_kept_python_state, own_counters, own_models, own_rows
 from hfta_nas.envelope._placement import SlotEmbedding
 from hfta_nas.envelope._probe import PaddingCost, PlacedSlot, count_macs, recheck_slot, verify_slot
 from hfta_nas.envelope._template import Envelope
@@ -685,7 +686,41 @@ class ModelArray:
         self.dropout_seeds = self.dropout_seeds.index_select(0, index)
         for listener in self._listeners:
             listener.keep_slots(keep)
+        self._drop_padding_if_one_shape()
         return keep
+
+    def _drop_padding_if_one_shape(self) -> None:
+        """An envelope whose slots now share their shapes becomes an array of those shapes, every
+        number moved over (`_unpad.py`); where that cannot be exact, it keeps its padding."""
+        if self._slots is None or self._refusal is not None or self.has_slot_dropout_rates():
+            return
+        if forward_kept_python_state(self._template, self._initial_python):
+            return
+        models = own_models(self._slots, [self.slot_state_dict(slot) for slot in range(len(self))])
+        if models is None:
+            return
+        try:
+            plain = ModelArray(models, dropout_seeds=self.dropout_seeds.tolist(), device=self.device, dtype=self.dtype)
+        except FusionError:  # equal shapes, other settings: the envelope's constants told them apart
+            return
+        counters = own_counters(self._slots, self._slot_random, plain._slot_random)
+        if plain._slots is not None or counters is None:
+            return
+        convert = own_rows(self._slots, self._layout, plain._layout)
+        plain._slot_random = counters
+        self._become(plain)
+        for listener in self._listeners:
+            relayout = getattr(listener, "relayout", None)
+            if relayout is not None:
+                relayout(convert)
+
+    def _become(self, other: ModelArray) -> None:
+        """Take `other`'s structure and numbers; keep what is attached, the running-check setting and
+        the mode (those hold on to this object)."""
+        training, listeners, recheck = self.training, self._listeners, self._recheck_every
+        self.__dict__.update(other.__dict__)
+        self._listeners, self._recheck_every = listeners, recheck
+        self.train(training)
 
     def replace_slot(self, slot: int, model: nn.Module, *, dropout_seed: int | None = None) -> None:
         """Put a fresh model into `slot`: its weights and buffers, a new dropout

@@ -216,15 +216,28 @@ def _probing(template: nn.Module):
         template.train(training)
 
 
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+
+
 def own_copy(model: nn.Module) -> nn.Module:
-    """A float64 CPU copy of `model` in training mode with its dropout off: what the probe compares."""
+    """A float64 CPU copy of `model` in training mode with its dropout off: what the probe compares.
+    Each rate it turned off is kept beside it (`with_own_dropout` turns them back on)."""
     own = copy.deepcopy(model).cpu().double()
     for m in own.modules():
-        if isinstance(m, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)):
-            m.p = 0.0
+        if isinstance(m, _DROPOUTS):
+            m._hfta_own_rate, m.p = m.p, 0.0
         elif isinstance(m, nn.RNNBase):
-            m.dropout = 0.0
+            m._hfta_own_rate, m.dropout = m.dropout, 0.0
     return own.train()
+
+
+def with_own_dropout(own: nn.Module) -> nn.Module:
+    """`own` (an `own_copy`) with the dropout rates of the model it copies, in place."""
+    for m in own.modules():
+        rate = m.__dict__.pop("_hfta_own_rate", None)
+        if rate is not None:
+            setattr(m, "dropout" if isinstance(m, nn.RNNBase) else "p", rate)
+    return own
 
 
 def _difference(own: torch.Tensor, padded: torch.Tensor, scale: float | None = None) -> float:

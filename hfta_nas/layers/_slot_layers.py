@@ -500,7 +500,7 @@ def init_slot_randomness(
             stream: int | torch.Tensor = zlib.crc32(path.encode())
         else:
             stream = torch.tensor(
-                [zlib.crc32(_own_path(path, own).encode()) for own in envelope_to_own],
+                [zlib.crc32(own_dropout_path(path, own).encode()) for own in envelope_to_own],
                 dtype=torch.int64,
                 device=dropout_seeds.device,
             )
@@ -509,7 +509,7 @@ def init_slot_randomness(
     return buffers
 
 
-def _own_path(path: str, envelope_to_own: Mapping[str, str]) -> str:
+def own_dropout_path(path: str, envelope_to_own: Mapping[str, str]) -> str:
     """The slot's own path of the template's module `path`: its nearest mapped ancestor's own path
     plus the rest (a recurrent layer's `inter_layer_dropouts.k` has no module in the user's model).
     A module the slot skips gets a path this way too; its output reaches nothing of the slot's."""

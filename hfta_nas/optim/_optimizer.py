@@ -14,7 +14,7 @@ check every optimizer to 1e-10 in float64).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -266,6 +266,11 @@ class ArrayOptimizer:
         self._any_frozen = bool((~self.active).any())
         for follower in self._followers:
             follower.keep_slots(keep)
+
+    def relayout(self, convert: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """The array changed the layout of its rows (an envelope dropped its padding): every [B, P]
+        state tensor goes to the new layout by `convert`; per-slot values stay."""
+        self.state = {name: convert(value) for name, value in self.state.items()}
 
     def reset_slot(self, slot: int) -> None:
         """Fresh optimizer state for a replaced slot, as a new torch.optim would have."""

@@ -1,0 +1,116 @@
+"""An envelope whose remaining slots share their shapes becomes an array of those shapes.
+
+Slots of different sizes train padded into an envelope. When the slots that made it wide end
+(pruned, stopped early, failed), the survivors would go on paying the padding at every step,
+and a survivor left alone would pay an envelope's machinery for nothing: on a search's CPU that
+made a pruned array slower than training its trial alone (issue 43). So once the survivors share
+their shapes, the array rebuilds itself from their own models, and every number moves over:
+
+- weights and buffers, through each slot's own state_dict;
+- dropout counters, matched by each layer's path in the slot's own model, where its stream comes
+  from, so every later mask is the one the envelope would have drawn (`own_counters`);
+- whatever is attached and holds [B, P] rows of `flat`'s layout (optimizer state), through the
+  conversion `own_rows` makes, each slot's own entries in the new layout.
+
+Where that cannot be exact, the envelope keeps its padding: a forward that keeps Python state of
+its own in the envelope's template, per-slot dropout rates, survivors a one-shape array refuses
+(settings that differ at equal shapes), or a dropout layer without a counterpart.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from hfta_nas._python_state import PythonState, changes
+from hfta_nas.array._envelope_slots import EnvelopeSlots
+from hfta_nas.array._layout import FlatLayout
+from hfta_nas.array._signature import equal_shapes
+from hfta_nas.envelope._placement import take_from
+from hfta_nas.envelope._probe import with_own_dropout
+from hfta_nas.layers._slot_layers import own_dropout_path
+
+
+def own_models(slots: EnvelopeSlots, states: Sequence[Mapping[str, torch.Tensor]]) -> list[nn.Module] | None:
+    """Each slot's own model holding `states[slot]`, or None unless they all share their shapes."""
+    models = []
+    for slot, state in enumerate(states):
+        if slot in slots.verified:  # the probe's copy, its dropout turned off
+            model = with_own_dropout(copy.deepcopy(slots.verified[slot]))
+        elif slot in slots.unverified:
+            model = copy.deepcopy(slots.unverified[slot])
+        else:
+            return None
+        model.load_state_dict(state)
+        models.append(model)
+    return models if equal_shapes(models) else None
+
+
+def forward_kept_python_state(template: nn.Module, initial: PythonState) -> bool:
+    """Whether a forward changed the template's plain Python attributes (the array's own marks aside)."""
+    changed = changes(template, initial)
+    return any(not name.startswith("_hfta") for values in changed.values() for name in values)
+
+
+def own_rows(
+    slots: EnvelopeSlots, layout: FlatLayout, own_layout: FlatLayout
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """rows [B, P] in the envelope's layout -> [B, P'] in `own_layout`: each slot's own entries."""
+    embeddings = list(slots.embeddings)
+
+    def convert(rows: torch.Tensor) -> torch.Tensor:
+        views = layout.views(rows)
+        per_slot = []
+        for slot, emb in enumerate(embeddings):
+            own = {}
+            for key in emb.state_keys:
+                env_name, index = emb.places[key]
+                if env_name in layout.aliases:
+                    own[key] = take_from(views[layout.aliases[env_name]][slot], index)
+            per_slot.append(torch.cat([own[name].reshape(-1) for name, _, _ in own_layout.entries]))
+        return torch.stack(per_slot)
+
+    return convert
+
+
+def own_counters(
+    slots: EnvelopeSlots, envelope_random: Mapping[str, torch.Tensor], own_random: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor] | None:
+    """The own array's dropout state with the envelope's call counters: its `calls` [B] per layer,
+    each slot's taken from the envelope layer that stands for it; None where a layer's key differs
+    (another stream) or has no counterpart."""
+    result = dict(own_random)
+    for name, own_calls in own_random.items():
+        if not name.endswith("calls"):
+            continue
+        path = name.removesuffix("calls").removesuffix(".")
+        counts, keys = [], []
+        for slot, emb in enumerate(slots.embeddings):
+            env_path = _envelope_path(path, emb.modules, envelope_random)
+            if env_path is None:
+                return None
+            prefix = f"{env_path}." if env_path else ""
+            counts.append(envelope_random[prefix + "calls"][slot])
+            keys.append(envelope_random[prefix + "slot_key"][slot])
+        own_prefix = f"{path}." if path else ""
+        if not torch.equal(torch.stack(keys), own_random[own_prefix + "slot_key"]):
+            return None
+        result[name] = torch.stack(counts).to(own_calls.dtype)
+    return result
+
+
+def _envelope_path(
+    own_path: str, own_to_envelope: Mapping[str, str], envelope_random: Mapping[str, torch.Tensor]
+) -> str | None:
+    """The envelope's dropout layer whose stream, for a slot placed by `own_to_envelope` (its own
+    module paths -> the envelope's), is the own layer `own_path`'s."""
+    envelope_to_own = {env: own for own, env in own_to_envelope.items()}
+    for name in envelope_random:
+        if name.endswith("calls"):
+            env_path = name.removesuffix("calls").removesuffix(".")
+            if own_dropout_path(env_path, envelope_to_own) == own_path:
+                return env_path
+    return None

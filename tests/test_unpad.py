@@ -1,0 +1,126 @@
+"""An envelope whose remaining slots share their shapes drops its padding (hfta_nas/array/_unpad.py):
+the survivors train on as an array of their own shapes, exactly as their models alone (float64,
+torch.optim as the reference), with dropout masks, BatchNorm statistics and optimizer state carried
+over, and a checkpoint taken after the change resumes bit-identical."""
+
+import copy
+
+import pytest
+import torch
+from test_checkpoint import model as conv_model
+from test_envelope import (
+    OPTIMIZERS,
+    STEPS_PER_EPOCH,
+    act_drop_mlp,
+    array_optimizer,
+    assert_slot_equals,
+    build,
+    float_inputs,
+    make_batches,
+    mlp,
+    per_slot,
+    run_array,
+    run_plain,
+    slot_batches,
+)
+from torch import nn
+
+from hfta_nas import ArrayTrainer, ModelArray
+from hfta_nas.array._model_array import ModelArray as ArrayClass
+from hfta_nas.optim import Adam
+from hfta_nas.training._checkpoint import Checkpointer
+
+EPOCHS = 3
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam", "RMSprop"])
+@pytest.mark.parametrize("dropped", [[1], [1, 2]], ids=["two of one shape", "one alone"])
+def test_survivors_of_one_shape_train_on_as_their_models_alone(opt_name, dropped):
+    models = build([lambda: mlp(16, 1), lambda: mlp(24, 2), lambda: mlp(16, 1)])
+    batches = make_batches(float_inputs, len(models), EPOCHS * STEPS_PER_EPOCH)
+    arr = ModelArray([copy.deepcopy(m) for m in models], dtype=torch.float64)
+    opt, sched = array_optimizer(arr, opt_name)
+    run_array(arr, opt, sched, batches[:STEPS_PER_EPOCH])
+    keep = arr.drop_slots(dropped)
+    assert arr._slots is None and arr.flat.shape[1] == sum(p.numel() for p in models[0].parameters())
+    later = [(x[keep], y[keep]) for x, y in batches[STEPS_PER_EPOCH:]]
+    run_array(arr, opt, sched, later, first_step=STEPS_PER_EPOCH)
+    hp = per_slot(OPTIMIZERS[opt_name], len(models))
+    for new, old in enumerate(keep):
+        kwargs = {k: v[old] for k, v in hp.items()}
+        assert_slot_equals(arr, new, run_plain(models[old], opt_name, kwargs, old, slot_batches(batches, old)))
+
+
+def test_survivors_of_different_shapes_keep_their_envelope():
+    models = build([lambda: mlp(16, 1), lambda: mlp(24, 2), lambda: mlp(32, 1)])
+    arr = ModelArray(models, dtype=torch.float64)
+    arr.drop_slots([1])
+    assert arr._slots is not None
+
+
+def trained_with_dropout(unpad, monkeypatch):
+    """A dropout MLP and a wider one with another activation: the wide one leaves after an epoch."""
+    models = build([lambda: act_drop_mlp(16, nn.Tanh(), 0.3), lambda: act_drop_mlp(24, nn.ReLU(), 0.1)])
+    batches = make_batches(float_inputs, len(models), EPOCHS * STEPS_PER_EPOCH)
+    arr = ModelArray([copy.deepcopy(m) for m in models], dtype=torch.float64, dropout_seeds=[3, 4])
+    opt, sched = array_optimizer(arr, "Adam")
+    run_array(arr, opt, sched, batches[:STEPS_PER_EPOCH])
+    if not unpad:
+        monkeypatch.setattr(ArrayClass, "_drop_padding_if_one_shape", lambda self: None)
+    arr.drop_slots([1])
+    run_array(arr, opt, sched, [(x[:1], y[:1]) for x, y in batches[STEPS_PER_EPOCH:]], first_step=STEPS_PER_EPOCH)
+    return arr
+
+
+def test_dropout_masks_go_on_as_the_envelope_would_draw_them(monkeypatch):
+    """The survivor draws, step after step, the masks it drew in the envelope: its weights end where
+    the envelope, kept padded, takes them (to float noise; float64)."""
+    unpadded = trained_with_dropout(True, monkeypatch)
+    padded = trained_with_dropout(False, monkeypatch)
+    assert unpadded._slots is None and padded._slots is not None
+    calls = [value for name, value in unpadded._slot_random.items() if name.endswith("calls")]
+    assert calls and all(int(c[0]) == EPOCHS * STEPS_PER_EPOCH for c in calls)  # counted through the change
+    for key, value in padded.slot_state_dict(0).items():
+        torch.testing.assert_close(unpadded.slot_state_dict(0)[key], value, rtol=1e-12, atol=1e-14, msg=key)
+
+
+WIDTHS = {0: 4, 1: 6, 2: 4}  # slot 1 leaves after the first epoch; 0 and 2 share their shapes
+
+
+def make_trainer(data):
+    ids = [0, 1, 2]
+    arr = ModelArray([conv_model(WIDTHS[i], i) for i in ids], dropout_seeds=[7, 8, 9], dtype=torch.float64)
+    opt = Adam(arr, lr=[1e-2, 3e-3, 2e-2])
+    return ArrayTrainer(arr, opt, data, batch_size=16, data_seeds=[1, 2, 3], slot_ids=ids)
+
+
+def stop_the_wide_one(report, trainer):
+    if report.epoch == 1 and 1 in trainer.slot_ids:
+        trainer.stop([1], reason="pruned")
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_checkpoint_after_the_change_resumes_bit_identical(tiny_data, tmp_path):
+    reference = make_trainer(tiny_data)
+    reference.fit(EPOCHS + 1, on_epoch=stop_the_wide_one)
+    assert reference.array._slots is None  # the envelope dropped its padding
+
+    checkpointer = Checkpointer(tmp_path / "array.pt")
+
+    def save_then_kill(trainer):
+        checkpointer(trainer)
+        if trainer.epoch == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        make_trainer(tiny_data).fit(EPOCHS + 1, on_epoch=stop_the_wide_one, checkpoint=save_then_kill)
+    resumed = Checkpointer(tmp_path / "array.pt")
+    trainer = resumed.resume(lambda: make_trainer(tiny_data), lambda sid: None)
+    trainer.fit(EPOCHS + 1, on_epoch=stop_the_wide_one, checkpoint=resumed)
+    assert trainer.results == reference.results  # every epoch's metrics, to the bit
+    for slot in range(len(trainer.slot_ids)):
+        for key, value in reference.array.slot_state_dict(slot).items():
+            assert torch.equal(trainer.array.slot_state_dict(slot)[key], value), key
