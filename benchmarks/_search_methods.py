@@ -3,6 +3,9 @@
 - plain: Optuna's `study.optimize`, one trial at a time, each trial the plain
   PyTorch loop of benchmarks/stability.py (`plain_run`) reporting the study's
   metric every epoch for the pruner;
+- plain-journal: the same on an Optuna journal file (`JournalFileBackend`), the durable storage
+  `pack` writes by default (a resumable study the dashboard reads): every report and attribute is
+  a locked, fsynced append, as it is for `pack`;
 - processes: the co-location baseline, as a user runs it: P spawned processes
   (default: one per core available) share one Optuna journal file, each runs
   the same objective under `study.optimize` with the same torch thread count
@@ -29,6 +32,7 @@ but `ray` the space's pruner (Ray prunes with ASHA, see its module).
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -51,8 +55,8 @@ from benchmarks._search_common import PROCESS_TIMEOUT_S, SearchRun, barrier_wait
 from hfta_nas.search import open_storage
 from hfta_nas.search_spaces import SearchSpace, run_search
 
-METHODS = ("plain", "processes", "ray", "hfta", "replicate", "pack", "pack-workers")
-DEFAULT_METHODS = ("plain", "processes", "ray", "pack", "pack-workers")
+METHODS = ("plain", "plain-journal", "processes", "ray", "hfta", "replicate", "pack", "pack-workers")
+DEFAULT_METHODS = ("plain", "plain-journal", "processes", "ray", "pack", "pack-workers")
 
 
 # ------------------------------------------------------------- the objective
@@ -64,10 +68,21 @@ def warm_up(space: SearchSpace, device: str, dtype: str, datasets: dict[str, Any
     study.optimize(plain_objective(one_epoch(space), device, dtype, datasets), n_trials=1)
 
 
-def run_plain(space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int) -> SearchRun:
+def run_plain(
+    space: SearchSpace, n_trials: int, device: str, dtype: str, folder: Path, processes: int, journal: bool = False
+) -> SearchRun:
+    storage = None
+    if journal:
+        folder.mkdir(parents=True, exist_ok=True)
+        storage = optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(folder / "plain.journal"))
+        )
     start, wall, cpu = datetime.now(), time.perf_counter(), time.process_time()
     study = optuna.create_study(
-        directions=space.directions, sampler=space.make_sampler(seed=space.seed), pruner=space.make_pruner()
+        storage=storage,
+        directions=space.directions,
+        sampler=space.make_sampler(seed=space.seed),
+        pruner=space.make_pruner(),
     )
     study.optimize(plain_objective(space, device, dtype), n_trials=n_trials)
     return SearchRun(time.perf_counter() - wall, time.process_time() - cpu, study.get_trials(), start)
@@ -198,6 +213,7 @@ def run_arrays(method: str) -> Callable[..., SearchRun]:
 
 RUNNERS: dict[str, Callable[..., SearchRun]] = {
     "plain": run_plain,
+    "plain-journal": functools.partial(run_plain, journal=True),
     "processes": run_processes,
     "ray": run_ray,
     "hfta": run_arrays("hfta"),

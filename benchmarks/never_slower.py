@@ -4,11 +4,13 @@
     python -m benchmarks.never_slower --quick                                      # 2 epochs, 1000 samples, 1 seed
     python -m benchmarks.never_slower --n-trials 48 --spaces mnist1d_user_factory
 
-For each `search_spaces/*.yaml` (or those named), benchmarks/search.py's `plain` and `pack` methods run
-on the same seeds in one process, in turns (its `run`: same budget, per-trial seeds, one torch thread).
-Per space, seed by seed: plain's wall time / pack's (the acceptance is >= 1.0) and each method's time to
-plain's median final best (pack's no later than plain's); and pack's time account, so that a space
-below 1.0 shows which phase costs it. A space the plain loop cannot reproduce (several objectives, a
+For each `search_spaces/*.yaml` (or those named), benchmarks/search.py's `plain`, `plain-journal` and
+`pack` methods run on the same seeds in one process, in turns (its `run`: same budget, per-trial
+seeds, one torch thread). Per space, seed by seed: plain's wall time / pack's (the acceptance is
+>= 1.0) and each method's time to plain's median final best (pack's no later than plain's); the same
+ratios against plain Optuna on a journal file (`against_plain_journal`: the storage as durable as
+pack's, each write a locked, fsynced append); and pack's time account, so that a space below 1.0
+shows which phase costs it. A space the plain loop cannot reproduce (several objectives, a
 metric it does not evaluate, a schedule it does not have) is listed as skipped with the reason.
 """
 
@@ -31,7 +33,7 @@ from hfta_nas.errors import HftaNasError
 from hfta_nas.search_spaces import load_space
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
-METHODS = ["plain", "pack"]
+METHODS = ["plain", "plain-journal", "pack"]
 
 
 def one_space(path: Path, n_trials: int | None, seeds: int, quick: bool) -> dict[str, Any]:
@@ -45,7 +47,7 @@ def one_space(path: Path, n_trials: int | None, seeds: int, quick: bool) -> dict
         figures = run(space, n_trials or space.budget.n_trials, list(range(seeds)), METHODS, 1, "cpu", "float32")
     except SystemExit as refusal:  # the plain loop cannot reproduce this space
         return {"skipped": str(refusal)}
-    plain, pack = (figures["summary"]["methods"][m] for m in METHODS)
+    plain, pack = (figures["summary"]["methods"][m] for m in ("plain", "pack"))
     speedup, to_target = pack["speedup"], (plain["time_to_target"]["median"], pack["time_to_target"]["median"])
     return {
         "n_trials": figures["n_trials"],
@@ -56,21 +58,24 @@ def one_space(path: Path, n_trials: int | None, seeds: int, quick: bool) -> dict
         "reaches_plain_best_no_later": to_target[1] is not None
         and (to_target[0] is None or to_target[1] <= to_target[0]),
         "paired": paired(figures),
+        # like for like on storage: plain Optuna on a journal file, as durable as pack's
+        "against_plain_journal": paired(figures, reference="plain-journal"),
         "pack_time_account": pack.get("time_account", {}),
         "pack_arrays": [(r["arrays"], r["mean_occupancy"]) for r in figures["runs"]["pack"]],
         "figures": figures,
     }
 
 
-def paired(figures: dict[str, Any]) -> dict[str, Any]:
-    """Seed by seed, pack against plain: wall time, wall time per trained epoch (speed apart from which
-    trials the pruner stopped) and final best value (positive: pack's better). For each, the median,
-    min and max over seeds and the two-sided Wilcoxon signed-rank p-value of "no difference" (of the
-    ratios' logarithms), so that a skeptic can tell a difference from the spread between seeds."""
+def paired(figures: dict[str, Any], reference: str = "plain") -> dict[str, Any]:
+    """Seed by seed, pack against `reference` (plain, or plain-journal; named plain below): wall time,
+    wall time per trained epoch (speed apart from which trials the pruner stopped) and final best value
+    (positive: pack's better). For each, the median, min and max over seeds and the two-sided Wilcoxon
+    signed-rank p-value of "no difference" (of the ratios' logarithms), so that a skeptic can tell a
+    difference from the spread between seeds."""
     sign = 1.0 if figures["direction"] == "maximize" else -1.0
-    runs = {m: {r["seed"]: r for r in figures["runs"][m]} for m in METHODS}
-    seeds = sorted(set(runs["plain"]) & set(runs["pack"]))
-    plain, pack = ([runs[m][s] for s in seeds] for m in METHODS)
+    runs = {m: {r["seed"]: r for r in figures["runs"][m]} for m in (reference, "pack")}
+    seeds = sorted(set(runs[reference]) & set(runs["pack"]))
+    plain, pack = ([runs[m][s] for s in seeds] for m in (reference, "pack"))
     valued = [(a, b) for a, b in zip(plain, pack) if a["best_value"] is not None and b["best_value"] is not None]
     series = {
         "plain_over_pack_wall": [a["seconds"] / b["seconds"] for a, b in zip(plain, pack)],
@@ -124,8 +129,10 @@ def print_row(name: str, row: dict[str, Any]) -> None:
         + ("-" if overhead is None else f"{overhead:.0%}")
         + f" of its wall; arrays, occupancy {row['pack_arrays']}"
     )
-    for statistic, values in row["paired"].items():
-        if statistic != "seeds" and values["per_seed"]:
+    statistics = [*row["paired"].items()]
+    statistics += [(f"[plain-journal] {k}", v) for k, v in row.get("against_plain_journal", {}).items()]
+    for statistic, values in statistics:
+        if not statistic.endswith("seeds") and values["per_seed"]:
             p_value = "-" if values["wilcoxon_p"] is None else f"{values['wilcoxon_p']:.2f}"
             print(
                 f"{'':>30}{statistic}: median {values['median']:.3f} [{values['min']:.3f}, {values['max']:.3f}], "

@@ -1,4 +1,5 @@
-"""benchmarks/never_slower.py runs end to end (`--quick`): plain against pack on shipped spaces.
+"""benchmarks/never_slower.py runs end to end (`--quick`): plain (in memory and on a journal file) against pack
+on shipped spaces.
 
 This checks the script, not the timings: a space runs both methods and its ratios are those of its
 runs; a space the plain loop cannot reproduce is skipped with the reason, and the JSON records the
@@ -34,6 +35,10 @@ def test_quick_run_compares_plain_and_pack_and_skips_what_plain_cannot_run(tmp_p
     assert row["pack_time_account"]["overhead"] >= 0
     assert len(result["machine"]["load_average_before"]) == 3 and "optuna" in result["versions"]
     assert row["paired"]["plain_over_pack_wall"]["per_seed"] == [pytest.approx(row["plain_over_pack_wall"]["median"])]
+    journal = row["figures"]["runs"]["plain-journal"]  # plain Optuna on a journal file, as durable as pack's
+    against = row["against_plain_journal"]["plain_over_pack_wall"]["per_seed"]
+    assert against == [pytest.approx(journal[0]["seconds"] / pack[0]["seconds"])]
+    assert journal[0]["epochs_trained"] == plain[0]["epochs_trained"]  # the same trials, only the storage differs
 
 
 def _runs(seconds, epochs, best):
