@@ -52,7 +52,7 @@ def test_an_array_of_one_trains_exactly_as_its_model_alone_with_its_places_bound
     monkeypatch.setattr(_slot_loop, "functional_call", counting)
     arr, (alone,) = trained_side_by_side([model])
     assert len(calls) == 1  # the first call of the training mode; every later one is bound
-    assert arr._alone_binding is not None
+    assert arr._places is not None
     if make is Counted:
         assert alone.steps == arr._template.steps
 
@@ -82,13 +82,12 @@ def test_a_recurrent_model_and_eval_mode_are_exact_bound():
             torch.testing.assert_close(arr(x)[0], model.eval()(x[0]), rtol=1e-10, atol=1e-10)
 
 
-def step_pair(arr, opt, model, model_opt, x, y, before_step=None):
-    loss = F.cross_entropy(arr(x)[0], y)
-    loss.backward()
-    if before_step is not None:
-        before_step(arr)
+def step_pair(arr, opt, model, model_opt, x, y, clear=None):
+    """One step of the array and of the model alone; then the array's gradient is cleared by `clear(arr)`
+    (default: its optimizer's zero_grad), the model's by torch.optim's zero_grad."""
+    F.cross_entropy(arr(x)[0], y).backward()
     opt.step()
-    opt.zero_grad()
+    (clear or (lambda _: opt.zero_grad()))(arr)
     F.cross_entropy(model(x[0]), y).backward()
     model_opt.step()
     model_opt.zero_grad()
@@ -106,7 +105,7 @@ def no_dropout():
 
 @pytest.mark.parametrize(
     "replace",
-    ["grad set to None", "flat.grad set to None", "load_slot", "copy of the state", "resumed numeric state"],
+    ["grads set to None", "flat.grad set to None", "load_slot", "copy of the state", "resumed numeric state"],
 )
 def test_what_replaces_a_bound_tensor_is_followed_exactly(replace):
     """Between two bound steps something replaces a tensor the binding holds: the next steps still
@@ -118,11 +117,11 @@ def test_what_replaces_a_bound_tensor_is_followed_exactly(replace):
     g = torch.Generator().manual_seed(1)
     for step in range(6):
         x, y = torch.randn(1, BATCH, IN, generator=g, dtype=torch.float64), torch.randint(3, (BATCH,), generator=g)
+        clear = None
+        if step == 2 and replace == "grads set to None":  # instead of zero_grad, as torch.optim's does
+            clear = lambda arr: [setattr(p, "grad", None) for p in arr.parameters().values()]  # noqa: E731
         if step == 3:
-            if replace == "grad set to None":
-                for leaf in arr._alone_binding.given.values():
-                    leaf.grad = None
-            elif replace == "flat.grad set to None":
+            if replace == "flat.grad set to None":
                 arr.flat.grad = None
             elif replace == "load_slot":
                 arr.load_slot(0, model.state_dict())
@@ -130,7 +129,7 @@ def test_what_replaces_a_bound_tensor_is_followed_exactly(replace):
                 arr.buffers = {name: value.clone() for name, value in arr.buffers.items()}
             else:
                 arr.load_numeric_state(copy.deepcopy(arr.numeric_state()))
-        step_pair(arr, opt, model, model_opt, x, y)
+        step_pair(arr, opt, model, model_opt, x, y, clear)
     assert_same(arr, model)
 
 
@@ -148,6 +147,28 @@ def test_a_create_graph_backward_leaves_the_gradient_in_flat_grad():
     gradient = arr.gradient()
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(arr._layout.views(gradient)[name][0], parameter.grad, rtol=1e-12, atol=1e-12)
+    arr.zero_grad()  # then a plain backward: its gradient alone, nothing left of the create_graph one
+    model.zero_grad()
+    arr(x).sum().backward()
+    model(x[0]).sum().backward()
+    gradient = arr.gradient()
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(arr._layout.views(gradient)[name][0], parameter.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_autograd_grad_reaches_the_arrays_parameters_on_every_call():
+    """`torch.autograd.grad` with respect to `arr.parameters()` (a gradient penalty's idiom) works on
+    bound calls as on the first: the slot's tensors are views of those leaves."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(IN, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    arr = ModelArray([copy.deepcopy(model)], dtype=torch.float64)
+    x = torch.randn(1, BATCH, IN, dtype=torch.float64)
+    leaves = list(arr.parameters().values())
+    for _ in range(3):
+        grads = torch.autograd.grad(arr(x).sum(), leaves)
+        expected = torch.autograd.grad(model(x[0]).sum(), list(model.parameters()))
+        for got, want in zip(grads, expected):
+            torch.testing.assert_close(got[0], want, rtol=1e-12, atol=1e-12)
 
 
 def test_keyword_and_shared_inputs_reach_the_bound_forward():
@@ -177,8 +198,8 @@ def test_bound_dropout_draws_the_masks_of_the_watched_path(monkeypatch):
         torch.manual_seed(0)
         arr = ModelArray([batch_normed().double()], dtype=torch.float64, dropout_seeds=[3])
         if not bound:
-            monkeypatch.setattr(ModelArray, "_alone_call", None)
-            monkeypatch.setattr(ModelArray, "_has_gradient_rows", lambda self: False)
+            never_looped = property(lambda self: set(), lambda self, value: None)  # every call watched, unbound
+            monkeypatch.setattr(ModelArray, "_looped_modes", never_looped, raising=False)
         outputs[bound] = [arr(x) for _ in range(4)]
         monkeypatch.undo()
     for with_binding, without in zip(outputs[True], outputs[False]):

@@ -124,3 +124,58 @@ def test_a_checkpoint_after_the_change_resumes_bit_identical(tiny_data, tmp_path
     for slot in range(len(trainer.slot_ids)):
         for key, value in reference.array.slot_state_dict(slot).items():
             assert torch.equal(trainer.array.slot_state_dict(slot)[key], value), key
+
+
+class Counted(nn.Module):
+    """A step counter in Python that halves the output after a warm-up: state the envelope's template
+    keeps, which the own array's template must go on from."""
+
+    def __init__(self, width, warmup=3):
+        super().__init__()
+        self.fc, self.out = nn.Linear(8, width), nn.Linear(width, 3)
+        self.steps, self.warmup = 0, warmup
+
+    def forward(self, x):
+        if self.training:
+            self.steps += 1
+        return self.out(torch.tanh(self.fc(x)) * (1.0 if self.steps <= self.warmup else 0.5))
+
+
+class Unsaved(nn.Module):
+    """A buffer its state_dict leaves out (persistent=False), counted up by the forward."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc, self.out = nn.Linear(8, width), nn.Linear(width, 3)
+        self.register_buffer("seen", torch.zeros(()), persistent=False)
+
+    def forward(self, x):
+        self.seen += 1
+        return self.out(torch.tanh(self.fc(x))) * (1 + self.seen / 100)
+
+
+@pytest.mark.parametrize("make", [Counted, Unsaved], ids=["python counter", "unsaved buffer"])
+def test_state_outside_the_state_dict_goes_on_exactly(make):
+    """Step by step against each model alone with torch.optim.Adam (float64): a Python counter is set on
+    the new template; an unsaved buffer keeps the envelope (its value cannot move)."""
+    models = build([lambda: make(16), lambda: make(24), lambda: make(16)])
+    arr = ModelArray([copy.deepcopy(m) for m in models], dtype=torch.float64)
+    opt = Adam(arr, lr=[1e-2] * 3)
+    alone = {slot: torch.optim.Adam(m.parameters(), lr=1e-2) for slot, m in enumerate(models)}
+    g = torch.Generator().manual_seed(0)
+    slots = [0, 1, 2]
+    for step in range(6):
+        if step == 2:
+            slots = [slots[b] for b in arr.drop_slots([1])]
+            assert (arr._slots is None) is (make is Counted)
+        x = torch.randn(len(slots), 5, 8, generator=g, dtype=torch.float64)
+        out = arr(x)
+        out.square().mean(dim=(1, 2)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        for b, slot in enumerate(slots):
+            expected = models[slot](x[b])
+            torch.testing.assert_close(out[b], expected, rtol=1e-10, atol=1e-10, msg=f"step {step} slot {slot}")
+            expected.square().mean().backward()
+            alone[slot].step()
+            alone[slot].zero_grad()

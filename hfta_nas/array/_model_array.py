@@ -34,7 +34,7 @@ from torch import nn
 from torch.func import vmap
 
 from hfta_nas._python_state import carry, changes, put_back, python_state
-from hfta_nas.array._alone import AloneBinding
+from hfta_nas.array._alone import TemplatePlaces
 from hfta_nas.array._envelope_slots import EnvelopeSlots, as_tensor
 from hfta_nas.array._first_call import NeedsSlotLoop, running_layer, watched_first_call, watching_forward
 from hfta_nas.array._layout import FlatLayout
@@ -49,7 +49,7 @@ from hfta_nas.array._signature import (
     refuse_hooked_weights,
 )
 from hfta_nas.array._slot_loop import call_template, one_slot_result, refusing_random_operations, slots_one_by_one
-from hfta_nas.array._unpad import forward_kept_python_state, own_counters, own_models, own_rows
+from hfta_nas.array._unpad import carry_python_state, keeps_unsaved_buffers, own_counters, own_models, own_rows
 from hfta_nas.envelope._placement import SlotEmbedding
 from hfta_nas.envelope._probe import PaddingCost, PlacedSlot, count_macs, recheck_slot, verify_slot
 from hfta_nas.envelope._template import Envelope
@@ -143,7 +143,7 @@ class ModelArray:
         self._refusal: FusionError | None = None  # set when the running check found a mismatch
         self._one_by_one: str | None = None  # why the forward runs slot by slot (None: fused)
         self._looped_modes: set[tuple[bool, bool]] = set()
-        self._alone_binding: AloneBinding | None = None  # an array of one's template places (_alone.py)
+        self._places: TemplatePlaces | None = None  # where an array of one's tensors go (_alone.py)
 
         # Equal shapes: slot 0's model is the source of names and shapes. Else
         # the envelope of all slots is (FusionError naming the layer if none).
@@ -390,9 +390,6 @@ class ModelArray:
         A parameter whose `.grad` was replaced (set to None by the caller, or
         rebuilt out of place by a create_graph backward) is copied back in.
         """
-        moved = self._alone_binding.moved_gradients() if self._alone_binding is not None else {}
-        if moved:
-            self._alone_binding = None  # the next call binds its leaves to `flat.grad` again
         grad = self.flat.grad
         if grad is None or grad.shape != self.flat.shape:
             stale = {name: leaf.grad for name, leaf in self._leaves.items()}
@@ -404,9 +401,6 @@ class ModelArray:
                 if value is not None:
                     self._grad_views[name].copy_(value)
                 self._leaves[name].grad = self._grad_views[name]
-            for name, value in moved.items():  # an array of one's own leaves (_alone.py)
-                if value is not None:
-                    self._grad_views[name][0].copy_(value)
             if self._slots is not None:
                 self._slots.mask_gradient(self.flat.grad)
         return self.flat.grad
@@ -448,7 +442,7 @@ class ModelArray:
         call = call_template(len(inputs), list(keyword_inputs))
         mode = (self.training, shared_input)
         with no_attention_fast_path():
-            if alone and mode in self._looped_modes and self._has_gradient_rows():
+            if alone and mode in self._looped_modes:
                 out, kept = self._alone_call(state, inputs, keyword_inputs, shared_input)
             elif self._one_by_one is not None or alone:
                 out, kept = self._slot_by_slot(call, state, batched, mode)
@@ -465,21 +459,15 @@ class ModelArray:
         examples/custom_model.py, CPU, 1 thread; issue 43). An envelope's last slot keeps its padding."""
         return len(self) == 1 and self._slots is None
 
-    def _has_gradient_rows(self) -> bool:
-        return self.flat.grad is not None and self.flat.grad.shape == self.flat.shape
-
     def _alone_call(self, state: dict[str, torch.Tensor], inputs, keyword_inputs, shared_input: bool):
-        """`_slot_by_slot`'s result for an array of one, after its first call of a mode (which
-        `_slot_by_slot` watches): the template's places bound once, not found on every call."""
-        binding = self._alone_binding
-        if binding is None or not binding.still_fits(state, self.flat.grad):
-            grad_rows = self._layout.views(self.flat.grad)
-            binding = AloneBinding(self._template, state, set(self._leaves), self.flat.grad, grad_rows)
-            self._alone_binding = binding
+        """`_slot_by_slot`'s result for an array of one after its first call of a mode (which
+        `_slot_by_slot` watches): the same call, the template's tensor places found once."""
+        if self._places is None:
+            self._places = TemplatePlaces(self._template)
         args = _slot_inputs(inputs, 0, shared_input)
         keywords = dict(zip(keyword_inputs, _slot_inputs(tuple(keyword_inputs.values()), 0, shared_input)))
-        out, replaced = binding.call(self._template, args, keywords)
-        kept = reassigned({name: binding.given[name] for name in replaced}, replaced)
+        out, given, replaced = self._places.call(state, args, keywords)
+        kept = reassigned({name: given[name] for name in replaced}, replaced)
         return one_slot_result(out, kept, state)
 
     def _fused(self, call, state: dict[str, torch.Tensor], batched: tuple[Any, ...], mode: tuple[bool, bool]):
@@ -694,20 +682,21 @@ class ModelArray:
         number moved over (`_unpad.py`); where that cannot be exact, it keeps its padding."""
         if self._slots is None or self._refusal is not None or self.has_slot_dropout_rates():
             return
-        if forward_kept_python_state(self._template, self._initial_python):
+        if keeps_unsaved_buffers(self.buffers, self._state_keys):
             return
         models = own_models(self._slots, [self.slot_state_dict(slot) for slot in range(len(self))])
         if models is None:
             return
         try:
             plain = ModelArray(models, dropout_seeds=self.dropout_seeds.tolist(), device=self.device, dtype=self.dtype)
-        except FusionError:  # equal shapes, other settings: the envelope's constants told them apart
+        except (FusionError, torch.OutOfMemoryError):  # other settings at equal shapes; no room for both
             return
         counters = own_counters(self._slots, self._slot_random, plain._slot_random)
         if plain._slots is not None or counters is None:
             return
         convert = own_rows(self._slots, self._layout, plain._layout)
         plain._slot_random = counters
+        carry_python_state(self._template, self._initial_python, self._slots, plain._template)
         self._become(plain)
         for listener in self._listeners:
             relayout = getattr(listener, "relayout", None)

@@ -12,9 +12,11 @@ their shapes, the array rebuilds itself from their own models, and every number 
 - whatever is attached and holds [B, P] rows of `flat`'s layout (optimizer state), through the
   conversion `own_rows` makes, each slot's own entries in the new layout.
 
-Where that cannot be exact, the envelope keeps its padding: a forward that keeps Python state of
-its own in the envelope's template, per-slot dropout rates, survivors a one-shape array refuses
-(settings that differ at equal shapes), or a dropout layer without a counterpart.
+Plain Python attributes a forward changed on the envelope's template (a step counter) are set on
+the new template. Where the change cannot be exact, the envelope keeps its padding: buffers a
+state_dict leaves out (persistent=False), per-slot dropout rates, survivors a one-shape array
+refuses (settings that differ at equal shapes), a dropout layer without a counterpart, or a new
+array that does not fit in memory.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from hfta_nas._python_state import PythonState, changes
+from hfta_nas._python_state import PythonState, carry, changes
 from hfta_nas.array._envelope_slots import EnvelopeSlots
 from hfta_nas.array._layout import FlatLayout
 from hfta_nas.array._signature import equal_shapes
@@ -49,10 +51,31 @@ def own_models(slots: EnvelopeSlots, states: Sequence[Mapping[str, torch.Tensor]
     return models if equal_shapes(models) else None
 
 
-def forward_kept_python_state(template: nn.Module, initial: PythonState) -> bool:
-    """Whether a forward changed the template's plain Python attributes (the array's own marks aside)."""
-    changed = changes(template, initial)
-    return any(not name.startswith("_hfta") for values in changed.values() for name in values)
+def carry_python_state(template: nn.Module, initial: PythonState, slots: EnvelopeSlots, target: nn.Module) -> None:
+    """Set on `target` (the own array's template) the plain Python attributes a forward changed on the
+    envelope's `template` since `initial` (a step counter), module by module; the array's own marks
+    (`_hfta_...`, such as where each slot sits in a convolution) stay the envelope's."""
+    changed = {
+        path: {name: value for name, value in values.items() if not name.startswith("_hfta")}
+        for path, values in changes(template, initial).items()
+    }
+    own_to_envelope = dict(slots.embeddings[0].modules)  # the survivors share their shapes and places
+    own_to_envelope.setdefault("", "")
+    carry(changed, target, {own: env for own, env in own_to_envelope.items() if _has_module(target, own)})
+
+
+def _has_module(root: nn.Module, path: str) -> bool:
+    try:
+        root.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def keeps_unsaved_buffers(array_buffers: Mapping[str, torch.Tensor], state_keys: Sequence[str]) -> bool:
+    """Whether the model has buffers its state_dict leaves out (registered with persistent=False):
+    a slot's own state_dict cannot carry their values over."""
+    return bool(set(array_buffers) - set(state_keys))
 
 
 def own_rows(
