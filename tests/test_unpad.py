@@ -58,9 +58,30 @@ def test_survivors_of_different_shapes_keep_their_envelope():
     assert arr._slots is not None
 
 
-def trained_with_dropout(unpad, monkeypatch):
-    """A dropout MLP and a wider one with another activation: the wide one leaves after an epoch."""
-    models = build([lambda: act_drop_mlp(16, nn.Tanh(), 0.3), lambda: act_drop_mlp(24, nn.ReLU(), 0.1)])
+class DropoutGRU(nn.Module):
+    """Two GRU layers with dropout between them (a layer of the array's own, with no module in the user's
+    model) and a dropout before the head."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.rnn = nn.GRU(2, hidden, num_layers=2, dropout=0.3, batch_first=True)
+        self.drop, self.head = nn.Dropout(0.2), nn.Linear(hidden, 3)
+
+    def forward(self, x):  # x [N, 2, 12]: 12 time steps of 2 features
+        out, _ = self.rnn(x.transpose(1, 2))
+        return self.head(self.drop(out[:, -1]))
+
+
+DROPOUT_PAIRS = {
+    "mlp": [lambda: act_drop_mlp(16, nn.Tanh(), 0.3), lambda: act_drop_mlp(24, nn.ReLU(), 0.1)],
+    "gru": [lambda: DropoutGRU(6), lambda: DropoutGRU(9)],
+}
+
+
+def trained_with_dropout(unpad, monkeypatch, kind="mlp"):
+    """A model with dropout and a wider one (another activation for the MLP): the wide one leaves after an
+    epoch."""
+    models = build(DROPOUT_PAIRS[kind])
     batches = make_batches(float_inputs, len(models), EPOCHS * STEPS_PER_EPOCH)
     arr = ModelArray([copy.deepcopy(m) for m in models], dtype=torch.float64, dropout_seeds=[3, 4])
     opt, sched = array_optimizer(arr, "Adam")
@@ -72,11 +93,13 @@ def trained_with_dropout(unpad, monkeypatch):
     return arr
 
 
-def test_dropout_masks_go_on_as_the_envelope_would_draw_them(monkeypatch):
-    """The survivor draws, step after step, the masks it drew in the envelope: its weights end where
-    the envelope, kept padded, takes them (to float noise; float64)."""
-    unpadded = trained_with_dropout(True, monkeypatch)
-    padded = trained_with_dropout(False, monkeypatch)
+@pytest.mark.parametrize("kind", sorted(DROPOUT_PAIRS))
+def test_dropout_masks_go_on_as_the_envelope_would_draw_them(monkeypatch, kind):
+    """The survivor draws, step after step, the masks it drew in the envelope (a recurrent layer's
+    inter-layer dropout too): its weights end where the envelope, kept padded, takes them (to float
+    noise; float64)."""
+    unpadded = trained_with_dropout(True, monkeypatch, kind)
+    padded = trained_with_dropout(False, monkeypatch, kind)
     assert unpadded._slots is None and padded._slots is not None
     calls = [value for name, value in unpadded._slot_random.items() if name.endswith("calls")]
     assert calls and all(int(c[0]) == EPOCHS * STEPS_PER_EPOCH for c in calls)  # counted through the change
