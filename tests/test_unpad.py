@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from test_checkpoint import Killed
 from test_checkpoint import model as conv_model
 from test_envelope import (
     OPTIMIZERS,
@@ -23,10 +24,10 @@ from test_envelope import (
     run_plain,
     slot_batches,
 )
+from test_forward_state import Counted
 from torch import nn
 
 from hfta_nas import ArrayTrainer, ModelArray
-from hfta_nas.array._model_array import ModelArray as ArrayClass
 from hfta_nas.optim import Adam
 from hfta_nas.training._checkpoint import Checkpointer
 
@@ -87,7 +88,7 @@ def trained_with_dropout(unpad, monkeypatch, kind="mlp"):
     opt, sched = array_optimizer(arr, "Adam")
     run_array(arr, opt, sched, batches[:STEPS_PER_EPOCH])
     if not unpad:
-        monkeypatch.setattr(ArrayClass, "_drop_padding_if_one_shape", lambda self: None)
+        monkeypatch.setattr(ModelArray, "_drop_padding_if_one_shape", lambda self: None)
     arr.drop_slots([1])
     run_array(arr, opt, sched, [(x[:1], y[:1]) for x, y in batches[STEPS_PER_EPOCH:]], first_step=STEPS_PER_EPOCH)
     return arr
@@ -122,10 +123,6 @@ def stop_the_wide_one(report, trainer):
         trainer.stop([1], reason="pruned")
 
 
-class Killed(Exception):
-    pass
-
-
 def test_a_checkpoint_after_the_change_resumes_bit_identical(tiny_data, tmp_path):
     reference = make_trainer(tiny_data)
     reference.fit(EPOCHS + 1, on_epoch=stop_the_wide_one)
@@ -149,21 +146,6 @@ def test_a_checkpoint_after_the_change_resumes_bit_identical(tiny_data, tmp_path
             assert torch.equal(trainer.array.slot_state_dict(slot)[key], value), key
 
 
-class Counted(nn.Module):
-    """A step counter in Python that halves the output after a warm-up: state the envelope's template
-    keeps, which the own array's template must go on from."""
-
-    def __init__(self, width, warmup=3):
-        super().__init__()
-        self.fc, self.out = nn.Linear(8, width), nn.Linear(width, 3)
-        self.steps, self.warmup = 0, warmup
-
-    def forward(self, x):
-        if self.training:
-            self.steps += 1
-        return self.out(torch.tanh(self.fc(x)) * (1.0 if self.steps <= self.warmup else 0.5))
-
-
 class Unsaved(nn.Module):
     """A buffer its state_dict leaves out (persistent=False), counted up by the forward."""
 
@@ -179,8 +161,9 @@ class Unsaved(nn.Module):
 
 @pytest.mark.parametrize("make", [Counted, Unsaved], ids=["python counter", "unsaved buffer"])
 def test_state_outside_the_state_dict_goes_on_exactly(make):
-    """Step by step against each model alone with torch.optim.Adam (float64): a Python counter is set on
-    the new template; an unsaved buffer keeps the envelope (its value cannot move)."""
+    """Step by step against each model alone with torch.optim.Adam (float64): a Python step counter that
+    halves the output after a warm-up (test_forward_state's) is set on the new template; an unsaved
+    buffer keeps the envelope (its value cannot move)."""
     models = build([lambda: make(16), lambda: make(24), lambda: make(16)])
     arr = ModelArray([copy.deepcopy(m) for m in models], dtype=torch.float64)
     opt = Adam(arr, lr=[1e-2] * 3)

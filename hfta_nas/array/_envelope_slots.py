@@ -130,13 +130,18 @@ class EnvelopeSlots:
         self.verified = {keep.index(b): m for b, m in self.verified.items() if b in keep}
         self.macs = {keep.index(b): m for b, m in self.macs.items() if b in keep}
 
-    def state_dict(self, slot: int, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor]):
-        """Slot `slot`'s own state_dict (its own shapes), cut from the envelope tensors."""
+    def state_dict(
+        self, slot: int, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor] | None
+    ) -> OrderedDict[str, torch.Tensor]:
+        """Slot `slot`'s own state_dict (its own shapes), cut from the envelope tensors; with `buffers`
+        None, its parameters only (`params` may be any [B, P] rows' views, optimizer state too)."""
         emb = self.embeddings[slot]
         result: OrderedDict[str, torch.Tensor] = OrderedDict()
+        aliases = self.layout.aliases
         for key in emb.state_keys:
             env_name, index = emb.places[key]
-            aliases = self.layout.aliases
+            if env_name not in aliases and buffers is None:
+                continue
             source = params[aliases[env_name]] if env_name in aliases else buffers[env_name]
             result[key] = take_from(source[slot].detach(), index)
         return result

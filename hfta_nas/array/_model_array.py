@@ -456,7 +456,8 @@ class ModelArray:
         then runs the template once on the slot's tensors, without vmap, so its layers run torch's own
         code as the model alone does (`_slot_loop.py`). Under vmap an array of one paid the batching
         machinery for nothing: 1.4x plain PyTorch's time per epoch (SignalNet of
-        examples/custom_model.py, CPU, 1 thread; issue 43). An envelope's last slot keeps its padding."""
+        examples/custom_model.py, CPU, 1 thread; issue 43). An envelope left with one slot first drops its
+        padding where it can (`_drop_padding_if_one_shape`)."""
         return len(self) == 1 and self._slots is None
 
     def _alone_call(self, state: dict[str, torch.Tensor], inputs, keyword_inputs, shared_input: bool):
@@ -692,7 +693,7 @@ class ModelArray:
         except (FusionError, torch.OutOfMemoryError):  # other settings at equal shapes; no room for both
             return
         counters = own_counters(self._slots, self._slot_random, plain._slot_random)
-        if plain._slots is not None or counters is None:
+        if counters is None:
             return
         convert = own_rows(self._slots, self._layout, plain._layout)
         plain._slot_random = counters

@@ -31,7 +31,6 @@ from hfta_nas._python_state import PythonState, carry, changes
 from hfta_nas.array._envelope_slots import EnvelopeSlots
 from hfta_nas.array._layout import FlatLayout
 from hfta_nas.array._signature import equal_shapes
-from hfta_nas.envelope._placement import take_from
 from hfta_nas.envelope._probe import with_own_dropout
 from hfta_nas.layers._slot_layers import own_dropout_path
 
@@ -82,19 +81,11 @@ def own_rows(
     slots: EnvelopeSlots, layout: FlatLayout, own_layout: FlatLayout
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """rows [B, P] in the envelope's layout -> [B, P'] in `own_layout`: each slot's own entries."""
-    embeddings = list(slots.embeddings)
 
     def convert(rows: torch.Tensor) -> torch.Tensor:
         views = layout.views(rows)
-        per_slot = []
-        for slot, emb in enumerate(embeddings):
-            own = {}
-            for key in emb.state_keys:
-                env_name, index = emb.places[key]
-                if env_name in layout.aliases:
-                    own[key] = take_from(views[layout.aliases[env_name]][slot], index)
-            per_slot.append(torch.cat([own[name].reshape(-1) for name, _, _ in own_layout.entries]))
-        return torch.stack(per_slot)
+        own = [slots.state_dict(slot, views, None) for slot in range(len(slots.embeddings))]
+        return torch.stack([torch.cat([o[name].reshape(-1) for name, _, _ in own_layout.entries]) for o in own])
 
     return convert
 
@@ -105,35 +96,30 @@ def own_counters(
     """The own array's dropout state with the envelope's call counters: its `calls` [B] per layer,
     each slot's taken from the envelope layer that stands for it; None where a layer's key differs
     (another stream) or has no counterpart."""
+    envelope_layers = [name.removesuffix("calls") for name in envelope_random if name.endswith("calls")]
+    per_slot = [_own_to_envelope_layers(emb.modules, envelope_layers) for emb in slots.embeddings]
     result = dict(own_random)
     for name, own_calls in own_random.items():
         if not name.endswith("calls"):
             continue
-        path = name.removesuffix("calls").removesuffix(".")
-        counts, keys = [], []
-        for slot, emb in enumerate(slots.embeddings):
-            env_path = _envelope_path(path, emb.modules, envelope_random)
-            if env_path is None:
-                return None
-            prefix = f"{env_path}." if env_path else ""
-            counts.append(envelope_random[prefix + "calls"][slot])
-            keys.append(envelope_random[prefix + "slot_key"][slot])
-        own_prefix = f"{path}." if path else ""
-        if not torch.equal(torch.stack(keys), own_random[own_prefix + "slot_key"]):
+        layer = name.removesuffix("calls")  # "path." or "" for the root
+        if any(layer not in layers for layers in per_slot):
             return None
+        places = [layers[layer] for layers in per_slot]
+        keys = torch.stack([envelope_random[env + "slot_key"][slot] for slot, env in enumerate(places)])
+        if not torch.equal(keys, own_random[layer + "slot_key"]):
+            return None
+        counts = [envelope_random[env + "calls"][slot] for slot, env in enumerate(places)]
         result[name] = torch.stack(counts).to(own_calls.dtype)
     return result
 
 
-def _envelope_path(
-    own_path: str, own_to_envelope: Mapping[str, str], envelope_random: Mapping[str, torch.Tensor]
-) -> str | None:
-    """The envelope's dropout layer whose stream, for a slot placed by `own_to_envelope` (its own
-    module paths -> the envelope's), is the own layer `own_path`'s."""
+def _own_to_envelope_layers(own_to_envelope: Mapping[str, str], envelope_layers: Sequence[str]) -> dict[str, str]:
+    """For a slot placed by `own_to_envelope` (its own module paths -> the envelope's): each envelope
+    dropout layer's name prefix ("path." or "") under the prefix of the own layer whose stream it draws."""
     envelope_to_own = {env: own for own, env in own_to_envelope.items()}
-    for name in envelope_random:
-        if name.endswith("calls"):
-            env_path = name.removesuffix("calls").removesuffix(".")
-            if own_dropout_path(env_path, envelope_to_own) == own_path:
-                return env_path
-    return None
+    result = {}
+    for env in envelope_layers:
+        own = own_dropout_path(env.removesuffix("."), envelope_to_own)
+        result[f"{own}." if own else ""] = env
+    return result
