@@ -82,3 +82,35 @@ def test_settings_an_array_shares_keep_candidates_apart():
     asked[1].candidate = Candidate(asked[1].candidate.model, data=DATA, batch_size=25).checked(None)
     packs = pack(asked, max_slots=4, step_cost=LAUNCH_BOUND)
     assert len(packs) == 2  # one batch size per array
+
+
+def test_an_envelope_is_counted_once_per_template_and_as_counted_alone(monkeypatch):
+    """Sets of architectures with one envelope (an MLP's: its widest layer and its deepest stack, whichever
+    layers some slot skips and whatever the dropout rates) count its multiply-adds once, and each set gets
+    what `envelope_macs` counts for it alone (None: the set cannot share an array)."""
+    from hfta_nas.envelope import _probe
+    from hfta_nas.errors import FusionError
+    from hfta_nas.search import _shape_checks
+
+    widths_depths = [(64, 3, 0.1), (256, 1, 0.2), (128, 2, 0.0), (256, 3, 0.3), (64, 1, 0.0), (128, 3, 0.2)]
+    configs = [{"width": w, "depth": d, "dropout": p} for w, d, p in widths_depths]
+    shells = [proposal.shell for proposal in proposals(configs, family="mlp")]
+    # five sets 3 deep and 256 wide (gates on layers 2 and 3 or none, per-slot dropout rates or one), one 2
+    # deep and 128 wide, and two that cannot share an array (depths 3 and 2)
+    sets = [(0, 1), (1, 3), (3, 4), (1, 5), (0, 3), (2, 4), (0, 2), (2, 3)]
+    counted = []
+    real = _probe._sized
+    monkeypatch.setattr(_probe, "_sized", lambda *a: counted.append(1) or real(*a))
+    checks = _shape_checks.ShapeChecks()
+    got = [checks.envelope_macs([shells[i] for i in s], DATA.input_shape) for s in sets]
+    assert len(counted) == 2
+    x = torch.empty(1, *DATA.input_shape, device="meta")
+
+    def alone(indices):
+        try:
+            return _probe.envelope_macs([shells[i] for i in indices], x)
+        except FusionError:
+            return None
+
+    assert got == [alone(s) for s in sets] and got[-2:] == [None, None]
+    assert got[0] == got[3] > max(model_macs(shells[i], x) for i in (0, 1, 5))  # the envelope's, not a member's

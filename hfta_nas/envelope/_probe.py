@@ -192,8 +192,19 @@ def envelope_macs(models: Sequence[nn.Module], *example_inputs: Any) -> int:
     models = list(models)
     if len(models) == 1:
         return model_macs(models[0], *example_inputs)
+    return template_macs(envelope_template(models), *example_inputs)
+
+
+def envelope_template(models: Sequence[nn.Module]) -> nn.Module:
+    """The module an array of two or more `models` runs, on their device (meta works) and in eval mode;
+    FusionError when they cannot share an array. `template_macs` counts its multiply-adds."""
     device = next((p.device for p in models[0].parameters()), torch.device("cpu"))
-    return _sized(Envelope(models).template().to(device).eval(), example_inputs)
+    return Envelope(list(models)).template().to(device).eval()
+
+
+def template_macs(template: nn.Module, *example_inputs: Any) -> int:
+    """Multiply-adds per sample of one slot of `template` (from `envelope_template`, which this call may change)."""
+    return _sized(template, example_inputs)
 
 
 @contextlib.contextmanager

@@ -7,7 +7,10 @@ same computations again and again (TPE revisits what works), so each result
 is kept under the model's `compute_key` (module structure and settings, and
 tensor shapes, without dropout rates: a rate changes neither output shapes nor
 multiply-adds) together with what else it depends on: the input shape, the
-number of classes and the loss.
+number of classes and the loss. Different sets of architectures often have one
+envelope (an MLP's is its widest layer and its deepest stack), so an envelope's
+multiply-adds are also kept under its template's key (`template_key`): counting them
+(a forward on the meta device) costs about twice what building the template does.
 """
 
 from __future__ import annotations
@@ -20,9 +23,15 @@ from torch import nn
 from torch.nn.modules.dropout import _DropoutNd
 
 from hfta_nas.array._model_array import check_fusable
-from hfta_nas.envelope._probe import envelope_macs, model_macs
+from hfta_nas.envelope._padded_layers import GATE_FLAG
+from hfta_nas.envelope._probe import envelope_template, model_macs, template_macs
 from hfta_nas.errors import FusionError
+from hfta_nas.layers import SlotDropout
 from hfta_nas.search._candidate import Candidate, check_outputs, example_input, tensor_shapes
+
+
+# Layers whose settings change neither output shapes nor multiply-adds (a dropout rate, or channel dims).
+_RATE_ONLY = (_DropoutNd, SlotDropout)
 
 
 def architecture_key(shell: nn.Module) -> str:
@@ -34,12 +43,28 @@ def architecture_key(shell: nn.Module) -> str:
 def compute_key(shell: nn.Module) -> str:
     """Equal for models that compute the same shapes with the same multiply-adds: module types
     and settings in order, and tensor shapes; dropout rates left out."""
-    parts = [
-        f"{name}:{type(m).__name__}({'' if isinstance(m, _DropoutNd) else m.extra_repr()})"
-        for name, m in shell.named_modules()
+    return _digest(shell, tensor_shapes(shell))
+
+
+def template_key(template: nn.Module) -> str:
+    """`compute_key` of an envelope's template, without the per-slot state its stand-ins add (a skip
+    gate's flag, a dropout layer's key, counter and rates): none of it changes a multiply-add, so sets
+    of architectures with one envelope share it (an MLP's: its widest layer and deepest stack)."""
+    owners = dict(template.named_modules())
+    shapes = [
+        (name, shape)
+        for name, shape in tensor_shapes(template)
+        if name.rpartition(".")[2] != GATE_FLAG and not isinstance(owners[name.rpartition(".")[0]], _RATE_ONLY)
     ]
-    text = repr(parts) + repr(tensor_shapes(shell))
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
+    return _digest(template, shapes)
+
+
+def _digest(model: nn.Module, shapes: list[tuple[str, tuple[int, ...]]]) -> str:
+    parts = [
+        f"{name}:{type(m).__name__}({'' if isinstance(m, _RATE_ONLY) else m.extra_repr()})"
+        for name, m in model.named_modules()
+    ]
+    return hashlib.sha1((repr(parts) + repr(shapes)).encode()).hexdigest()[:12]
 
 
 class ShapeChecks:
@@ -48,6 +73,7 @@ class ShapeChecks:
     def __init__(self) -> None:
         self._macs: dict[tuple, int] = {}
         self._envelopes: dict[tuple, int | None] = {}
+        self._templates: dict[tuple, int] = {}  # (template_key, input shape) -> its multiply-adds
         self._keys: dict[int, tuple[nn.Module, str]] = {}  # id(shell) -> (shell, its compute_key)
         self._architectures: dict[int, tuple[nn.Module, str]] = {}  # id(shell) -> (shell, its shape key)
         self._fusable: dict[frozenset[str], bool] = {}
@@ -94,9 +120,20 @@ class ShapeChecks:
         distinct = {self.key(shell): shell for shell in shells}
         key = (frozenset(distinct), tuple(input_shape))
         if key not in self._envelopes:
-            x = torch.empty(1, *input_shape, device="meta")
             try:
-                self._envelopes[key] = envelope_macs(list(distinct.values()), x)
+                self._envelopes[key] = self._counted(list(distinct.values()), tuple(input_shape))
             except FusionError:  # a subset that cannot share an envelope (rare: the whole group could)
                 self._envelopes[key] = None
         return self._envelopes[key]
+
+    def _counted(self, shells: list[nn.Module], input_shape: tuple[int, ...]) -> int:
+        """Multiply-adds per sample of one slot of the envelope over `shells` (distinct computations),
+        counted once per template."""
+        x = torch.empty(1, *input_shape, device="meta")
+        if len(shells) == 1:
+            return model_macs(shells[0], x)
+        template = envelope_template(shells)
+        key = (template_key(template), input_shape)
+        if key not in self._templates:
+            self._templates[key] = template_macs(template, x)
+        return self._templates[key]
