@@ -1,6 +1,7 @@
 """The search against Optuna: every trial told and trained as proposed, results
 equal to training the same candidate alone, resume and retry."""
 
+import collections
 import json
 import time
 
@@ -93,6 +94,22 @@ def test_every_trial_is_told_with_its_attributes(tmp_path):
     assert all(len(members) <= 3 for members in by_array.values())
     assert sum(a["slots"] for a in summary.arrays) == 6 and 0 < summary.mean_occupancy <= 1
     assert summary.trials == {"COMPLETE": 6} and summary.best[0]["number"] == study.best_trial.number
+
+
+def test_each_trial_attribute_is_written_once(tmp_path):
+    """Each user attribute is its own storage write (an fsynced append on a journal): a trial's worker is
+    written when it is asked, not again when it starts training nor by the heartbeat."""
+    from optuna.storages.journal._storage import JournalOperation
+
+    search(tmp_path)
+    writes = collections.Counter()
+    for line in (tmp_path / "study.journal").read_text().splitlines():
+        log = json.loads(line)
+        if log["op_code"] == JournalOperation.SET_TRIAL_USER_ATTR:
+            writes[(log["trial_id"], *log["user_attr"])] += 1
+    repeated = {key: n for key, n in writes.items() if n > 1 and key[1] != "heartbeat"}  # a stamp per beat
+    assert len({trial for trial, _ in writes}) == 6 and not repeated
+    assert all(writes[(trial, "worker")] == writes[(trial, "worker_host")] == 1 for trial, _ in writes)
 
 
 def test_a_trial_equals_its_candidate_trained_alone(tmp_path):

@@ -55,6 +55,7 @@ from hfta_nas.search._events import (
     TrialStarted,
 )
 from hfta_nas.search._export import BestExport
+from hfta_nas.search._heartbeat import WORKER_ATTR
 from hfta_nas.search._ledger import Ledger, Outcome
 from hfta_nas.search._packing import Pack, shape_key
 from hfta_nas.search._pruning import should_prune
@@ -244,7 +245,8 @@ class ArrayJob:
             **extra,
         )
         for key, value in attributes.items():
-            trial.set_user_attr(key, value)
+            if key != WORKER_ATTR:  # written when the trial was asked (each attribute is a storage write)
+                trial.set_user_attr(key, value)
         self.ctx.emit(TrialStarted(proposal.number, dict(trial.params), attributes))
 
     # -------------------------------------------------------------------- run

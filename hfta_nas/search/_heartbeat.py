@@ -132,12 +132,19 @@ class Heartbeat:
     `interval` seconds; use as a context manager around the worker's run."""
 
     def __init__(
-        self, study: optuna.Study, held: Callable[[], Iterable[int]], worker: str, interval: float | None = None
+        self,
+        study: optuna.Study,
+        held: Callable[[], Iterable[int]],
+        worker: str,
+        interval: float | None = None,
+        labelled: set[int] | None = None,
     ) -> None:
+        """`labelled`: ids of held trials whose worker attributes the caller wrote (the set is shared: it
+        may grow while the beats run); the beat writes them for the others, once each."""
         self.study, self.held, self.worker = study, held, worker
         self.interval = interval or heartbeat_interval()
         self.host = host_identity()
-        self._labelled: set[int] = set()
+        self._labelled: set[int] = labelled if labelled is not None else set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hfta-nas-heartbeat", daemon=True)
 

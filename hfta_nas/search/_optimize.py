@@ -266,6 +266,7 @@ class _Search:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.waiting: list[Proposal] = []  # asked, RUNNING, waiting for an array (first in line first)
         self.asked: dict[int, optuna.Trial] = {}  # trial id -> every trial this run asked (held until told)
+        self.labelled: set[int] = set()  # ids of asked trials whose worker attributes are written
         self.proposed: set[str] = set()  # shape keys of the candidates asked this run
         self.trained_apart: dict[int, str] = {}  # trial number -> why its array refused it (SearchSummary)
         self.trained: set[str] = set()  # ... and of those that trained
@@ -298,7 +299,9 @@ class _Search:
             account=self.account,
             constraints=self.constraints,
         )
-        with optimize_loop(self.study), Heartbeat(self.study, lambda: list(self.asked), self.worker) as heartbeat:
+        with optimize_loop(self.study), Heartbeat(
+            self.study, lambda: list(self.asked), self.worker, labelled=self.labelled
+        ) as heartbeat:
             try:
                 with self.account.phase("storage"):
                     self.ctx.export.repair()  # a kill of an earlier run may have left the pair unfinished
@@ -453,6 +456,7 @@ class _Search:
             # trials that the next run on this machine retries at once
             trial.set_user_attr(WORKER_ATTR, self.worker)
             trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
+            self.labelled.add(trial_id(trial))  # the heartbeat need not write them again
         with self.account.phase("ask"):
             candidate = built(self.build, trial)
         with self.account.phase("checks"):
