@@ -3,15 +3,16 @@
     python -m benchmarks.ask_batch --out benchmarks/results/ask-batch.json   # the CNN space, its budget, 5 seeds
     python -m benchmarks.ask_batch --quick                                   # 2 epochs, 1000 samples, 1 seed
     python -m benchmarks.ask_batch --n-trials 48 --set training.epochs=15 --seeds 5
+    python -m benchmarks.ask_batch --space search_spaces/mnist1d_mlp.yaml --pools none --first-seed 10 --seeds 30
 
-A search asks a pool of trials before any of them has a result (16 when the array size is "auto";
+A search asks a pool of trials before any of them has a result: when the array size is "auto", AUTO_POOL
+(16) but no more than the third of the budget an array may take (`hfta_nas.search._optimize.auto_pool`;
 `$HFTA_NAS_ASK_POOL` sets another), and TPE proposes each with the others' results unknown (the constant
-liar spreads them). With the shipped spaces' 16 trials that pool is the whole budget. Variants, each the
-default search (`run_search`) on the same space, budget and seeds, in an order rotated per seed:
+liar spreads them). Variants, each the default search (`run_search`) on the same space, budget and seeds,
+in an order rotated per seed:
 
-- `shipped`: as shipped (a pool of AUTO_POOL, TPE's constant liar on);
-- `pool-N`: a pool of N trials per round instead (`--pools`, default 6: a third of 16 trials, the
-  largest array `auto` allows there);
+- `shipped`: as shipped (the search's own pool, TPE's constant liar on);
+- `pool-N`: a pool of N trials per round instead (`--pools`, default 6);
 - `no-liar`: as shipped with `sampler.kwargs.constant_liar=false`.
 
 Per variant, median [min, max] over seeds: final best, wall time, trials asked before the first result;
@@ -38,31 +39,31 @@ from benchmarks.search import DEFAULT_SPACE, quick_space, run_figures
 from hfta_nas.errors import HftaNasError
 from hfta_nas.search_spaces import SearchSpace, load_space
 
-SHIPPED_POOL = 16  # the search's pool when the array size is "auto" and $HFTA_NAS_ASK_POOL is unset
 POOL_SETTING = "HFTA_NAS_ASK_POOL"
+SHIPPED = "auto"  # the pool a variant records when the search chooses it (the setting unset)
 
 
-def variant_space(space: SearchSpace, variant: str) -> tuple[SearchSpace, int]:
-    """The space and the pool size a variant searches with."""
+def variant_space(space: SearchSpace, variant: str) -> tuple[SearchSpace, int | str]:
+    """The space and the pool size a variant searches with (SHIPPED: the search's own)."""
     if variant == "no-liar":
         sampler = space.sampler.model_copy(update={"kwargs": {**(space.sampler.kwargs or {}), "constant_liar": False}})
-        return space.model_copy(update={"sampler": sampler}), SHIPPED_POOL
+        return space.model_copy(update={"sampler": sampler}), SHIPPED
     if variant.startswith("pool-"):
         return space, int(variant.removeprefix("pool-"))
-    return space, SHIPPED_POOL
+    return space, SHIPPED
 
 
 def one_search(space: SearchSpace, variant: str, n_trials: int) -> dict[str, Any]:
     searched, pool = variant_space(space, variant)
-    before = os.environ.get(POOL_SETTING)
-    os.environ[POOL_SETTING] = str(pool)
+    before = os.environ.pop(POOL_SETTING, None)
+    if pool != SHIPPED:
+        os.environ[POOL_SETTING] = str(pool)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-ask-") as folder:
             done = RUNNERS["pack"](searched, n_trials, "cpu", "float32", Path(folder), 1)
     finally:
-        if before is None:
-            del os.environ[POOL_SETTING]
-        else:
+        os.environ.pop(POOL_SETTING, None)
+        if before is not None:
             os.environ[POOL_SETTING] = before
     figures = run_figures(done, space.directions[0])
     first_result = min((seconds for seconds, _, _ in done.finished()), default=0.0)
@@ -97,12 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-trials", type=int, default=None, help="trials per search; None: the space's budget")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--seeds", type=int, default=5, help="search seeds 0..N-1")
-    parser.add_argument("--pools", type=comma_list(int), default=[6], help="pool sizes to compare with the shipped")
+    parser.add_argument(
+        "--pools", type=comma_list(int, empty_ok=True), default=[6], help="pool sizes to compare with the shipped ('none')"
+    )
+    parser.add_argument("--first-seed", type=int, default=0, help="search seeds FIRST..FIRST+SEEDS-1")
     parser.add_argument("--quick", action="store_true", help="2 epochs, 1000 samples, 1 seed: checks the script")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = parser.parse_args(argv)
-    if min(args.seeds, args.n_trials or 1, *args.pools) < 1:
-        print("error: --seeds, --n-trials and --pools must be positive", file=sys.stderr)
+    if min(args.seeds, args.n_trials or 1, *args.pools) < 1 or args.first_seed < 0:
+        print("error: --seeds, --n-trials and --pools must be positive, --first-seed not negative", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = ["shipped", *(f"pool-{p}" for p in args.pools), "no-liar"]
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    for seed in range(seeds):
+    for seed in range(args.first_seed, args.first_seed + seeds):
         for variant in variants[seed % len(variants) :] + variants[: seed % len(variants)]:
             row = one_search(space.with_overrides(seed=seed), variant, n_trials)
             runs[variant].append({"seed": seed, **row})
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "space": str(space.source),
         "n_trials": n_trials,
         "epochs": space.training.epochs,
-        "seeds": list(range(seeds)),
+        "seeds": list(range(args.first_seed, args.first_seed + seeds)),
         "quick": args.quick,
         "runs": runs,
         "summary": summarize(runs, space.directions[0]),
