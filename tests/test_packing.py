@@ -85,9 +85,9 @@ def test_settings_an_array_shares_keep_candidates_apart():
 
 
 def test_an_envelope_is_counted_once_per_template_and_as_counted_alone(monkeypatch):
-    """Sets of architectures with one envelope (an MLP's: its widest layer and its deepest stack, whichever
-    layers some slot skips and whatever the dropout rates) count its multiply-adds once, and each set gets
-    what `envelope_macs` counts for it alone (None: the set cannot share an array)."""
+    """Sets of architectures with one envelope (an MLP's: its widest layer and its deepest stack) and the
+    same skipped layers count its multiply-adds once, whatever their dropout rates, and each set gets what
+    `envelope_macs` counts for it alone (None: the set cannot share an array)."""
     from hfta_nas.envelope import _probe
     from hfta_nas.errors import FusionError
     from hfta_nas.search import _shape_checks
@@ -95,15 +95,15 @@ def test_an_envelope_is_counted_once_per_template_and_as_counted_alone(monkeypat
     widths_depths = [(64, 3, 0.1), (256, 1, 0.2), (128, 2, 0.0), (256, 3, 0.3), (64, 1, 0.0), (128, 3, 0.2)]
     configs = [{"width": w, "depth": d, "dropout": p} for w, d, p in widths_depths]
     shells = [proposal.shell for proposal in proposals(configs, family="mlp")]
-    # five sets 3 deep and 256 wide (gates on layers 2 and 3 or none, per-slot dropout rates or one), one 2
-    # deep and 128 wide, and two that cannot share an array (depths 3 and 2)
+    # four sets 3 deep and 256 wide with gates on layers 2 and 3 (per-slot dropout rates, or one), one with
+    # no gate, one 2 deep and 128 wide, and two that cannot share an array (depths 3 and 2)
     sets = [(0, 1), (1, 3), (3, 4), (1, 5), (0, 3), (2, 4), (0, 2), (2, 3)]
     counted = []
     real = _probe._sized
     monkeypatch.setattr(_probe, "_sized", lambda *a: counted.append(1) or real(*a))
     checks = _shape_checks.ShapeChecks()
     got = [checks.envelope_macs([shells[i] for i in s], DATA.input_shape) for s in sets]
-    assert len(counted) == 2
+    assert len(counted) == 3
     x = torch.empty(1, *DATA.input_shape, device="meta")
 
     def alone(indices):
@@ -114,3 +114,31 @@ def test_an_envelope_is_counted_once_per_template_and_as_counted_alone(monkeypat
 
     assert got == [alone(s) for s in sets] and got[-2:] == [None, None]
     assert got[0] == got[3] > max(model_macs(shells[i], x) for i in (0, 1, 5))  # the envelope's, not a member's
+
+
+class _Halves(torch.nn.Module):
+    """A block whose forward halves the feature map: a skip gate cannot stand in for it (shapes differ)."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))[..., ::2, ::2]
+
+
+def test_a_set_whose_skipped_layer_changes_shapes_is_refused_whatever_was_counted_before():
+    """Its envelope has the template of a set that needs no skip gate there, but running the gate refuses
+    it: the count kept for the other set must not stand in for that refusal."""
+    from hfta_nas.search import _shape_checks
+
+    def net(channels, blocks):
+        layers = [torch.nn.Conv2d(3, channels, 3, padding=1), *(_Halves(channels) for _ in range(blocks))]
+        return torch.nn.Sequential(
+            *layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(channels, 10)
+        ).to("meta")
+
+    shallow, deep, narrow_deep = net(16, 1), net(16, 2), net(8, 2)
+    checks = _shape_checks.ShapeChecks()
+    assert checks.envelope_macs([narrow_deep, deep], (3, 8, 8)) > 0
+    assert checks.envelope_macs([shallow, deep], (3, 8, 8)) is None

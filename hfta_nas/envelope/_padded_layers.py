@@ -189,12 +189,9 @@ def _gate(path: str, module: nn.Module, args: tuple, kwargs: dict, output):
     return torch.where(module.slot_present, output, x)
 
 
-GATE_FLAG = "slot_present"  # the buffer a skip gate adds to its layer: whether the slot has the layer
-
-
 def gate_skipped_layer(module: nn.Module, path: str) -> None:
     """Make `module` an identity for the slots whose `slot_present` is False."""
-    module.register_buffer(GATE_FLAG, torch.ones((), dtype=torch.bool))
+    module.register_buffer("slot_present", torch.ones((), dtype=torch.bool))
     gate = functools.partial(_gate, path)
     module._hfta_skip_gate = gate  # lets the vmap-free path (`hfta_nas.layers._slot_ops`) run the gate itself
     module.register_forward_hook(gate, with_kwargs=True)

@@ -23,12 +23,10 @@ from torch import nn
 from torch.nn.modules.dropout import _DropoutNd
 
 from hfta_nas.array._model_array import check_fusable
-from hfta_nas.envelope._padded_layers import GATE_FLAG
 from hfta_nas.envelope._probe import envelope_template, model_macs, template_macs
 from hfta_nas.errors import FusionError
 from hfta_nas.layers import SlotDropout
 from hfta_nas.search._candidate import Candidate, check_outputs, example_input, tensor_shapes
-
 
 # Layers whose settings change neither output shapes nor multiply-adds (a dropout rate, or channel dims).
 _RATE_ONLY = (_DropoutNd, SlotDropout)
@@ -47,16 +45,20 @@ def compute_key(shell: nn.Module) -> str:
 
 
 def template_key(template: nn.Module) -> str:
-    """`compute_key` of an envelope's template, without the per-slot state its stand-ins add (a skip
-    gate's flag, a dropout layer's key, counter and rates): none of it changes a multiply-add, so sets
-    of architectures with one envelope share it (an MLP's: its widest layer and deepest stack)."""
+    """`compute_key` of an envelope's template, without the dropout layers' per-slot key, counter and
+    rates, which change no multiply-add: sets of architectures with one envelope and the same skipped
+    layers share it (an MLP's: its widest layer and deepest stack). Which layers have a skip gate stays
+    in it: a gate refuses a skipped layer that changes its input's shape when the template runs."""
     owners = dict(template.named_modules())
     shapes = [
-        (name, shape)
-        for name, shape in tensor_shapes(template)
-        if name.rpartition(".")[2] != GATE_FLAG and not isinstance(owners[name.rpartition(".")[0]], _RATE_ONLY)
+        (name, shape) for name, shape in tensor_shapes(template) if not isinstance(owners[_owner(name)], _RATE_ONLY)
     ]
     return _digest(template, shapes)
+
+
+def _owner(tensor_name: str) -> str:
+    """The path of the module a parameter or buffer belongs to ('' for the root's own)."""
+    return tensor_name.rpartition(".")[0]
 
 
 def _digest(model: nn.Module, shapes: list[tuple[str, tuple[int, ...]]]) -> str:
