@@ -98,9 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-trials", type=int, default=None, help="trials per search; None: the space's budget")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--seeds", type=int, default=5, help="search seeds 0..N-1")
-    parser.add_argument(
-        "--pools", type=comma_list(int, empty_ok=True), default=[6], help="pool sizes to compare with the shipped ('none')"
-    )
+    pools = comma_list(int, empty_ok=True)
+    parser.add_argument("--pools", type=pools, default=[6], help="pool sizes to compare ('none': none)")
     parser.add_argument("--first-seed", type=int, default=0, help="search seeds FIRST..FIRST+SEEDS-1")
     parser.add_argument("--quick", action="store_true", help="2 epochs, 1000 samples, 1 seed: checks the script")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")

@@ -34,9 +34,8 @@ def test_quick_run_compares_each_ask_policy_with_the_shipped_one(tmp_path):
 @pytest.mark.slow
 def test_without_pools_it_compares_the_liar_alone_from_the_first_seed_given(tmp_path):
     out = tmp_path / "liar.json"
-    run_from_checkout(
-        "-m", "benchmarks.ask_batch", "--quick", "--n-trials", "3", "--pools", "none", "--first-seed", "3", "--out", str(out)
-    )
+    options = ["--quick", "--n-trials", "3", "--pools", "none", "--first-seed", "3"]
+    run_from_checkout("-m", "benchmarks.ask_batch", *options, "--out", str(out))
     result = json.loads(out.read_text())
     assert list(result["runs"]) == ["shipped", "no-liar"] and result["seeds"] == [3]
     assert [row["seed"] for rows in result["runs"].values() for row in rows] == [3, 3]

@@ -299,9 +299,10 @@ class _Search:
             account=self.account,
             constraints=self.constraints,
         )
-        with optimize_loop(self.study), Heartbeat(
-            self.study, lambda: list(self.asked), self.worker, labelled=self.labelled
-        ) as heartbeat:
+        with (
+            optimize_loop(self.study),
+            Heartbeat(self.study, lambda: list(self.asked), self.worker, labelled=self.labelled) as heartbeat,
+        ):
             try:
                 with self.account.phase("storage"):
                     self.ctx.export.repair()  # a kill of an earlier run may have left the pair unfinished
