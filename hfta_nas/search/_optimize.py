@@ -451,13 +451,13 @@ class _Search:
             if fixed:
                 self.study.enqueue_trial(fixed, skip_if_exists=False)
             trial = self.study.ask()
+            self.labelled.add(trial_id(trial))  # labelled just below: the heartbeat need not write them too
             self.asked[trial_id(trial)] = trial  # held (and failed on an error) from here on
         with self.account.phase("storage"):
             # whose it is, from the ask on: a worker killed before its first heartbeat leaves
             # trials that the next run on this machine retries at once
             trial.set_user_attr(WORKER_ATTR, self.worker)
             trial.set_user_attr(WORKER_HOST_ATTR, host_identity())
-            self.labelled.add(trial_id(trial))  # the heartbeat need not write them again
         with self.account.phase("ask"):
             candidate = built(self.build, trial)
         with self.account.phase("checks"):
