@@ -131,20 +131,10 @@ class Heartbeat:
     """A daemon thread that stamps the RUNNING trials in `held()` (trial ids) every
     `interval` seconds; use as a context manager around the worker's run."""
 
-    def __init__(
-        self,
-        study: optuna.Study,
-        held: Callable[[], Iterable[int]],
-        worker: str,
-        interval: float | None = None,
-        labelled: set[int] | None = None,
-    ) -> None:
-        """`labelled`: ids of held trials whose worker attributes the caller wrote (the set is shared: it
-        may grow while the beats run); the beat writes them for the others, once each."""
-        self.study, self.held, self.worker = study, held, worker
+    def __init__(self, study: optuna.Study, held: Callable[[], Iterable[int]], interval: float | None = None) -> None:
+        # It only stamps: a trial's worker attributes are written where it is asked (`_Search._ask`).
+        self.study, self.held = study, held
         self.interval = interval or heartbeat_interval()
-        self.host = host_identity()
-        self._labelled: set[int] = labelled if labelled is not None else set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hfta-nas-heartbeat", daemon=True)
 
@@ -179,10 +169,6 @@ class Heartbeat:
             if trial_id(trial) not in held:
                 continue
             try:  # the driver may tell the trial meanwhile: then the write is refused, harmlessly
-                if trial_id(trial) not in self._labelled:
-                    storage.set_trial_user_attr(trial_id(trial), WORKER_ATTR, self.worker)
-                    storage.set_trial_user_attr(trial_id(trial), WORKER_HOST_ATTR, self.host)
-                    self._labelled.add(trial_id(trial))
                 storage.set_trial_user_attr(trial_id(trial), HEARTBEAT_ATTR, now)
                 stamped += 1
             except optuna.exceptions.UpdateFinishedTrialError:

@@ -266,7 +266,6 @@ class _Search:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.waiting: list[Proposal] = []  # asked, RUNNING, waiting for an array (first in line first)
         self.asked: dict[int, optuna.Trial] = {}  # trial id -> every trial this run asked (held until told)
-        self.labelled: set[int] = set()  # ids of asked trials whose worker attributes are written
         self.proposed: set[str] = set()  # shape keys of the candidates asked this run
         self.trained_apart: dict[int, str] = {}  # trial number -> why its array refused it (SearchSummary)
         self.trained: set[str] = set()  # ... and of those that trained
@@ -301,7 +300,7 @@ class _Search:
         )
         with (
             optimize_loop(self.study),
-            Heartbeat(self.study, lambda: list(self.asked), self.worker, labelled=self.labelled) as heartbeat,
+            Heartbeat(self.study, lambda: list(self.asked)) as heartbeat,
         ):
             try:
                 with self.account.phase("storage"):
@@ -451,7 +450,6 @@ class _Search:
             if fixed:
                 self.study.enqueue_trial(fixed, skip_if_exists=False)
             trial = self.study.ask()
-            self.labelled.add(trial_id(trial))  # labelled just below: the heartbeat need not write them too
             self.asked[trial_id(trial)] = trial  # held (and failed on an error) from here on
         with self.account.phase("storage"):
             # whose it is, from the ask on: a worker killed before its first heartbeat leaves
