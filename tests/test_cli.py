@@ -344,12 +344,12 @@ def test_the_last_screen_fits_80_columns_and_ends_with_next_steps(tmp_path):
 def test_a_low_occupancy_says_why_on_its_line():
     from types import SimpleNamespace
 
-    from hfta_nas.cli import _occupancy_reason
+    from hfta_nas.search_spaces._search_output import occupancy_reason
 
     low = SimpleNamespace(mean_occupancy=0.3, arrays=[{"slots": 2, "array_size": 8}, {"slots": 8, "array_size": 8}])
-    assert _occupancy_reason(low).startswith(" (arrays started 62% full")
-    assert "pruning" in _occupancy_reason(low)
-    assert _occupancy_reason(SimpleNamespace(mean_occupancy=0.9, arrays=low.arrays)) == ""
+    assert occupancy_reason(low).startswith(" (arrays started 62% full")
+    assert "pruning" in occupancy_reason(low)
+    assert occupancy_reason(SimpleNamespace(mean_occupancy=0.9, arrays=low.arrays)) == ""
 
 
 def test_a_stability_array_continued_from_a_checkpoint_says_so(capsys):

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from hfta_nas.cli import _SearchProgress, main
+from hfta_nas.cli import main
 from hfta_nas.search import (
     ArrayEnded,
     ArrayStarted,
@@ -23,6 +23,7 @@ from hfta_nas.search import (
     optimize,
 )
 from hfta_nas.search_spaces import candidate_builder, open_space_study, parse_space, plan_search, run_search
+from hfta_nas.search_spaces._search_output import SearchProgress
 from tests.test_search import space_text as tiny_space_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -243,7 +244,7 @@ def test_cli_quiet_shows_no_progress_but_the_summary(tmp_path):
 
 
 def test_progress_status_counts_best_arrays_occupancy_and_throughput():
-    progress = _SearchProgress(enabled=False)
+    progress = SearchProgress(enabled=False)
     progress.event(
         SearchStarted("s", "f", "d", 2, 10, None, {"COMPLETE": 1, "PRUNED": 1}, ["val_acc"], ["maximize"], [[0.5]])
     )
@@ -264,7 +265,7 @@ def test_progress_status_counts_best_arrays_occupancy_and_throughput():
 
 
 def test_progress_counts_the_pareto_front_for_several_metrics():
-    progress = _SearchProgress(enabled=False)
+    progress = SearchProgress(enabled=False)
     progress.event(SearchStarted("s", "f", "d", 0, 4, None, {}, ["val_acc", "params"], ["maximize", "minimize"], []))
     for number, values in enumerate([[0.5, 100], [0.6, 200], [0.4, 300], [0.7, 50]]):
         progress.event(TrialEnded(number, "COMPLETE", values))
@@ -295,7 +296,7 @@ def test_auto_array_sizes_read_as_a_person_reads_them(tmp_path):
 
 
 def test_a_measured_step_curve_is_printed_in_rounded_milliseconds():
-    progress = _SearchProgress(enabled=False)
+    progress = SearchProgress(enabled=False)
     reason = "throughput knee of the measured step curve {1: 0.011306810999485606, 2: 0.03452618500068638}"
     first = progress._on_ArraySizeChosen(type("E", (), {"structure": "c40da0a96d2f", "size": 1, "reason": reason}))
     again = progress._on_ArraySizeChosen(type("E", (), {"structure": "5463a8d46e45", "size": 4, "reason": "memory"}))

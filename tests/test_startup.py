@@ -21,7 +21,7 @@ from tests._rendezvous import GUARD_S
 ROOT = Path(__file__).resolve().parents[1]
 # the engine is every hfta_nas module but the package itself (its names load on first use), the
 # command line and the stability commands' click objects (LIGHT_STABILITY)
-HEAVY = ("torch", "optuna", "pandas", "matplotlib", "seaborn", "scipy", "hfta_nas.search_spaces", "hfta_nas.array")
+HEAVY = ("torch", "optuna", "pandas", "matplotlib", "seaborn", "scipy", "hfta_nas.array")
 HEAVY += ("hfta_nas.data", "hfta_nas.models", "hfta_nas.optim", "hfta_nas.training", "hfta_nas.search")
 STATS_AND_PLOTS = ("matplotlib", "seaborn", "pandas", "scipy.stats")
 LIGHT_STABILITY = {
@@ -29,6 +29,11 @@ LIGHT_STABILITY = {
     "hfta_nas.stability._cli",
     "hfta_nas.stability._formats",
 }  # the click objects of its commands
+LIGHT_SEARCH = {
+    "hfta_nas.search_spaces",
+    "hfta_nas.search_spaces._cli",
+    "hfta_nas.search_spaces._search_output",
+}  # the search command's click objects and what it prints, not the schema, pydantic or the engine
 
 
 def loaded_after(code: str, cwd: Path = ROOT) -> dict:
@@ -90,10 +95,12 @@ def test_help_imports_no_engine_statistics_or_plots(command):
         assert stability <= LIGHT_STABILITY  # the command's click objects, not the statistics or plots
     else:
         assert stability == set()
+    spaces = {m for m in done["modules"] if m == "hfta_nas.search_spaces" or m.startswith("hfta_nas.search_spaces.")}
+    assert spaces <= (LIGHT_SEARCH if command == ("search",) else set())
 
 
 def test_the_command_list_shows_lazy_commands_as_their_own_help_would():
-    """`hfta-nas --help` lists the stability commands without importing them, with the same lines."""
+    """`hfta-nas --help` lists the lazy commands (search, stability, report) without importing them, as they would."""
     done = loaded_after("""
         import click
         from hfta_nas.cli import _LAZY_COMMANDS, main
@@ -110,11 +117,11 @@ def test_the_command_list_shows_lazy_commands_as_their_own_help_would():
         result = {"before": before, "after": listing(), "unloaded": unloaded, "summaries": summaries}
     """)
     result = done["result"]
-    assert result["unloaded"] == ["report", "stability"]  # listed before loading, ...
+    assert result["unloaded"] == ["report", "search", "stability"]  # listed before loading, ...
     assert result["before"] == result["after"]  # ... exactly as when loaded
     for name, (line, own) in result["summaries"].items():
         assert line == own, f"cli._LAZY_COMMANDS[{name!r}] lists {line!r}; the command's help starts {own!r}"
-    assert {"report", "stability"} <= set(result["before"].split())
+    assert {"report", "search", "stability"} <= set(result["before"].split())
 
 
 def test_a_user_error_before_the_engine_is_imported_is_still_a_clear_line(tmp_path):

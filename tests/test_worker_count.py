@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hfta_nas.cli import workers_to_start
+from hfta_nas.search_spaces._cli import workers_to_start
 
 ROOT = Path(__file__).resolve().parents[1]
 
