@@ -1,6 +1,6 @@
 """`hfta-nas search ... --workers K`: running K local worker processes on one study.
 
-The command line decides what each worker runs (`worker_commands` of the search command: the same
+The command line decides what each worker runs (`worker_commands` in search_spaces/_cli.py: the same
 `hfta-nas search` command without `--workers`); this module starts them,
 relays their output and stops them. The workers share one storage; they
 cooperate through it as workers on several machines do (the budget is counted
@@ -77,7 +77,7 @@ def run_workers(
     grace_s: float = STOP_GRACE_S,
 ) -> list[WorkerExit]:
     """Start one worker process per (argv, environment) of `commands` (the command line builds
-    them: `worker_commands` of the search command), relay their output through `echo`, wait for all, and return how
+    them: `worker_commands` in search_spaces/_cli.py), relay their output through `echo`, wait for all, and return how
     each ended. A KeyboardInterrupt (Ctrl-C, or SIGTERM through the command line's handler) stops
     them all with the same signal, then SIGTERM, then SIGKILL, and is raised again."""
     echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
