@@ -4,6 +4,7 @@ the time of `torch.nn.functional.dropout` on the same elements, forward and back
     python -m benchmarks.dropout                    # MLP- and conv-shaped activations, B = 1, 8, 32, 1 thread
     python -m benchmarks.dropout --out dropout.json
     python -m benchmarks.dropout --keep-freed-memory   # glibc keeps freed memory, as the hfta-nas commands set it
+    python -m benchmarks.dropout --device cuda --slots 1,8,64   # on a GPU: the array's layer and torch's only
 
 The array's layer (`SlotDropout` on physical [B, ...] tensors) draws each slot's mask from its
 own seed by hashing coordinates; torch's draws from its global generator. Both then scale the
@@ -13,6 +14,10 @@ mix per leading dim and the scale applied by `torch.where`) and `flat` (a flat i
 envelope's shape, two full mixes, mask and scale as two multiplies). All are timed in turns in one
 run (medians of repeats), so the ratios survive a shared machine's drift. The target is a ratio
 of at most ~1.2 on this CPU.
+
+On a GPU only the array's layer and torch's are timed (the replaced algorithms were CPU-only),
+each turn ended by a synchronize. There a mask's ~15 small ops are ~15 kernel launches against
+torch's few, which a small model's array of one pays at each dropout layer of each step.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from torch.nn import functional as F
 
 from benchmarks._cli import comma_list, write_result
+from benchmarks._methods import synchronizer
 from hfta_nas.layers import SlotDropout, mix32, slot_keys
 
 # one slot's activation: (name, shape)
@@ -82,19 +88,27 @@ def flat_keep(
 
 
 # ------------------------------------------------------------------ timing
-def _timed(step: Callable[[], None], inner: int) -> float:
+def _timed(step: Callable[[], None], inner: int, sync: Callable[[], None]) -> float:
+    sync()
     started = time.perf_counter()
     for _ in range(inner):
         step()
+    sync()
     return (time.perf_counter() - started) / inner
 
 
-def measure(shape: tuple[int, ...], slots: int, repeats: int, inner: int) -> dict[str, Any]:
-    """Seconds per forward + backward of each method over the same [B, *shape] activation, timed in turns."""
-    x = torch.randn(slots, *shape, requires_grad=True)
+def measure(
+    shape: tuple[int, ...], slots: int, repeats: int, inner: int, device: torch.device | None = None
+) -> dict[str, Any]:
+    """Seconds per forward + backward of each method over the same [B, *shape] activation, timed in turns
+    (on a device other than the CPU: the array's layer and torch's only)."""
+    device = device or torch.device("cpu")
+    methods = METHODS if device.type == "cpu" else ("array", "torch")
+    sync = synchronizer(device)
+    x = torch.randn(slots, *shape, requires_grad=True, device=device)
     layer = SlotDropout(P).train()
-    keys = slot_keys(torch.arange(slots, dtype=torch.int64) * 7919, 0)
-    calls = torch.zeros(slots, dtype=torch.int64)
+    keys = slot_keys(torch.arange(slots, dtype=torch.int64, device=device) * 7919, 0)
+    calls = torch.zeros(slots, dtype=torch.int64, device=device)
     lead = (slots,) + (1,) * len(shape)
     scale = 1.0 / (1.0 - P)
 
@@ -113,24 +127,24 @@ def measure(shape: tuple[int, ...], slots: int, repeats: int, inner: int) -> dic
         F.dropout(x, P, training=True).sum().backward()
 
     steps = {"array": array, "previous": previous, "flat": flat, "torch": torchs}
-    for step in steps.values():  # warm up (caches, allocator)
+    for name in methods:  # warm up (caches, allocator, kernels)
         for _ in range(2):
-            step()
+            steps[name]()
     if inner <= 0:  # auto: about 50 ms per turn of torch's
-        inner = max(1, min(50, round(0.05 / _timed(torchs, 1))))
-    times: dict[str, list[float]] = {name: [] for name in METHODS}
+        inner = max(1, min(50, round(0.05 / _timed(torchs, 1, sync))))
+    times: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(repeats):  # in turns: drift hits all alike
-        for name in METHODS:
-            times[name].append(_timed(steps[name], inner))
+        for name in methods:
+            times[name].append(_timed(steps[name], inner, sync))
     seconds = {name: statistics.median(values) for name, values in times.items()}
+    ratios = {f"{name}_ratio": seconds[name] / seconds["torch"] for name in ("previous", "flat") if name in seconds}
     return {
         "slots": slots,
         "elements": x.numel(),
         "inner": inner,
         **{f"{name}_s": value for name, value in seconds.items()},
         "ratio": seconds["array"] / seconds["torch"],
-        "previous_ratio": seconds["previous"] / seconds["torch"],
-        "flat_ratio": seconds["flat"] / seconds["torch"],
+        **ratios,
     }
 
 
@@ -141,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shapes", type=comma_list(str, SHAPES), default=list(SHAPES), help="activation shapes")
     parser.add_argument("--slots", type=comma_list(int), default=[1, 8, 32], help="array sizes B")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--repeats", type=int, default=7, help="timed turns per method (the median is kept)")
     parser.add_argument(
         "--inner",
@@ -167,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
 
         allocator = keep_freed_memory()
     rows = []
-    print(f"dropout p={P}, forward + backward, {args.threads} torch thread(s), allocator: {allocator or 'default'}")
+    device = torch.device(args.device)
+    print(
+        f"dropout p={P}, forward + backward, on {device}, {args.threads} torch thread(s), "
+        f"allocator: {allocator or 'default'}"
+    )
     print(
         "  time per call; ratios to torch.nn.functional.dropout on the same elements "
         "(array: this one; previous, flat: the algorithms it replaced)"
@@ -177,20 +196,22 @@ def main(argv: list[str] | None = None) -> int:
             row = {
                 "shape": name,
                 "per_slot": list(SHAPES[name]),
-                **measure(SHAPES[name], slots, args.repeats, args.inner),
+                **measure(SHAPES[name], slots, args.repeats, args.inner, device),
             }
             rows.append(row)
+            replaced = ", ".join(f"{k} {row[f'{k}_ratio']:.2f}" for k in ("previous", "flat") if f"{k}_ratio" in row)
             print(
                 f"  {name:8s} B={slots:3d} ({row['elements']:>9,} elements): array {row['array_s'] * 1e3:7.3f} ms, "
-                f"torch {row['torch_s'] * 1e3:7.3f} ms, ratio {row['ratio']:.2f} "
-                f"(previous {row['previous_ratio']:.2f}, flat {row['flat_ratio']:.2f})"
+                f"torch {row['torch_s'] * 1e3:7.3f} ms, ratio {row['ratio']:.2f}",
+                f"({replaced})" if replaced else "",
             )
     for key, label in (("ratio", "array"), ("previous_ratio", "previous"), ("flat_ratio", "flat")):
-        ratios = [row[key] for row in rows]
-        print(f"{label:8s} ratio median {statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]")
+        ratios = [row[key] for row in rows if key in row]
+        if ratios:
+            print(f"{label:8s} ratio median {statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]")
     if args.out:
         write_result(
-            {"p": P, "threads": args.threads, "allocator": allocator, "rows": rows},
+            {"p": P, "threads": args.threads, "device": str(device), "allocator": allocator, "rows": rows},
             args.out,
             "benchmarks.dropout",
             argv,

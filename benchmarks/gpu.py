@@ -24,7 +24,10 @@ share of the budget; a short budget drops phases from the end):
 8. the lowering forced on whole models: cnn1d, bn_cnn, resnet18 at B=64 with
    HFTA_NAS_LOWERING=loop, then =grouped;
 9. the remaining workloads: bn_cnn and the HFTA paper's PointNet, DCGAN and
-   Transformer at B in 1, 8, 64.
+   Transformer at B in 1, 8, 64;
+10. per-slot dropout against torch's (benchmarks/dropout.py) at B in 1, 8, 64:
+   a mask is ~15 small ops, on a GPU ~15 kernel launches a layer, which an
+   array of one pays where plain PyTorch launches a few.
 
 The JSON holds every phase's figures and, for the code to cite, `rules`
 (the CUDA lowering per layer kind and size, the whole-model check of it,
@@ -59,6 +62,7 @@ TARGETS = [
     ("cnn1d array vs the physical limit", "cnn1d", "fusion_efficiency", 0.8),
     ("resnet18 array/serial", "resnet18", "array/serial", 3.0),
 ]
+DROPOUT = ["--repeats", "5", "--inner", "20"]  # a few seconds of timing, after the interpreter's start-up
 ENVELOPE_GOAL = 0.8  # padded/grouped: a mixed-width array against equal-shape arrays of the same models
 
 
@@ -95,6 +99,7 @@ def phases(quick: bool) -> list[Phase]:
                 [*small, "--workloads", "cnn1d", "--methods", "array"],
                 {"HFTA_NAS_LOWERING": "grouped"},
             ),
+            Phase("dropout", 0.1, 5, "benchmarks.dropout", [*DROPOUT, "--shapes", "mlp-64", "--slots", QUICK_B]),
         ]
     fused = ["--methods", "serial,vmap,array,limit"]  # B processes sharing the GPU: the "processes" phase
     forced = throughput("cnn1d,bn_cnn,resnet18", TARGET_B, 1, 8, "--methods", "array", "--no-memory")
@@ -149,6 +154,7 @@ def phases(quick: bool) -> list[Phase]:
             "benchmarks.throughput",
             throughput("bn_cnn,pointnet,dcgan,transformer", "1,8,64", 8, 8),
         ),
+        Phase("dropout", 0.04, 15, "benchmarks.dropout", [*DROPOUT, "--slots", "1,8,64"]),
     ]
 
 

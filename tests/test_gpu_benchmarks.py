@@ -99,9 +99,12 @@ def _quick(module: str, tmp_path: Path) -> dict:
 def test_the_gpu_benchmark_quick_run_finishes_every_phase_and_derives_its_rules(tmp_path):
     record = _quick("benchmarks.gpu", tmp_path)
     names = [p["phase"] for p in record["phases"]]
-    assert names == ["throughput mlp", "lowering layers", "knee", "profile mlp", "lowering grouped"]
+    assert names == ["throughput mlp", "lowering layers", "knee", "profile mlp", "lowering grouped", "dropout"]
     assert all(p["how"] == "finished" for p in record["phases"]), [p["how"] for p in record["phases"]]
-    assert record["phases"][-1]["environment"] == {"HFTA_NAS_LOWERING": "grouped"}
+    assert record["phases"][-2]["environment"] == {"HFTA_NAS_LOWERING": "grouped"}
+    dropout = record["phases"][-1]["figures"]
+    assert dropout["device"] == "cpu" and [row["slots"] for row in dropout["rows"]] == [2]
+    assert dropout["rows"][0]["array_s"] > 0 and dropout["rows"][0]["torch_s"] > 0
     assert "ms per step" in record["phases"][3]["output_tail"]  # the profile's printed breakdown
     lowering = record["rules"]["cuda_lowering"]["per_layer"]
     assert set(lowering) == {"conv1d", "conv2d", "batchnorm2d"}
@@ -128,15 +131,19 @@ def test_the_gpu_jobs_quick_run_finishes_every_job(tmp_path):
 
 
 def test_every_phase_passes_arguments_its_module_accepts():
-    from benchmarks import envelope, throughput
+    from benchmarks import dropout, envelope, throughput
 
-    parsers = {"benchmarks.throughput": throughput.build_parser(), "benchmarks.envelope": envelope.build_parser()}
+    parsers = {
+        "benchmarks.throughput": throughput.build_parser(),
+        "benchmarks.envelope": envelope.build_parser(),
+        "benchmarks.dropout": dropout.build_parser(),
+    }
     checked = 0
     for phase in gpu.phases(quick=False):
         if phase.module in parsers:  # argparse exits 2 on an unknown option or value
             parsers[phase.module].parse_args([*phase.arguments, "--device", "cuda", "--out", "x.json"])
             checked += 1
-    assert checked == 9
+    assert checked == 10
     from benchmarks._job_phases import build_parser
 
     for phase in gpu_jobs.phases(quick=False):
