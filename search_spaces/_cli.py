@@ -467,18 +467,19 @@ def search(
             f"--dry-run plans a search's arrays; {loaded.source} has a pbt block: its {loaded.pbt.population} members "
             "train as one array (run it without --dry-run)"
         )
+    # what the plan and the search are both given, written once: a dry run plans exactly what the run would do
+    common = dict(
+        storage=storage,
+        study_name=study_name,
+        n_trials=n_trials,
+        timeout=timeout,
+        array_size=array_size,
+        device=device,
+        dtype=dtype,
+        new_space=new_space,
+    )
     if dry_run:
-        plan = plan_search(
-            loaded,
-            storage=storage,
-            study_name=study_name,
-            n_trials=n_trials,
-            timeout=timeout,
-            array_size=array_size,
-            device=device,
-            dtype=dtype,
-            new_space=new_space,
-        )
+        plan = plan_search(loaded, **common)
         if as_json:
             click.echo(
                 json.dumps(
@@ -500,18 +501,11 @@ def search(
     with tracking, SearchProgress(enabled=not (as_json or quiet)) as progress:
         summary = run_search(
             loaded,
-            storage=storage,
-            study_name=study_name,
-            n_trials=n_trials,
-            timeout=timeout,
-            array_size=array_size,
-            device=device,
-            dtype=dtype,
+            **common,
             out_dir=out_dir,
             on_event=(lambda event: (progress.event(event), tracking(event))) if log_to else progress.event,
             adopt=adopt,
             storage_patience=storage_patience,
-            new_space=new_space,
         )
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str))
