@@ -111,7 +111,7 @@ def phases(quick: bool) -> list[Phase]:
         Phase("throughput resnet18", 0.1, 40, "benchmarks.throughput", throughput("resnet18", "1,8,64", 1, 12, *fused)),
         Phase(
             "processes",
-            0.1,
+            0.08,
             40,
             "benchmarks.throughput",
             throughput("mlp,cnn1d", "16", 16, 10, "--methods", "serial,processes", "--no-memory"),
@@ -149,7 +149,7 @@ def phases(quick: bool) -> list[Phase]:
         Phase("lowering grouped", 0.05, 20, "benchmarks.throughput", forced, {"HFTA_NAS_LOWERING": "grouped"}),
         Phase(
             "throughput others",
-            0.1,
+            0.08,
             35,
             "benchmarks.throughput",
             throughput("bn_cnn,pointnet,dcgan,transformer", "1,8,64", 8, 8),
