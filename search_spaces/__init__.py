@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names below are, for type checkers and editors
-    from ._cli import search as search_command
+    from ._cli import search_command
     from ._errors import Problem, SpaceError
     from ._pbt import pbt_notes, pbt_options
     from ._resolved import ResolvedConfig, parse_config_overrides, read_text
@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
 SHIPPED_SPACES: dict[str, Path] = {path.stem: path for path in sorted(Path(__file__).parent.glob("*.yaml"))}
 """Name (file stem) -> path of every search space shipped in this folder."""
 
-# module -> the public names it defines (the command under its own name there: `search`)
+# module -> the public names it defines
 _PUBLIC_BY_MODULE = {
     "_cli": ("search_command",),
     "_errors": ("Problem", "SpaceError"),
@@ -75,7 +75,6 @@ _PUBLIC_BY_MODULE = {
     "_space": ("SearchSpace", "load_space", "parse_space"),
 }  # fmt: skip
 _MODULE_OF = {name: module for module, names in _PUBLIC_BY_MODULE.items() for name in names}
-_DEFINED_AS = {"search_command": "search"}
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -116,7 +115,7 @@ def __getattr__(name: str) -> Any:
     if name not in _MODULE_OF:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = importlib.import_module(f"{__name__}.{_MODULE_OF[name]}")
-    value = getattr(module, _DEFINED_AS.get(name, name))
+    value = getattr(module, name)
     globals()[name] = value
     return value
 

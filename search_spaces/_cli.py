@@ -256,7 +256,7 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     return counted_trials(options.get("storage"), name) + n_more
 
 
-@click.command()
+@click.command("search")
 @click.argument("space", type=click.Path(dir_okay=False))
 @click.option(
     "--n-trials",
@@ -404,7 +404,7 @@ def _n_trials(n_more: int | None, options: dict[str, Any]) -> int | None:
     ),
 )
 @_search_workers
-def search(
+def search_command(
     space,
     n_trials,
     timeout,

@@ -201,6 +201,14 @@ def test_import_hfta_nas_search_names_and_unknown_names():
     assert all(hasattr(stability, name) for name in stability.__all__)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         stability.nope  # noqa: B018 - the attribute access is what raises
+    import hfta_nas.search_spaces as search_spaces
+
+    # every listed name loads from the module the lazy table names, and the table lists no other
+    assert sorted(search_spaces.__all__) == sorted(["SHIPPED_SPACES", *search_spaces._MODULE_OF])
+    assert all(hasattr(search_spaces, name) for name in search_spaces.__all__)
+    assert search_spaces.search_command.name == "search"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        search_spaces.nope  # noqa: B018 - the attribute access is what raises
 
 
 def test_import_stability_alone_imports_nothing_heavy():
