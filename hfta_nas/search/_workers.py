@@ -77,9 +77,10 @@ def run_workers(
     grace_s: float = STOP_GRACE_S,
 ) -> list[WorkerExit]:
     """Start one worker process per (argv, environment) of `commands` (the command line builds
-    them: `worker_commands` in search_spaces/_cli.py), relay their output through `echo`, wait for all, and return how
-    each ended. A KeyboardInterrupt (Ctrl-C, or SIGTERM through the command line's handler) stops
-    them all with the same signal, then SIGTERM, then SIGKILL, and is raised again."""
+    them: `worker_commands` in search_spaces/_cli.py), relay their output through `echo`, wait
+    for all, and return how each ended. A KeyboardInterrupt (Ctrl-C, or SIGTERM through the
+    command line's handler) stops them all with the same signal, then SIGTERM, then SIGKILL, and
+    is raised again."""
     echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
     started = time.monotonic()
     processes: list[subprocess.Popen] = []
